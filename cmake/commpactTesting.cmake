@@ -1,0 +1,76 @@
+# Helpers for commpact's own tests, benchmarks and examples (not installed).
+#
+# Files are discovered by name, so each area adds files without editing CMake:
+#   tests/test_*.cpp           host Catch2 tests, one executable each
+#   tests/mpi/test_*.cpp       MPI Catch2 tests, run under mpiexec; a line
+#                              `// commpact-mpi-ranks: 1 2 4` overrides the rank counts
+#   tests/cuda/test_*.cu       CUDA tests; exit 77 (skipped) without a GPU
+#   tests/compile_fail/*.cpp   must fail to compile with the message on the line
+#                              `// expect: <regex>`
+#   bench/bench_*.cpp          Google Benchmark programs
+#   bench/cuda/bench_*.cu      CUDA benchmarks
+#   examples/*.cpp             examples (also built by the tests, so docs compile)
+
+add_library(commpact_test_flags INTERFACE)
+target_compile_options(commpact_test_flags INTERFACE
+  $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra -Wpedantic -Wno-unused-parameter>)
+if(COMMPACT_SANITIZE)
+  target_compile_options(commpact_test_flags INTERFACE
+    $<$<COMPILE_LANGUAGE:CXX>:-fsanitize=${COMMPACT_SANITIZE} -fno-omit-frame-pointer -fno-sanitize-recover=all>)
+  target_link_options(commpact_test_flags INTERFACE -fsanitize=${COMMPACT_SANITIZE})
+endif()
+
+set(COMMPACT_MPI_RANKS 1 2 3 4 5 8 CACHE STRING "Rank counts for MPI tests")
+set(COMMPACT_TEST_TIMEOUT 600 CACHE STRING "Per-test timeout in seconds")
+
+function(commpact_add_catch_test src)
+  get_filename_component(name ${src} NAME_WE)
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE commpact::commpact commpact_catch_main commpact_test_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
+endfunction()
+
+function(commpact_add_mpi_test src)
+  get_filename_component(name ${src} NAME_WE)
+  set(name mpi_${name})
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE commpact::mpi commpact_mpi_catch_main commpact_test_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  file(STRINGS ${src} ranks_line REGEX "commpact-mpi-ranks:")
+  if(ranks_line)
+    string(REGEX REPLACE ".*commpact-mpi-ranks:[ ]*" "" ranks "${ranks_line}")
+    separate_arguments(ranks)
+  else()
+    set(ranks ${COMMPACT_MPI_RANKS})
+  endif()
+  foreach(np IN LISTS ranks)
+    add_test(NAME ${name}_np${np}
+      COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --allow-run-as-root --oversubscribe
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+    set_tests_properties(${name}_np${np} PROPERTIES LABELS mpi TIMEOUT ${COMMPACT_TEST_TIMEOUT} PROCESSORS 2
+      ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader;OMPI_MCA_btl_vader_single_copy_mechanism=none")
+  endforeach()
+endfunction()
+
+function(commpact_add_cuda_test src)
+  get_filename_component(name ${src} NAME_WE)
+  set(name cuda_${name})
+  add_executable(${name} ${src})
+  target_link_libraries(${name} PRIVATE commpact::cuda commpact_test_flags)
+  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_compile_options(${name} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda>)
+  add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES LABELS cuda SKIP_RETURN_CODE 77 TIMEOUT ${COMMPACT_TEST_TIMEOUT})
+endfunction()
+
+function(commpact_add_compile_fail_test src)
+  get_filename_component(name ${src} NAME_WE)
+  file(STRINGS ${src} expect_line REGEX "// expect:")
+  string(REGEX REPLACE ".*// expect:[ ]*" "" expect "${expect_line}")
+  add_test(NAME compile_fail_${name}
+    COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include
+            -I${EIGEN3_INCLUDE_DIR} ${src})
+  set_tests_properties(compile_fail_${name} PROPERTIES LABELS compile_fail PASS_REGULAR_EXPRESSION "${expect}")
+endfunction()

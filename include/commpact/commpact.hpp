@@ -1,0 +1,17 @@
+#pragma once
+//! \file commpact.hpp
+//! Umbrella header of the host-only parts of commpact. MPI (comm/mpi_comm.hpp), NCCL
+//! and CUDA headers are included separately, with their CMake components.
+
+#include "concepts.hpp"
+#include "config.hpp"
+#include "error.hpp"
+
+#include "comm/agree.hpp"
+#include "comm/counting_comm.hpp"
+#include "comm/thread_comm.hpp"
+#include "comm/wire_model.hpp"
+
+#include "topology/graph.hpp"
+#include "topology/hypercube.hpp"
+#include "topology/ring.hpp"

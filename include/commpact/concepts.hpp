@@ -1,0 +1,205 @@
+#pragma once
+//! \file concepts.hpp
+//! The four concepts of commpact: Communicator, Topology, Compressor and SyncPolicy.
+//!
+//! Each concept is built from small named requirements. Each has a `diagnose_*`
+//! helper whose static_assert chain says, in one sentence, which requirement a type
+//! misses; class templates call it so that a bad type fails with that sentence rather
+//! than a page of template errors:
+//!
+//! \code
+//! template <class C> class MyAlgorithm {
+//!   static_assert(commpact::diagnose_point_to_point<C>());
+//! };
+//! \endcode
+
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <ranges>
+#include <span>
+#include <string_view>
+#include <vector>
+
+namespace commpact {
+
+//! Element-wise reduction applied by Communicator::allreduce.
+enum class reduce_op { sum, min, max };
+
+// ---------------------------------------------------------------------------
+// Communicator: how bytes move between ranks.
+// ---------------------------------------------------------------------------
+namespace req {
+template <class C>
+concept has_rank_and_size = requires(const C& c) {
+  { c.rank() } -> std::convertible_to<int>;
+  { c.size() } -> std::convertible_to<int>;
+};
+template <class C>
+concept has_allreduce = requires(C& c, std::span<float> f, std::span<double> d, std::span<std::int64_t> i) {
+  c.allreduce(f, reduce_op::sum);
+  c.allreduce(d, reduce_op::sum);
+  c.allreduce(i, reduce_op::max);
+};
+template <class C>
+concept has_allgather = requires(C& c, std::span<const float> in, std::span<float> out) {
+  c.allgather(in, out);
+};
+template <class C>
+concept has_broadcast = requires(C& c, std::span<float> f, int root) { c.broadcast(f, root); };
+template <class C>
+concept has_barrier = requires(C& c) { c.barrier(); };
+template <class C>
+concept has_abort = requires(C& c, std::string_view why) { c.abort(why); };
+template <class C>
+concept has_send_recv = requires(C& c, int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
+  c.send(peer, msg);
+  c.recv(peer, buf);
+  c.sendrecv(peer, msg, buf);
+};
+}  // namespace req
+
+//! A group of `size()` ranks with collectives. `allreduce(span<T>, op)` reduces in
+//! place (bit-identical on every rank), `allgather(in, out)` concatenates equal-sized
+//! blocks in rank order, `broadcast(data, root)`, `barrier()`, and `abort(why)` marks
+//! the group failed so that every other rank raises instead of waiting.
+template <class C>
+concept Communicator = req::has_rank_and_size<C> && req::has_allreduce<C> && req::has_allgather<C> &&
+                       req::has_broadcast<C> && req::has_barrier<C> && req::has_abort<C>;
+
+//! A Communicator that also exchanges variable-length byte messages with one peer:
+//! `send(peer, bytes)`, `recv(peer, buffer)` (buffer is resized to the message) and
+//! `sendrecv(peer, bytes, buffer)`.
+template <class C>
+concept PointToPoint = Communicator<C> && req::has_send_recv<C>;
+
+template <class C>
+constexpr bool diagnose_communicator() {
+  static_assert(req::has_rank_and_size<C>,
+                "commpact: this type is not a Communicator: it needs `int rank() const` and `int size() const`.");
+  static_assert(req::has_allreduce<C>,
+                "commpact: this type is not a Communicator: it needs `allreduce(std::span<T>, commpact::reduce_op)` "
+                "for float, double and std::int64_t.");
+  static_assert(req::has_allgather<C>,
+                "commpact: this type is not a Communicator: it needs `allgather(std::span<const T> in, std::span<T> out)`.");
+  static_assert(req::has_broadcast<C>,
+                "commpact: this type is not a Communicator: it needs `broadcast(std::span<T>, int root)`.");
+  static_assert(req::has_barrier<C>, "commpact: this type is not a Communicator: it needs `barrier()`.");
+  static_assert(req::has_abort<C>,
+                "commpact: this type is not a Communicator: it needs `abort(std::string_view why)` so that a failure "
+                "reaches the other ranks.");
+  return Communicator<C>;
+}
+
+template <class C>
+constexpr bool diagnose_point_to_point() {
+  if constexpr (!Communicator<C>) {
+    return diagnose_communicator<C>();
+  } else {
+    static_assert(req::has_send_recv<C>,
+                  "commpact: this communicator has no point-to-point exchange: it needs `send(int peer, "
+                  "std::span<const std::byte>)`, `recv(int peer, std::vector<std::byte>&)` and `sendrecv(...)`.");
+    return PointToPoint<C>;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Topology: who talks to whom, with what weight.
+// ---------------------------------------------------------------------------
+namespace req {
+template <class T>
+concept has_topology_size = requires(const T& t) {
+  { t.size() } -> std::convertible_to<int>;
+};
+template <class T>
+concept has_neighbors = requires(const T& t, int r) {
+  { t.neighbors(r) } -> std::ranges::input_range;
+  requires std::convertible_to<std::ranges::range_value_t<decltype(t.neighbors(r))>, int>;
+};
+template <class T>
+concept has_weight = requires(const T& t, int i, int j) {
+  { t.weight(i, j) } -> std::convertible_to<double>;
+};
+}  // namespace req
+
+//! A graph over `size()` ranks: `neighbors(r)` (excluding r, ascending) and the mixing
+//! weight `weight(i, j)` of a symmetric doubly-stochastic matrix (`weight(i, i)` is the
+//! self weight; rows sum to 1).
+template <class T>
+concept Topology = req::has_topology_size<T> && req::has_neighbors<T> && req::has_weight<T>;
+
+template <class T>
+constexpr bool diagnose_topology() {
+  static_assert(req::has_topology_size<T>, "commpact: this type is not a Topology: it needs `int size() const`.");
+  static_assert(req::has_neighbors<T>,
+                "commpact: this type is not a Topology: it needs `neighbors(int rank) const` returning a range of int.");
+  static_assert(req::has_weight<T>,
+                "commpact: this type is not a Topology: it needs `double weight(int i, int j) const`.");
+  return Topology<T>;
+}
+
+// ---------------------------------------------------------------------------
+// Compressor: what crosses the network, and how it is aggregated.
+// ---------------------------------------------------------------------------
+namespace req {
+template <class C>
+concept has_reduce = requires(C& c, std::span<float> g) { c.reduce(g); };
+template <class C>
+concept has_state = requires(const C& cc, C& c, std::vector<std::byte>& out, std::span<const std::byte> in) {
+  cc.save_state(out);
+  c.load_state(in);
+};
+}  // namespace req
+
+//! Holds a communicator and its own state. `reduce(grad)` replaces grad, on every rank,
+//! by the same (compressed) average over the ranks, keeping what it did not send in its
+//! error-feedback residual. `save_state(bytes)` appends the state; `load_state(bytes)`
+//! restores it.
+template <class C>
+concept Compressor = req::has_reduce<C> && req::has_state<C>;
+
+template <class C>
+constexpr bool diagnose_compressor() {
+  static_assert(req::has_reduce<C>,
+                "commpact: this type is not a Compressor: it needs `reduce(std::span<float> grad)`.");
+  static_assert(req::has_state<C>,
+                "commpact: this type is not a Compressor: it needs `save_state(std::vector<std::byte>&) const` and "
+                "`load_state(std::span<const std::byte>)`.");
+  return Compressor<C>;
+}
+
+// ---------------------------------------------------------------------------
+// SyncPolicy: when ranks synchronise.
+// ---------------------------------------------------------------------------
+
+//! What a SyncPolicy decides at a round boundary.
+struct sync_plan {
+  enum class mode { gradients, parameters };
+  mode what = mode::gradients;  //!< gradients: reduce gradients every step (BSP); parameters: Local SGD
+  std::int64_t period = 1;      //!< steps until the next synchronisation (>= 1)
+};
+
+namespace req {
+template <class S>
+concept has_plan = requires(const S& s, std::int64_t step, double lr) {
+  { s.plan(step, lr) } -> std::same_as<sync_plan>;
+};
+}  // namespace req
+
+//! A pure rule: `plan(step, lr)`, asked at the first step and after each
+//! synchronisation, says whether to synchronise gradients or parameters and how many
+//! steps the next period lasts. It sees the step and the learning rate only, so every
+//! rank makes the same decisions without communicating.
+template <class S>
+concept SyncPolicy = req::has_plan<S> && std::copy_constructible<S>;
+
+template <class S>
+constexpr bool diagnose_sync_policy() {
+  static_assert(req::has_plan<S>,
+                "commpact: this type is not a SyncPolicy: it needs `commpact::sync_plan plan(std::int64_t step, "
+                "double lr) const`.");
+  static_assert(std::copy_constructible<S>, "commpact: this type is not a SyncPolicy: it must be copy-constructible.");
+  return SyncPolicy<S>;
+}
+
+}  // namespace commpact

@@ -1,0 +1,76 @@
+#pragma once
+//! \file error.hpp
+//! Error types. Every error commpact raises derives from commpact::error, and its
+//! message names the value, the rule it broke and the way out.
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace commpact {
+
+//! Base of every exception commpact throws.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+//! A caller passed a value that breaks a documented rule (size, k, density, rank...).
+class invalid_argument : public error {
+ public:
+  using error::error;
+};
+
+//! Ranks disagree about something they must agree on (lengths, shapes, options).
+class mismatch_error : public error {
+ public:
+  using error::error;
+};
+
+//! A gradient or parameter contains NaN or Inf.
+class numeric_error : public error {
+ public:
+  using error::error;
+};
+
+//! A received message is malformed or hostile (bad count, index out of range, unsorted).
+class wire_error : public error {
+ public:
+  using error::error;
+};
+
+//! The transport failed (an MPI error code, a closed world).
+class comm_error : public error {
+ public:
+  using error::error;
+};
+
+//! Another rank failed or left; this rank's operation was abandoned.
+class peer_failure : public comm_error {
+ public:
+  using comm_error::comm_error;
+};
+
+//! A wait passed its deadline.
+class timeout_error : public comm_error {
+ public:
+  using comm_error::comm_error;
+};
+
+namespace detail {
+template <class... Args>
+std::string cat(Args&&... args) {
+  std::ostringstream os;
+  (os << ... << std::forward<Args>(args));
+  return os.str();
+}
+}  // namespace detail
+
+//! Throws E with the concatenation of args when cond is false.
+template <class E = invalid_argument, class... Args>
+inline void require(bool cond, Args&&... args) {
+  if (!cond) throw E(detail::cat(std::forward<Args>(args)...));
+}
+
+}  // namespace commpact

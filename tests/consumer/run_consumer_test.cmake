@@ -1,0 +1,36 @@
+# Installs the build tree into a fresh prefix, then configures, builds and runs a
+# project that uses commpact only through find_package.
+file(REMOVE_RECURSE ${WORK_DIR})
+execute_process(COMMAND ${CMAKE_COMMAND} --install ${BUILD_DIR} --prefix ${WORK_DIR}/prefix
+  RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "install failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_WITH_MPI=${WITH_MPI} RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "configuring the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${CMAKE_COMMAND} --build ${WORK_DIR}/build RESULT_VARIABLE rc)
+if(rc)
+  message(FATAL_ERROR "building the consumer failed: ${rc}")
+endif()
+execute_process(COMMAND ${WORK_DIR}/build/consumer RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+message(STATUS "${out}")
+if(rc)
+  message(FATAL_ERROR "the consumer failed: ${rc}")
+endif()
+if(WITH_MPI)
+  execute_process(COMMAND ${WORK_DIR}/build/consumer_mpi RESULT_VARIABLE rc OUTPUT_VARIABLE out)
+  message(STATUS "${out}")
+  if(rc)
+    message(FATAL_ERROR "the MPI consumer failed: ${rc}")
+  endif()
+endif()
+# A component that does not exist must make a REQUIRED find_package fail.
+execute_process(COMMAND ${CMAKE_COMMAND} -S ${SOURCE_DIR} -B ${WORK_DIR}/build-bad
+  -DCMAKE_PREFIX_PATH=${WORK_DIR}/prefix -DCONSUMER_BAD_COMPONENT=ON RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
+if(NOT rc)
+  message(FATAL_ERROR "find_package accepted an unknown component")
+endif()
+message(STATUS "consumer package test passed")
