@@ -135,3 +135,14 @@ TEST_CASE("CountingComm totals equal the messages passed", "[comm][counting]") {
   REQUIRE(sent == recv);
   REQUIRE(ms == mr);
 }
+
+TEST_CASE("CountingComm copies share one counter", "[comm][counting]") {
+  run_threads(2, [](ThreadComm& tc) {
+    CountingComm<ThreadComm> kept{tc};
+    auto given = kept;  // e.g. handed to a compressor
+    std::vector<float> g(10, 1.f);
+    given.allreduce(std::span<float>(g));
+    REQUIRE(kept.stats().collectives == 1);
+    REQUIRE(kept.stats().bytes_sent == wire::ring_allreduce(tc.rank(), 2, 10, 4).bytes_sent);
+  });
+}

@@ -10,9 +10,13 @@
 //! counted.allreduce(std::span(grad));
 //! auto s = counted.stats();   // s.bytes_sent, s.messages_sent, s.collectives ...
 //! \endcode
+//!
+//! Copies share one counter, like copies of a ThreadComm share one world: keep a copy
+//! and hand another to a compressor, and the copy you kept sees the compressor's traffic.
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -55,7 +59,7 @@ class CountingComm {
   static_assert(diagnose_communicator<C>());
 
  public:
-  explicit CountingComm(C inner) : inner_(std::move(inner)) {}
+  explicit CountingComm(C inner) : inner_(std::move(inner)), stats_(std::make_shared<comm_stats>()) {}
 
   int rank() const { return inner_.rank(); }
   int size() const { return inner_.size(); }
@@ -63,27 +67,27 @@ class CountingComm {
   template <class T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
     inner_.allreduce(data, op);
-    ++stats_.collectives;
-    stats_ += wire::ring_allreduce(rank(), size(), data.size(), sizeof(T));
+    ++stats_->collectives;
+    *stats_ += wire::ring_allreduce(rank(), size(), data.size(), sizeof(T));
   }
 
   template <class T>
   void allgather(std::span<const T> in, std::span<T> out) {
     inner_.allgather(in, out);
-    ++stats_.collectives;
-    stats_ += wire::ring_allgather(rank(), size(), in.size_bytes());
+    ++stats_->collectives;
+    *stats_ += wire::ring_allgather(rank(), size(), in.size_bytes());
   }
 
   template <class T>
   void broadcast(std::span<T> data, int root) {
     inner_.broadcast(data, root);
-    ++stats_.collectives;
-    stats_ += wire::binomial_broadcast(rank(), size(), root, data.size_bytes());
+    ++stats_->collectives;
+    *stats_ += wire::binomial_broadcast(rank(), size(), root, data.size_bytes());
   }
 
   void barrier() {
     inner_.barrier();
-    ++stats_.collectives;
+    ++stats_->collectives;
   }
 
   void abort(std::string_view why) { inner_.abort(why); }
@@ -110,24 +114,24 @@ class CountingComm {
     count_recv(buf.size());
   }
 
-  const comm_stats& stats() const { return stats_; }
-  void reset_stats() { stats_ = {}; }
+  const comm_stats& stats() const { return *stats_; }
+  void reset_stats() { *stats_ = {}; }
   C& inner() { return inner_; }
   const C& inner() const { return inner_; }
 
  private:
   void count_send(std::size_t n) {
-    ++stats_.messages_sent;
-    stats_.bytes_sent += n;
-    stats_.point_to_point_bytes_sent += n;
+    ++stats_->messages_sent;
+    stats_->bytes_sent += n;
+    stats_->point_to_point_bytes_sent += n;
   }
   void count_recv(std::size_t n) {
-    ++stats_.messages_received;
-    stats_.bytes_received += n;
+    ++stats_->messages_received;
+    stats_->bytes_received += n;
   }
 
   C inner_;
-  comm_stats stats_;
+  std::shared_ptr<comm_stats> stats_;
 };
 
 }  // namespace commpact
