@@ -1,0 +1,155 @@
+#pragma once
+// The demo's training loop, written once over any commpact Communicator: each rank
+// trains the same MLP on its shard of Fashion-MNIST and the chosen method decides
+// what crosses the network. Used by train_fashion_mnist.cpp (ThreadComm, in process)
+// and train_fashion_mnist_mpi.cpp (MpiComm under mpiexec).
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <commpact/commpact.hpp>
+#include <commpact/compress/dense.hpp>
+
+#include "idx.hpp"
+#include "mlp.hpp"
+
+namespace demo {
+
+struct Options {
+  int ranks = 4;
+  int epochs = 3;
+  int hidden = 128;
+  int batch = 32;  // per rank
+  double lr = 0.05;
+  double momentum = 0.9;
+  double density = 0.01;
+  int local_h = 4;
+  double qsr_alpha = 0.2;
+  std::size_t limit = 0;  // 0: the whole training set
+  std::uint64_t seed = 42;
+  std::string data_dir = "/usr/share/datasets/fashion-mnist";
+  std::vector<std::string> methods = {"dense"};
+};
+
+struct EpochRow {
+  std::string method;
+  int epoch = 0;
+  double train_loss = 0, test_acc = 0, mb_sent = 0, seconds = 0;
+  std::int64_t sync_rounds = 0;
+};
+
+struct Data {
+  Dataset train, test;
+};
+
+// Learning rate: linear warm-up over the first 5% of steps, then cosine decay.
+inline double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
+  const std::int64_t warm = std::max<std::int64_t>(1, total / 20);
+  if (step < warm) return o.lr * double(step + 1) / double(warm);
+  const double t = double(step - warm) / double(std::max<std::int64_t>(1, total - warm));
+  return 0.5 * o.lr * (1.0 + std::cos(3.14159265358979323846 * t));
+}
+
+// A method: called after backward with the rank's gradient; it must leave identical
+// parameters on every rank whenever it reports a synchronisation.
+using StepFn = std::function<void(std::span<float> params, std::span<float> grad, double lr, std::int64_t step)>;
+
+template <class Comm>
+StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model,
+                   std::int64_t total_steps, std::int64_t& rounds);
+
+// Trains one method on one rank. `comm` is this rank's CountingComm; the returned rows
+// are meaningful on rank 0.
+template <class Comm>
+std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& data, const Options& o, bool verbose) {
+  const int P = comm.size(), r = comm.rank();
+  Mlp model(o.hidden);
+  const std::size_t n = model.size();
+  std::vector<float> params(n), grad(n);
+  model.init(params, o.seed);
+
+  const std::size_t per_rank = data.train.count / P;
+  const std::int64_t steps_per_epoch = static_cast<std::int64_t>(per_rank / o.batch);
+  commpact::require(steps_per_epoch > 0, "demo: ", data.train.count, " training images are too few for ", P,
+                    " ranks with batch ", o.batch, " each; lower --ranks or --batch.");
+  const std::int64_t total = steps_per_epoch * o.epochs;
+  std::int64_t rounds = 0;
+  StepFn step_fn = make_method(method, comm, o, model, total, rounds);
+
+  std::vector<std::uint32_t> shard(per_rank);
+  for (std::size_t i = 0; i < per_rank; ++i) shard[i] = static_cast<std::uint32_t>(i * P + r);
+  std::vector<float> xb(std::size_t(o.batch) * Mlp::in);
+  std::vector<std::uint8_t> yb(o.batch);
+  std::vector<EpochRow> rows;
+  const auto t0 = std::chrono::steady_clock::now();
+  std::int64_t step = 0;
+  for (int epoch = 1; epoch <= o.epochs; ++epoch) {
+    std::mt19937_64 g(o.seed * 7919 + epoch * 131 + r);
+    std::shuffle(shard.begin(), shard.end(), g);
+    double loss = 0;
+    for (std::int64_t s = 0; s < steps_per_epoch; ++s, ++step) {
+      for (int b = 0; b < o.batch; ++b) {
+        const std::size_t idx = shard[std::size_t(s) * o.batch + b];
+        std::copy_n(data.train.images.data() + idx * Mlp::in, Mlp::in, xb.data() + std::size_t(b) * Mlp::in);
+        yb[b] = data.train.labels[idx];
+      }
+      loss += model.loss_and_grad(params, xb.data(), yb.data(), o.batch, grad);
+      step_fn(params, grad, lr_at(o, step, total), step);
+      if (verbose && r == 0 && (s + 1) % std::max<std::int64_t>(1, steps_per_epoch / 4) == 0 && s + 1 < steps_per_epoch)
+        std::printf("  [%s] epoch %d: %3d%%\r", method.c_str(), epoch, int(100 * (s + 1) / steps_per_epoch)),
+            std::fflush(stdout);
+    }
+    // Rank 0's bytes (CountingComm), the mean training loss over ranks, test accuracy.
+    const double mb = double(comm.stats().bytes_sent) / 1e6;
+    double l[1] = {loss / double(steps_per_epoch * o.batch)};
+    comm.inner().allreduce(std::span<double>(l, 1), commpact::reduce_op::sum);  // not counted
+    EpochRow row;
+    row.method = method;
+    row.epoch = epoch;
+    row.train_loss = l[0] / P;
+    row.test_acc = double(model.correct(params, data.test.images.data(), data.test.labels.data(), data.test.count)) /
+                   double(data.test.count);
+    row.mb_sent = mb;
+    row.sync_rounds = rounds;
+    row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (verbose && r == 0)
+      std::printf("  [%s] epoch %d/%d  loss %.4f  test acc %.2f%%  sent %.2f MB/rank  %lld rounds  %.1f s\n",
+                  method.c_str(), epoch, o.epochs, row.train_loss, 100 * row.test_acc, row.mb_sent,
+                  static_cast<long long>(rounds), row.seconds),
+          std::fflush(stdout);
+    rows.push_back(row);
+  }
+  return rows;
+}
+
+// ---- the methods ---------------------------------------------------------------
+template <class Comm>
+StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total_steps,
+                   std::int64_t& rounds) {
+  const std::size_t n = model.size();
+  auto velocity = std::make_shared<std::vector<float>>(n, 0.f);
+  auto sgd = [velocity, mu = float(o.momentum)](std::span<float> p, std::span<const float> g, double lr) {
+    auto& v = *velocity;
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      v[i] = mu * v[i] + g[i];
+      p[i] -= float(lr) * v[i];
+    }
+  };
+  if (name == "dense") {
+    auto red = std::make_shared<commpact::Dense<Comm>>(comm);
+    return [red, sgd, &rounds](std::span<float> p, std::span<float> g, double lr, std::int64_t) {
+      red->reduce(g);
+      ++rounds;
+      sgd(p, g, lr);
+    };
+  }
+  throw commpact::invalid_argument("demo: unknown method '" + name + "'; use one of: dense.");
+}
+
+}  // namespace demo
