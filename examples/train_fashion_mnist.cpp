@@ -5,41 +5,14 @@
 //
 // Prints progress per epoch, a summary table, and writes <out>/fashion_mnist.csv and,
 // when gnuplot is installed, <out>/fashion_mnist.png.
-#include <CLI/CLI.hpp>
-
-#include <cstdlib>
-#include <filesystem>
-#include <fstream>
-#include <map>
-#include <mutex>
-
-#include "fashion_mnist/trainer.hpp"
+#include "fashion_mnist/cli.hpp"
 
 int main(int argc, char** argv) {
-  demo::Options o;
-  std::string out_dir = "demo-out";
-  double expect_accuracy = 0;
+  demo::Cli c;
   CLI::App app{"commpact demo: Fashion-MNIST on in-process ranks"};
-  app.add_option("--ranks", o.ranks, "number of in-process ranks (threads)")->check(CLI::Range(1, 64));
-  app.add_option("--epochs", o.epochs, "training epochs")->check(CLI::Range(1, 1000));
-  app.add_option("--hidden", o.hidden, "hidden units")->check(CLI::Range(1, 4096));
-  app.add_option("--batch", o.batch, "mini-batch per rank")->check(CLI::Range(1, 4096));
-  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
-  app.add_option("--density", o.density, "fraction of gradient entries sent by top-k methods")
-      ->check(CLI::Range(1e-6, 1.0));
-  app.add_option("--local-h", o.local_h, "period H of Local SGD (and QSR's H_base)")->check(CLI::Range(1, 100000));
-  app.add_option("--qsr-alpha", o.qsr_alpha, "QSR's alpha")->check(CLI::PositiveNumber);
-  app.add_option("--limit", o.limit, "use only the first N training images (0: all)");
-  app.add_option("--seed", o.seed, "random seed");
-  app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST *.gz files");
-  app.add_option("--methods", o.methods, "comma-separated methods to compare")->delimiter(',');
-  app.add_option("--out", out_dir, "folder for the CSV and the plot");
-  app.add_option("--expect-accuracy", expect_accuracy,
-                 "exit with status 2 if any method ends below this test accuracy (0..1); used by the tests")
-      ->check(CLI::Range(0.0, 1.0));
+  demo::add_options(app, c);
   CLI11_PARSE(app, argc, argv);
-
+  const auto& o = c.o;
   try {
     demo::Data data{demo::load_idx(o.data_dir, "train", o.limit), demo::load_idx(o.data_dir, "t10k")};
     std::printf("commpact demo: Fashion-MNIST, %zu training / %zu test images, MLP 784-%d-10, %d ranks (threads), "
@@ -54,55 +27,7 @@ int main(int argc, char** argv) {
       });
       all.insert(all.end(), rows.begin(), rows.end());
     }
-    std::filesystem::create_directories(out_dir);
-    const auto csv = std::filesystem::path(out_dir) / "fashion_mnist.csv";
-    std::ofstream f(csv);
-    f << "method,epoch,train_loss,test_acc,mb_sent_per_rank,sync_rounds,seconds\n";
-    for (auto& r : all)
-      f << r.method << ',' << r.epoch << ',' << r.train_loss << ',' << r.test_acc << ',' << r.mb_sent << ','
-        << r.sync_rounds << ',' << r.seconds << '\n';
-    f.close();
-
-    std::printf("\n%-10s %10s %12s %14s %10s %9s\n", "method", "test acc", "train loss", "MB sent/rank", "vs dense",
-                "seconds");
-    double dense_mb = 0;
-    for (auto& r : all)
-      if (r.method == "dense" && r.epoch == o.epochs) dense_mb = r.mb_sent;
-    for (auto& r : all) {
-      if (r.epoch != o.epochs) continue;
-      char ratio[32] = "-";
-      if (dense_mb > 0) std::snprintf(ratio, sizeof ratio, "%.4f", r.mb_sent / dense_mb);
-      std::printf("%-10s %9.2f%% %12.4f %14.3f %10s %9.1f\n", r.method.c_str(), 100 * r.test_acc, r.train_loss,
-                  r.mb_sent, ratio, r.seconds);
-    }
-    std::printf("\nwrote %s\n", csv.c_str());
-    int status = 0;
-    for (auto& r : all)
-      if (r.epoch == o.epochs && r.test_acc < expect_accuracy) {
-        std::fprintf(stderr, "error: %s reached %.2f%% test accuracy, below the expected %.2f%%\n", r.method.c_str(),
-                     100 * r.test_acc, 100 * expect_accuracy);
-        status = 2;
-      }
-
-    // A plot: test accuracy against megabytes sent per rank, one line per method.
-    if (std::system("command -v gnuplot >/dev/null 2>&1") == 0) {
-      const auto gp = std::filesystem::path(out_dir) / "fashion_mnist.gp";
-      const auto png = std::filesystem::path(out_dir) / "fashion_mnist.png";
-      std::ofstream g(gp);
-      g << "set datafile separator ','\nset terminal pngcairo size 900,560\nset output '" << png.string() << "'\n"
-        << "set title 'Fashion-MNIST, " << o.ranks << " ranks: test accuracy against bytes sent'\n"
-        << "set xlabel 'MB sent per rank (log scale)'\nset ylabel 'test accuracy (%)'\nset logscale x\n"
-        << "set key bottom right\nset grid\n";
-      g << "plot ";
-      for (std::size_t i = 0; i < o.methods.size(); ++i)
-        g << (i ? ", " : "") << "'" << csv.string() << "' using ($5):($2 > 0 && strcol(1) eq '" << o.methods[i]
-          << "' ? 100*$4 : 1/0) with linespoints lw 2 title '" << o.methods[i] << "'";
-      g << "\n";
-      g.close();
-      if (std::system(("gnuplot '" + gp.string() + "' 2>/dev/null").c_str()) == 0)
-        std::printf("wrote %s\n", png.c_str());
-    }
-    return status;
+    return demo::report(all, c);
   } catch (const commpact::error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 1;
