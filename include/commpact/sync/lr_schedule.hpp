@@ -1,0 +1,144 @@
+#pragma once
+//! \file lr_schedule.hpp
+//! Learning-rate schedules that users pair with QSRPolicy: small value types with
+//! `double operator()(std::int64_t step) const`, parameters validated at construction.
+//!
+//! | schedule | lr(step) |
+//! |---|---|
+//! | `ConstantLr{lr}` | lr |
+//! | `WarmupCosineLr{peak, warmup, total, final = 0}` | peak (step + 1) / warmup for step < warmup, then final + (peak - final) (1 + cos(pi (step - warmup) / (total - warmup))) / 2 |
+//! | `WarmupLinearLr{peak, warmup, total, final = 0}` | the same warm-up, then peak + (final - peak) (step - warmup) / (total - warmup) |
+//! | `StepDecayLr{base, gamma, every, warmup = 0}` | the same warm-up to base, then base gamma^floor((step - warmup) / every) |
+//!
+//! The warm-up starts at peak / warmup, not at 0, so that every step of a run has a
+//! positive learning rate (QSRPolicy divides by it). The decays reach `final` at step
+//! `total`, one past the last step of a run of `total` steps; steps at or beyond `total`
+//! return `final`. Negative steps are errors.
+//!
+//! \code
+//! commpact::WarmupCosineLr lr{0.1, 500, 10000};     // peak 0.1, 5% warm-up, 10000 steps
+//! double a = lr(0), b = lr(500), c = lr(9999);       // 0.0002, 0.1, 2.7e-9
+//! \endcode
+
+#include <cmath>
+#include <cstdint>
+#include <numbers>
+
+#include "../error.hpp"
+
+namespace commpact {
+
+namespace detail {
+inline void check_lr_value(const char* who, const char* name, double v, bool allow_zero) {
+  require(std::isfinite(v) && (allow_zero ? v >= 0 : v > 0), who, ": ", name, " = ", v, " must be a finite number ",
+          allow_zero ? ">= 0" : "> 0", " (a learning rate).");
+}
+inline void check_schedule_step(const char* who, std::int64_t step) {
+  require(step >= 0, who, ": step ", step, " is negative; steps count from 0.");
+}
+inline void check_warmup_total(const char* who, std::int64_t warmup, std::int64_t total) {
+  require(warmup >= 0, who, ": warmup = ", warmup, " must be >= 0 steps; pass 0 for no warm-up.");
+  require(total > warmup, who, ": total = ", total, " steps must exceed warmup = ", warmup,
+          " (the decay runs over steps [warmup, total)); shorten the warm-up or lengthen the run.");
+}
+//! Linear warm-up: peak (step + 1) / warmup.
+inline double warmup_lr(double peak, std::int64_t step, std::int64_t warmup) {
+  return peak * static_cast<double>(step + 1) / static_cast<double>(warmup);
+}
+}  // namespace detail
+
+//! A constant learning rate.
+class ConstantLr {
+ public:
+  explicit ConstantLr(double lr) : lr_(lr) { detail::check_lr_value("commpact::ConstantLr", "lr", lr, false); }
+  double operator()(std::int64_t step) const {
+    detail::check_schedule_step("commpact::ConstantLr", step);
+    return lr_;
+  }
+
+ private:
+  double lr_;
+};
+
+//! Linear warm-up to `peak` over `warmup` steps, then cosine decay to `final` at step `total`.
+class WarmupCosineLr {
+ public:
+  WarmupCosineLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
+      : peak_(peak), final_(final), warmup_(warmup), total_(total) {
+    const char* who = "commpact::WarmupCosineLr";
+    detail::check_lr_value(who, "peak", peak, false);
+    detail::check_lr_value(who, "final", final, true);
+    require(final <= peak, who, ": final = ", final, " exceeds peak = ", peak,
+            "; a decay ends at or below its peak. Swap them, or use ConstantLr.");
+    detail::check_warmup_total(who, warmup, total);
+  }
+  double operator()(std::int64_t step) const {
+    detail::check_schedule_step("commpact::WarmupCosineLr", step);
+    if (step < warmup_) return detail::warmup_lr(peak_, step, warmup_);
+    if (step >= total_) return final_;
+    const double t = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
+    return final_ + 0.5 * (peak_ - final_) * (1.0 + std::cos(std::numbers::pi * t));
+  }
+  double peak() const { return peak_; }
+  std::int64_t warmup() const { return warmup_; }
+  std::int64_t total() const { return total_; }
+
+ private:
+  double peak_, final_;
+  std::int64_t warmup_, total_;
+};
+
+//! Linear warm-up to `peak` over `warmup` steps, then linear decay to `final` at step `total`.
+class WarmupLinearLr {
+ public:
+  WarmupLinearLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
+      : peak_(peak), final_(final), warmup_(warmup), total_(total) {
+    const char* who = "commpact::WarmupLinearLr";
+    detail::check_lr_value(who, "peak", peak, false);
+    detail::check_lr_value(who, "final", final, true);
+    require(final <= peak, who, ": final = ", final, " exceeds peak = ", peak,
+            "; a decay ends at or below its peak. Swap them, or use ConstantLr.");
+    detail::check_warmup_total(who, warmup, total);
+  }
+  double operator()(std::int64_t step) const {
+    detail::check_schedule_step("commpact::WarmupLinearLr", step);
+    if (step < warmup_) return detail::warmup_lr(peak_, step, warmup_);
+    if (step >= total_) return final_;
+    const double t = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
+    return peak_ + (final_ - peak_) * t;
+  }
+  double peak() const { return peak_; }
+  std::int64_t warmup() const { return warmup_; }
+  std::int64_t total() const { return total_; }
+
+ private:
+  double peak_, final_;
+  std::int64_t warmup_, total_;
+};
+
+//! Linear warm-up to `base` over `warmup` steps, then base * gamma^k where k counts the
+//! completed blocks of `every` steps since the warm-up.
+class StepDecayLr {
+ public:
+  StepDecayLr(double base, double gamma, std::int64_t every, std::int64_t warmup = 0)
+      : base_(base), gamma_(gamma), every_(every), warmup_(warmup) {
+    const char* who = "commpact::StepDecayLr";
+    detail::check_lr_value(who, "base", base, false);
+    require(std::isfinite(gamma) && gamma > 0 && gamma <= 1, who, ": gamma = ", gamma,
+            " must lie in (0, 1] (the factor applied every `every` steps); 0.1 is the common choice.");
+    require(every >= 1, who, ": every = ", every, " must be at least 1 step between decays.");
+    require(warmup >= 0, who, ": warmup = ", warmup, " must be >= 0 steps; pass 0 for no warm-up.");
+  }
+  double operator()(std::int64_t step) const {
+    detail::check_schedule_step("commpact::StepDecayLr", step);
+    if (step < warmup_) return detail::warmup_lr(base_, step, warmup_);
+    const auto k = (step - warmup_) / every_;
+    return base_ * std::pow(gamma_, static_cast<double>(k));
+  }
+
+ private:
+  double base_, gamma_;
+  std::int64_t every_, warmup_;
+};
+
+}  // namespace commpact

@@ -1,0 +1,422 @@
+#pragma once
+//! \file data_parallel.hpp
+//! DataParallel<Compressor, SyncPolicy>: the piece a training loop calls after backward.
+//! It asks the SyncPolicy when to synchronise and what, moves the bytes through the
+//! Compressor (and the Compressor's communicator), and leaves the optimizer to the user.
+//!
+//! \code
+//! commpact::Dense<commpact::ThreadComm> dense{comm};
+//! commpact::WarmupCosineLr lr{0.1, 500, 10000};
+//! commpact::DataParallel dp{std::move(dense), commpact::QSRPolicy{0.2, 2, 500}, 10000};
+//! commpact::Sgd opt{params.size(), {.momentum = 0.9}};
+//! for (std::int64_t t = 0; t < 10000; ++t) {
+//!   compute_gradients(params, grads);          // the user's forward and backward
+//!   dp.step(params, grads, lr(t), opt);        // returns true when this step synchronised
+//! }
+//! \endcode
+//!
+//! Per step, with the period the policy chose (asked at step 0 and after each period,
+//! with the learning rate of the period's first step, cut at the end of the run):
+//! - gradient period: `compressor.reduce(grads)`, then `update(params, grads, lr)`;
+//!   one round per step. A step the compressor skips (it returned false: non-finite
+//!   gradient under nonfinite::skip_step) does not call update.
+//! - parameter period of H steps: `update(params, grads, lr)` locally; after the last step
+//!   the ranks average their parameters as x = x0 + mean_r(x_r - x0), x0 being the
+//!   parameters at the period's start (the same on every rank). The mean of the deltas
+//!   goes through the communicator (dense: sum in rank order, then times 1/P in float, the
+//!   same arithmetic as Dense), or with `compress_deltas` through `compressor.reduce`, whose
+//!   error feedback keeps what it did not send for the next round. With
+//!   `average_optimizer_state` the optimizer's `state()` (momentum) is averaged too.
+//!
+//! A one-step parameter period whose optimizer state is the same on every rank is
+//! synchronised through the gradient instead: mean of the gradients (the same dense
+//! arithmetic), then update. For an update that is linear in the gradient (SGD, with or
+//! without momentum and weight decay) this is the same step as a local step followed by
+//! parameter averaging, in exact arithmetic, and it sends the same bytes; in floating
+//! point it is bit for bit the step EveryStep takes with Dense, so LocalSgd{1} equals
+//! EveryStep with Dense exactly. Optimizer state is known to be the same on every rank
+//! until the first averaging of parameter deltas, and after each one when
+//! `average_optimizer_state` is on; otherwise a one-step period averages deltas like any
+//! other. With `compress_deltas` every parameter round sends deltas.
+//!
+//! A compressor's error-feedback residual must not hold gradients and parameter deltas
+//! at once. Under `compress_deltas` with one compressor, a policy that mixes gradient and
+//! parameter rounds (PostLocal) raises invalid_argument at the first round of the other
+//! kind; give the deltas a compressor of their own with the constructor
+//! DataParallel{for_gradients, for_deltas, policy, total_steps, options}.
+//!
+//! save_state / load_state checkpoint the driver (position, current period, the
+//! parameters at its start, counters) and its compressors; the optimizer is the user's.
+//!
+//! Requirements and conventions:
+//! - The compressor exposes its communicator as `comm()` (Dense does); parameter
+//!   averaging uses it, so a CountingComm under the compressor counts every byte (with a
+//!   second compressor for the deltas, its bytes are in delta_compressor().comm()).
+//! - `update` is callable as update(std::span<float>, std::span<const float>, double).
+//!   An update that keeps state (momentum) exposes it as `std::span<float> state()`;
+//!   an update without state() is taken to be stateless: hidden state would diverge
+//!   across ranks in local steps and could not be brought back.
+//! - Parameters and optimizer state start the same on every rank (broadcast them first).
+//! - Every rank passes the same learning rates; the policy's decisions are then the
+//!   same on every rank. `verify_plans` checks that at each period (one small allreduce).
+//! - One-time length checks (an allreduce of two int64 per buffer kind: parameters,
+//!   optimizer state) guard the first dense average; Dense does the same for gradients.
+
+#include <algorithm>
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../comm/agree.hpp"
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../sync/policies.hpp"
+#include "../sync/schedule.hpp"
+
+namespace commpact {
+
+struct data_parallel_options {
+  //! Average the optimizer's state() (momentum) in each parameter-delta round.
+  bool average_optimizer_state = false;
+  //! Send parameter deltas through the compressor (with its error feedback) instead of
+  //! averaging them densely through the communicator.
+  bool compress_deltas = false;
+  //! Check at each period that every rank made the same decision (costs one allreduce).
+  bool verify_plans = false;
+};
+
+namespace req {
+template <class C>
+concept has_comm = requires(C& c) {
+  c.comm();
+  requires Communicator<std::remove_cvref_t<decltype(c.comm())>>;
+};
+template <class U>
+concept has_optimizer_state = requires(U& u) {
+  { u.state() } -> std::convertible_to<std::span<float>>;
+};
+template <class U>
+concept update_function = std::invocable<U&, std::span<float>, std::span<const float>, double>;
+}  // namespace req
+
+template <class Compressor, class Policy>
+class DataParallel {
+  static_assert(diagnose_compressor<Compressor>());
+  static_assert(diagnose_sync_policy<Policy>());
+  static_assert(req::has_comm<Compressor>,
+                "commpact::DataParallel: the compressor must expose its communicator as `comm()` (as Dense does); "
+                "parameter averaging in Local SGD rounds goes through it.");
+
+ public:
+  using options = data_parallel_options;
+  using communicator = std::remove_cvref_t<decltype(std::declval<Compressor&>().comm())>;
+
+  //! A run of `total_steps` optimizer steps; calls the policy's check_run(total_steps).
+  DataParallel(Compressor compressor, Policy policy, std::int64_t total_steps, options opt = {})
+      : compressor_(std::move(compressor)), policy_(std::move(policy)), total_(total_steps), opt_(opt) {
+    require(total_steps >= 0, "commpact::DataParallel: total_steps = ", total_steps,
+            " is negative; pass the number of optimizer steps of the run.");
+    check_run(policy_, total_steps);
+  }
+
+  //! As above, with a second compressor of its own for the parameter deltas (implies
+  //! compress_deltas), so that a policy that mixes gradient and parameter rounds keeps
+  //! two error-feedback residuals apart. Its bytes are counted by its own communicator.
+  DataParallel(Compressor for_gradients, Compressor for_deltas, Policy policy, std::int64_t total_steps,
+               options opt = {})
+      : DataParallel(std::move(for_gradients), std::move(policy), total_steps, opt) {
+    opt_.compress_deltas = true;
+    delta_compressor_.emplace(std::move(for_deltas));
+  }
+
+  //! One optimizer step after backward. `grads` may be overwritten (by the averaged
+  //! gradient in gradient rounds). Returns true when this step ended with a
+  //! synchronisation round, after which params are the same on every rank.
+  template <class Update>
+    requires req::update_function<Update>
+  bool step(std::span<float> params, std::span<float> grads, double lr, Update&& update) {
+    using U = std::remove_cvref_t<Update>;
+    require(step_ < total_, "commpact::DataParallel::step: step ", step_, " is past the run of ", total_,
+            " steps; make the DataParallel with the run's full length.");
+    require(params.size() == grads.size(), "commpact::DataParallel::step: ", params.size(), " parameters but ",
+            grads.size(), " gradients; pass the gradient of every parameter (one flat buffer each).");
+    require(std::isfinite(lr), "commpact::DataParallel::step: the learning rate at step ", step_, " is ", lr,
+            "; pass a finite learning rate.");
+    if (n_ < 0) {
+      n_ = static_cast<std::int64_t>(params.size());
+    } else {
+      require(static_cast<std::int64_t>(params.size()) == n_, "commpact::DataParallel::step: ", params.size(),
+              " parameters at step ", step_, " but ", n_,
+              " before; the parameter buffer must keep its length over the run.");
+    }
+    if constexpr (!req::has_optimizer_state<U>) {
+      require(!opt_.average_optimizer_state,
+              "commpact::DataParallel: average_optimizer_state is on, but the update function has no "
+              "`std::span<float> state()` to average; expose the optimizer state (as commpact::Sgd does) or turn the "
+              "option off.");
+    }
+
+    if (step_ == next_plan_) begin_period(params, lr);
+
+    bool synced = false;
+    if (period_.what == sync_plan::mode::gradients) {
+      bring_state_in_sync(update);
+      if (compressor_reduce(compressor_, grads, round_kind::gradients)) {
+        update(params, std::span<const float>(grads), lr);
+      } else {
+        ++skipped_;
+      }
+      ++gradient_rounds_;
+      synced = true;
+    } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
+      // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
+      dense_mean(grads, checked_params_, "gradient");
+      update(params, std::span<const float>(grads), lr);
+      ++parameter_rounds_;
+      ++gradient_shortcuts_;
+      synced = true;
+    } else {
+      update(params, std::span<const float>(grads), lr);
+      if (step_ == period_.last()) {
+        average_parameters(params);
+        if constexpr (req::has_optimizer_state<U>) {
+          if (opt_.average_optimizer_state) {
+            dense_mean(update.state(), checked_state_, "optimizer state");
+            ++state_rounds_;
+          }
+        }
+        state_in_sync_ = opt_.average_optimizer_state;
+        ++parameter_rounds_;
+        synced = true;
+      }
+    }
+    ++step_;
+    return synced;
+  }
+
+  //! Appends the driver's state (position in the run, the current period, the parameters
+  //! at its start, counters), then the compressor's state. The optimizer's state is the
+  //! user's to save. Restore into a DataParallel made with the same policy and run length.
+  void save_state(std::vector<std::byte>& out) const {
+    const std::int64_t head[] = {kStateMagic,
+                                 total_,
+                                 n_,
+                                 step_,
+                                 next_plan_,
+                                 period_.start,
+                                 period_.length,
+                                 static_cast<std::int64_t>(period_.what),
+                                 state_in_sync_ ? 1 : 0,
+                                 (checked_params_ ? 1 : 0) | (checked_state_ ? 2 : 0),
+                                 gradient_rounds_,
+                                 parameter_rounds_,
+                                 gradient_shortcuts_,
+                                 state_rounds_,
+                                 skipped_,
+                                 static_cast<std::int64_t>(x0_.size()),
+                                 static_cast<std::int64_t>(shared_kind_),
+                                 delta_compressor_ ? 1 : 0};
+    append_bytes(out, head, sizeof head);
+    append_bytes(out, x0_.data(), x0_.size() * sizeof(float));
+    save_compressor(compressor_, out);
+    if (delta_compressor_) save_compressor(*delta_compressor_, out);
+  }
+
+  //! Restores what save_state wrote; a malformed buffer raises wire_error.
+  void load_state(std::span<const std::byte> in) {
+    constexpr std::size_t kHead = 18;
+    std::int64_t head[kHead];
+    require<wire_error>(in.size() >= sizeof head, "commpact::DataParallel::load_state: ", in.size(),
+                        " bytes is shorter than the ", sizeof head, "-byte header; pass what save_state wrote.");
+    std::memcpy(head, in.data(), sizeof head);
+    require<wire_error>(head[0] == kStateMagic, "commpact::DataParallel::load_state: the buffer does not start with "
+                        "DataParallel's state; pass what save_state wrote.");
+    require(head[1] == total_, "commpact::DataParallel::load_state: the state is of a run of ", head[1],
+            " steps, this DataParallel was made for ", total_, "; make it with the saved run's length.");
+    const std::int64_t step = head[3], next = head[4], start = head[5], length = head[6], what = head[7];
+    const std::int64_t x0n = head[15];
+    require<wire_error>(step >= 0 && step <= total_ && next >= step && next <= total_ && start >= 0 &&
+                            length >= 0 && (start + length == next || (step == 0 && next == 0)) && (what == 0 || what == 1) && x0n >= 0 &&
+                            head[2] >= -1 && (x0n == 0 || x0n == head[2]) && head[16] >= 0 && head[16] <= 2 &&
+                            head[17] == (delta_compressor_ ? 1 : 0),
+                        "commpact::DataParallel::load_state: inconsistent state (step ", step, ", period [", start,
+                        ", ", start + length, "), ", x0n, " saved parameters); pass what save_state wrote.");
+    const std::size_t x0_bytes = static_cast<std::size_t>(x0n) * sizeof(float);
+    require<wire_error>(in.size() - sizeof head >= x0_bytes, "commpact::DataParallel::load_state: the buffer ends "
+                        "inside the saved parameters; pass what save_state wrote.");
+    auto rest = in.subspan(sizeof head + x0_bytes);
+    rest = load_compressor(compressor_, rest);
+    if (delta_compressor_) rest = load_compressor(*delta_compressor_, rest);
+    require<wire_error>(rest.empty(), "commpact::DataParallel::load_state: ", rest.size(),
+                        " bytes left over after the state; pass what save_state wrote.");
+    shared_kind_ = static_cast<round_kind>(head[16]);
+    n_ = head[2];
+    step_ = step;
+    next_plan_ = next;
+    period_ = {start, length, what == 0 ? sync_plan::mode::gradients : sync_plan::mode::parameters};
+    state_in_sync_ = head[8] != 0;
+    checked_params_ = (head[9] & 1) != 0;
+    checked_state_ = (head[9] & 2) != 0;
+    gradient_rounds_ = head[10];
+    parameter_rounds_ = head[11];
+    gradient_shortcuts_ = head[12];
+    state_rounds_ = head[13];
+    skipped_ = head[14];
+    x0_.resize(static_cast<std::size_t>(x0n));
+    if (x0n > 0) std::memcpy(x0_.data(), in.data() + sizeof head, x0_bytes);
+  }
+
+  //! Steps taken so far (the index of the next step).
+  std::int64_t steps() const { return step_; }
+  std::int64_t total_steps() const { return total_; }
+  //! Synchronisation rounds so far: gradient rounds plus parameter rounds.
+  std::int64_t rounds() const { return gradient_rounds_ + parameter_rounds_; }
+  std::int64_t gradient_rounds() const { return gradient_rounds_; }
+  //! Rounds that closed a parameter period (including one-step periods sent as a gradient).
+  std::int64_t parameter_rounds() const { return parameter_rounds_; }
+  //! One-step parameter periods synchronised through the gradient.
+  std::int64_t gradient_shortcuts() const { return gradient_shortcuts_; }
+  //! Averages of the optimizer state (in parameter rounds, or before a gradient round).
+  std::int64_t state_rounds() const { return state_rounds_; }
+  //! Gradient rounds whose update was skipped because the compressor dropped the step.
+  std::int64_t skipped_steps() const { return skipped_; }
+  //! The current period (valid after the first step).
+  const sync_period& period() const { return period_; }
+
+  Compressor& compressor() { return compressor_; }
+  const Compressor& compressor() const { return compressor_; }
+  //! The compressor of the parameter deltas: the second one passed, else compressor().
+  Compressor& delta_compressor() { return delta_compressor_ ? *delta_compressor_ : compressor_; }
+  const Policy& policy() const { return policy_; }
+  //! The compressor's communicator: `dp.comm().stats()` under a CountingComm.
+  decltype(auto) comm() { return compressor_.comm(); }
+  const options& opts() const { return opt_; }
+
+ private:
+  void begin_period(std::span<const float> params, double lr) {
+    period_ = detail::next_period(policy_, step_, lr, total_);
+    next_plan_ = step_ + period_.length;
+    if (opt_.verify_plans) {
+      auto& c = compressor_.comm();
+      require_same(c, period_.length, "sync period length (DataParallel verify_plans)");
+      require_same(c, static_cast<std::int64_t>(period_.what), "sync mode (DataParallel verify_plans)");
+    }
+    const bool shortcut = period_.length == 1 && !opt_.compress_deltas && state_in_sync_;
+    if (period_.what == sync_plan::mode::parameters && !shortcut) {
+      x0_.assign(params.begin(), params.end());  // allocates on the first period only
+    }
+  }
+
+  //! Before a gradient round: state that diverged in local steps is averaged first.
+  template <class U>
+  void bring_state_in_sync(U& update) {
+    if (state_in_sync_) return;
+    if constexpr (req::has_optimizer_state<U>) {
+      dense_mean(update.state(), checked_state_, "optimizer state");
+      ++state_rounds_;
+    }
+    state_in_sync_ = true;  // an update without state() is stateless by contract
+  }
+
+  void average_parameters(std::span<float> params) {
+    delta_.resize(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) delta_[i] = params[i] - x0_[i];
+    if (opt_.compress_deltas) {
+      const bool sent = delta_compressor_ ? compressor_reduce(*delta_compressor_, delta_, round_kind::none)
+                                          : compressor_reduce(compressor_, delta_, round_kind::deltas);
+      if (!sent) std::fill(delta_.begin(), delta_.end(), 0.0f);  // the round is dropped
+    } else {
+      dense_mean(delta_, checked_params_, "parameter delta");
+    }
+    for (std::size_t i = 0; i < params.size(); ++i) params[i] = x0_[i] + delta_[i];
+  }
+
+  static void save_compressor(const Compressor& c, std::vector<std::byte>& out) {
+    const std::size_t at = out.size();
+    std::int64_t len = 0;
+    append_bytes(out, &len, sizeof len);
+    c.save_state(out);
+    len = static_cast<std::int64_t>(out.size() - at - sizeof len);
+    std::memcpy(out.data() + at, &len, sizeof len);
+  }
+  static std::span<const std::byte> load_compressor(Compressor& c, std::span<const std::byte> in) {
+    std::int64_t len = -1;
+    if (in.size() >= sizeof len) std::memcpy(&len, in.data(), sizeof len);
+    require<wire_error>(len >= 0 && static_cast<std::uint64_t>(len) <= in.size() - sizeof len,
+                        "commpact::DataParallel::load_state: the compressor's state is cut short; pass what "
+                        "save_state wrote.");
+    c.load_state(in.subspan(sizeof len, static_cast<std::size_t>(len)));
+    return in.subspan(sizeof len + static_cast<std::size_t>(len));
+  }
+  static void append_bytes(std::vector<std::byte>& out, const void* p, std::size_t n) {
+    const auto* b = static_cast<const std::byte*>(p);
+    out.insert(out.end(), b, b + n);
+  }
+  static constexpr std::int64_t kStateMagic = 0x31505044'53594e43;  // "CNYSDDP1"
+
+  enum class round_kind : std::int64_t { none, gradients, deltas };
+
+  //! Reduces through c; `kind` (none for the separate delta compressor) guards the shared
+  //! compressor's residual against holding gradients and parameter deltas at once.
+  bool compressor_reduce(Compressor& c, std::span<float> v, round_kind kind) {
+    if (kind != round_kind::none) {
+      require(shared_kind_ == round_kind::none || shared_kind_ == kind, "commpact::DataParallel: at step ", step_,
+              " the compressor would send ", kind == round_kind::deltas ? "parameter deltas" : "gradients",
+              " after sending ", kind == round_kind::deltas ? "gradients" : "parameter deltas",
+              " under compress_deltas; its error-feedback residual would mix the two. Pass a second compressor for "
+              "the deltas (DataParallel{for_gradients, for_deltas, policy, steps}), or average deltas densely "
+              "(compress_deltas = false).");
+      shared_kind_ = kind;
+    }
+    if constexpr (std::same_as<decltype(c.reduce(v)), bool>) {
+      return c.reduce(v);
+    } else {
+      c.reduce(v);
+      return true;
+    }
+  }
+
+  //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic. Every rank
+  //! sees the same sum, so every rank raises alike on a non-finite value.
+  void dense_mean(std::span<float> v, bool& checked, const char* what) {
+    auto& c = compressor_.comm();
+    if (!checked) {
+      require_same(c, static_cast<std::int64_t>(v.size()), detail::cat(what, " length (DataParallel)"));
+      checked = true;
+    }
+    c.allreduce(v, reduce_op::sum);
+    const float inv = 1.0f / static_cast<float>(c.size());
+    std::size_t bad = v.size();
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if (bad == v.size() && !std::isfinite(v[i])) bad = i;
+      v[i] *= inv;
+    }
+    require<numeric_error>(bad == v.size(), "commpact::DataParallel: the summed ", what, " is not finite at index ",
+                           bad, " at step ", step_,
+                           " (some rank holds NaN or Inf; every rank raises this error). Lower the learning rate or "
+                           "clip the gradients.");
+  }
+
+  Compressor compressor_;
+  std::optional<Compressor> delta_compressor_;
+  round_kind shared_kind_ = round_kind::none;
+  Policy policy_;
+  std::int64_t total_;
+  options opt_;
+  std::int64_t n_ = -1;
+  std::int64_t step_ = 0, next_plan_ = 0;
+  sync_period period_{};
+  bool state_in_sync_ = true;
+  bool checked_params_ = false, checked_state_ = false;
+  std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
+  std::vector<float> x0_, delta_;
+};
+
+}  // namespace commpact
