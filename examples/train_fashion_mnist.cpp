@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   const auto& o = c.o;
   try {
+    demo::validate(c);
     demo::Data data{demo::load_idx(o.data_dir, "train", o.limit), demo::load_idx(o.data_dir, "t10k")};
     std::printf("commpact demo: Fashion-MNIST, %zu training / %zu test images, MLP 784-%d-10, %d ranks (threads), "
                 "batch %d per rank, %d epochs\n",

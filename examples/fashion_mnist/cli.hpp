@@ -2,6 +2,7 @@
 // Command line and report shared by the demo's in-process and MPI programs.
 #include <CLI/CLI.hpp>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -41,6 +42,16 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--expect-accuracy", expect_accuracy,
                  "exit with status 2 if any method ends below this test accuracy (0..1); used by the tests")
       ->check(CLI::Range(0.0, 1.0));
+}
+
+// Rejects unknown methods before any data is read.
+inline void validate(const Cli& c) {
+  for (const auto& m : c.o.methods)
+    if (std::find(method_names().begin(), method_names().end(), m) == method_names().end()) {
+      std::string known;
+      for (auto& k : method_names()) known += (known.empty() ? "" : ", ") + k;
+      throw commpact::invalid_argument("demo: unknown method '" + m + "' in --methods; use one of: " + known + ".");
+    }
 }
 
 // Prints the summary table, writes <out>/fashion_mnist.csv and the gnuplot PNG; returns

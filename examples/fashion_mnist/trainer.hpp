@@ -15,6 +15,10 @@
 
 #include <commpact/commpact.hpp>
 #include <commpact/compress/dense.hpp>
+#include <commpact/sync/lr_schedule.hpp>
+#include <commpact/sync/policies.hpp>
+#include <commpact/train/data_parallel.hpp>
+#include <commpact/train/sgd.hpp>
 
 #include "idx.hpp"
 #include "mlp.hpp"
@@ -34,7 +38,7 @@ struct Options {
   std::size_t limit = 0;  // 0: the whole training set
   std::uint64_t seed = 42;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::vector<std::string> methods = {"dense"};
+  std::vector<std::string> methods = {"dense", "localsgd", "qsr"};
 };
 
 struct EpochRow {
@@ -48,12 +52,11 @@ struct Data {
   Dataset train, test;
 };
 
-// Learning rate: linear warm-up over the first 5% of steps, then cosine decay.
+// Learning rate: linear warm-up over the first 5% of steps, then cosine decay to 1% of
+// the peak (QSR needs lr > 0 at every step).
 inline double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
-  const std::int64_t warm = std::max<std::int64_t>(1, total / 20);
-  if (step < warm) return o.lr * double(step + 1) / double(warm);
-  const double t = double(step - warm) / double(std::max<std::int64_t>(1, total - warm));
-  return 0.5 * o.lr * (1.0 + std::cos(3.14159265358979323846 * t));
+  const commpact::WarmupCosineLr lr{o.lr, std::max<std::int64_t>(1, total / 20), total, 0.01 * o.lr};
+  return lr(step);
 }
 
 // A method: called after backward with the rank's gradient; it must leave identical
@@ -129,27 +132,37 @@ std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& da
 }
 
 // ---- the methods ---------------------------------------------------------------
+// Every method is a DataParallel driver: a Compressor (what crosses) and a SyncPolicy
+// (when), with SGD + momentum as the update.
+template <class Compressor, class Policy>
+StepFn drive(Compressor c, Policy policy, const Options& o, std::size_t n, std::int64_t total, std::int64_t& rounds) {
+  auto dp = std::make_shared<commpact::DataParallel<Compressor, Policy>>(std::move(c), std::move(policy), total);
+  auto opt = std::make_shared<commpact::Sgd>(n, commpact::sgd_options{.momentum = o.momentum});
+  return [dp, opt, &rounds](std::span<float> p, std::span<float> g, double lr, std::int64_t) {
+    dp->step(p, g, lr, *opt);
+    rounds = dp->rounds();
+  };
+}
+
+inline const std::vector<std::string>& method_names() {
+  static const std::vector<std::string> names = {"dense", "localsgd", "qsr"};
+  return names;
+}
+
 template <class Comm>
-StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total_steps,
+StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total,
                    std::int64_t& rounds) {
   const std::size_t n = model.size();
-  auto velocity = std::make_shared<std::vector<float>>(n, 0.f);
-  auto sgd = [velocity, mu = float(o.momentum)](std::span<float> p, std::span<const float> g, double lr) {
-    auto& v = *velocity;
-    for (std::size_t i = 0; i < p.size(); ++i) {
-      v[i] = mu * v[i] + g[i];
-      p[i] -= float(lr) * v[i];
-    }
-  };
-  if (name == "dense") {
-    auto red = std::make_shared<commpact::Dense<Comm>>(comm);
-    return [red, sgd, &rounds](std::span<float> p, std::span<float> g, double lr, std::int64_t) {
-      red->reduce(g);
-      ++rounds;
-      sgd(p, g, lr);
-    };
-  }
-  throw commpact::invalid_argument("demo: unknown method '" + name + "'; use one of: dense.");
+  const std::int64_t warmup = std::max<std::int64_t>(1, total / 20);
+  if (name == "dense") return drive(commpact::Dense<Comm>{comm}, commpact::EveryStep{}, o, n, total, rounds);
+  if (name == "localsgd")
+    return drive(commpact::Dense<Comm>{comm}, commpact::LocalSgd{o.local_h}, o, n, total, rounds);
+  if (name == "qsr")
+    return drive(commpact::Dense<Comm>{comm}, commpact::QSRPolicy{o.qsr_alpha, o.local_h, warmup}, o, n, total,
+                 rounds);
+  std::string known;
+  for (auto& m : method_names()) known += (known.empty() ? "" : ", ") + m;
+  throw commpact::invalid_argument("demo: unknown method '" + name + "'; use one of: " + known + ".");
 }
 
 }  // namespace demo
