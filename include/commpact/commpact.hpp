@@ -15,3 +15,12 @@
 #include "topology/graph.hpp"
 #include "topology/hypercube.hpp"
 #include "topology/ring.hpp"
+
+#include "compress/dense.hpp"
+
+#include "sync/lr_schedule.hpp"
+#include "sync/policies.hpp"
+#include "sync/schedule.hpp"
+
+#include "train/data_parallel.hpp"
+#include "train/sgd.hpp"
