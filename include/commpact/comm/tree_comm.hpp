@@ -1,0 +1,163 @@
+#pragma once
+//! \file tree_comm.hpp
+//! TreeComm<C>: a point-to-point communicator seen through the Hypercube's
+//! recursive-doubling schedule, for any number of ranks P.
+//!
+//! Each rank's part of the schedule is a list of steps (see Hypercube):
+//!
+//! - P not a power of two: p2 = bit_floor(P); extra rank r >= p2 sends its payload to
+//!   r - p2 (`fold_send`), which receives it (`fold_recv`);
+//! - rounds j = 0 .. log2(p2) - 1: core rank r exchanges with r XOR 2^j (`exchange`);
+//! - the core rank sends the result back to its extra rank (`unfold_send` /
+//!   `unfold_recv`).
+//!
+//! `reduce(reducer, buffer)` walks the steps, moving variable-length byte payloads: for a
+//! step that sends it asks `reducer.payload(step)`, for a step that receives it hands the
+//! message to `reducer.absorb(step, bytes)`. The reducer does the merging (gTopK merges
+//! sparse sets); TreeComm only moves bytes in the right order. P = 1 has no steps.
+//!
+//! \code
+//! commpact::TreeComm<commpact::ThreadComm> tree{comm};
+//! struct Sum { std::int64_t v; std::vector<std::byte> out;
+//!   std::span<const std::byte> payload(const commpact::tree_step&) { ... encode v ... }
+//!   void absorb(const commpact::tree_step& s, std::span<const std::byte> m) { ... v += decoded ... } };
+//! Sum s{comm.rank()};
+//! std::vector<std::byte> buf;
+//! tree.reduce(s, buf);   // s.v == 0 + 1 + ... + P-1 on every rank
+//! \endcode
+//!
+//! TreeComm also forwards the whole Communicator interface of C, so it is itself a
+//! PointToPoint communicator. It requires C to be PointToPoint; otherwise the
+//! compilation stops with one sentence saying what is missing.
+//!
+//! Every rank sends and receives at most ceil(log2 P) + 1 messages per reduce: log2(p2)
+//! exchanges, plus the fold or the unfold for P not a power of two.
+
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../topology/hypercube.hpp"
+
+namespace commpact {
+
+//! What a rank does in one step of the schedule.
+enum class tree_stage {
+  fold_send,    //!< extra rank: send the payload to the core rank rank - p2
+  fold_recv,    //!< core rank: receive the payload of its extra rank rank + p2
+  exchange,     //!< core rank: send to and receive from rank XOR 2^round
+  unfold_send,  //!< core rank: send the result to its extra rank
+  unfold_recv,  //!< extra rank: receive the result from its core rank
+};
+
+struct tree_step {
+  tree_stage stage = tree_stage::exchange;
+  int peer = -1;
+  int round = -1;  //!< the exchange round, -1 for fold/unfold steps
+  bool sends() const { return stage != tree_stage::fold_recv && stage != tree_stage::unfold_recv; }
+  bool receives() const { return stage != tree_stage::fold_send && stage != tree_stage::unfold_send; }
+};
+
+//! The steps of `rank` in the recursive-doubling schedule of `h`.
+inline std::vector<tree_step> tree_schedule(const Hypercube& h, int rank) {
+  std::vector<tree_step> s;
+  const int partner = h.fold_partner(rank);
+  if (h.is_extra(rank)) {
+    s.push_back({tree_stage::fold_send, partner, -1});
+    s.push_back({tree_stage::unfold_recv, partner, -1});
+    return s;
+  }
+  if (partner >= 0) s.push_back({tree_stage::fold_recv, partner, -1});
+  for (int j = 0; j < h.rounds(); ++j) s.push_back({tree_stage::exchange, h.partner(rank, j), j});
+  if (partner >= 0) s.push_back({tree_stage::unfold_send, partner, -1});
+  return s;
+}
+
+namespace req {
+template <class R>
+concept tree_reducer = requires(R& r, const tree_step& s, std::span<const std::byte> m) {
+  { r.payload(s) } -> std::convertible_to<std::span<const std::byte>>;
+  r.absorb(s, m);
+};
+}  // namespace req
+
+template <class C>
+class TreeComm {
+  static_assert(diagnose_point_to_point<C>());
+
+ public:
+  using inner_type = C;
+
+  //! Implicit, so that a compressor over TreeComm<C> can be built from a plain C.
+  TreeComm(C comm) : comm_(std::move(comm)), cube_(comm_.size()), steps_(tree_schedule(cube_, comm_.rank())) {}
+
+  int rank() const { return comm_.rank(); }
+  int size() const { return comm_.size(); }
+
+  const Hypercube& schedule() const { return cube_; }
+  //! This rank's steps, in order.
+  std::span<const tree_step> steps() const { return steps_; }
+  //! Messages this rank sends per reduce.
+  std::size_t messages_per_reduce() const {
+    std::size_t m = 0;
+    for (const auto& s : steps_) m += s.sends() ? 1 : 0;
+    return m;
+  }
+
+  //! Walks this rank's steps: payload(step) for what to send, absorb(step, bytes) for
+  //! what arrived. `buf` is the receive buffer (reused across calls).
+  template <class Reducer>
+  void reduce(Reducer& r, std::vector<std::byte>& buf) {
+    static_assert(req::tree_reducer<Reducer>,
+                  "commpact::TreeComm::reduce: the reducer needs `std::span<const std::byte> payload(const "
+                  "commpact::tree_step&)` and `void absorb(const commpact::tree_step&, std::span<const std::byte>)`.");
+    for (const auto& s : steps_) {
+      switch (s.stage) {
+        case tree_stage::fold_send:
+        case tree_stage::unfold_send: comm_.send(s.peer, std::span<const std::byte>(r.payload(s))); break;
+        case tree_stage::fold_recv:
+        case tree_stage::unfold_recv:
+          comm_.recv(s.peer, buf);
+          r.absorb(s, std::span<const std::byte>(buf));
+          break;
+        case tree_stage::exchange:
+          comm_.sendrecv(s.peer, std::span<const std::byte>(r.payload(s)), buf);
+          r.absorb(s, std::span<const std::byte>(buf));
+          break;
+      }
+    }
+  }
+
+  // ---- the Communicator interface, forwarded ---------------------------------
+  template <class T>
+  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    comm_.allreduce(data, op);
+  }
+  template <class T>
+  void allgather(std::span<const T> in, std::span<T> out) {
+    comm_.allgather(in, out);
+  }
+  template <class T>
+  void broadcast(std::span<T> data, int root) {
+    comm_.broadcast(data, root);
+  }
+  void barrier() { comm_.barrier(); }
+  void abort(std::string_view why) { comm_.abort(why); }
+  void send(int peer, std::span<const std::byte> msg) { comm_.send(peer, msg); }
+  void recv(int peer, std::vector<std::byte>& buf) { comm_.recv(peer, buf); }
+  void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) { comm_.sendrecv(peer, msg, buf); }
+
+  C& inner() { return comm_; }
+  const C& inner() const { return comm_; }
+
+ private:
+  C comm_;
+  Hypercube cube_;
+  std::vector<tree_step> steps_;
+};
+
+}  // namespace commpact
