@@ -15,6 +15,8 @@
 
 #include <commpact/commpact.hpp>
 #include <commpact/compress/dense.hpp>
+#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/topk.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
@@ -38,7 +40,7 @@ struct Options {
   std::size_t limit = 0;  // 0: the whole training set
   std::uint64_t seed = 42;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::vector<std::string> methods = {"dense", "localsgd", "qsr"};
+  std::vector<std::string> methods = {"dense", "topk", "gtopk", "localsgd", "qsr"};
 };
 
 struct EpochRow {
@@ -145,7 +147,7 @@ StepFn drive(Compressor c, Policy policy, const Options& o, std::size_t n, std::
 }
 
 inline const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names = {"dense", "localsgd", "qsr"};
+  static const std::vector<std::string> names = {"dense", "topk", "gtopk", "localsgd", "qsr"};
   return names;
 }
 
@@ -155,6 +157,11 @@ StepFn make_method(const std::string& name, Comm comm, const Options& o, const M
   const std::size_t n = model.size();
   const std::int64_t warmup = std::max<std::int64_t>(1, total / 20);
   if (name == "dense") return drive(commpact::Dense<Comm>{comm}, commpact::EveryStep{}, o, n, total, rounds);
+  if (name == "topk")
+    return drive(commpact::TopK<Comm>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n, total, rounds);
+  if (name == "gtopk")
+    return drive(commpact::gTopK<commpact::TreeComm<Comm>>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n,
+                 total, rounds);
   if (name == "localsgd")
     return drive(commpact::Dense<Comm>{comm}, commpact::LocalSgd{o.local_h}, o, n, total, rounds);
   if (name == "qsr")

@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 #include <commpact/concepts.hpp>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <numeric>

@@ -1,0 +1,405 @@
+// MpiComm: every collective against the serial reference (shared with ThreadComm),
+// identical results on every rank, CountingComm totals, argument errors and
+// disagreement between ranks (raised on every rank, communicator still usable), and no
+// allocation in steady state. Failure and deadline tests: test_comm_mpi_failure.cpp.
+// This file replaces the global operator new/delete with malloc/free to count
+// allocations; GCC then flags every inlined delete as "mismatched".
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+#include <commpact/comm/counting_comm.hpp>
+#include <commpact/comm/mpi_comm.hpp>
+
+#include <atomic>
+#include <cstdlib>
+#include <new>
+
+#include "common/collective_checks.hpp"
+
+using namespace commpact;
+using namespace std::chrono_literals;
+
+static_assert(PointToPoint<MpiComm>);
+static_assert(PointToPoint<CountingComm<MpiComm>>);
+static_assert(std::is_copy_constructible_v<MpiComm>);
+
+// ---- allocation counter (for the steady-state test) ---------------------------------
+// Not under AddressSanitizer, which owns operator new itself.
+#if defined(__SANITIZE_ADDRESS__)
+#define COMMPACT_TEST_COUNT_ALLOCS 0
+#else
+#define COMMPACT_TEST_COUNT_ALLOCS 1
+namespace {
+std::atomic<long> g_allocs{0};
+}
+void* operator new(std::size_t n) {
+  ++g_allocs;
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#endif
+
+namespace {
+// A failed REQUIRE on one rank must not leave the others waiting: the guard tells them.
+template <class F>
+void on_all_ranks(MpiComm& comm, F&& f) {
+  mpi_guard(comm, std::forward<F>(f));
+}
+}  // namespace
+
+TEST_CASE("MpiComm collectives match the serial reference", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  int P = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  REQUIRE(comm.size() == P);
+  for (std::uint64_t seed : {11u, 12345u, 987654321u}) {
+    on_all_ranks(comm, [&] { commpact_test::check_all_collectives(comm, seed, /*rank_order_bitwise=*/false); });
+  }
+}
+
+TEST_CASE("MpiComm without verification or staging still matches the reference", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
+  on_all_ranks(comm, [&] { commpact_test::check_all_collectives(comm, 77, /*rank_order_bitwise=*/false); });
+}
+
+TEMPLATE_TEST_CASE("MpiComm allreduce over every supported element type", "[comm][mpi]", float, double, std::int32_t,
+                   std::int64_t, std::uint32_t, std::uint64_t) {
+  MpiComm comm{MPI_COMM_WORLD};
+  const int P = comm.size(), r = comm.rank();
+  on_all_ranks(comm, [&] {
+    const std::size_t n = GENERATE(1, 5, 4099);
+    std::vector<TestType> s(n), mn(n), mx(n);
+    for (std::size_t i = 0; i < n; ++i) s[i] = mn[i] = mx[i] = static_cast<TestType>((i * 7 + r * 13) % 50);
+    comm.allreduce(std::span<TestType>(s), reduce_op::sum);
+    comm.allreduce(std::span<TestType>(mn), reduce_op::min);
+    comm.allreduce(std::span<TestType>(mx), reduce_op::max);
+    for (std::size_t i = 0; i < n; ++i) {
+      TestType sum = 0, lo = 100, hi = 0;
+      for (int q = 0; q < P; ++q) {
+        const auto v = static_cast<TestType>((i * 7 + q * 13) % 50);
+        sum = static_cast<TestType>(sum + v);
+        lo = std::min(lo, v);
+        hi = std::max(hi, v);
+      }
+      REQUIRE(s[i] == sum);
+      REQUIRE(mn[i] == lo);
+      REQUIRE(mx[i] == hi);
+    }
+  });
+}
+
+TEST_CASE("MpiComm real-valued sums are bit-identical on every rank", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD};
+  on_all_ranks(comm, [&] {
+    // Sizes on both sides of OpenMPI's algorithm switches (binomial below 64 KiB, ring above).
+    for (std::size_t n : {3u, 1000u, 16383u, 16384u, 100000u, 1u << 20}) {
+      auto f = commpact_test::rank_floats(n, comm.rank(), n);
+      std::vector<double> d(f.begin(), f.end());
+      for (auto& x : d) x = x * 1e-3 + 1.0 / (comm.rank() + 3);
+      comm.allreduce(std::span<float>(f));
+      comm.allreduce(std::span<double>(d));
+      commpact_test::require_identical_on_all_ranks(comm, std::span<const float>(f));
+      commpact_test::require_identical_on_all_ranks(comm, std::span<const double>(d));
+    }
+  });
+}
+
+TEST_CASE("MpiComm copies share one communicator and failure state", "[comm][mpi]") {
+  MpiComm a{MPI_COMM_WORLD};
+  MpiComm b = a;  // compressors hold communicators by value
+  REQUIRE(b.native() == a.native());
+  int cmp = MPI_UNEQUAL;
+  MPI_Comm_compare(a.native(), MPI_COMM_WORLD, &cmp);
+  REQUIRE(cmp == MPI_CONGRUENT);  // a duplicate, not the user's communicator
+  on_all_ranks(a, [&] {
+    std::int64_t x = a.rank();
+    b.allreduce(std::span<std::int64_t>(&x, 1), reduce_op::max);
+    REQUIRE(x == a.size() - 1);
+  });
+  // Two independent MpiComms on the same parent do not mix traffic.
+  MpiComm c{MPI_COMM_WORLD};
+  on_all_ranks(a, [&] {
+    if (a.size() < 2) return;
+    const int next = (a.rank() + 1) % a.size(), prev = (a.rank() + a.size() - 1) % a.size();
+    std::byte x{1}, y{2};
+    a.send(next, std::span<const std::byte>(&x, 1));
+    c.send(next, std::span<const std::byte>(&y, 1));
+    std::vector<std::byte> got;
+    c.recv(prev, got);
+    REQUIRE(got == std::vector<std::byte>{std::byte{2}});
+    a.recv(prev, got);
+    REQUIRE(got == std::vector<std::byte>{std::byte{1}});
+  });
+}
+
+TEST_CASE("CountingComm<MpiComm> totals equal the wire model and the message sizes", "[comm][mpi][counting]") {
+  MpiComm world{MPI_COMM_WORLD};
+  CountingComm<MpiComm> comm{world};
+  const int P = comm.size(), r = comm.rank();
+  mpi_guard(comm, [&](CountingComm<MpiComm>& c) {  // the guard works through the decorator too
+    REQUIRE(&c == &comm);
+    std::vector<float> g(1001, 1.f);
+    comm.allreduce(std::span<float>(g));
+    REQUIRE(g[0] == float(P));
+    std::vector<double> blk(13, r), all(13 * P);
+    comm.allgather(std::span<const double>(blk), std::span<double>(all));
+    std::vector<std::byte> bc(77);
+    comm.broadcast(std::span<std::byte>(bc), P - 1);
+    comm.barrier();
+
+    comm_stats expect;
+    expect += wire::ring_allreduce(r, P, 1001, sizeof(float));
+    expect += wire::ring_allgather(r, P, 13 * sizeof(double));
+    expect += wire::binomial_broadcast(r, P, P - 1, 77);
+    expect.collectives = 4;
+    REQUIRE(comm.stats() == expect);
+
+    // Point to point is counted exactly as passed.
+    comm.reset_stats();
+    comm_stats p2p;
+    std::vector<std::byte> buf;
+    if (P > 1) {
+      const int next = (r + 1) % P, prev = (r + P - 1) % P;
+      std::vector<std::byte> msg(100 + r, std::byte{7});
+      comm.send(next, std::span<const std::byte>(msg));
+      comm.recv(prev, buf);
+      REQUIRE(buf.size() == std::size_t(100 + prev));
+      p2p.bytes_sent += 100 + r;
+      p2p.bytes_received += 100 + prev;
+      p2p.messages_sent = p2p.messages_received = 1;
+      const int peer = r ^ 1;
+      if (peer < P) {
+        comm.sendrecv(peer, std::span<const std::byte>(msg.data(), 3 + r), buf);
+        REQUIRE(buf.size() == std::size_t(3 + peer));
+        p2p.bytes_sent += 3 + r;
+        p2p.bytes_received += 3 + peer;
+        ++p2p.messages_sent;
+        ++p2p.messages_received;
+      }
+    }
+    p2p.point_to_point_bytes_sent = p2p.bytes_sent;
+    REQUIRE(comm.stats() == p2p);
+    // Over all ranks, what is sent is received (checked on the uncounted handle).
+    std::int64_t tot[2] = {std::int64_t(comm.stats().bytes_sent), std::int64_t(comm.stats().bytes_received)};
+    world.allreduce(std::span<std::int64_t>(tot, 2));
+    REQUIRE(tot[0] == tot[1]);
+  });
+}
+
+namespace {
+bool world_handler_is_fatal() {
+  MPI_Errhandler h = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(MPI_COMM_WORLD, &h);
+  const bool fatal = h == MPI_ERRORS_ARE_FATAL;
+  MPI_Errhandler_free(&h);
+  return fatal;
+}
+}  // namespace
+
+TEST_CASE("MpiComm construction checks its arguments and leaves the user's communicator alone", "[comm][mpi][errors]") {
+  REQUIRE_THROWS_AS(MpiComm(MPI_COMM_NULL), invalid_argument);
+  REQUIRE_THROWS_WITH(MpiComm(MPI_COMM_WORLD, {.timeout = 0ms}), Catch::Contains("must be positive"));
+  REQUIRE(world_handler_is_fatal());  // the default, untouched by construction ...
+  MpiComm comm{MPI_COMM_WORLD};
+  MPI_Errhandler h = MPI_ERRHANDLER_NULL;
+  MPI_Comm_get_errhandler(comm.native(), &h);
+  REQUIRE(h == MPI_ERRORS_RETURN);  // ... while the duplicate returns errors
+  MPI_Errhandler_free(&h);
+  std::vector<double> x(100, 1.0);
+  comm.allreduce(std::span<double>(x));
+  comm.barrier();
+  REQUIRE(world_handler_is_fatal());  // ... and by the waits, which switch it only while they poll
+}
+
+TEST_CASE("MpiComm rejects bad peers, roots and sizes with clear errors", "[comm][mpi][errors]") {
+  MpiComm comm{MPI_COMM_WORLD};
+  const int P = comm.size(), r = comm.rank();
+  std::vector<std::byte> buf;
+  std::byte b[1]{};
+  // Point to point: local checks, nothing sent, the communicator stays usable.
+  REQUIRE_THROWS_AS(comm.send(r, b), invalid_argument);  // self
+  REQUIRE_THROWS_AS(comm.send(P, b), invalid_argument);  // out of range
+  REQUIRE_THROWS_AS(comm.recv(-1, buf), invalid_argument);
+  REQUIRE_THROWS_AS(comm.sendrecv(P + 3, b, buf), invalid_argument);
+  REQUIRE_THROWS_WITH(comm.send(-2, b), Catch::Contains("peer -2") && Catch::Contains("another rank in [0, "));
+  REQUIRE_FALSE(comm.failed());
+
+  // The same bad root everywhere: invalid_argument on every rank, before data moves.
+  std::vector<float> v(5, float(r));
+  REQUIRE_THROWS_WITH(comm.broadcast(std::span<float>(v), P),
+                      Catch::Contains("root " + std::to_string(P)) && Catch::Contains("outside [0, "));
+  REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(v), -1), invalid_argument);
+
+  // A wrong output size on ONE rank: that rank gets its own message, every other rank
+  // an invalid_argument naming it; nobody waits for the deadline.
+  {
+    std::vector<float> in(3, 1.f), out(3 * P + (r == P - 1 ? 1 : 0));
+    const auto t0 = std::chrono::steady_clock::now();
+    try {
+      comm.allgather(std::span<const float>(in), std::span<float>(out));
+      FAIL("allgather with a wrong output size did not throw");
+    } catch (const invalid_argument& e) {
+      const std::string what = e.what();
+      if (r == P - 1) REQUIRE_THAT(what, Catch::Contains("must hold size() * in.size()"));
+      else REQUIRE_THAT(what, Catch::Contains("rank " + std::to_string(P - 1) + " passed an invalid argument"));
+    }
+    REQUIRE(std::chrono::steady_clock::now() - t0 < 10s);
+  }
+  // The communicator is still usable and consistent afterwards.
+  on_all_ranks(comm, [&] {
+    std::vector<std::int32_t> x(4, 1);
+    comm.allreduce(std::span<std::int32_t>(x));
+    REQUIRE(x == std::vector<std::int32_t>(4, P));
+  });
+}
+
+TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communicator survives", "[comm][mpi][errors]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  auto count_everywhere = [&](bool threw) {
+    std::int32_t n = threw ? 1 : 0;
+    comm.allreduce(std::span<std::int32_t>(&n, 1));
+    return n;
+  };
+  // Different sizes.
+  {
+    std::vector<float> g(10 + (r == P - 1 ? 1 : 0));
+    bool threw = false;
+    try {
+      comm.allreduce(std::span<float>(g));
+    } catch (const mismatch_error& e) {
+      threw = true;
+      REQUIRE_THAT(std::string(e.what()), Catch::Contains("ranks disagree on the size") && Catch::Contains("[40, 44]"));
+    }
+    REQUIRE(count_everywhere(threw) == P);
+  }
+  // Different collectives at the same point.
+  {
+    std::vector<float> g(4);
+    bool threw = false;
+    try {
+      if (r == 0) comm.broadcast(std::span<float>(g), 0);
+      else comm.allreduce(std::span<float>(g));
+    } catch (const mismatch_error& e) {
+      threw = true;
+      REQUIRE_THAT(std::string(e.what()), Catch::Contains("same collectives"));
+    }
+    REQUIRE(count_everywhere(threw) == P);
+  }
+  // Different element types, same byte count.
+  {
+    std::vector<float> f(4);
+    std::vector<std::int32_t> i(4);
+    bool threw = false;
+    try {
+      if (r == 0) comm.allreduce(std::span<float>(f));
+      else comm.allreduce(std::span<std::int32_t>(i));
+    } catch (const mismatch_error&) {
+      threw = true;
+    }
+    REQUIRE(count_everywhere(threw) == P);
+  }
+  // Different roots, different reduce ops, different allgather blocks.
+  {
+    std::vector<float> g(4);
+    bool threw = false;
+    try {
+      comm.broadcast(std::span<float>(g), r == 0 ? 1 : 0);
+    } catch (const mismatch_error& e) {
+      threw = true;
+      REQUIRE_THAT(std::string(e.what()), Catch::Contains("root"));
+    }
+    REQUIRE(count_everywhere(threw) == P);
+    threw = false;
+    try {
+      comm.allreduce(std::span<float>(g), r == 0 ? reduce_op::max : reduce_op::sum);
+    } catch (const mismatch_error&) {
+      threw = true;
+    }
+    REQUIRE(count_everywhere(threw) == P);
+    threw = false;
+    std::vector<float> in(2 + r), out((2 + r) * P);
+    try {
+      comm.allgather(std::span<const float>(in), std::span<float>(out));
+    } catch (const mismatch_error&) {
+      threw = true;
+    }
+    REQUIRE(count_everywhere(threw) == P);
+  }
+  // A barrier against a collective.
+  {
+    std::vector<float> g(4);
+    bool threw = false;
+    try {
+      if (r == 0) comm.barrier();
+      else comm.allreduce(std::span<float>(g));
+    } catch (const mismatch_error&) {
+      threw = true;
+    }
+    REQUIRE(count_everywhere(threw) == P);
+  }
+  REQUIRE_FALSE(comm.failed());
+}
+
+TEST_CASE("MpiComm steady state does not allocate", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD};
+  const int P = comm.size(), r = comm.rank();
+  on_all_ranks(comm, [&] {
+    std::vector<float> g(5000, 1.f);
+    std::vector<std::byte> msg(3000, std::byte{1}), buf;
+    buf.reserve(4000);
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    auto step = [&] {
+      comm.allreduce(std::span<float>(g), reduce_op::max);
+      if (P > 1) {
+        comm.send(next, std::span<const std::byte>(msg));
+        comm.send(next, std::span<const std::byte>(msg.data(), 100));
+        comm.recv(prev, buf);
+        comm.recv(prev, buf);
+      }
+      comm.barrier();
+      comm.flush();  // bound the sends in flight, so the warm pool covers them
+    };
+    for (int i = 0; i < 5; ++i) step();  // warm up: staging and the send pool grow here
+    comm.flush();
+    // The send pool holds one buffer per send in flight at once. How many were in
+    // flight during the warm-up depends on timing (an eager send may complete, and its
+    // buffer be reused, before the next send), so the pool may still gain its second
+    // buffer, or grow one to the larger size, later: at most 4 allocations in all,
+    // however many steps run. Anything per step would show up as >= 200.
+#if COMMPACT_TEST_COUNT_ALLOCS
+    const long before = g_allocs.load();
+    for (int i = 0; i < 200; ++i) step();
+    const long after = g_allocs.load();
+    REQUIRE(after - before <= 4);
+#else
+    for (int i = 0; i < 200; ++i) step();
+#endif
+    if (P > 1) REQUIRE(buf.size() == 100);
+  });
+  comm.flush();
+  REQUIRE(comm.pending_sends() == 0);
+}
+
+TEST_CASE("MpiComm send does not wait for the receiver", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  on_all_ranks(comm, [&] {
+    // Large (rendezvous-sized) messages sent before the peer posts any receive, with a
+    // barrier in between: a send that waited for its receiver would hang here.
+    std::vector<std::byte> big(1 << 20, std::byte(r)), buf;
+    const int next = (r + 1) % P, prev = (r + P - 1) % P;
+    comm.send(next, std::span<const std::byte>(big));
+    comm.send(next, std::span<const std::byte>(big.data(), 10));
+    comm.barrier();
+    comm.recv(prev, buf);
+    REQUIRE(buf.size() == big.size());
+    REQUIRE(buf[12345] == std::byte(prev));
+    comm.recv(prev, buf);
+    REQUIRE(buf.size() == 10);
+    comm.flush();
+    REQUIRE(comm.pending_sends() == 0);
+  });
+}
