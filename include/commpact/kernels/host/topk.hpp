@@ -27,7 +27,7 @@
 //!     e = k s / n the expected number of sample entries in the top k, and in one pass
 //!     over x collect the index and bits of every entry with key >= L (a vectorised test
 //!     of 16 keys per block, so blocks without a hit cost a few instructions). When
-//!     between k and the planned capacity (about 1.3 to 2 k) entries qualify, an exact
+//!     between k and the planned capacity (about 1.6 to 3.7 k) entries qualify, an exact
 //!     radix select on those candidates gives the threshold, and one pass over them the
 //!     output. Expected cost: one read of x plus O(k).
 //!  2. Second bound: when too many entries passed (a big group of ties at L) the smallest
