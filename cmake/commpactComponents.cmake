@@ -26,6 +26,10 @@ function(commpact_add_component comp)
         set_target_properties(commpact::cuda PROPERTIES
           INTERFACE_LINK_LIBRARIES "commpact::commpact;CUDA::cudart;CUDA::cublas"
           INTERFACE_COMPILE_DEFINITIONS "COMMPACT_HAS_CUDA=1")
+        # The headers use C++20 (std::span, concepts) in device code too.
+        # (CMake 3.25 does not know nvcc 13's cuda_std_20 feature, so the flag is given.)
+        set_property(TARGET commpact::cuda APPEND PROPERTY INTERFACE_COMPILE_OPTIONS
+          "$<$<COMPILE_LANGUAGE:CUDA>:-std=c++20>")
       endif()
       if(comp STREQUAL "cuda")
         set(found TRUE)

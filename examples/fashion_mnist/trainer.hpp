@@ -16,6 +16,7 @@
 #include <commpact/commpact.hpp>
 #include <commpact/compress/dense.hpp>
 #include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/power.hpp>
 #include <commpact/compress/topk.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
@@ -40,7 +41,7 @@ struct Options {
   std::size_t limit = 0;  // 0: the whole training set
   std::uint64_t seed = 42;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
-  std::vector<std::string> methods = {"dense", "topk", "gtopk", "localsgd", "qsr"};
+  std::vector<std::string> methods = {"dense", "topk", "gtopk", "powersgd", "localsgd", "qsr"};
 };
 
 struct EpochRow {
@@ -147,7 +148,7 @@ StepFn drive(Compressor c, Policy policy, const Options& o, std::size_t n, std::
 }
 
 inline const std::vector<std::string>& method_names() {
-  static const std::vector<std::string> names = {"dense", "topk", "gtopk", "localsgd", "qsr"};
+  static const std::vector<std::string> names = {"dense", "topk", "gtopk", "powersgd", "localsgd", "qsr"};
   return names;
 }
 
@@ -162,6 +163,12 @@ StepFn make_method(const std::string& name, Comm comm, const Options& o, const M
   if (name == "gtopk")
     return drive(commpact::gTopK<commpact::TreeComm<Comm>>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n,
                  total, rounds);
+  if (name == "powersgd") {
+    commpact::tensor_layout layout;
+    for (auto [rows, cols] : model.shapes()) layout.push_back({rows, cols});
+    return drive(commpact::PowerCompressor<2, Comm>{comm, layout, {.start_step = warmup}}, commpact::EveryStep{}, o, n,
+                 total, rounds);
+  }
   if (name == "localsgd")
     return drive(commpact::Dense<Comm>{comm}, commpact::LocalSgd{o.local_h}, o, n, total, rounds);
   if (name == "qsr")

@@ -10,13 +10,23 @@
 #include "comm/agree.hpp"
 #include "comm/counting_comm.hpp"
 #include "comm/thread_comm.hpp"
+#include "comm/tree_comm.hpp"
 #include "comm/wire_model.hpp"
 
+#include "topology/complete.hpp"
+#include "topology/exponential.hpp"
 #include "topology/graph.hpp"
 #include "topology/hypercube.hpp"
 #include "topology/ring.hpp"
+#include "topology/torus.hpp"
 
 #include "compress/dense.hpp"
+#include "compress/gtopk.hpp"
+#include "compress/power.hpp"
+#include "compress/sparse_wire.hpp"
+#include "compress/topk.hpp"
+
+#include "gossip/gossip_mixer.hpp"
 
 #include "sync/lr_schedule.hpp"
 #include "sync/policies.hpp"
