@@ -19,6 +19,7 @@
 #include <commpact/compress/power.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <ctime>
 #include <random>
 #include <span>
@@ -87,6 +88,40 @@ double time_ns(F&& f, int reps) {
   return best;
 }
 
+// time_ns of one reduce by c of a fresh copy of g (written to x), the copy included.
+template <class Compressor>
+double reduce_ns(Compressor& c, const std::vector<float>& g, std::vector<float>& x, int reps) {
+  return time_ns(
+      [&] {
+        std::copy(g.begin(), g.end(), x.begin());
+        c.reduce(std::span<float>(x));
+      },
+      reps);
+}
+
+// Google Benchmark's timed loop: each iteration reduces a fresh copy of g (the copy untimed).
+template <class Compressor>
+void run_timed(benchmark::State& state, Compressor& c, const std::vector<float>& g, std::vector<float>& x) {
+  for (auto _ : state) {
+    state.PauseTiming();
+    std::copy(g.begin(), g.end(), x.begin());
+    state.ResumeTiming();
+    c.reduce(std::span<float>(x));
+    benchmark::DoNotOptimize(x.data());
+  }
+}
+
+// The rows' ratio and byte counters, for `numel` floats of which PowerSGD allreduces `power_floats`.
+void set_counters(benchmark::State& state, double power_ns, double dense_ns, std::int64_t numel,
+                  std::int64_t power_floats) {
+  state.counters["power_ns"] = power_ns;
+  state.counters["dense_ns"] = dense_ns;
+  state.counters["ratio_vs_dense"] = power_ns / dense_ns;
+  state.counters["bytes_power"] = static_cast<double>(4 * power_floats);
+  state.counters["bytes_dense"] = static_cast<double>(4 * numel);
+  state.counters["byte_ratio"] = static_cast<double>(numel) / static_cast<double>(power_floats);
+}
+
 template <int R>
 void BM_PowerSGD_layer(benchmark::State& state) {
   const auto s = kShapes[static_cast<std::size_t>(state.range(0))];
@@ -97,35 +132,14 @@ void BM_PowerSGD_layer(benchmark::State& state) {
   auto x = g;
   auto y = g;
   const int reps = std::max(3, static_cast<int>(5e6 / static_cast<double>(s.numel())));
-  const double dense_ns = time_ns(
-      [&] {
-        std::copy(g.begin(), g.end(), y.begin());
-        dense.reduce(std::span<float>(y));
-      },
-      reps);
+  const double dense_with_copy_ns = reduce_ns(dense, g, y, reps);
   const double copy_ns = time_ns([&] { std::copy(g.begin(), g.end(), y.begin()); }, reps);
-  for (auto _ : state) {
-    state.PauseTiming();
-    std::copy(g.begin(), g.end(), x.begin());
-    state.ResumeTiming();
-    psgd.reduce(std::span<float>(x));
-    benchmark::DoNotOptimize(x.data());
-  }
+  run_timed(state, psgd, g, x);
   state.SetLabel(std::to_string(s.rows) + "x" + std::to_string(s.cols));
-  state.counters["dense_ns"] = dense_ns - copy_ns;
-  state.counters["bytes_power"] = static_cast<double>(4 * psgd.floats_per_step());
-  state.counters["bytes_dense"] = static_cast<double>(4 * s.numel());
-  state.counters["byte_ratio"] = static_cast<double>(s.numel()) / static_cast<double>(psgd.floats_per_step());
   // PowerSGD timed with the same helper as Dense, for the ratio.
-  const double power_ns = time_ns(
-      [&] {
-        std::copy(g.begin(), g.end(), x.begin());
-        psgd.reduce(std::span<float>(x));
-      },
-      reps) -
-                          copy_ns;
-  state.counters["power_ns"] = power_ns;
-  state.counters["ratio_vs_dense"] = power_ns / (dense_ns - copy_ns);
+  const double power_ns = reduce_ns(psgd, g, x, reps) - copy_ns;
+  set_counters(state, power_ns, dense_with_copy_ns - copy_ns, s.numel(),
+               static_cast<std::int64_t>(psgd.floats_per_step()));
 }
 
 template <int R>
@@ -137,34 +151,12 @@ void BM_PowerSGD_resnet18(benchmark::State& state) {
   const auto g = randn(psgd.numel(), 2);
   auto x = g;
   const double copy_ns = time_ns([&] { std::copy(g.begin(), g.end(), x.begin()); }, 3);
-  const double dense_ns = time_ns(
-                              [&] {
-                                std::copy(g.begin(), g.end(), x.begin());
-                                dense.reduce(std::span<float>(x));
-                              },
-                              3) -
-                          copy_ns;
-  const double power_ns = time_ns(
-                              [&] {
-                                std::copy(g.begin(), g.end(), x.begin());
-                                psgd.reduce(std::span<float>(x));
-                              },
-                              3) -
-                          copy_ns;
-  for (auto _ : state) {
-    state.PauseTiming();
-    std::copy(g.begin(), g.end(), x.begin());
-    state.ResumeTiming();
-    psgd.reduce(std::span<float>(x));
-    benchmark::DoNotOptimize(x.data());
-  }
+  const double dense_ns = reduce_ns(dense, g, x, 3) - copy_ns;
+  const double power_ns = reduce_ns(psgd, g, x, 3) - copy_ns;
+  run_timed(state, psgd, g, x);
   state.SetLabel("ResNet-18, " + std::to_string(psgd.numel()) + " params");
-  state.counters["power_ns"] = power_ns;
-  state.counters["dense_ns"] = dense_ns;
-  state.counters["ratio_vs_dense"] = power_ns / dense_ns;
-  state.counters["bytes_power"] = static_cast<double>(4 * psgd.floats_per_step());
-  state.counters["bytes_dense"] = static_cast<double>(4 * psgd.numel());
-  state.counters["byte_ratio"] = static_cast<double>(psgd.numel()) / static_cast<double>(psgd.floats_per_step());
+  set_counters(state, power_ns, dense_ns, static_cast<std::int64_t>(psgd.numel()),
+               static_cast<std::int64_t>(psgd.floats_per_step()));
 }
 
 void layer_args(benchmark::internal::Benchmark* b) {

@@ -7,34 +7,14 @@
 
 #include <cmath>
 #include <cstdint>
-#include <exception>
-#include <string>
-#include <vector>
 #include <limits>
+#include <utility>
 #include <vector>
+
+#include "common/matchers.hpp"
 
 using namespace commpact;
-namespace {
-// Matches an exception whose what() contains every given piece.
-class MessageContains : public Catch::MatcherBase<std::exception> {
- public:
-  MessageContains(std::initializer_list<const char*> pieces) : pieces_(pieces.begin(), pieces.end()) {}
-  bool match(const std::exception& e) const override {
-    const std::string what = e.what();
-    for (const auto& p : pieces_)
-      if (what.find(p) == std::string::npos) return false;
-    return true;
-  }
-  std::string describe() const override {
-    std::string d = "message contains";
-    for (const auto& p : pieces_) d += " \"" + p + "\"";
-    return d;
-  }
-
- private:
-  std::vector<std::string> pieces_;
-};
-}  // namespace
+using commpact_test::MessageContains;
 using mode = sync_plan::mode;
 
 namespace {

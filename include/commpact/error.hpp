@@ -46,6 +46,12 @@ class comm_error : public error {
   using error::error;
 };
 
+//! A CUDA or cuBLAS call failed (kernels/cuda/check.cuh names the call and the status).
+class device_error : public error {
+ public:
+  using error::error;
+};
+
 //! Another rank failed or left; this rank's operation was abandoned.
 class peer_failure : public comm_error {
  public:

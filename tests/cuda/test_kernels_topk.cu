@@ -25,19 +25,11 @@
 #define COMMPACT_TEST_HOST_TWIN 0
 #endif
 
+#include "cuda_test_common.cuh"
+
+using commpact_test::failures;
+
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, ...)                                           \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      ++failures;                                                   \
-      std::printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                                     \
-      std::printf("\n");                                            \
-    }                                                               \
-  } while (0)
 
 std::uint32_t bits_of(float v) {
   std::uint32_t b;
@@ -109,11 +101,7 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
   try {
     commpact::cuda::topk_workspace dws;
     for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20,

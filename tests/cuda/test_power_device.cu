@@ -25,19 +25,11 @@
 #define COMMPACT_TEST_HOST_TWIN 0
 #endif
 
+#include "cuda_test_common.cuh"
+
+using commpact_test::failures;
+
 namespace {
-
-int failures = 0;
-
-#define EXPECT(cond, ...)                                           \
-  do {                                                              \
-    if (!(cond)) {                                                  \
-      ++failures;                                                   \
-      std::printf("FAILED %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-      std::printf(__VA_ARGS__);                                     \
-      std::printf("\n");                                            \
-    }                                                               \
-  } while (0)
 
 void ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) {
@@ -195,11 +187,7 @@ void check_degenerate() {
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
+  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
   const int shapes[][3] = {{64, 147, 1}, {128, 576, 4}, {33, 17, 2}, {5, 5, 5}, {512, 256, 8}, {1000, 512, 2}};
   std::uint64_t seed = 1;
   for (const auto& s : shapes) check_step(s[0], s[1], s[2], seed += 10);

@@ -121,20 +121,9 @@ class gTopK<TreeComm<C>> {
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", tree_.rank(), " has k = ",
                                        k_, ", k ranges over [", cur_.k_min, ", ", cur_.k_max,
                                        "]; every rank must use the same options and step count."));
-    if (cur_.flags & sparse_wire::flag_failed) {
-      if (!problem.empty()) throw invalid_argument(problem);
-      throw peer_failure(detail::cat("commpact::gTopK::reduce: another rank rejected its gradient at step ", steps_,
-                                     " (its own error says why); every rank abandons the step."));
-    }
+    if (cur_.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem, steps_);
     if (cur_.flags & sparse_wire::flag_nonfinite) {
-      if (opt_.on_nonfinite == nonfinite::raise)
-        throw numeric_error(detail::cat(
-            "commpact::gTopK::reduce: a rank's gradient (with its residual) is not finite (NaN or Inf), or a merged "
-            "sum overflowed; every rank raises this error at step ",
-            steps_, ". Fix the gradient, or set on_nonfinite = nonfinite::skip_step to drop such steps."));
-      std::fill(grad.begin(), grad.end(), 0.0f);
-      ++steps_;
-      ++skipped_;
+      detail::end_nonfinite_step(opt_.on_nonfinite, "gTopK", ", or a merged sum overflowed", grad, steps_, skipped_);
       return false;
     }
 

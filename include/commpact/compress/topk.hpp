@@ -268,6 +268,30 @@ inline std::optional<float> clip_scale(std::span<const float> g, float clip_norm
   return static_cast<float>(bound / norm);
 }
 
+//! One rank rejected its gradient (the flag reached every rank): that rank raises its own
+//! error `mine`, every other rank peer_failure.
+[[noreturn]] inline void raise_rejected(const char* who, const std::string& mine, std::int64_t step) {
+  if (!mine.empty()) throw invalid_argument(mine);
+  throw peer_failure(cat("commpact::", who, "::reduce: another rank rejected its gradient at step ", step,
+                         " (its own error says why); every rank abandons the step."));
+}
+
+//! Ends a step that met NaN or Inf, alike on every rank: raises numeric_error under
+//! nonfinite::raise; under nonfinite::skip_step zeroes grad and counts the step as
+//! skipped (the error-feedback state stays as it was). `cause` completes the message's
+//! first sentence (empty, or what else can produce a non-finite value).
+inline void end_nonfinite_step(nonfinite policy, const char* who, const char* cause, std::span<float> grad,
+                                std::int64_t& steps, std::int64_t& skipped) {
+  if (policy == nonfinite::raise)
+    throw numeric_error(cat("commpact::", who,
+                            "::reduce: a rank's gradient (with its residual) is not finite (NaN or Inf)", cause,
+                            "; every rank raises this error at step ", steps,
+                            ". Fix the gradient, or set on_nonfinite = nonfinite::skip_step to drop such steps."));
+  std::fill(grad.begin(), grad.end(), 0.0f);
+  ++steps;
+  ++skipped;
+}
+
 }  // namespace detail
 
 template <class Comm>
@@ -303,7 +327,7 @@ class TopK {
         throw mismatch_error(detail::cat("commpact::TopK::reduce: ranks disagree on k: rank ", comm_.rank(), " has k = ",
                                          k, ", k ranges over [", -v[3], ", ", v[2],
                                          "]; every rank must use the same options."));
-      if (v[4]) raise_failed(problem);
+      if (v[4]) detail::raise_rejected("TopK", problem, steps_);
       setup(n, k);
     } else if (problem.empty() && (n != n_ || k != k_)) {
       problem = detail::cat("commpact::TopK::reduce: the gradient length changed from ", n_, " to ", n,
@@ -339,16 +363,9 @@ class TopK {
     const std::size_t bb = block.size();
     std::uint16_t flags = 0;
     for (int r = 0; r < P; ++r) flags |= block_header(all.subspan(r * bb, bb), r).flags;
-    if (flags & sparse_wire::flag_failed) raise_failed(problem);
+    if (flags & sparse_wire::flag_failed) detail::raise_rejected("TopK", problem, steps_);
     if (flags & sparse_wire::flag_nonfinite) {
-      if (opt_.on_nonfinite == nonfinite::raise)
-        throw numeric_error(detail::cat(
-            "commpact::TopK::reduce: a rank's gradient (with its residual) is not finite (NaN or Inf); every rank "
-            "raises this error at step ",
-            steps_, ". Fix the gradient, or set on_nonfinite = nonfinite::skip_step to drop such steps."));
-      std::fill(grad.begin(), grad.end(), 0.0f);
-      ++steps_;
-      ++skipped_;
+      detail::end_nonfinite_step(opt_.on_nonfinite, "TopK", "", grad, steps_, skipped_);
       return false;
     }
     std::fill(grad.begin(), grad.end(), 0.0f);
@@ -405,12 +422,6 @@ class TopK {
   }
 
  private:
-  [[noreturn]] void raise_failed(const std::string& mine) const {
-    if (!mine.empty()) throw invalid_argument(mine);
-    throw peer_failure(detail::cat("commpact::TopK::reduce: another rank rejected its gradient at step ", steps_,
-                                   " (its own error says why); every rank abandons the step."));
-  }
-
   //! The header of rank r's fixed-size block, whose message is a prefix of the block.
   sparse_wire::header block_header(std::span<const std::byte> blk, int r) const {
     const auto count = sparse_wire::detail::get<std::uint32_t>(blk.data() + 8);

@@ -36,7 +36,12 @@ inline void check_lr_value(const char* who, const char* name, double v, bool all
 inline void check_schedule_step(const char* who, std::int64_t step) {
   require(step >= 0, who, ": step ", step, " is negative; steps count from 0.");
 }
-inline void check_warmup_total(const char* who, std::int64_t warmup, std::int64_t total) {
+//! The parameters of a warm-up to `peak` followed by a decay to `final` at step `total`.
+inline void check_warmup_decay(const char* who, double peak, double final, std::int64_t warmup, std::int64_t total) {
+  check_lr_value(who, "peak", peak, false);
+  check_lr_value(who, "final", final, true);
+  require(final <= peak, who, ": final = ", final, " exceeds peak = ", peak,
+          "; a decay ends at or below its peak. Swap them, or use ConstantLr.");
   require(warmup >= 0, who, ": warmup = ", warmup, " must be >= 0 steps; pass 0 for no warm-up.");
   require(total > warmup, who, ": total = ", total, " steps must exceed warmup = ", warmup,
           " (the decay runs over steps [warmup, total)); shorten the warm-up or lengthen the run.");
@@ -65,12 +70,7 @@ class WarmupCosineLr {
  public:
   WarmupCosineLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
       : peak_(peak), final_(final), warmup_(warmup), total_(total) {
-    const char* who = "commpact::WarmupCosineLr";
-    detail::check_lr_value(who, "peak", peak, false);
-    detail::check_lr_value(who, "final", final, true);
-    require(final <= peak, who, ": final = ", final, " exceeds peak = ", peak,
-            "; a decay ends at or below its peak. Swap them, or use ConstantLr.");
-    detail::check_warmup_total(who, warmup, total);
+    detail::check_warmup_decay("commpact::WarmupCosineLr", peak, final, warmup, total);
   }
   double operator()(std::int64_t step) const {
     detail::check_schedule_step("commpact::WarmupCosineLr", step);
@@ -93,12 +93,7 @@ class WarmupLinearLr {
  public:
   WarmupLinearLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
       : peak_(peak), final_(final), warmup_(warmup), total_(total) {
-    const char* who = "commpact::WarmupLinearLr";
-    detail::check_lr_value(who, "peak", peak, false);
-    detail::check_lr_value(who, "final", final, true);
-    require(final <= peak, who, ": final = ", final, " exceeds peak = ", peak,
-            "; a decay ends at or below its peak. Swap them, or use ConstantLr.");
-    detail::check_warmup_total(who, warmup, total);
+    detail::check_warmup_decay("commpact::WarmupLinearLr", peak, final, warmup, total);
   }
   double operator()(std::int64_t step) const {
     detail::check_schedule_step("commpact::WarmupLinearLr", step);

@@ -36,23 +36,16 @@
 #include <cstddef>
 
 #include "../../error.hpp"
+#include "check.cuh"
 
 namespace commpact::cuda {
 
 namespace power_detail {
 
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw commpact::error(commpact::detail::cat("commpact::cuda (PowerSGD): ", what, " failed with ",
-                                                cudaGetErrorName(e), " (", cudaGetErrorString(e),
-                                                "); check the device, the pointers and the sizes passed."));
-}
-
-inline void check(cublasStatus_t s, const char* what) {
-  if (s != CUBLAS_STATUS_SUCCESS)
-    throw commpact::error(commpact::detail::cat("commpact::cuda (PowerSGD): ", what, " failed with cuBLAS status ",
-                                                static_cast<int>(s), " (", cublasGetStatusString(s),
-                                                "); check the handle, the pointers and the sizes passed."));
+//! The CUDA and cuBLAS checks of kernels/cuda/check.cuh, naming PowerSGD in the message.
+template <class Status>
+inline void check(Status s, const char* what) {
+  detail::check(s, what, "commpact::cuda (PowerSGD)");
 }
 
 inline void check_dims(int n, int m, int r, const char* who) {

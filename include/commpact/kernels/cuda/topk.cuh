@@ -35,18 +35,11 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "../../error.hpp"
+#include "check.cuh"
 
 namespace commpact::cuda {
 
 namespace detail {
-
-//! Throws commpact::error naming the call and CUDA's message when e is not cudaSuccess.
-inline void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess)
-    throw commpact::error(commpact::detail::cat("commpact::cuda: ", what, " failed with ", cudaGetErrorName(e), " (",
-                                                cudaGetErrorString(e),
-                                                "); check the device, the pointers and the sizes passed."));
-}
 
 template <class F>
 __global__ void make_abs_keys(const F* __restrict__ x, std::uint32_t n, std::uint32_t* __restrict__ keys,
@@ -154,7 +147,7 @@ class topk_workspace {
     if (temp_) cudaFree(temp_);
   }
 
-  //! topk_abs with this workspace's storage; throws commpact::error on a CUDA error.
+  //! topk_abs with this workspace's storage; throws commpact::device_error on a CUDA error.
   void run(const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx, float* d_val, cudaStream_t stream = 0) {
     std::size_t need = 0;
     detail::check(topk_abs(nullptr, need, d_x, n, k, d_idx, d_val, stream), "topk_abs (size query)");
