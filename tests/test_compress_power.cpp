@@ -1,7 +1,9 @@
 // PowerCompressor (PowerSGD) over ThreadComm: low-rank recovery, error-feedback
 // conservation, bit-identical results on every rank, exact bytes, warm start, start
 // step, state save/restore and bad input. Catch2 assertions run on the main thread
-// only: rank threads record what they saw, the test checks it after run_threads.
+// only: rank threads record what they saw, the test checks it after run_threads. The
+// checks that run on any communicator live in tests/common/lowrank_checks.hpp and run
+// under MPI too (tests/mpi/test_compress_power_mpi.cpp).
 #include <catch2/catch.hpp>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -20,6 +22,8 @@
 #include <string>
 #include <vector>
 
+#include "common/lowrank_checks.hpp"
+
 using commpact::PowerCompressor;
 using commpact::ThreadComm;
 using commpact::tensor_layout;
@@ -30,63 +34,14 @@ static_assert(commpact::Compressor<PowerCompressor<4, commpact::CountingComm<Thr
 
 namespace {
 
-using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-
-std::vector<float> normal(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-
-std::size_t numel(const tensor_layout& l) {
-  std::size_t n = 0;
-  for (auto& s : l) n += static_cast<std::size_t>(s.numel());
-  return n;
-}
-
-// Rank `rank`'s gradient: tensor t of shape n x m with n, m > 1 is U_t V_{t,rank}^T with
-// U_t (n x k) shared by all ranks, so the mean over ranks has rank <= k; vectors are
-// random per rank.
-std::vector<float> low_rank_grad(const tensor_layout& l, int k, int rank, std::uint64_t seed) {
-  std::vector<float> g;
-  for (std::size_t t = 0; t < l.size(); ++t) {
-    const auto n = l[t].rows, m = l[t].cols;
-    if (l[t].is_vector()) {
-      auto v = normal(seed * 7919 + t * 31 + rank, static_cast<std::size_t>(n * m));
-      g.insert(g.end(), v.begin(), v.end());
-      continue;
-    }
-    auto u = normal(seed * 104729 + t, static_cast<std::size_t>(n * k));
-    auto w = normal(seed * 15485863 + t * 131 + rank + 1, static_cast<std::size_t>(m * k));
-    Eigen::Map<RowMat> U(u.data(), n, k), W(w.data(), m, k);
-    RowMat M = U * W.transpose();
-    g.insert(g.end(), M.data(), M.data() + n * m);
-  }
-  return g;
-}
-
-// Mean over ranks summed in rank order then scaled like the compressors do.
-std::vector<float> rank_order_mean(const std::vector<std::vector<float>>& per_rank) {
-  std::vector<float> s = per_rank[0];
-  for (std::size_t r = 1; r < per_rank.size(); ++r)
-    for (std::size_t i = 0; i < s.size(); ++i) s[i] += per_rank[r][i];
-  const float inv = 1.0f / static_cast<float>(per_rank.size());
-  for (auto& x : s) x *= inv;
-  return s;
-}
-
-double rel_err(std::span<const float> a, std::span<const float> b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1));
-}
-
-const tensor_layout kLayout = {{32, 48}, {48}, {8, 6}, {20, 30}, {1, 7}, {64, 27}};
+using RowMat = commpact_test::PowerRowMat;
+using commpact_test::low_rank_grad;
+using commpact_test::normal;
+using commpact_test::numel;
+using commpact_test::rank_order_mean;
+using commpact_test::rel_err;
+const tensor_layout& kLayout = commpact_test::kPowerLayout;
+const commpact::thread_options quick{std::chrono::seconds(30)};
 
 }  // namespace
 
@@ -131,201 +86,36 @@ TEST_CASE("orthonormalize_columns: zero matrix and dependent columns give zero c
 TEST_CASE("PowerSGD recovers a mean of exact low rank to float precision", "[power]") {
   const int P = GENERATE(1, 2, 3);
   const int k = GENERATE(1, 2);  // true rank; Rank is 2 or 4 >= k
-  const int steps = 3;
-  std::vector<std::vector<float>> in(P), out2(P), out4(P);
-  for (int r = 0; r < P; ++r) in[r] = low_rank_grad(kLayout, k, r, 42);
-  const auto mean = rank_order_mean(in);
-  std::vector<int> compressed2(kLayout.size()), compressed4(kLayout.size());
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<2, ThreadComm> c2{comm, kLayout, {.min_compression_rate = 1.0}};
-    PowerCompressor<4, ThreadComm> c4{comm, kLayout, {.min_compression_rate = 1.0}};
-    for (int s = 0; s < steps; ++s) {
-      out2[comm.rank()] = in[comm.rank()];
-      out4[comm.rank()] = in[comm.rank()];
-      c2.reduce(std::span<float>(out2[comm.rank()]));
-      c4.reduce(std::span<float>(out4[comm.rank()]));
-    }
-    if (comm.rank() == 0)
-      for (std::size_t t = 0; t < kLayout.size(); ++t) {
-        compressed2[t] = c2.is_compressed(t);
-        compressed4[t] = c4.is_compressed(t);
-      }
-  });
-  // Which tensors are compressed: matrices with n m / ((n + m) r) >= 1.
-  CHECK(compressed2 == std::vector<int>{1, 0, 1, 1, 0, 1});
-  CHECK(compressed4 == std::vector<int>{1, 0, 0, 1, 0, 1});
-  std::size_t off = 0;
-  for (std::size_t t = 0; t < kLayout.size(); ++t) {
-    const auto n = static_cast<std::size_t>(kLayout[t].numel());
-    for (int r = 0; r < P; ++r) {
-      for (auto* out : {&out2, &out4}) {
-        std::span<const float> got((*out)[r].data() + off, n), want(mean.data() + off, n);
-        const bool dense = (out == &out2 ? compressed2[t] : compressed4[t]) == 0;
-        if (dense) {
-          // Dense tensors are the exact rank-order mean.
-          REQUIRE(std::equal(got.begin(), got.end(), want.begin()));
-        } else {
-          INFO("P=" << P << " k=" << k << " tensor " << t << " rank " << r);
-          CHECK(rel_err(got, want) < 2e-6);
-        }
-      }
-    }
-    off += n;
-  }
+  CAPTURE(P, k);
+  REQUIRE_NOTHROW(commpact::run_threads(
+      P, [&](ThreadComm& comm) { commpact_test::check_power_lowrank_recovery(comm, k); }, quick));
 }
 
 TEST_CASE("PowerSGD below the true rank: lossy per step, but no mass is lost globally", "[power]") {
-  // Rank 1 on a rank-3 mean. Per step A_t = P P^T mean_r(M_r), mean_r(e_r) = mean_r(M_r) - A_t,
-  // so sum_t A_t + mean_r(e_{r,T}) = sum_t mean_r(g_r).
-  const int P = 3, T = 20;
-  const tensor_layout l = {{40, 30}};
-  std::vector<std::vector<float>> in(P), e(P);
-  std::vector<std::vector<double>> sum_out(P);
-  std::vector<double> first_err(P);
-  for (int r = 0; r < P; ++r) in[r] = low_rank_grad(l, 3, r, 7);
-  const auto mean = rank_order_mean(in);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<1, ThreadComm> c{comm, l};
-    sum_out[comm.rank()].assign(1200, 0.0);
-    for (int s = 0; s < T; ++s) {
-      auto x = in[comm.rank()];
-      c.reduce(std::span<float>(x));
-      for (std::size_t i = 0; i < x.size(); ++i) sum_out[comm.rank()][i] += x[i];
-      if (s == 0) first_err[comm.rank()] = rel_err(x, mean);
-    }
-    e[comm.rank()].assign(c.residual(0).begin(), c.residual(0).end());
-  });
-  CHECK(first_err[0] > 0.1);
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < 1200; ++i) {
-    double em = 0;
-    for (int r = 0; r < P; ++r) em += e[r][i];
-    const double d = sum_out[0][i] + em / P - double(T) * mean[i];
-    num += d * d;
-    den += double(T) * mean[i] * double(T) * mean[i];
-  }
-  CHECK(std::sqrt(num / den) < 1e-5);
-  // The time-averaged output approaches the mean (error feedback at work).
-  std::vector<float> avg(1200);
-  for (std::size_t i = 0; i < 1200; ++i) avg[i] = static_cast<float>(sum_out[0][i] / T);
-  CHECK(rel_err(avg, mean) < 0.1);
+  const int P = GENERATE(1, 3);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(
+      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_conservation(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD error feedback: residual = (g + e_old) - approximation, exactly as defined", "[power]") {
   const int P = GENERATE(1, 2, 3, 4);
-  std::vector<int> failures(P, 0), checked(P, 0);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<2, ThreadComm> c{comm, kLayout};
-    std::vector<std::vector<float>> e_old(kLayout.size());
-    for (int s = 0; s < 6; ++s) {
-      auto g = normal(1000 * s + comm.rank() + 17, numel(kLayout));
-      const auto g_in = g;
-      for (std::size_t t = 0; t < kLayout.size(); ++t) {
-        auto e = c.residual(t);
-        e_old[t].assign(e.begin(), e.end());
-      }
-      c.reduce(std::span<float>(g));
-      std::size_t off = 0;
-      for (std::size_t t = 0; t < kLayout.size(); ++t) {
-        const auto n = static_cast<std::size_t>(kLayout[t].numel());
-        const auto e = c.residual(t);
-        if (c.is_compressed(t)) {
-          for (std::size_t i = 0; i < n; ++i) {
-            const float M = g_in[off + i] + (s == 0 ? 0.0f : e_old[t][i]);
-            const float want = M - g[off + i];
-            // approximation + residual = M, bit for bit as the algorithm computes it
-            if (std::memcmp(&want, &e[i], sizeof(float)) != 0) ++failures[comm.rank()];
-            ++checked[comm.rank()];
-          }
-        } else if (!e.empty()) {
-          ++failures[comm.rank()];
-        }
-        off += n;
-      }
-    }
-  });
-  for (int r = 0; r < P; ++r) {
-    CHECK(failures[r] == 0);
-    CHECK(checked[r] > 0);
-  }
+  CAPTURE(P);
+  REQUIRE_NOTHROW(
+      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_error_feedback(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD results are bit-identical on every rank, whatever the buffer alignment", "[power]") {
   const int P = GENERATE(2, 3, 4, 5);
-  const std::size_t n = numel(kLayout);
-  std::vector<std::vector<float>> outs(P), qs(P);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<3, ThreadComm> c{comm, kLayout, {.min_compression_rate = 1.0}};
-    // Misalign each rank's buffer differently (offset of rank floats).
-    std::vector<float> storage(n + 8);
-    std::span<float> g(storage.data() + comm.rank(), n);
-    std::vector<float> last;
-    for (int s = 0; s < 4; ++s) {
-      auto v = normal(77 * s + comm.rank(), n);
-      std::copy(v.begin(), v.end(), g.begin());
-      c.reduce(g);
-    }
-    outs[comm.rank()].assign(g.begin(), g.end());
-    for (std::size_t t = 0; t < kLayout.size(); ++t) {
-      auto q = c.q_factor(t);
-      qs[comm.rank()].insert(qs[comm.rank()].end(), q.begin(), q.end());
-    }
-  });
-  for (int r = 1; r < P; ++r) {
-    REQUIRE(outs[r].size() == outs[0].size());
-    CHECK(std::memcmp(outs[r].data(), outs[0].data(), outs[0].size() * sizeof(float)) == 0);
-    CHECK(std::memcmp(qs[r].data(), qs[0].data(), qs[0].size() * sizeof(float)) == 0);
-  }
+  CAPTURE(P);
+  REQUIRE_NOTHROW(
+      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_bit_identical(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD bytes per step: (n + m) r 4 per matrix plus the dense part, exact ring counts", "[power]") {
   const int P = GENERATE(2, 3, 4, 7);
-  constexpr int R = 2;
-  std::size_t want_p = 0, want_q = 0, want_d = 0;
-  for (auto& s : kLayout) {
-    const bool comp = !s.is_vector() && double(s.rows * s.cols) / double((s.rows + s.cols) * R) >= 2.0;
-    if (comp) {
-      want_p += static_cast<std::size_t>(s.rows) * R;
-      want_q += static_cast<std::size_t>(s.cols) * R;
-    } else {
-      want_d += static_cast<std::size_t>(s.numel());
-    }
-  }
-  std::vector<commpact::comm_stats> step_stats(P), dense_stats(P), warm_stats(P);
-  std::vector<std::size_t> floats(P);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    commpact::CountingComm<ThreadComm> counted{comm};
-    PowerCompressor<R, commpact::CountingComm<ThreadComm>> c{counted, kLayout, {.start_step = 1}};
-    auto g = normal(5 + comm.rank(), numel(kLayout));
-    auto x = g;
-    c.reduce(std::span<float>(x));  // step 0: dense (+ the one-off layout check)
-    dense_stats[comm.rank()] = c.comm().stats();
-    c.comm().reset_stats();
-    x = g;
-    c.reduce(std::span<float>(x));  // step 1: compressed
-    step_stats[comm.rank()] = c.comm().stats();
-    c.comm().reset_stats();
-    x = g;
-    c.reduce(std::span<float>(x));  // step 2: compressed, warm
-    warm_stats[comm.rank()] = c.comm().stats();
-    floats[comm.rank()] = c.floats_per_step();
-  });
-  for (int r = 0; r < P; ++r) {
-    const auto wp = commpact::wire::ring_allreduce(r, P, want_p, 4);
-    const auto wq = commpact::wire::ring_allreduce(r, P, want_q, 4);
-    const auto wd = commpact::wire::ring_allreduce(r, P, want_d, 4);
-    const auto check = commpact::wire::ring_allreduce(r, P, 2, 8);  // require_same on step 0
-    const auto full = commpact::wire::ring_allreduce(r, P, numel(kLayout), 4);
-    CHECK(floats[r] == want_p + want_q + want_d);
-    CHECK(step_stats[r].bytes_sent == wp.bytes_sent + wq.bytes_sent + wd.bytes_sent);
-    CHECK(step_stats[r].bytes_received == wp.bytes_received + wq.bytes_received + wd.bytes_received);
-    CHECK(step_stats[r].collectives == 3);
-    CHECK(warm_stats[r] == step_stats[r]);
-    CHECK(dense_stats[r].bytes_sent == full.bytes_sent + check.bytes_sent);
-    CHECK(dense_stats[r].collectives == 2);
-    // Compressed traffic is well below dense traffic.
-    CHECK(step_stats[r].bytes_sent * 2 < full.bytes_sent);
-  }
+  CAPTURE(P);
+  REQUIRE_NOTHROW(commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_bytes(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD sends dense before start_step, with zero residual", "[power]") {
@@ -454,45 +244,18 @@ TEST_CASE("PowerSGD bad input raises commpact errors that name the value and the
 }
 
 TEST_CASE("PowerSGD: ranks that register different shapes all raise mismatch_error", "[power][errors]") {
-  const int P = 3;
-  std::vector<std::string> what(P);
-  CHECK_THROWS_AS(commpact::run_threads(P,
-                                        [&](ThreadComm& comm) {
-                                          // Same total length, different shapes on rank 2.
-                                          tensor_layout l = comm.rank() == 2 ? tensor_layout{{20, 10}, {10}}
-                                                                             : tensor_layout{{10, 20}, {10}};
-                                          PowerCompressor<2, ThreadComm> c{comm, l};
-                                          std::vector<float> g(210, 1.0f);
-                                          try {
-                                            c.reduce(std::span<float>(g));
-                                          } catch (const commpact::mismatch_error& e) {
-                                            what[comm.rank()] = e.what();
-                                            throw;
-                                          }
-                                        }),
-                  commpact::mismatch_error);
-  for (int r = 0; r < P; ++r) CHECK_THAT(what[r], Catch::Contains("ranks disagree on the PowerCompressor layout"));
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(
+      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_shape_mismatch(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD: a non-finite gradient on one rank raises on every rank or skips everywhere", "[power][errors]") {
   const int P = 3;
   const tensor_layout l = {{12, 10}, {10}};
   SECTION("raise") {
-    std::vector<int> raised(P, 0);
-    CHECK_THROWS_AS(commpact::run_threads(P,
-                                          [&](ThreadComm& comm) {
-                                            PowerCompressor<1, ThreadComm> c{comm, l};
-                                            auto g = normal(comm.rank(), 130);
-                                            if (comm.rank() == 1) g[5] = std::nanf("");
-                                            try {
-                                              c.reduce(std::span<float>(g));
-                                            } catch (const commpact::numeric_error&) {
-                                              raised[comm.rank()] = 1;
-                                              throw;
-                                            }
-                                          }),
-                    commpact::numeric_error);
-    for (int r = 0; r < P; ++r) CHECK(raised[r] == 1);
+    REQUIRE_NOTHROW(commpact::run_threads(
+        P, [&](ThreadComm& comm) { commpact_test::check_power_nonfinite_raises(comm); }, quick));
   }
   SECTION("skip_step keeps the residual and zeroes the gradient") {
     std::vector<int> ok(P, 0);

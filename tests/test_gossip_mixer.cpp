@@ -1,7 +1,9 @@
 // GossipMixer over ThreadComm: D-PSGD, PowerGossip and CHOCO-SGD. The average model is
 // preserved; without gradients the consensus distance shrinks geometrically, at rates
 // ordered by the spectral gap; exact bytes per step; bad input. Rank threads record what
-// they see; Catch2 assertions run on the main thread.
+// they see; Catch2 assertions run on the main thread. The checks that run on any
+// communicator live in tests/common/gossip_checks.hpp and run under MPI too
+// (tests/mpi/test_gossip_mpi.cpp).
 #include <catch2/catch.hpp>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -22,117 +24,50 @@
 #include <string>
 #include <vector>
 
+#include "common/gossip_checks.hpp"
+
 using namespace commpact;
+using commpact_test::mean_of;
+using commpact_test::rank_model;
+using commpact_test::rel_diff;
 
 namespace {
 
-const tensor_layout kLayout = {{12, 10}, {10}, {8, 16}, {5}, {20, 6}};
-constexpr std::size_t kN = 120 + 10 + 128 + 5 + 120;
+const tensor_layout& kLayout = commpact_test::kGossipLayout;
+constexpr std::size_t kN = commpact_test::kGossipN;
+const thread_options quick{std::chrono::seconds(60)};
 
-// x_r = c + noise_r: a shared component plus a per-rank one, both N(0, 1).
-std::vector<float> rank_model(int rank, std::uint64_t seed, std::size_t n = kN) {
-  std::mt19937_64 shared(seed), own(seed * 1000003 + static_cast<std::uint64_t>(rank) + 1);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(shared);
-  for (auto& x : v) x += d(own);
-  return v;
-}
-
-std::vector<double> mean_of(const std::vector<std::vector<float>>& xs) {
-  std::vector<double> m(xs[0].size(), 0.0);
-  for (auto& x : xs)
-    for (std::size_t i = 0; i < x.size(); ++i) m[i] += x[i];
-  for (auto& v : m) v /= static_cast<double>(xs.size());
-  return m;
-}
-
-double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (a[i] - b[i]) * (a[i] - b[i]);
-    den += b[i] * b[i];
-  }
-  return std::sqrt(num / den);
-}
-
-template <class Topo>
-double lambda2(const Topo& t) {
-  const int P = t.size();
-  Eigen::MatrixXd W(P, P);
-  for (int i = 0; i < P; ++i)
-    for (int j = 0; j < P; ++j) W(i, j) = t.weight(i, j);
-  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(W);
-  Eigen::VectorXd ev = es.eigenvalues().cwiseAbs();
-  std::sort(ev.data(), ev.data() + ev.size(), std::greater<>());
-  return P > 1 ? ev[1] : 0.0;
-}
-
-// Runs `steps` mixing rounds; returns the final models and the consensus distance
-// after each round (index 0: before any round).
-template <class Topo, class Mode>
-std::pair<std::vector<std::vector<float>>, std::vector<double>> run_mixing(int P, int steps, Mode mode,
-                                                                          std::uint64_t seed = 1) {
-  std::vector<std::vector<float>> xs(P);
-  std::vector<double> dist(steps + 1);
-  run_threads(P, [&](ThreadComm& comm) {
-    GossipMixer<Topo, Mode, ThreadComm> mixer{comm, Topo(comm.size()), kLayout, mode};
-    auto x = rank_model(comm.rank(), seed);
-    const double d0 = consensus_distance(comm, std::span<const float>(x));
-    if (comm.rank() == 0) dist[0] = d0;
-    for (int s = 0; s < steps; ++s) {
-      mixer.mix(std::span<float>(x));
-      const double d = consensus_distance(comm, std::span<const float>(x));
-      if (comm.rank() == 0) dist[s + 1] = d;
-    }
-    xs[comm.rank()] = x;
-  });
-  return {xs, dist};
-}
-
-template <class Topo, class Mode>
-void check_average_preserved(int P, Mode mode, const char* name) {
-  std::vector<std::vector<float>> x0(P);
-  for (int r = 0; r < P; ++r) x0[r] = rank_model(r, 1);
-  const auto before = mean_of(x0);
-  auto [xs, dist] = run_mixing<Topo>(P, 20, mode);
-  const auto after = mean_of(xs);
-  INFO(name << " P=" << P << " consensus " << dist.front() << " -> " << dist.back());
-  CHECK(rel_diff(after, before) < 1e-6);
-  if (P > 1) CHECK(dist.back() < dist.front());
+// The consensus distances {ring, torus, complete} of a check run on P threads (rank 0's;
+// the checks make sure every rank saw the same).
+template <class Check>
+std::array<std::vector<double>, 3> distances(int P, Check check) {
+  std::array<std::vector<double>, 3> out;
+  REQUIRE_NOTHROW(run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        auto d = check(comm);
+        if (comm.rank() == 0) out = d;
+      },
+      quick));
+  return out;
 }
 
 }  // namespace
 
 TEST_CASE("gossip preserves the average model: D-PSGD, PowerGossip, CHOCO on ring, torus, complete", "[gossip]") {
   const int P = GENERATE(2, 3, 4, 8, 16);
-  check_average_preserved<Ring>(P, exact_mixing{}, "D-PSGD ring");
-  check_average_preserved<Torus2D>(P, exact_mixing{}, "D-PSGD torus");
-  check_average_preserved<Complete>(P, exact_mixing{}, "D-PSGD complete");
-  check_average_preserved<Ring>(P, power_gossip<1>{}, "PowerGossip r1 ring");
-  check_average_preserved<Torus2D>(P, power_gossip<1>{}, "PowerGossip r1 torus");
-  check_average_preserved<Complete>(P, power_gossip<1>{}, "PowerGossip r1 complete");
-  check_average_preserved<Ring>(P, power_gossip<3>{}, "PowerGossip r3 ring");
-  check_average_preserved<Torus2D>(P, power_gossip<2>{}, "PowerGossip r2 torus");
-  check_average_preserved<Ring>(P, choco_gossip<choco_topk>{{.density = 0.1}, 0.3}, "CHOCO top-k ring");
-  check_average_preserved<Torus2D>(P, choco_gossip<choco_sign>{{}, 0.3}, "CHOCO sign torus");
-  check_average_preserved<Exponential>(P, power_gossip<1>{}, "PowerGossip r1 exponential");
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(
+      P, [&](ThreadComm& comm) { commpact_test::check_average_preserved_all_modes(comm); }, quick));
 }
 
 TEST_CASE("D-PSGD: consensus distance shrinks at least as fast as lambda_2^2 per step, ordered by spectral gap",
           "[gossip]") {
   const int P = 16, T = 15;
-  auto [xr, ring] = run_mixing<Ring>(P, T, exact_mixing{});
-  auto [xt, torus] = run_mixing<Torus2D>(P, T, exact_mixing{});
-  auto [xc, comp] = run_mixing<Complete>(P, T, exact_mixing{});
-  const double lr = lambda2(Ring(P)), lt = lambda2(Torus2D(P));
-  for (int t = 1; t <= T; ++t) {
-    INFO("step " << t << " ring " << ring[t] << " torus " << torus[t]);
-    CHECK(ring[t] <= std::pow(lr, 2 * t) * ring[0] * (1 + 1e-6));
-    CHECK(torus[t] <= std::pow(lt, 2 * t) * torus[0] * (1 + 1e-6));
-  }
-  // Complete: exact averaging in one step (float rounding only).
-  CHECK(comp[1] < 1e-12 * comp[0]);
+  // The lambda_2^2 bound per step and one-step averaging on Complete (any P).
+  const auto [ring, torus, comp] =
+      distances(P, [&](ThreadComm& comm) { return commpact_test::check_dpsgd_contraction(comm, T); });
+  const double lr = commpact_test::lambda2(Ring(P)), lt = commpact_test::lambda2(Torus2D(P));
   // Asymptotic rates approach lambda_2^2 (the slowest mode dominates).
   const double rate_ring = ring[T] / ring[T - 1], rate_torus = torus[T] / torus[T - 1];
   CHECK(rate_ring == Approx(lr * lr).epsilon(0.05));
@@ -142,15 +77,9 @@ TEST_CASE("D-PSGD: consensus distance shrinks at least as fast as lambda_2^2 per
 
 TEST_CASE("PowerGossip: consensus shrinks geometrically, complete fastest, ring slowest", "[gossip]") {
   const int P = 16, T = 60;
-  auto [xr, ring] = run_mixing<Ring>(P, T, power_gossip<1>{});
-  auto [xt, torus] = run_mixing<Torus2D>(P, T, power_gossip<1>{});
-  auto [xc, comp] = run_mixing<Complete>(P, T, power_gossip<1>{});
-  for (int t = 1; t <= T; ++t) {
-    // Each step is a symmetric contraction on the disagreement: never increases.
-    CHECK(ring[t] <= ring[t - 1] * (1 + 1e-6));
-    CHECK(torus[t] <= torus[t - 1] * (1 + 1e-6));
-    CHECK(comp[t] <= comp[t - 1] * (1 + 1e-6));
-  }
+  // Each step is a symmetric contraction on the disagreement: never increases (any P).
+  const auto [ring, torus, comp] =
+      distances(P, [&](ThreadComm& comm) { return commpact_test::check_power_gossip_contraction(comm, T); });
   auto rate = [](const std::vector<double>& d, int a, int b) { return std::pow(d[b] / d[a], 1.0 / (b - a)); };
   const double r_ring = rate(ring, 0, T), r_torus = rate(torus, 0, T), r_comp = rate(comp, 0, T);
   INFO("mean per-step factor: ring " << r_ring << " torus " << r_torus << " complete " << r_comp);
@@ -195,47 +124,20 @@ TEST_CASE("PowerGossip on two ranks whose models differ by a rank-1 matrix agree
 
 TEST_CASE("gossip bytes per step: exact message sizes per neighbour", "[gossip]") {
   const int P = 8;
-  std::vector<std::vector<std::uint64_t>> bytes(P);
-  std::vector<std::uint64_t> dpsgd(P), topk(P), sign(P);
-  run_threads(P, [&](ThreadComm& comm) {
-    using CC = CountingComm<ThreadComm>;
-    GossipMixer<Torus2D, power_gossip<2>, CC> pg{CC{comm}, Torus2D(P), kLayout};
-    GossipMixer<Torus2D, exact_mixing, CC> dp{CC{comm}, Torus2D(P), kLayout};
-    GossipMixer<Torus2D, choco_gossip<choco_topk>, CC> ct{CC{comm}, Torus2D(P), kLayout, {{.density = 0.05}}};
-    GossipMixer<Torus2D, choco_gossip<choco_sign>, CC> cs{CC{comm}, Torus2D(P), kLayout};
-    auto x = rank_model(comm.rank(), 3);
-    for (int s = 0; s < 4; ++s) {
-      pg.comm().reset_stats();
-      pg.mix(std::span<float>(x));
-      bytes[comm.rank()].push_back(pg.comm().stats().point_to_point_bytes_sent);
-    }
-    dp.mix(std::span<float>(x));
-    dpsgd[comm.rank()] = dp.comm().stats().point_to_point_bytes_sent;
-    ct.mix(std::span<float>(x));
-    topk[comm.rank()] = ct.comm().stats().point_to_point_bytes_sent;
-    cs.mix(std::span<float>(x));
-    sign[comm.rank()] = cs.comm().stats().point_to_point_bytes_sent;
-  });
-  // Torus2D(8) is 2 x 4: 3 neighbours each. Matrices 12x10, 8x16, 20x6; vectors 10 + 5.
-  const std::uint64_t deg = 3, vec = 15, r = 2;
-  const std::uint64_t even = 4 * (r * (10 + 16 + 6) + vec);  // X^T p: m x r
-  const std::uint64_t odd = 4 * (r * (12 + 8 + 20) + vec);   // X d:   n x r
-  const std::uint64_t k = 19;                                // round(0.05 * 383)
-  for (int rk = 0; rk < P; ++rk) {
-    CHECK(bytes[rk] == std::vector<std::uint64_t>{deg * even, deg * odd, deg * even, deg * odd});
-    CHECK(dpsgd[rk] == deg * 4 * kN);
-    CHECK(topk[rk] == deg * (4 + 8 * k));
-    CHECK(sign[rk] == deg * (4 + (kN + 7) / 8));
-  }
+  std::vector<std::size_t> degree(P);
+  REQUIRE_NOTHROW(run_threads(
+      P, [&](ThreadComm& comm) { degree[comm.rank()] = commpact_test::check_gossip_bytes(comm); }, quick));
+  // Torus2D(8) is 2 x 4: 3 neighbours each.
+  for (int rk = 0; rk < P; ++rk) CHECK(degree[rk] == 3);
 }
 
 TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, malformed messages",
           "[gossip][errors]") {
   auto comms = ThreadComm::make_world(4);
   SECTION("topology size differs from the communicator's") {
-    CHECK_THROWS_AS((GossipMixer<Ring>{comms[0], Ring(5), kLayout}), invalid_argument);
-    CHECK_THROWS_WITH((GossipMixer<Ring>{comms[0], Ring(5), kLayout}),
-                      Catch::Contains("5 ranks") && Catch::Contains("4"));
+    for (int P : {1, 4})
+      REQUIRE_NOTHROW(
+          run_threads(P, [&](ThreadComm& comm) { commpact_test::check_gossip_topology_size(comm); }, quick));
   }
   SECTION("rank above min(n, m)") {
     CHECK_THROWS_AS((GossipMixer<Ring, power_gossip<4>>{comms[0], Ring(4), {{3, 50}}}), invalid_argument);
@@ -286,23 +188,9 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
 }
 
 TEST_CASE("gossip: ranks that build different mixers all raise mismatch_error", "[gossip][errors]") {
-  const int P = 4;
-  std::vector<int> raised(P, 0);
-  CHECK_THROWS_AS(run_threads(P,
-                              [&](ThreadComm& comm) {
-                                // Rank 3 lists the same number of values in other shapes.
-                                tensor_layout l = comm.rank() == 3 ? tensor_layout{{10, 12}} : tensor_layout{{12, 10}};
-                                GossipMixer<Ring, power_gossip<1>> m{comm, Ring(P), l};
-                                std::vector<float> x(120, 1.0f);
-                                try {
-                                  m.mix(std::span<float>(x));
-                                } catch (const mismatch_error&) {
-                                  raised[comm.rank()] = 1;
-                                  throw;
-                                }
-                              }),
-                  mismatch_error);
-  for (int r = 0; r < P; ++r) CHECK(raised[r] == 1);
+  const int P = GENERATE(2, 4);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_gossip_mixer_mismatch(comm); }, quick));
 }
 
 TEST_CASE("GossipMixer accepts PowerCompressor and Dense as the compressor parameter", "[gossip]") {

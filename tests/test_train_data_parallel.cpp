@@ -5,6 +5,8 @@
 // the bytes counted by CountingComm follow the ring formula, bad input is an error.
 //
 // Catch2 is not thread-safe, so ranks record what they see and the main thread checks.
+// The checks that run on any communicator live in tests/common/data_parallel_checks.hpp
+// and run under MPI too (tests/mpi/test_train_data_parallel_mpi.cpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -25,118 +27,28 @@
 #include <span>
 #include <vector>
 
+#include "common/data_parallel_checks.hpp"
+#include "common/matchers.hpp"
+
 using namespace commpact;
-namespace {
-// Matches an exception whose what() contains every given piece.
-class MessageContains : public Catch::MatcherBase<std::exception> {
- public:
-  MessageContains(std::initializer_list<const char*> pieces) : pieces_(pieces.begin(), pieces.end()) {}
-  bool match(const std::exception& e) const override {
-    const std::string what = e.what();
-    for (const auto& p : pieces_)
-      if (what.find(p) == std::string::npos) return false;
-    return true;
-  }
-  std::string describe() const override {
-    std::string d = "message contains";
-    for (const auto& p : pieces_) d += " \"" + p + "\"";
-    return d;
-  }
-
- private:
-  std::vector<std::string> pieces_;
-};
-}  // namespace
+using commpact_test::MessageContains;
 
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
-
-// Gradient of a per-rank quadratic plus step noise: a function of (rank, step, i, x) only.
-void gradient(std::span<const float> x, std::span<float> g, int rank, std::int64_t step) {
-  for (std::size_t i = 0; i < x.size(); ++i) {
-    const float target = std::sin(0.7f * static_cast<float>(i) + 1.3f * static_cast<float>(rank));
-    const auto h = mix((static_cast<std::uint64_t>(rank) << 48) ^ (static_cast<std::uint64_t>(step) << 20) ^ i);
-    const float noise = static_cast<float>(static_cast<double>(h >> 11) * 0x1.0p-53 - 0.5) * 0.2f;
-    g[i] = (1.0f + 0.25f * static_cast<float>(i % 5)) * (x[i] - target) + noise;
-  }
-}
-
-std::vector<float> initial_params(std::size_t n) {
-  std::vector<float> x(n);
-  for (std::size_t i = 0; i < n; ++i) x[i] = 0.5f * std::cos(0.3f * static_cast<float>(i));
-  return x;
-}
-
-std::uint64_t hash_floats(std::span<const float> v) {
-  std::uint64_t h = 1469598103934665603ull;
-  const auto* p = reinterpret_cast<const unsigned char*>(v.data());
-  for (std::size_t i = 0; i < v.size_bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
-
-// True on every rank when all ranks hold the same bytes.
-template <class Comm>
-bool identical_on_all_ranks(Comm& comm, std::span<const float> v) {
-  std::uint64_t h = hash_floats(v);
-  std::vector<std::uint64_t> all(comm.size());
-  comm.allgather(std::span<const std::uint64_t>(&h, 1), std::span<std::uint64_t>(all));
-  for (auto a : all)
-    if (a != h) return false;
-  return true;
-}
-
-struct rank_result {
-  std::vector<float> params;
-  std::vector<std::int64_t> round_steps;
-  std::vector<char> same_after_round;  // params identical on all ranks after each round
-  std::int64_t rounds = 0, gradient_rounds = 0, parameter_rounds = 0, shortcuts = 0, state_rounds = 0;
-  std::int64_t compressor_steps = 0;
-};
-
-struct run_config {
-  std::size_t n = 37;
-  std::int64_t T = 40;
-  sgd_options sgd{.momentum = 0.9, .weight_decay = 1e-3};
-  data_parallel_options opt{};
-  bool check_identical = true;
-};
+using commpact_test::bitwise_equal;
+using commpact_test::gradient;
+using commpact_test::hash_floats;
+using commpact_test::initial_params;
+using commpact_test::rank_result;
+using commpact_test::run_config;
+const thread_options quick{std::chrono::seconds(60)};
 
 // Trains on every rank of a ThreadComm world of P ranks; returns each rank's record.
 template <class Policy, class Lr>
 std::vector<rank_result> train(int P, const Policy& policy, const Lr& lr, const run_config& cfg) {
   std::vector<rank_result> out(P);
-  run_threads(P, [&](ThreadComm& comm) {
-    auto& me = out[comm.rank()];
-    DataParallel dp{Dense<ThreadComm>{comm}, policy, cfg.T, cfg.opt};
-    Sgd sgd{cfg.n, cfg.sgd};
-    auto x = initial_params(cfg.n);
-    std::vector<float> g(cfg.n);
-    for (std::int64_t t = 0; t < cfg.T; ++t) {
-      gradient(x, g, comm.rank(), t);
-      if (dp.step(x, g, lr(t), sgd)) {
-        me.round_steps.push_back(t);
-        if (cfg.check_identical) me.same_after_round.push_back(identical_on_all_ranks(comm, x));
-      }
-    }
-    me.params = x;
-    me.rounds = dp.rounds();
-    me.gradient_rounds = dp.gradient_rounds();
-    me.parameter_rounds = dp.parameter_rounds();
-    me.shortcuts = dp.gradient_shortcuts();
-    me.state_rounds = dp.state_rounds();
-    me.compressor_steps = dp.compressor().steps();
-  });
+  run_threads(P, [&](ThreadComm& comm) { out[comm.rank()] = commpact_test::train_rank(comm, policy, lr, cfg); });
   return out;
-}
-
-bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
 }
 
 void check_consistent(const std::vector<rank_result>& rs) {
@@ -152,77 +64,24 @@ void check_consistent(const std::vector<rank_result>& rs) {
 
 TEST_CASE("DataParallel performs the rounds of QSR's hand-computed schedule", "[train][data_parallel][qsr]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
-  // The table of test_sync_policies.cpp (alpha 0.25, h_base 2, warm-up 10, cosine 0.1 over 100 steps):
-  // periods start at 0 2 4 6 8 10 16 22 28 35 44 57 85; each round ends a period.
-  const std::vector<std::int64_t> hand{1, 3, 5, 7, 9, 15, 21, 27, 34, 43, 56, 84, 99};
-  run_config cfg;
-  cfg.T = 100;
-  const WarmupCosineLr lr{0.1, 10, 100};
-  const QSRPolicy qsr{0.25, 2, 10};
-  const auto rs = train(P, qsr, lr, cfg);
-  check_consistent(rs);
-  CHECK(rs[0].round_steps == hand);
-  CHECK(rs[0].round_steps == round_steps(plan_run(qsr, lr, 100)));
-  CHECK(rs[0].rounds == 13);
-  CHECK(rs[0].parameter_rounds == 13);
-  CHECK(rs[0].gradient_rounds == 0);
-  CHECK(rs[0].compressor_steps == 0);  // parameters are averaged densely through the communicator
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_qsr_hand_schedule(comm); }, quick));
 }
 
 TEST_CASE("DataParallel's rounds equal the policy's schedule", "[train][data_parallel]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
-  run_config cfg;
-  cfg.T = 30;
-  const ConstantLr lr{0.05};
-  SECTION("EveryStep") {
-    const auto rs = train(P, EveryStep{}, lr, cfg);
-    check_consistent(rs);
-    CHECK(rs[0].round_steps == round_steps(plan_run(EveryStep{}, lr, 30)));
-    CHECK(rs[0].gradient_rounds == 30);
-    CHECK(rs[0].compressor_steps == 30);
-  }
-  SECTION("LocalSgd{7}: the last period is cut at the end of the run") {
-    const auto rs = train(P, LocalSgd{7}, lr, cfg);
-    check_consistent(rs);
-    CHECK(rs[0].round_steps == std::vector<std::int64_t>{6, 13, 20, 27, 29});
-    CHECK(rs[0].round_steps == round_steps(plan_run(LocalSgd{7}, lr, 30)));
-  }
-  SECTION("QSR with a learning rate that decays to almost nothing: one saturated period, cut") {
-    const QSRPolicy q{1.0, 2, 0};
-    const auto tiny = [](std::int64_t) { return 1e-30; };
-    const auto rs = train(P, q, tiny, cfg);
-    check_consistent(rs);
-    CHECK(rs[0].round_steps == std::vector<std::int64_t>{29});
-  }
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_rounds_equal_schedule(comm); }, quick));
 }
 
 TEST_CASE("LocalSgd{1} equals EveryStep with Dense bit for bit", "[train][data_parallel][bitwise]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
-  run_config cfg;
-  cfg.T = 25;
   const bool average_state = GENERATE(false, true);
   const double momentum = GENERATE(0.0, 0.9);
-  cfg.opt.average_optimizer_state = average_state;
-  cfg.sgd.momentum = momentum;
-  const WarmupCosineLr lr{0.2, 5, 25};
-  const auto bsp = train(P, EveryStep{}, lr, cfg);
-  const auto local = train(P, LocalSgd{1}, lr, cfg);
-  check_consistent(bsp);
-  check_consistent(local);
-  CHECK(bitwise_equal(local[0].params, bsp[0].params));
-  CHECK(local[0].round_steps == bsp[0].round_steps);
-  CHECK(local[0].shortcuts == 25);
-  CHECK(local[0].state_rounds == 0);
-  // The baseline differs from a run without communication (the test can fail), unless P = 1.
-  if (P > 1) {
-    std::vector<float> alone = initial_params(cfg.n), g(cfg.n);
-    Sgd sgd{cfg.n, cfg.sgd};
-    for (std::int64_t t = 0; t < cfg.T; ++t) {
-      gradient(alone, g, 0, t);
-      sgd(alone, g, lr(t));
-    }
-    CHECK_FALSE(bitwise_equal(alone, bsp[0].params));
-  }
+  CAPTURE(P, average_state, momentum);
+  REQUIRE_NOTHROW(run_threads(
+      P, [&](ThreadComm& comm) { commpact_test::check_localsgd1_equals_everystep(comm, average_state, momentum); },
+      quick));
 }
 
 namespace {
@@ -336,61 +195,21 @@ TEST_CASE("PostLocal switches to Local SGD exactly at its step", "[train][data_p
 
 TEST_CASE("Bytes counted by CountingComm follow the ring formula", "[train][data_parallel][bytes]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
-  const std::size_t n = 1000;
-  const std::int64_t T = 12;
-  using Counted = CountingComm<ThreadComm>;
-  std::vector<comm_stats> every(P), local(P), local_state(P);
-  auto run = [&](auto policy, data_parallel_options opt, std::vector<comm_stats>& stats) {
-    run_threads(P, [&](ThreadComm& comm) {
-      DataParallel dp{Dense<Counted>{Counted{comm}}, policy, T, opt};
-      Sgd sgd{n, {.momentum = 0.9}};
-      auto x = initial_params(n);
-      std::vector<float> g(n);
-      for (std::int64_t t = 0; t < T; ++t) {
-        gradient(x, g, comm.rank(), t);
-        dp.step(x, g, 0.05, sgd);
-      }
-      stats[comm.rank()] = dp.comm().stats();
-    });
-  };
-  run(EveryStep{}, {}, every);
-  run(LocalSgd{4}, {}, local);
-  run(LocalSgd{4}, {.average_optimizer_state = true}, local_state);
-  for (int r = 0; r < P; ++r) {
-    const auto round = wire::ring_allreduce(r, P, n, 4);
-    const auto check = wire::ring_allreduce(r, P, 2, 8);  // a one-time length check
-    CHECK(every[r].bytes_sent == 12 * round.bytes_sent + check.bytes_sent);
-    CHECK(every[r].messages_sent == 12 * round.messages_sent + check.messages_sent);
-    CHECK(every[r].collectives == 12 + 1);
-    CHECK(local[r].bytes_sent == 3 * round.bytes_sent + check.bytes_sent);
-    CHECK(local[r].bytes_received == 3 * round.bytes_received + check.bytes_received);
-    CHECK(local[r].collectives == 3 + 1);
-    CHECK(local_state[r].bytes_sent == 6 * round.bytes_sent + 2 * check.bytes_sent);
-  }
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_data_parallel_bytes(comm); }, quick));
+}
+
+TEST_CASE("DataParallel with PowerCompressor keeps every rank identical (gradients and compressed deltas)",
+          "[train][data_parallel][compress]") {
+  const int P = GENERATE(1, 2, 3, 4, 8);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_data_parallel_powersgd(comm); }, quick));
 }
 
 TEST_CASE("verify_plans catches ranks that decide differently; none hangs", "[train][data_parallel][errors]") {
   const int P = GENERATE(2, 3, 4);
-  struct RankDependent {  // wrong on purpose: the period depends on the rank
-    std::int64_t h;
-    sync_plan plan(std::int64_t, double) const { return {sync_plan::mode::parameters, h}; }
-  };
-  std::vector<char> caught(P, 0);
-  REQUIRE_THROWS_AS(run_threads(P,
-                                [&](ThreadComm& comm) {
-                                  DataParallel dp{Dense<ThreadComm>{comm}, RankDependent{1 + comm.rank()}, 10,
-                                                  {.verify_plans = true}};
-                                  Sgd sgd{4};
-                                  std::vector<float> x(4, 1.f), g(4, 0.5f);
-                                  try {
-                                    for (int t = 0; t < 10; ++t) dp.step(x, g, 0.1, sgd);
-                                  } catch (const mismatch_error&) {
-                                    caught[comm.rank()] = 1;
-                                    throw;
-                                  }
-                                }),
-                    mismatch_error);
-  for (char c : caught) CHECK(c);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_verify_plans_mismatch(comm); }, quick));
 }
 
 TEST_CASE("DataParallel rejects bad input", "[train][data_parallel][errors]") {

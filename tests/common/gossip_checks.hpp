@@ -1,0 +1,267 @@
+#pragma once
+// Checks of GossipMixer (D-PSGD, PowerGossip, CHOCO) written once over any point-to-point
+// communicator, run from the ThreadComm tests (tests/test_gossip_mixer.cpp) and the MPI
+// tests (tests/mpi/test_gossip_mpi.cpp). Topologies are built for comm.size().
+//
+// Every rank derives every rank's starting model from a shared seed; final models are
+// gathered with allgather, so every rank computes the same averages in rank order.
+// Failures are collected in a `verdict` and `settle`d (tests/common/sparse_checks.hpp):
+// wrap a check in REQUIRE_NOTHROW(run_threads(...)) or REQUIRE_NOTHROW(mpi_guard(...)).
+#include <catch2/catch.hpp>
+#include <commpact/comm/counting_comm.hpp>
+#include <commpact/gossip/gossip_mixer.hpp>
+#include <commpact/topology/complete.hpp>
+#include <commpact/topology/exponential.hpp>
+#include <commpact/topology/ring.hpp>
+#include <commpact/topology/torus.hpp>
+
+#include <Eigen/Dense>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <span>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "sparse_checks.hpp"  // verdict, settle, throws_as
+
+namespace commpact_test {
+
+inline const commpact::tensor_layout kGossipLayout = {{12, 10}, {10}, {8, 16}, {5}, {20, 6}};
+inline constexpr std::size_t kGossipN = 120 + 10 + 128 + 5 + 120;
+
+// x_r = c + noise_r: a shared component plus a per-rank one, both N(0, 1).
+inline std::vector<float> rank_model(int rank, std::uint64_t seed, std::size_t n = kGossipN) {
+  std::mt19937_64 shared(seed), own(seed * 1000003 + static_cast<std::uint64_t>(rank) + 1);
+  std::normal_distribution<float> d(0.f, 1.f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(shared);
+  for (auto& x : v) x += d(own);
+  return v;
+}
+
+inline std::vector<double> mean_of(const std::vector<std::vector<float>>& xs) {
+  std::vector<double> m(xs[0].size(), 0.0);
+  for (auto& x : xs)
+    for (std::size_t i = 0; i < x.size(); ++i) m[i] += x[i];
+  for (auto& v : m) v /= static_cast<double>(xs.size());
+  return m;
+}
+
+inline double rel_diff(const std::vector<double>& a, const std::vector<double>& b) {
+  double num = 0, den = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return std::sqrt(num / den);
+}
+
+//! Second largest |eigenvalue| of the topology's mixing matrix (0 for one rank).
+template <class Topo>
+double lambda2(const Topo& t) {
+  const int P = t.size();
+  Eigen::MatrixXd W(P, P);
+  for (int i = 0; i < P; ++i)
+    for (int j = 0; j < P; ++j) W(i, j) = t.weight(i, j);
+  Eigen::SelfAdjointEigenSolver<Eigen::MatrixXd> es(W);
+  Eigen::VectorXd ev = es.eigenvalues().cwiseAbs();
+  std::sort(ev.data(), ev.data() + ev.size(), std::greater<>());
+  return P > 1 ? ev[1] : 0.0;
+}
+
+//! Every rank's buffer, gathered in rank order on every rank.
+template <class Comm>
+std::vector<std::vector<float>> gather_models(Comm& comm, const std::vector<float>& x) {
+  const int P = comm.size();
+  std::vector<float> all(x.size() * static_cast<std::size_t>(P));
+  comm.allgather(std::span<const float>(x), std::span<float>(all));
+  std::vector<std::vector<float>> xs(P);
+  for (int r = 0; r < P; ++r) xs[r].assign(all.begin() + r * x.size(), all.begin() + (r + 1) * x.size());
+  return xs;
+}
+
+// Runs `steps` mixing rounds on this rank; returns its final model and the consensus
+// distance after each round (index 0: before any round), the same on every rank.
+template <class Topo, class Mode, class Comm>
+std::pair<std::vector<float>, std::vector<double>> run_mixing(Comm& comm, int steps, Mode mode,
+                                                              std::uint64_t seed = 1) {
+  std::vector<double> dist(steps + 1);
+  commpact::GossipMixer<Topo, Mode, Comm> mixer{comm, Topo(comm.size()), kGossipLayout, mode};
+  auto x = rank_model(comm.rank(), seed);
+  dist[0] = commpact::consensus_distance(comm, std::span<const float>(x));
+  for (int s = 0; s < steps; ++s) {
+    mixer.mix(std::span<float>(x));
+    dist[s + 1] = commpact::consensus_distance(comm, std::span<const float>(x));
+  }
+  return {x, dist};
+}
+
+//! 20 rounds keep the average model to 1e-6 relative and (P > 1) shrink the consensus
+//! distance.
+template <class Topo, class Mode, class Comm>
+void check_average_preserved(Comm& comm, Mode mode, const char* name) {
+  const int P = comm.size();
+  verdict v;
+  std::vector<std::vector<float>> x0(P);
+  for (int r = 0; r < P; ++r) x0[r] = rank_model(r, 1);
+  const auto before = mean_of(x0);
+  auto [x, dist] = run_mixing<Topo>(comm, 20, mode);
+  const auto after = mean_of(gather_models(comm, x));
+  const double rd = rel_diff(after, before);
+  v.expect(rd < 1e-6, name, " P=", P, ": the average moved by ", rd, " relative");
+  if (P > 1)
+    v.expect(dist.back() < dist.front(), name, " P=", P, ": consensus ", dist.front(), " -> ", dist.back());
+  settle(comm, v, name);
+}
+
+//! D-PSGD, PowerGossip and CHOCO on Ring, Torus2D, Complete (and Exponential).
+template <class Comm>
+void check_average_preserved_all_modes(Comm& comm) {
+  using namespace commpact;
+  check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring");
+  check_average_preserved<Torus2D>(comm, exact_mixing{}, "D-PSGD torus");
+  check_average_preserved<Complete>(comm, exact_mixing{}, "D-PSGD complete");
+  check_average_preserved<Ring>(comm, power_gossip<1>{}, "PowerGossip r1 ring");
+  check_average_preserved<Torus2D>(comm, power_gossip<1>{}, "PowerGossip r1 torus");
+  check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
+  check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
+  check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
+  check_average_preserved<Ring>(comm, choco_gossip<choco_topk>{{.density = 0.1}, 0.3}, "CHOCO top-k ring");
+  check_average_preserved<Torus2D>(comm, choco_gossip<choco_sign>{{}, 0.3}, "CHOCO sign torus");
+  check_average_preserved<Complete>(comm, choco_gossip<choco_topk>{{.density = 0.1}, 0.3}, "CHOCO top-k complete");
+  check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
+}
+
+//! D-PSGD over T rounds on Ring, Torus2D and Complete: the consensus distance shrinks at
+//! least as fast as lambda_2^2 per round (a graph with lambda_2 = 0 averages exactly in
+//! one round: float rounding only), and Complete averages in one round. Returns the
+//! distances {ring, torus, complete}, the same on every rank.
+template <class Comm>
+std::array<std::vector<double>, 3> check_dpsgd_contraction(Comm& comm, int T) {
+  using namespace commpact;
+  const int P = comm.size();
+  verdict v;
+  auto ring = run_mixing<Ring>(comm, T, exact_mixing{}).second;
+  auto torus = run_mixing<Torus2D>(comm, T, exact_mixing{}).second;
+  auto comp = run_mixing<Complete>(comm, T, exact_mixing{}).second;
+  const double lr = lambda2(Ring(P)), lt = lambda2(Torus2D(P));
+  for (int t = 1; t <= T; ++t) {
+    for (auto [d, l, name] : {std::tuple{&ring, lr, "ring"}, std::tuple{&torus, lt, "torus"}}) {
+      if (l > 1e-9)
+        v.expect((*d)[t] <= std::pow(l, 2 * t) * (*d)[0] * (1 + 1e-6), name, " step ", t, ": ", (*d)[t],
+                 " above lambda_2^2t bound (lambda_2 = ", l, ")");
+      else
+        v.expect((*d)[t] <= 1e-12 * (*d)[0], name, " step ", t, ": ", (*d)[t], " with lambda_2 = 0");
+    }
+  }
+  // Complete: exact averaging in one step (float rounding only).
+  v.expect(P > 1 ? comp[1] < 1e-12 * comp[0] : comp[1] == 0.0, "complete after one step: ", comp[1], " from ", comp[0]);
+  if (P > 1) v.expect(ring[0] > 0 && comp[0] > 0, "the models start in consensus");
+  settle(comm, v, "check_dpsgd_contraction");
+  return {ring, torus, comp};
+}
+
+//! PowerGossip<1> over T rounds on Ring, Torus2D and Complete: each round is a symmetric
+//! contraction on the disagreement, so the consensus distance never increases, and
+//! (P > 1) it ends below where it started. Returns {ring, torus, complete}.
+template <class Comm>
+std::array<std::vector<double>, 3> check_power_gossip_contraction(Comm& comm, int T) {
+  using namespace commpact;
+  const int P = comm.size();
+  verdict v;
+  auto ring = run_mixing<Ring>(comm, T, power_gossip<1>{}).second;
+  auto torus = run_mixing<Torus2D>(comm, T, power_gossip<1>{}).second;
+  auto comp = run_mixing<Complete>(comm, T, power_gossip<1>{}).second;
+  for (auto [d, name] : {std::pair{&ring, "ring"}, std::pair{&torus, "torus"}, std::pair{&comp, "complete"}}) {
+    for (int t = 1; t <= T; ++t)
+      v.expect((*d)[t] <= (*d)[t - 1] * (1 + 1e-6), name, " step ", t, ": consensus grew from ", (*d)[t - 1], " to ",
+               (*d)[t]);
+    if (P > 1) v.expect((*d)[T] < (*d)[0], name, ": consensus did not shrink");
+  }
+  settle(comm, v, "check_power_gossip_contraction");
+  return {ring, torus, comp};
+}
+
+//! Bytes per step through CountingComm<Comm> on Torus2D(P), exact per neighbour:
+//! PowerGossip<2> alternates m x r and n x r projections (plus the vectors), D-PSGD sends
+//! the model, CHOCO top-k 4 + 8k, CHOCO sign 4 + n/8 bytes. Returns this rank's degree.
+template <class Comm>
+std::size_t check_gossip_bytes(Comm& comm) {
+  using namespace commpact;
+  using CC = CountingComm<Comm>;
+  const int P = comm.size();
+  verdict v;
+  GossipMixer<Torus2D, power_gossip<2>, CC> pg{CC{comm}, Torus2D(P), kGossipLayout};
+  GossipMixer<Torus2D, exact_mixing, CC> dp{CC{comm}, Torus2D(P), kGossipLayout};
+  GossipMixer<Torus2D, choco_gossip<choco_topk>, CC> ct{CC{comm}, Torus2D(P), kGossipLayout, {{.density = 0.05}}};
+  GossipMixer<Torus2D, choco_gossip<choco_sign>, CC> cs{CC{comm}, Torus2D(P), kGossipLayout};
+  auto x = rank_model(comm.rank(), 3);
+  std::vector<std::uint64_t> bytes;
+  for (int s = 0; s < 4; ++s) {
+    pg.comm().reset_stats();
+    pg.mix(std::span<float>(x));
+    bytes.push_back(pg.comm().stats().point_to_point_bytes_sent);
+  }
+  dp.mix(std::span<float>(x));
+  ct.mix(std::span<float>(x));
+  cs.mix(std::span<float>(x));
+  // Matrices 12x10, 8x16, 20x6; vectors 10 + 5.
+  const std::uint64_t deg = pg.neighbors().size(), vec = 15, r = 2;
+  const std::uint64_t even = 4 * (r * (10 + 16 + 6) + vec);  // X^T p: m x r
+  const std::uint64_t odd = 4 * (r * (12 + 8 + 20) + vec);   // X d:   n x r
+  const std::uint64_t k = 19;                                // round(0.05 * 383)
+  v.expect(bytes == std::vector<std::uint64_t>{deg * even, deg * odd, deg * even, deg * odd},
+           "PowerGossip bytes per step differ (degree ", deg, ")");
+  v.expect(dp.comm().stats().point_to_point_bytes_sent == deg * 4 * kGossipN, "D-PSGD bytes ",
+           dp.comm().stats().point_to_point_bytes_sent);
+  v.expect(ct.comm().stats().point_to_point_bytes_sent == deg * (4 + 8 * k), "CHOCO top-k bytes ",
+           ct.comm().stats().point_to_point_bytes_sent);
+  v.expect(cs.comm().stats().point_to_point_bytes_sent == deg * (4 + (kGossipN + 7) / 8), "CHOCO sign bytes ",
+           cs.comm().stats().point_to_point_bytes_sent);
+  settle(comm, v, "check_gossip_bytes");
+  return deg;
+}
+
+//! A topology built for another size raises invalid_argument on every rank (before any
+//! communication), naming both sizes.
+template <class Comm>
+void check_gossip_topology_size(Comm& comm) {
+  using namespace commpact;
+  const int P = comm.size();
+  verdict v;
+  std::string what;
+  const int got = throws_as<invalid_argument>(
+      [&] { GossipMixer<Ring, exact_mixing, Comm> m{comm, Ring(P + 1), kGossipLayout}; }, &what);
+  v.expect(got == 1, "Ring(", P + 1, ") on ", P, " ranks: expected invalid_argument, got ", got, ": ", what);
+  v.expect(what.find(std::to_string(P + 1) + " ranks") != std::string::npos &&
+               what.find("communicator has " + std::to_string(P)) != std::string::npos,
+           "message: ", what);
+  settle(comm, v, "check_gossip_topology_size");
+}
+
+//! Ranks that build different mixers (rank P-1 lists the same number of values in other
+//! shapes) all raise mismatch_error at the first mix. Needs P >= 2.
+template <class Comm>
+void check_gossip_mixer_mismatch(Comm& comm) {
+  using namespace commpact;
+  const int P = comm.size();
+  if (P < 2) return;
+  verdict v;
+  const tensor_layout l = comm.rank() == P - 1 ? tensor_layout{{10, 12}} : tensor_layout{{12, 10}};
+  GossipMixer<Ring, power_gossip<1>, Comm> m{comm, Ring(P), l};
+  std::vector<float> x(120, 1.0f);
+  std::string what;
+  const int got = throws_as<mismatch_error>([&] { m.mix(std::span<float>(x)); }, &what);
+  v.expect(got == 1, "expected mismatch_error, got ", got, ": ", what);
+  v.expect(what.find("GossipMixer setup") != std::string::npos, "message: ", what);
+  settle(comm, v, "check_gossip_mixer_mismatch");
+}
+
+}  // namespace commpact_test

@@ -1,0 +1,71 @@
+// commpact-mpi-ranks: 1 2 3 4 8
+// PowerCompressor (PowerSGD) over MpiComm under mpiexec: the same checks as the ThreadComm
+// tests (tests/common/lowrank_checks.hpp): recovery of an exact low-rank mean with results
+// bit-identical on every rank, error feedback and global conservation, exact bytes
+// through CountingComm<MpiComm>, and bad input that raises on every rank without hanging.
+#include <commpact/comm/counting_comm.hpp>
+#include <commpact/comm/mpi_comm.hpp>
+#include <commpact/compress/power.hpp>
+
+#include "common/lowrank_checks.hpp"
+
+using namespace commpact;
+using namespace commpact_test;
+using namespace std::chrono_literals;
+static_assert(Compressor<PowerCompressor<2, MpiComm>>);
+static_assert(Compressor<PowerCompressor<2, CountingComm<MpiComm>>>);
+
+TEST_CASE("MPI: PowerSGD recovers an exact low-rank mean, bit-identical on every rank", "[mpi][power]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  for (int k : {1, 2}) {
+    CAPTURE(k);
+    REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_lowrank_recovery(comm, k); }));
+  }
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_bit_identical(comm); }));
+}
+
+TEST_CASE("MPI: PowerSGD error feedback is exact and conserves the mean", "[mpi][power]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_error_feedback(comm); }));
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_conservation(comm); }));
+}
+
+TEST_CASE("MPI: PowerSGD bytes through CountingComm<MpiComm> follow the ring formula", "[mpi][power]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_bytes(comm); }));
+}
+
+TEST_CASE("MPI: PowerSGD bad input raises on every rank and leaves the communicator usable", "[mpi][power][errors]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    check_power_shape_mismatch(comm);
+    check_power_nonfinite_raises(comm);
+    check_power_error_feedback(comm);  // the communicator still works
+  }));
+}
+
+TEST_CASE("MPI: one rank passes a buffer that does not fit the layout: every rank raises, none hangs",
+          "[mpi][power][errors][failure]") {
+  // Its own MpiComm: mpi_guard marks it failed, and the next test must not meet it.
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  const int P = comm.size(), r = comm.rank(), bad = P - 1;
+  const auto t0 = std::chrono::steady_clock::now();
+  int ok = 0;
+  try {
+    mpi_guard(comm, [&] {
+      PowerCompressor<2, MpiComm> c{comm, kPowerLayout};
+      auto g = normal(r, numel(kPowerLayout) - (r == bad ? 1 : 0));
+      c.reduce(std::span<float>(g));
+    });
+  } catch (const peer_failure& e) {
+    ok = r != bad && std::string(e.what()).find("rank " + std::to_string(bad)) != std::string::npos;
+  } catch (const invalid_argument& e) {
+    ok = r == bad && std::string(e.what()).find(std::to_string(numel(kPowerLayout) - 1)) != std::string::npos;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 5.0);
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(ok == 1);
+  REQUIRE(all == P);
+}

@@ -1,0 +1,71 @@
+// commpact-mpi-ranks: 1 2 3 4 8
+// GossipMixer over MpiComm under mpiexec: the same checks as the ThreadComm tests
+// (tests/common/gossip_checks.hpp), with Ring, Torus2D and Complete built for the MPI
+// world size: D-PSGD, PowerGossip and CHOCO keep the average model to 1e-6 relative and
+// shrink the consensus distance; D-PSGD contracts at least as fast as lambda_2^2 per
+// round; exact bytes per neighbour through CountingComm<MpiComm>; bad input (a
+// topology of another size, ranks that build different mixers) raises on every rank
+// without hanging.
+#include <commpact/comm/mpi_comm.hpp>
+#include <commpact/gossip/gossip_mixer.hpp>
+
+#include "common/gossip_checks.hpp"
+
+using namespace commpact;
+using namespace commpact_test;
+using namespace std::chrono_literals;
+
+TEST_CASE("MPI: gossip preserves the average model: D-PSGD, PowerGossip, CHOCO on ring, torus, complete",
+          "[mpi][gossip]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_average_preserved_all_modes(comm); }));
+}
+
+TEST_CASE("MPI: D-PSGD and PowerGossip shrink the consensus distance", "[mpi][gossip]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  // 6 rounds: on Ring(4) every disagreement mode has |lambda| = 1/3, so the bound holds
+  // with equality in exact arithmetic, and after ~9 rounds the disagreement is so small
+  // that float rounding of the models exceeds the bound's 1e-6 relative slack.
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_dpsgd_contraction(comm, 6); }));
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_gossip_contraction(comm, 20); }));
+}
+
+TEST_CASE("MPI: gossip bytes through CountingComm<MpiComm>: exact message sizes per neighbour", "[mpi][gossip]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_gossip_bytes(comm); }));
+}
+
+TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicator usable", "[mpi][gossip][errors]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    check_gossip_topology_size(comm);
+    check_gossip_mixer_mismatch(comm);
+    check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring after the errors");
+  }));
+}
+
+TEST_CASE("MPI: one rank builds the topology for another size: every rank raises, none hangs",
+          "[mpi][gossip][errors][failure]") {
+  // Its own MpiComm: mpi_guard marks it failed, and the next test must not meet it.
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  const int P = comm.size(), r = comm.rank(), bad = 1 % P;
+  const auto t0 = std::chrono::steady_clock::now();
+  int ok = 0;
+  try {
+    mpi_guard(comm, [&] {
+      GossipMixer<Ring, power_gossip<1>, MpiComm> m{comm, Ring(r == bad ? P + 1 : P), kGossipLayout};
+      auto x = rank_model(r, 1);
+      m.mix(std::span<float>(x));
+    });
+  } catch (const peer_failure& e) {
+    ok = r != bad && std::string(e.what()).find("rank " + std::to_string(bad)) != std::string::npos;
+  } catch (const invalid_argument& e) {
+    ok = r == bad && std::string(e.what()).find(std::to_string(P + 1) + " ranks") != std::string::npos;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(s < 5.0);
+  int all = 0;
+  MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+  CHECK(ok == 1);
+  REQUIRE(all == P);
+}
