@@ -15,19 +15,7 @@ static_assert(Compressor<Dense<ThreadComm>>);
 static_assert(Compressor<Dense<CountingComm<ThreadComm>>>);
 
 namespace {
-// A communicator with collectives only.
-struct CollectivesOnly {
-  int rank() const { return 0; }
-  int size() const { return 1; }
-  template <class T>
-  void allreduce(std::span<T>, reduce_op) {}
-  template <class T>
-  void allgather(std::span<const T>, std::span<T>) {}
-  template <class T>
-  void broadcast(std::span<T>, int) {}
-  void barrier() {}
-  void abort(std::string_view) {}
-};
+// A communicator that misses abort().
 struct NoAbort {
   int rank() const { return 0; }
   int size() const { return 1; }
@@ -38,6 +26,10 @@ struct NoAbort {
   template <class T>
   void broadcast(std::span<T>, int) {}
   void barrier() {}
+};
+// A communicator with collectives only (no point-to-point exchange).
+struct CollectivesOnly : NoAbort {
+  void abort(std::string_view) {}
 };
 struct NoWeights {
   int size() const { return 2; }
