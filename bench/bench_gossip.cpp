@@ -184,8 +184,8 @@ void run_experiment(const std::string& dir, int dpsgd_steps, int max_steps) {
     curves.back().name = "PowerGossip rank 1";
     curves.push_back(run_curve(P, power_gossip<2>{}, budget, max_steps));
     curves.back().name = "PowerGossip rank 2";
-    curves.push_back(tuned_choco(P, choco_topk{.density = 0.01}, "CHOCO top-1%", budget, max_steps));
-    curves.push_back(tuned_choco(P, choco_sign{}, "CHOCO sign", budget, max_steps));
+    curves.push_back(tuned_choco(P, topk_codec{0.01}, "CHOCO top-1%", budget, max_steps));
+    curves.push_back(tuned_choco(P, sign_codec{}, "CHOCO sign", budget, max_steps));
     gp << "set title 'ring of " << P << " ranks'\nplot ";
     for (std::size_t m = 0; m < curves.size(); ++m) {
       const auto& c = curves[m];
@@ -232,9 +232,9 @@ void BM_gossip_ring8(benchmark::State& state, Mode mode) {
 
 BENCHMARK_CAPTURE(BM_gossip_ring8, dpsgd, exact_mixing{})->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_gossip_ring8, powergossip_r1, power_gossip<1>{})->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_gossip_ring8, choco_top1pct, choco_gossip<choco_topk>{{.density = 0.01}, 0.1})
+BENCHMARK_CAPTURE(BM_gossip_ring8, choco_top1pct, choco_gossip<topk_codec>{topk_codec{0.01}, 0.1})
     ->Unit(benchmark::kMillisecond)->UseRealTime();
-BENCHMARK_CAPTURE(BM_gossip_ring8, choco_sign, choco_gossip<choco_sign>{{}, 0.4})->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK_CAPTURE(BM_gossip_ring8, sign_codec, choco_gossip<sign_codec>{{}, 0.4})->Unit(benchmark::kMillisecond)->UseRealTime();
 
 int main(int argc, char** argv) {
   const std::string dir = arg_value(argc, argv, "gossip_out", ".");

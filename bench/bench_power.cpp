@@ -126,7 +126,7 @@ template <int R>
 void BM_PowerSGD_layer(benchmark::State& state) {
   const auto s = kShapes[static_cast<std::size_t>(state.range(0))];
   auto comm = commpact::ThreadComm::make_world(1)[0];
-  commpact::PowerCompressor<R, commpact::ThreadComm> psgd{comm, {s}, {.min_compression_rate = 0.0}};
+  commpact::PowerCompressor<R> psgd{comm, {s}, {.min_compression_rate = 0.0}};
   commpact::Dense<commpact::ThreadComm> dense{comm};
   const auto g = randn(static_cast<std::size_t>(s.numel()), 1);
   auto x = g;
@@ -146,7 +146,7 @@ template <int R>
 void BM_PowerSGD_resnet18(benchmark::State& state) {
   const auto l = resnet18();
   auto comm = commpact::ThreadComm::make_world(1)[0];
-  commpact::PowerCompressor<R, commpact::ThreadComm> psgd{comm, l};
+  commpact::PowerCompressor<R> psgd{comm, l};
   commpact::Dense<commpact::ThreadComm> dense{comm};
   const auto g = randn(psgd.numel(), 2);
   auto x = g;

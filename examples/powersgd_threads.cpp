@@ -68,7 +68,7 @@ int main() {
   std::printf("PowerSGD (rank 2) on %d ranks, %zu parameters\n", kRanks, kParams);
   commpact::run_threads(kRanks, [&](commpact::ThreadComm& comm) {
     using Counted = commpact::CountingComm<commpact::ThreadComm>;
-    commpact::PowerCompressor<2, Counted> psgd{Counted{comm}, kLayout};
+    commpact::PowerCompressor<2> psgd{Counted{comm}, kLayout};
     std::mt19937_64 gen(100 + comm.rank());
     std::vector<float> params(kParams, 0.0f), grad(kParams);
     for (int step = 0; step < kSteps; ++step) {
@@ -79,7 +79,7 @@ int main() {
         std::printf("  step %3d  loss on rank 0's batch %.5f\n", step, loss);
     }
     if (comm.rank() == 0) {
-      const auto sent = psgd.comm().stats().bytes_sent;
+      const auto sent = psgd.comm().target<Counted>()->stats().bytes_sent;
       const auto dense = kSteps * commpact::wire::ring_allreduce(0, kRanks, kParams, 4).bytes_sent;
       std::printf("  rank 0 sent %llu bytes (%zu floats allreduced per step); dense allreduce would send %llu (%.1fx)\n",
                   static_cast<unsigned long long>(sent), psgd.floats_per_step(),

@@ -30,7 +30,7 @@ using commpact::tensor_layout;
 using commpact::tensor_shape;
 
 static_assert(commpact::Compressor<PowerCompressor<1>>);
-static_assert(commpact::Compressor<PowerCompressor<4, commpact::CountingComm<ThreadComm>>>);
+static_assert(commpact::Compressor<PowerCompressor<4>>);
 
 namespace {
 
@@ -125,7 +125,7 @@ TEST_CASE("PowerSGD sends dense before start_step, with zero residual", "[power]
   for (int r = 0; r < P; ++r) in[r] = normal(900 + r, numel(kLayout));
   const auto mean = rank_order_mean(in);
   commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<1, ThreadComm> c{comm, kLayout, {.start_step = 2}};
+    PowerCompressor<1> c{comm, kLayout, {.start_step = 2}};
     for (int s = 0; s < 2; ++s) {
       auto x = in[comm.rank()];
       c.reduce(std::span<float>(x));
@@ -153,7 +153,7 @@ TEST_CASE("PowerSGD on a zero gradient gives zero, no NaN, and recovers afterwar
   for (int r = 0; r < P; ++r) in[r] = low_rank_grad(l, 1, r, 3);
   const auto mean = rank_order_mean(in);
   commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<2, ThreadComm> c{comm, l};
+    PowerCompressor<2> c{comm, l};
     for (int s = 0; s < 2; ++s) {
       std::vector<float> z(static_cast<std::size_t>(l[0].numel()), 0.0f);
       c.reduce(std::span<float>(z));
@@ -177,7 +177,7 @@ TEST_CASE("PowerSGD warm start: repeated input converges; state save/load contin
   std::vector<std::vector<float>> a_out(P), b_out(P);
   std::vector<std::string> errors(P);
   commpact::run_threads(P, [&](ThreadComm& comm) {
-    PowerCompressor<1, ThreadComm> a{comm, l};
+    PowerCompressor<1> a{comm, l};
     auto g = normal(31 + comm.rank(), 620);
     for (int s = 0; s < 3; ++s) {
       auto x = g;
@@ -185,7 +185,7 @@ TEST_CASE("PowerSGD warm start: repeated input converges; state save/load contin
     }
     std::vector<std::byte> state;
     a.save_state(state);
-    PowerCompressor<1, ThreadComm> b{comm, l};
+    PowerCompressor<1> b{comm, l};
     b.load_state(state);
     auto x = g, y = g;
     a.reduce(std::span<float>(x));
@@ -199,7 +199,7 @@ TEST_CASE("PowerSGD warm start: repeated input converges; state save/load contin
     } catch (const commpact::wire_error&) {
       e += "truncated;";
     }
-    PowerCompressor<1, ThreadComm> other{comm, {{20, 30}, {20}}};
+    PowerCompressor<1> other{comm, {{20, 30}, {20}}};
     try {
       other.load_state(state);
     } catch (const commpact::mismatch_error&) {
@@ -216,25 +216,44 @@ TEST_CASE("PowerSGD warm start: repeated input converges; state save/load contin
 TEST_CASE("PowerSGD bad input raises commpact errors that name the value and the way out", "[power][errors]") {
   auto comm = ThreadComm::make_world(1)[0];
   SECTION("no shapes registered") {
-    PowerCompressor<2, ThreadComm> c{comm};
+    PowerCompressor<2> c{comm};
     std::vector<float> g(10);
     CHECK_THROWS_WITH(c.reduce(std::span<float>(g)), Catch::Contains("no tensor shapes registered"));
     CHECK_THROWS_AS(PowerCompressor<2>(comm, tensor_layout{}), commpact::invalid_argument);
   }
   SECTION("buffer length differs from the registered shapes") {
-    PowerCompressor<2, ThreadComm> c{comm, {{10, 20}, {20}}};
+    PowerCompressor<2> c{comm, {{10, 20}, {20}}};
     std::vector<float> g(219);
     CHECK_THROWS_AS(c.reduce(std::span<float>(g)), commpact::invalid_argument);
     CHECK_THROWS_WITH(c.reduce(std::span<float>(g)), Catch::Contains("219") && Catch::Contains("220"));
   }
-  SECTION("rank above min(n, m) for a compressed matrix") {
-    using C4 = PowerCompressor<4, ThreadComm>;
-    CHECK_THROWS_AS(C4(comm, {{3, 100}}, {.min_compression_rate = 0.0}), commpact::invalid_argument);
-    CHECK_THROWS_WITH(C4(comm, {{3, 100}}, {.min_compression_rate = 0.0}),
-                      Catch::Contains("r <= min(n, m)") && Catch::Contains("min_compression_rate"));
-    // With the default rate such a matrix travels dense: no error.
-    C4 ok(comm, {{3, 100}});
-    CHECK_FALSE(ok.is_compressed(0));
+  SECTION("rank above min(n, m) is clamped per tensor, as PyTorch's hook does") {
+    using C4 = PowerCompressor<4>;
+    C4 c(comm, {{3, 100}, {50, 60}}, {.min_compression_rate = 0.0});
+    CHECK(c.is_compressed(0));
+    CHECK(c.rank_of(0) == 3);  // min(4, 3, 100)
+    CHECK(c.rank_of(1) == 4);
+    CHECK(c.floats_per_step() == (3 + 100) * 3 + (50 + 60) * 4);  // sum (n + m) r + dense
+    std::vector<float> g(300 + 3000, 1.0f);
+    CHECK_NOTHROW(c.reduce(std::span<float>(g)));
+    // The run-time rank overrides the template's default.
+    PowerCompressor<2> r1(comm, {{50, 60}}, {.approximation_rank = 1});
+    CHECK(r1.rank() == 1);
+    CHECK(r1.rank_of(0) == 1);
+    CHECK_THROWS_AS(PowerCompressor<2>(comm, {{5, 5}}, {.approximation_rank = -1}), commpact::invalid_argument);
+  }
+  SECTION("compressed only when (n + m) r * rate < n m, strictly (PyTorch's rule)") {
+    // 4 x 4 at rank 1: (4 + 4) * 1 * 2 = 16 = n m, so it is not compressed at rate 2.
+    PowerCompressor<1> eq(comm, {{4, 4}});
+    CHECK_FALSE(eq.is_compressed(0));
+    PowerCompressor<1> below(comm, {{4, 4}}, {.min_compression_rate = 1.99});
+    CHECK(below.is_compressed(0));
+  }
+  SECTION("shapes whose element count overflows raise before allocating") {
+    const std::int64_t big = std::int64_t{1} << 32;
+    CHECK_THROWS_AS(PowerCompressor<1>(comm, {{big, big}}), commpact::invalid_argument);
+    CHECK_THROWS_AS(PowerCompressor<1>(comm, {{std::int64_t{1} << 62, 4}}), commpact::invalid_argument);
+    CHECK_THROWS_WITH(PowerCompressor<1>(comm, {{big, big}}), Catch::Contains("more elements than one buffer"));
   }
   SECTION("empty dimension and bad options") {
     CHECK_THROWS_AS(PowerCompressor<1>(comm, {{0, 5}}), commpact::invalid_argument);
@@ -260,7 +279,7 @@ TEST_CASE("PowerSGD: a non-finite gradient on one rank raises on every rank or s
   SECTION("skip_step keeps the residual and zeroes the gradient") {
     std::vector<int> ok(P, 0);
     commpact::run_threads(P, [&](ThreadComm& comm) {
-      PowerCompressor<1, ThreadComm> c{comm, l, {.on_nonfinite = commpact::nonfinite::skip_step}};
+      PowerCompressor<1> c{comm, l, {.on_nonfinite = commpact::nonfinite::skip_step}};
       auto g = normal(comm.rank() + 10, 130);
       c.reduce(std::span<float>(g));
       auto e0 = std::vector<float>(c.residual(0).begin(), c.residual(0).end());
@@ -287,17 +306,17 @@ TEST_CASE("PowerSGD with nothing worth compressing is a packed dense mean", "[po
   const auto mean = rank_order_mean(in);
   commpact::run_threads(P, [&](ThreadComm& comm) {
     commpact::CountingComm<ThreadComm> counted{comm};
-    PowerCompressor<2, commpact::CountingComm<ThreadComm>> c{counted, l};
+    PowerCompressor<2> c{counted, l};
     auto x = in[comm.rank()];
     c.reduce(std::span<float>(x));
-    c.comm().reset_stats();
+    counted.reset_stats();
     x = in[comm.rank()];
     c.reduce(std::span<float>(x));
     out[comm.rank()] = x;
-    collectives[comm.rank()] = c.comm().stats().collectives;
+    collectives[comm.rank()] = counted.stats().collectives;
     std::vector<std::byte> s;
     c.save_state(s);
-    PowerCompressor<2, commpact::CountingComm<ThreadComm>> d{counted, l};
+    PowerCompressor<2> d{counted, l};
     d.load_state(s);
     state_ok[comm.rank()] = d.steps() == 2 && c.floats_per_step() == 14 && !c.is_compressed(1);
   });
@@ -326,7 +345,7 @@ TEST_CASE("PowerSGD warm start converges to the best rank-r approximation; cold 
   for (bool warm : {true, false}) {
     auto& err = warm ? warm_err : cold_err;
     commpact::run_threads(P, [&](ThreadComm& comm) {
-      PowerCompressor<2, ThreadComm> c{comm, {{n, m}}, {.warm_start = warm}};
+      PowerCompressor<2> c{comm, {{n, m}}, {.warm_start = warm}};
       for (int t = 0; t < T; ++t) {
         std::vector<float> g(G.data(), G.data() + n * m);
         const auto e = c.residual(0);

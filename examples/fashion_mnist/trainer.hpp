@@ -166,7 +166,7 @@ StepFn make_method(const std::string& name, Comm comm, const Options& o, const M
   if (name == "powersgd") {
     commpact::tensor_layout layout;
     for (auto [rows, cols] : model.shapes()) layout.push_back({rows, cols});
-    return drive(commpact::PowerCompressor<2, Comm>{comm, layout, {.start_step = warmup}}, commpact::EveryStep{}, o, n,
+    return drive(commpact::PowerCompressor<2>{comm, layout, {.start_step = warmup}}, commpact::EveryStep{}, o, n,
                  total, rounds);
   }
   if (name == "localsgd")

@@ -6,8 +6,10 @@
 #include "concepts.hpp"
 #include "config.hpp"
 #include "error.hpp"
+#include "state.hpp"
 
 #include "comm/agree.hpp"
+#include "comm/any_comm.hpp"
 #include "comm/counting_comm.hpp"
 #include "comm/thread_comm.hpp"
 #include "comm/tree_comm.hpp"
@@ -20,10 +22,16 @@
 #include "topology/ring.hpp"
 #include "topology/torus.hpp"
 
+#include "compress/allgather.hpp"
+#include "compress/codecs.hpp"
 #include "compress/dense.hpp"
+#include "compress/error_feedback.hpp"
 #include "compress/gtopk.hpp"
+#include "compress/nonfinite.hpp"
 #include "compress/power.hpp"
+#include "compress/sparse_options.hpp"
 #include "compress/sparse_wire.hpp"
+#include "compress/tensor_layout.hpp"
 #include "compress/topk.hpp"
 
 #include "gossip/gossip_mixer.hpp"

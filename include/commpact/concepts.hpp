@@ -19,6 +19,7 @@
 #include <ranges>
 #include <span>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 namespace commpact {
@@ -166,6 +167,141 @@ constexpr bool diagnose_compressor() {
                 "commpact: this type is not a Compressor: it needs `save_state(std::vector<std::byte>&) const` and "
                 "`load_state(std::span<const std::byte>)`.");
   return Compressor<C>;
+}
+
+// ---------------------------------------------------------------------------
+// Codec: what one rank turns its vector into, and back (no ranks involved).
+// ---------------------------------------------------------------------------
+namespace req {
+template <class K>
+concept has_max_encoded_bytes = requires(const K& k, std::size_t n) {
+  { k.max_encoded_bytes(n) } -> std::convertible_to<std::size_t>;
+};
+template <class K>
+concept has_encode = requires(K& k, std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
+  { k.encode(v, msg, approx) } -> std::convertible_to<std::size_t>;
+};
+template <class K>
+concept has_decode_add = requires(const K& k, std::span<const std::byte> msg, std::span<float> acc) {
+  k.decode_add(msg, acc);
+};
+// Optional members a codec may offer; the compressors use them when present.
+template <class K>
+concept codec_has_begin_step = requires(K& k, std::int64_t step) { k.begin_step(step); };
+template <class K>
+concept codec_has_check = requires(const K& k, std::size_t n) {
+  { k.check(n) } -> std::convertible_to<std::string_view>;
+};
+template <class K>
+concept codec_has_agreement = requires(const K& k, std::size_t n) {
+  { k.agreement(n) } -> std::convertible_to<std::int64_t>;
+};
+template <class K>
+concept codec_has_delivered = requires(const K& k) {
+  { k.delivered() } -> std::convertible_to<std::span<const std::int32_t>>;
+};
+}  // namespace req
+
+//! A codec turns a float vector into a message and back, for any rank:
+//! - `max_encoded_bytes(n) const`: the largest message for a vector of n values;
+//! - `encode(v, msg, approx) -> std::size_t`: writes v's message into msg (at least
+//!   max_encoded_bytes(v.size()) bytes) and returns its length; writes into `approx`
+//!   (length n, unless empty) what the receivers will decode, so that error feedback
+//!   keeps v - approx;
+//! - `decode_add(msg, acc) const`: validates a message for a vector of acc.size()
+//!   values (raising commpact::wire_error when it is malformed, before writing) and adds
+//!   what it decodes to acc.
+//! Optional: `begin_step(step)` (schedules), `check(n) -> string` (why n cannot be
+//! encoded; empty when it can), `agreement(n) -> int64` (a value every rank must share,
+//! such as k), `delivered() -> span<const int32_t>` (a sparse codec's delivered indices,
+//! so that error feedback needs no dense pass).
+template <class K>
+concept Codec = std::move_constructible<K> && req::has_max_encoded_bytes<K> && req::has_encode<K> &&
+                req::has_decode_add<K>;
+
+template <class K>
+constexpr bool diagnose_codec() {
+  static_assert(req::has_max_encoded_bytes<K>,
+                "commpact: this type is not a Codec: it needs `std::size_t max_encoded_bytes(std::size_t n) const`.");
+  static_assert(req::has_encode<K>,
+                "commpact: this type is not a Codec: it needs `std::size_t encode(std::span<const float> v, "
+                "std::span<std::byte> msg, std::span<float> approx)`.");
+  static_assert(req::has_decode_add<K>,
+                "commpact: this type is not a Codec: it needs `void decode_add(std::span<const std::byte> msg, "
+                "std::span<float> acc) const`.");
+  static_assert(std::move_constructible<K>, "commpact: this type is not a Codec: it must be move-constructible.");
+  return Codec<K>;
+}
+
+// ---------------------------------------------------------------------------
+// Aggregation: how ranks combine what their codecs produce (CodecCompressor's second part).
+// ---------------------------------------------------------------------------
+namespace req {
+template <class A>
+concept has_blocks = requires(A& a, const A& ca, std::size_t capacity, int r) {
+  typename A::comm_type;
+  { a.block(capacity) } -> std::convertible_to<std::span<std::byte>>;
+  a.exchange();
+  { ca.received(r) } -> std::convertible_to<std::span<const std::byte>>;
+  { ca.sources() } -> std::convertible_to<int>;
+};
+template <class A>
+concept has_aggregation_comm = requires(A& a) {
+  a.comm();
+  requires Communicator<std::remove_cvref_t<decltype(a.comm())>>;
+};
+}  // namespace req
+
+//! An aggregation moves one block per rank: `block(capacity)` is this rank's block to
+//! fill, `exchange()` (collective) delivers, `received(r)` is source r's block, in the
+//! same order on every rank, `sources()` how many there are; `comm()` is its
+//! Communicator (the compressor agrees on sizes through it). Allgather<C> is one.
+template <class A>
+concept Aggregation = req::has_blocks<A> && req::has_aggregation_comm<A>;
+
+template <class A>
+constexpr bool diagnose_aggregation() {
+  static_assert(req::has_blocks<A>,
+                "commpact: this type is not an Aggregation: it needs `comm_type`, `std::span<std::byte> "
+                "block(std::size_t capacity)`, `exchange()`, `std::span<const std::byte> received(int) const` and "
+                "`int sources() const` (write commpact::Allgather<YourComm>).");
+  static_assert(req::has_aggregation_comm<A>,
+                "commpact: this type is not an Aggregation: it needs `comm()` returning its Communicator.");
+  return Aggregation<A>;
+}
+
+// ---------------------------------------------------------------------------
+// TreeSchedule: the exchange pattern of a tree all-reduce (gTopK's merge).
+// ---------------------------------------------------------------------------
+struct tree_step;
+
+namespace req {
+//! A reducer as TreeSchedule::reduce() drives it (tests and gTopK provide one).
+struct tree_reducer_archetype {
+  std::span<const std::byte> payload(const tree_step&);
+  void absorb(const tree_step&, std::span<const std::byte>);
+};
+template <class T>
+concept has_tree_reduce = requires(T& t, tree_reducer_archetype& r, std::vector<std::byte>& buf) { t.reduce(r, buf); };
+}  // namespace req
+
+//! A tree schedule moves variable-length payloads between ranks in the order of a tree
+//! all-reduce: `reduce(reducer, buffer)` asks `reducer.payload(step)` for what to send
+//! and hands what arrives to `reducer.absorb(step, bytes)`; it is also a Communicator
+//! (rank, size, abort...). TreeComm<C> (recursive doubling) is one.
+template <class T>
+concept TreeSchedule = Communicator<T> && req::has_tree_reduce<T>;
+
+template <class T>
+constexpr bool diagnose_tree_schedule() {
+  if constexpr (!Communicator<T>) {
+    return diagnose_communicator<T>();
+  } else {
+    static_assert(req::has_tree_reduce<T>,
+                  "commpact: this type is not a TreeSchedule: it needs `reduce(reducer, std::vector<std::byte>& "
+                  "buffer)` that walks a tree all-reduce (write gTopK<commpact::TreeComm<YourComm>>).");
+    return TreeSchedule<T>;
+  }
 }
 
 // ---------------------------------------------------------------------------

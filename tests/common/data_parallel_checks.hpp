@@ -258,7 +258,7 @@ void check_data_parallel_bytes(Comm& comm) {
   settle(comm, v, "check_data_parallel_bytes");
 }
 
-//! DataParallel with PowerCompressor<2, Comm> (a compressor with error feedback): under
+//! DataParallel with PowerCompressor<2> (a compressor with error feedback): under
 //! EveryStep every step is a gradient round through PowerSGD, and under LocalSgd{3} with
 //! compress_deltas every third step sends the parameter deltas through it; either way
 //! the parameters are identical on every rank after each round, and the compressor ran
@@ -271,7 +271,7 @@ void check_data_parallel_powersgd(Comm& comm) {
   const std::size_t n = 8 * 12 + 5;
   const std::int64_t T = 12;
   auto run = [&](auto policy, data_parallel_options opt, const char* name, std::int64_t want_rounds) {
-    DataParallel dp{PowerCompressor<2, Comm>{comm, layout}, policy, T, opt};
+    DataParallel dp{PowerCompressor<2>{comm, layout}, policy, T, opt};
     Sgd sgd{n, {.momentum = 0.9}};
     auto x = initial_params(n);
     std::vector<float> g(n);

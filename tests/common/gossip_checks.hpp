@@ -133,9 +133,9 @@ void check_average_preserved_all_modes(Comm& comm) {
   check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
   check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
   check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
-  check_average_preserved<Ring>(comm, choco_gossip<choco_topk>{{.density = 0.1}, 0.3}, "CHOCO top-k ring");
-  check_average_preserved<Torus2D>(comm, choco_gossip<choco_sign>{{}, 0.3}, "CHOCO sign torus");
-  check_average_preserved<Complete>(comm, choco_gossip<choco_topk>{{.density = 0.1}, 0.3}, "CHOCO top-k complete");
+  check_average_preserved<Ring>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k ring");
+  check_average_preserved<Torus2D>(comm, choco_gossip<sign_codec>{{}, 0.3}, "CHOCO sign torus");
+  check_average_preserved<Complete>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k complete");
   check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
 }
 
@@ -200,8 +200,8 @@ std::size_t check_gossip_bytes(Comm& comm) {
   verdict v;
   GossipMixer<Torus2D, power_gossip<2>, CC> pg{CC{comm}, Torus2D(P), kGossipLayout};
   GossipMixer<Torus2D, exact_mixing, CC> dp{CC{comm}, Torus2D(P), kGossipLayout};
-  GossipMixer<Torus2D, choco_gossip<choco_topk>, CC> ct{CC{comm}, Torus2D(P), kGossipLayout, {{.density = 0.05}}};
-  GossipMixer<Torus2D, choco_gossip<choco_sign>, CC> cs{CC{comm}, Torus2D(P), kGossipLayout};
+  GossipMixer<Torus2D, choco_gossip<topk_codec>, CC> ct{CC{comm}, Torus2D(P), kGossipLayout, {topk_codec{0.05}}};
+  GossipMixer<Torus2D, choco_gossip<sign_codec>, CC> cs{CC{comm}, Torus2D(P), kGossipLayout};
   auto x = rank_model(comm.rank(), 3);
   std::vector<std::uint64_t> bytes;
   for (int s = 0; s < 4; ++s) {
@@ -221,7 +221,7 @@ std::size_t check_gossip_bytes(Comm& comm) {
            "PowerGossip bytes per step differ (degree ", deg, ")");
   v.expect(dp.comm().stats().point_to_point_bytes_sent == deg * 4 * kGossipN, "D-PSGD bytes ",
            dp.comm().stats().point_to_point_bytes_sent);
-  v.expect(ct.comm().stats().point_to_point_bytes_sent == deg * (4 + 8 * k), "CHOCO top-k bytes ",
+  v.expect(ct.comm().stats().point_to_point_bytes_sent == deg * (8 * k), "CHOCO top-k bytes ",
            ct.comm().stats().point_to_point_bytes_sent);
   v.expect(cs.comm().stats().point_to_point_bytes_sent == deg * (4 + (kGossipN + 7) / 8), "CHOCO sign bytes ",
            cs.comm().stats().point_to_point_bytes_sent);

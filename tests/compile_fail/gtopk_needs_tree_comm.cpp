@@ -1,5 +1,6 @@
-// expect: commpact::gTopK needs a tree communicator: write gTopK<commpact::TreeComm<YourComm>>
-// gTopK over a plain communicator (not seen through a TreeComm) stops with one sentence.
+// expect: this type is not a TreeSchedule: it needs `reduce\(reducer, std::vector<std::byte>& buffer\)`
+// gTopK over a plain communicator (not seen through a tree schedule such as TreeComm)
+// stops with one sentence.
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/gtopk.hpp>
 

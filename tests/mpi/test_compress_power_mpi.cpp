@@ -12,8 +12,8 @@
 using namespace commpact;
 using namespace commpact_test;
 using namespace std::chrono_literals;
-static_assert(Compressor<PowerCompressor<2, MpiComm>>);
-static_assert(Compressor<PowerCompressor<2, CountingComm<MpiComm>>>);
+static_assert(Compressor<PowerCompressor<2>>);
+static_assert(Compressor<PowerCompressor<2>>);
 
 TEST_CASE("MPI: PowerSGD recovers an exact low-rank mean, bit-identical on every rank", "[mpi][power]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
@@ -53,7 +53,7 @@ TEST_CASE("MPI: one rank passes a buffer that does not fit the layout: every ran
   int ok = 0;
   try {
     mpi_guard(comm, [&] {
-      PowerCompressor<2, MpiComm> c{comm, kPowerLayout};
+      PowerCompressor<2> c{comm, kPowerLayout};
       auto g = normal(r, numel(kPowerLayout) - (r == bad ? 1 : 0));
       c.reduce(std::span<float>(g));
     });

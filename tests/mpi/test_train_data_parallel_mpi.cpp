@@ -37,7 +37,7 @@ TEST_CASE("MPI: bytes through CountingComm<MpiComm> follow the ring formula", "[
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_data_parallel_bytes(comm); }));
 }
 
-TEST_CASE("MPI: DataParallel with PowerCompressor<2, MpiComm> keeps every rank identical",
+TEST_CASE("MPI: DataParallel with PowerCompressor<2> keeps every rank identical",
           "[mpi][data_parallel][compress]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_data_parallel_powersgd(comm); }));

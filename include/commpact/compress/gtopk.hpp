@@ -1,6 +1,8 @@
 #pragma once
 //! \file gtopk.hpp
-//! gTopK<TreeComm<C>>: gTop-k S-SGD (Shi et al., ICDCS 2019) with error feedback.
+//! gTopK<Tree>: gTop-k S-SGD (Shi et al., ICDCS 2019) with error feedback, over any
+//! TreeSchedule (concepts.hpp); TreeComm<C>, recursive doubling for any P, is the one
+//! commpact ships.
 //!
 //! \code
 //! commpact::gTopK<commpact::TreeComm<commpact::ThreadComm>> reducer{comm, {.density = 0.001}};
@@ -42,10 +44,12 @@
 //! call comm.abort() and raise wire_error; the others raise peer_failure.
 
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -54,29 +58,27 @@
 #include "../error.hpp"
 #include "../kernels/host/sparse_merge.hpp"
 #include "../kernels/host/topk.hpp"
+#include "error_feedback.hpp"
+#include "sparse_options.hpp"
 #include "sparse_wire.hpp"
-#include "topk.hpp"
 
 namespace commpact {
 
-//! gTopK is defined for TreeComm<C> only; this primary template says so.
+//! gTop-k over any TreeSchedule (TreeComm<C> is one).
 template <class Tree>
 class gTopK {
-  static_assert(sizeof(Tree) == 0,
-                "commpact::gTopK needs a tree communicator: write gTopK<commpact::TreeComm<YourComm>>.");
-};
+  static_assert(diagnose_tree_schedule<Tree>());
 
-template <class C>
-class gTopK<TreeComm<C>> {
-  // C's point-to-point requirement is checked once, by TreeComm<C> (one sentence).
  public:
   using options = sparse_options;
-  using tree_type = TreeComm<C>;
-  static constexpr std::uint16_t state_kind = 2;
+  using tree_type = Tree;
 
   explicit gTopK(tree_type tree, options opt = {}) : tree_(std::move(tree)), opt_(std::move(opt)) {
     detail::validate_sparse_options(opt_, "gTopK");
   }
+  //! Builds the tree schedule from a communicator: gTopK<TreeComm<C>>{comm, opt}.
+  template <class C>
+    requires(!std::same_as<std::remove_cvref_t<C>, tree_type> && std::constructible_from<tree_type, C>)
   explicit gTopK(C comm, options opt = {}) : gTopK(tree_type(std::move(comm)), std::move(opt)) {}
 
   //! Replaces grad by G / P, identical on every rank. Returns false when the step was
@@ -85,7 +87,8 @@ class gTopK<TreeComm<C>> {
     const int P = tree_.size();
     const auto n = static_cast<std::int64_t>(grad.size());
     k_ = detail::k_at(opt_, steps_, n);
-    std::string problem = detail::local_problem("gTopK", n, k_, ef_.size());
+    std::string problem = detail::sparse_problem("gTopK", n, k_);
+    if (problem.empty()) problem = detail::length_problem("gTopK", n, ef_.size());
 
     cur_ = {};
     cur_.n_min = cur_.n_max = n;
@@ -97,7 +100,6 @@ class gTopK<TreeComm<C>> {
       cur_.flags = sparse_wire::flag_failed;
     } else {
       setup(n);
-      ef_.ensure(static_cast<std::size_t>(n), opt_.momentum > 0.0f);
       if (!ef_.accumulate(grad, opt_.momentum, detail::clip_scale(grad, opt_.clip_norm, P))) {
         cur_.flags = sparse_wire::flag_nonfinite;
       } else {
@@ -123,27 +125,31 @@ class gTopK<TreeComm<C>> {
                                        "]; every rank must use the same options and step count."));
     if (cur_.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem, steps_);
     if (cur_.flags & sparse_wire::flag_nonfinite) {
-      detail::end_nonfinite_step(opt_.on_nonfinite, "gTopK", ", or a merged sum overflowed", grad, steps_, skipped_);
+      detail::end_nonfinite_step(opt_.on_nonfinite, "gTopK::reduce",
+                                 "gradient (with its residual) of some rank, or a merged sum,", static_cast<std::size_t>(-1),
+                                 steps_, grad);
+      ++steps_, ++skipped_;
       return false;
     }
 
     std::fill(grad.begin(), grad.end(), 0.0f);
     const auto fP = static_cast<float>(P);
     for (std::size_t j = 0; j < cur_count_; ++j) grad[static_cast<std::size_t>(cur_idx_[j])] = cur_val_[j] / fP;
-    ef_.commit([&](auto&& zero) {
-      for (std::size_t j = 0; j < mine_count_; ++j)
-        if (mine_alive_[j]) zero(mine_idx_[j]);
-    });
+    ef_.commit();
+    for (std::size_t j = 0; j < mine_count_; ++j)
+      if (mine_alive_[j]) ef_.clear_delivered(mine_idx_[j]);
     last_count_ = cur_count_;
     ++steps_;
     return true;
   }
 
-  void save_state(std::vector<std::byte>& out) const { ef_.save(out, state_kind, steps_, skipped_); }
+  //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
+  void save_state(std::vector<std::byte>& out) const {
+    save_feedback_state(out, "commpact.gTopK", ef_, steps_, skipped_);
+  }
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    auto [s, k] = ef_.load(in, state_kind, opt_.momentum > 0.0f, "gTopK");
-    steps_ = s;
-    skipped_ = k;
+    load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f, ef_, steps_, skipped_);
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() { ef_.clear(); }
@@ -168,6 +174,7 @@ class gTopK<TreeComm<C>> {
     add(mine_alive_), add(extra_idx_), add(extra_alive_), add(send_);
     s.emplace_back(ws_.data(), ws_.capacity_bytes());
     s.emplace_back(mws_.data(), mws_.capacity_bytes());
+    ef_.add_signature(s);
     std::sort(s.begin(), s.end());  // cur/out buffers swap roles at every merge
     return s;
   }
@@ -293,7 +300,7 @@ class gTopK<TreeComm<C>> {
 
   tree_type tree_;
   options opt_;
-  detail::error_feedback ef_;
+  error_feedback ef_;
   host::topk_workspace ws_;
   host::merge_workspace mws_;
   sparse_wire::header cur_{};  // flags and ranges of the current (subtree) set

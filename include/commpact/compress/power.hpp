@@ -1,15 +1,15 @@
 #pragma once
 //! \file power.hpp
-//! PowerCompressor<Rank, Comm>: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019),
-//! rank-`Rank` gradient compression by one step of subspace iteration per step, with
-//! error feedback and warm start, over any Communicator with allreduce.
+//! PowerCompressor<Rank>: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019),
+//! low-rank gradient compression by one step of subspace iteration per step, with error
+//! feedback and warm start, over any Communicator (bound at construction; the type names
+//! no communicator, as the design card writes it).
 //!
-//! The user describes the flat gradient buffer as a list of tensors, each a row-major
-//! matrix `rows x cols` (a conv weight is `out x in*kh*kw`; a bias is `{n}`):
+//! The user describes the flat gradient buffer as a list of tensors (tensor_layout.hpp):
 //!
 //! \code
 //! std::vector<commpact::tensor_shape> layout = {{64, 3 * 7 * 7}, {64}, {10, 512}, {10}};
-//! commpact::PowerCompressor<2, commpact::ThreadComm> psgd{comm, layout};
+//! commpact::PowerCompressor<2> psgd{comm, layout};        // comm: ThreadComm, MpiComm, CountingComm<...>
 //! for (...) {
 //!   backward(grads);                 // grads: one flat float buffer, tensors in layout order
 //!   psgd.reduce(std::span(grads));   // grads = the same rank-2 estimate of the mean on every rank
@@ -17,84 +17,60 @@
 //! }
 //! \endcode
 //!
+//! `Rank` is the default approximation rank; `options::approximation_rank` overrides it
+//! at run time (PyTorch's matrix_approximation_rank). As in PyTorch's hook, the rank is
+//! clamped per tensor to r = min(rank, n, m), and an n x m matrix is compressed only when
+//! (n + m) r * min_compression_rate < n m (strictly); vectors and other matrices travel
+//! uncompressed.
+//!
 //! Per step, for each compressed matrix with error-compensated gradient M = g + e
 //! (n x m) and warm-start factor Q (m x r):
 //!   P = M Q; allreduce-sum P; orthonormalise the columns of P; Q = M^T P;
 //!   allreduce-mean Q; approximation A = P Q^T; e = M - A; g = A.
-//! All P of all matrices travel in one allreduce, all Q in one; vectors (biases) and
-//! matrices whose compression rate n m / ((n + m) r) is below `min_compression_rate`
-//! travel uncompressed in one packed allreduce (mean). So a step costs at most three
-//! allreduces, of sum (n + m) r, sum (n + m) r and the dense element count.
+//! All P of all matrices travel in one allreduce, all Q in one, the uncompressed tensors
+//! in a third (mean): sum (n + m) r, sum (n + m) r and the dense element count.
 //! Before `start_step` the whole buffer is allreduced dense and the residual stays 0.
 //!
 //! Every rank gets bit-identical results: A is computed from the allreduced P and Q
 //! only, the orthonormalisation is a fixed-order loop (kernels/host/orthogonalize.hpp)
 //! and the first Q is drawn from a seed shared by all ranks. A Q column that is exactly
-//! zero after a step (the layer's gradient was zero everywhere) is redrawn at the next
-//! step, so a layer never stays stuck at zero.
+//! zero after a step is redrawn at the next step, so a layer never stays stuck at zero.
+//! A step that raises changes nothing (residual, Q, counters); a skipped step keeps the
+//! residual and Q and counts as skipped.
 
 #include <Eigen/Core>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <new>
 #include <span>
+#include <stdexcept>
 #include <utility>
 #include <vector>
 
 #include "../comm/agree.hpp"
-#include "../comm/thread_comm.hpp"
+#include "../comm/any_comm.hpp"
 #include "../concepts.hpp"
+#include "../detail/hash.hpp"
 #include "../error.hpp"
 #include "../kernels/host/orthogonalize.hpp"
-#include "dense.hpp"
+#include "../state.hpp"
+#include "error_feedback.hpp"
+#include "nonfinite.hpp"
+#include "tensor_layout.hpp"
 
 namespace commpact {
 
-//! Shape of one tensor in a flat buffer: a row-major `rows x cols` matrix. A vector
-//! (bias) is `{n}` (cols = 1) or `{1, n}`. Flatten conv weights as `out x in*kh*kw`.
-struct tensor_shape {
-  std::int64_t rows = 0;
-  std::int64_t cols = 1;
-
-  std::int64_t numel() const { return rows * cols; }
-  bool is_vector() const { return rows == 1 || cols == 1; }
-  bool operator==(const tensor_shape&) const = default;
-};
-
-using tensor_layout = std::vector<tensor_shape>;
-
-namespace detail {
-inline std::int64_t layout_numel(const tensor_layout& l) {
-  std::int64_t n = 0;
-  for (const auto& s : l) n += s.numel();
-  return n;
-}
-//! FNV-1a over 64-bit words, folded to 62 bits (require_same negates the value).
-inline std::int64_t hash_words(std::span<const std::int64_t> w) {
-  std::uint64_t h = 1469598103934665603ull;
-  for (auto x : w) {
-    auto u = static_cast<std::uint64_t>(x);
-    for (int b = 0; b < 8; ++b) {
-      h ^= (u >> (8 * b)) & 0xffu;
-      h *= 1099511628211ull;
-    }
-  }
-  return static_cast<std::int64_t>(h & ((1ull << 62) - 1));
-}
-inline void check_layout(const tensor_layout& l, const char* who) {
-  for (std::size_t i = 0; i < l.size(); ++i) {
-    require(l[i].rows >= 1 && l[i].cols >= 1, who, ": tensor ", i, " has shape ", l[i].rows, " x ", l[i].cols,
-            "; every dimension must be >= 1 (drop empty tensors from the layout).");
-  }
-}
-}  // namespace detail
-
 struct power_options {
-  //! A matrix is compressed when n m / ((n + m) Rank) >= this; otherwise (and for every
-  //! vector) it is allreduced uncompressed. PyTorch's hook uses 2.
+  //! The approximation rank; 0 takes the class's `Rank`. Clamped per tensor to min(n, m).
+  int approximation_rank = 0;
+  //! A matrix is compressed when (n + m) r * min_compression_rate < n m (PyTorch's
+  //! rule); otherwise (and for every vector) it is allreduced uncompressed. PyTorch's
+  //! hook uses 2.
   double min_compression_rate = 2.0;
   //! Steps 0 .. start_step-1 are allreduced dense (PyTorch's hook uses 1000).
   std::int64_t start_step = 0;
@@ -106,11 +82,10 @@ struct power_options {
   nonfinite on_nonfinite = nonfinite::raise;
 };
 
-//! PowerSGD over Comm. `Rank` is the rank r of the approximation (1, 2, 4 are usual).
-template <int Rank, class Comm = ThreadComm>
+//! PowerSGD with default approximation rank `Rank` (1, 2, 4 are usual).
+template <int Rank = 1>
 class PowerCompressor {
   static_assert(Rank >= 1, "commpact::PowerCompressor<Rank>: Rank must be >= 1.");
-  static_assert(diagnose_communicator<Comm>());
 
   using fvec = std::vector<float, Eigen::aligned_allocator<float>>;
   using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -118,60 +93,66 @@ class PowerCompressor {
 
  public:
   using options = power_options;
-  static constexpr int approximation_rank = Rank;
+  static constexpr int default_rank = Rank;
 
-  //! Registers the layout; reduce() needs one (see set_layout()).
-  explicit PowerCompressor(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) { check_options(); }
-  PowerCompressor(Comm comm, tensor_layout layout, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
+  //! Binds to `comm` (any Communicator, wrapped in any_communicator); reduce() needs a
+  //! layout (set_layout()).
+  explicit PowerCompressor(any_communicator comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
+    check_options();
+  }
+  PowerCompressor(any_communicator comm, tensor_layout layout, options opt = {})
+      : comm_(std::move(comm)), opt_(opt) {
     check_options();
     set_layout(std::move(layout));
   }
 
   //! Registers the tensors of the flat buffer, in order. Resets the state.
   void set_layout(tensor_layout layout) {
-    detail::check_layout(layout, "commpact::PowerCompressor::set_layout");
-    require(!layout.empty(),
-            "commpact::PowerCompressor::set_layout: the layout is empty; list the shapes of the tensors in the flat "
-            "gradient buffer.");
-    layout_ = std::move(layout);
-    entries_.clear();
+    const std::int64_t total = detail::check_layout(layout, "commpact::PowerCompressor::set_layout");
+    std::vector<entry> entries;
     std::size_t off = 0, p = 0, q = 0, e = 0, d = 0;
-    for (std::size_t i = 0; i < layout_.size(); ++i) {
-      const auto& s = layout_[i];
+    for (const auto& s : layout) {
       entry en;
       en.offset = off;
       en.rows = static_cast<std::size_t>(s.rows);
       en.cols = static_cast<std::size_t>(s.cols);
-      const double rate = static_cast<double>(s.rows) * static_cast<double>(s.cols) /
-                          (static_cast<double>(s.rows + s.cols) * Rank);
-      en.compressed = !s.is_vector() && rate >= opt_.min_compression_rate;
+      en.r = static_cast<std::size_t>(std::min<std::int64_t>(rank(), std::min(s.rows, s.cols)));
+      const double dense = static_cast<double>(s.rows) * static_cast<double>(s.cols);
+      const double low = static_cast<double>(s.rows + s.cols) * static_cast<double>(en.r);
+      en.compressed = !s.is_vector() && low * opt_.min_compression_rate < dense;
       if (en.compressed) {
-        require(Rank <= std::min(s.rows, s.cols), "commpact::PowerCompressor<", Rank, ">: tensor ", i, " (", s.rows,
-                " x ", s.cols, ") would be compressed to rank ", Rank, " > min(n, m) = ", std::min(s.rows, s.cols),
-                "; a rank-r factorisation needs r <= min(n, m). Lower Rank, or raise min_compression_rate "
-                "(currently ", opt_.min_compression_rate, ") so that this tensor travels uncompressed.");
         en.p_off = p;
         en.q_off = q;
         en.e_off = e;
-        p += en.rows * Rank;
-        q += en.cols * Rank;
+        p += en.rows * en.r;
+        q += en.cols * en.r;
         e += en.rows * en.cols;
       } else {
         en.d_off = d;
         d += en.rows * en.cols;
       }
       off += en.rows * en.cols;
-      entries_.push_back(en);
+      entries.push_back(en);
     }
-    total_ = off;
-    p_.assign(p, 0.0f);
-    q_.assign(q, 0.0f);
-    residual_.assign(e, 0.0f);
-    dense_.assign(d, 0.0f);
+    try {
+      p_.assign(p, 0.0f);
+      q_.assign(q, 0.0f);
+      q_next_.assign(q, 0.0f);
+      dense_.assign(d, 0.0f);
+    } catch (const std::exception&) {
+      throw invalid_argument(detail::cat("commpact::PowerCompressor::set_layout: cannot allocate the factors of a "
+                                         "layout of ", total, " elements (", p + q, " factor and ", d,
+                                         " dense floats); check the shapes."));
+    }
+    layout_ = std::move(layout);
+    entries_ = std::move(entries);
+    total_ = static_cast<std::size_t>(total);
+    compressed_ = e;
+    ef_.clear();
     q_ready_ = false;
     steps_ = skipped_ = 0;
     checked_ = false;
-    std::vector<std::int64_t> words = {Rank, static_cast<std::int64_t>(layout_.size()), opt_.start_step,
+    std::vector<std::int64_t> words = {rank(), static_cast<std::int64_t>(layout_.size()), opt_.start_step,
                                        static_cast<std::int64_t>(opt_.seed), opt_.warm_start ? 1 : 0,
                                        static_cast<std::int64_t>(opt_.on_nonfinite)};
     std::int64_t rate_bits;
@@ -184,8 +165,8 @@ class PowerCompressor {
     layout_hash_ = detail::hash_words(words);
   }
 
-  //! Replaces grad by the rank-Rank PowerSGD estimate of the mean gradient, identical
-  //! on every rank. Returns false when the step was skipped (non-finite gradient with
+  //! Replaces grad by the low-rank PowerSGD estimate of the mean gradient, identical on
+  //! every rank. Returns false when the step was skipped (non-finite gradient with
   //! nonfinite::skip_step: grad is zeroed, the residual and Q are kept).
   bool reduce(std::span<float> grad) {
     require(!layout_.empty(),
@@ -197,66 +178,72 @@ class PowerCompressor {
             "buffer.");
     if (!checked_) {
       require_same(comm_, layout_hash_,
-                   "the PowerCompressor layout (a hash of Rank, the shapes in order and the options; register the "
+                   "the PowerCompressor layout (a hash of the rank, the shapes in order and the options; register the "
                    "same shapes and options on every rank)");
       checked_ = true;
     }
-    const std::int64_t step = steps_++;
-    if (step < opt_.start_step) return dense_step(grad);
-    return compressed_step(grad, step);
+    const bool ok = steps_ < opt_.start_step ? dense_step(grad) : compressed_step(grad);
+    ++steps_;
+    if (!ok) ++skipped_;
+    return ok;
   }
 
+  //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
-    const std::int64_t head[8] = {magic, 1, layout_hash_, steps_, skipped_, q_ready_ ? 1 : 0,
-                                  static_cast<std::int64_t>(residual_.size()), static_cast<std::int64_t>(q_.size())};
-    append(out, head, sizeof(head));
-    append(out, residual_.data(), residual_.size() * sizeof(float));
-    append(out, q_.data(), q_.size() * sizeof(float));
+    state::writer w{out, "commpact.PowerCompressor"};
+    w.i64s(1, std::array<std::int64_t, 4>{steps_, skipped_, q_ready_ ? 1 : 0, layout_hash_});
+    ef_.save(w);
+    w.f32s(12, std::span<const float>(q_.data(), q_.size()));
+    w.finish();
   }
 
+  //! Restores what save_state wrote into a compressor with the same layout and options;
+  //! raises (mismatch_error for another layout, wire_error for a corrupted state) and
+  //! changes nothing on failure.
   void load_state(std::span<const std::byte> in) {
-    std::int64_t head[8];
-    require<wire_error>(in.size() >= sizeof(head), "commpact::PowerCompressor::load_state: ", in.size(),
-                        " bytes cannot hold the ", sizeof(head), "-byte header; pass what save_state() wrote.");
-    std::memcpy(head, in.data(), sizeof(head));
-    require<wire_error>(head[0] == magic && head[1] == 1,
-                        "commpact::PowerCompressor::load_state: not a PowerCompressor state (bad magic or version); "
-                        "pass what save_state() wrote.");
-    require<mismatch_error>(head[2] == layout_hash_,
-                            "commpact::PowerCompressor::load_state: the state was saved with a different layout, "
-                            "Rank or options (hash ", head[2], ", this compressor has ", layout_hash_,
-                            "); register the same shapes and options before loading.");
-    const auto ne = static_cast<std::size_t>(head[6]), nq = static_cast<std::size_t>(head[7]);
-    require<wire_error>(head[6] >= 0 && head[7] >= 0 && ne == residual_.size() && nq == q_.size() &&
-                            in.size() == sizeof(head) + (ne + nq) * sizeof(float),
-                        "commpact::PowerCompressor::load_state: ", in.size(), " bytes with ", head[6],
-                        " residual and ", head[7], " Q values do not match this layout (", residual_.size(), " and ",
-                        q_.size(), "); the state is truncated or from another layout.");
-    if (ne) std::memcpy(residual_.data(), in.data() + sizeof(head), ne * sizeof(float));
-    if (nq) std::memcpy(q_.data(), in.data() + sizeof(head) + ne * sizeof(float), nq * sizeof(float));
-    steps_ = head[3];
-    skipped_ = head[4];
-    q_ready_ = head[5] != 0;
+    state::reader r{in, "commpact.PowerCompressor", "PowerCompressor"};
+    const auto c = r.i64s(1, 4);
+    r.require_that<mismatch_error>(c[3] == layout_hash_, "the state was saved with a different layout, rank or "
+                                   "options (hash ", c[3], ", this compressor has ", layout_hash_,
+                                   "); register the same shapes and options before loading.");
+    r.require_that<wire_error>(c[0] >= 0 && c[1] >= 0 && c[1] <= c[0] && (c[2] == 0 || c[2] == 1), "counters steps = ",
+                               c[0], ", skipped = ", c[1], ", q_ready = ", c[2], " are out of range; the state is "
+                               "corrupted.");
+    auto l = error_feedback::load(r, state::reader::npos, false);
+    r.require_that<wire_error>(l.residual.empty() || l.residual.size() == compressed_, "the residual holds ",
+                               l.residual.size(), " values, this layout compresses ", compressed_, ".");
+    auto q = r.f32s(12, q_.size());
+    r.done();
+    ef_.install(std::move(l));
+    std::copy(q.begin(), q.end(), q_.begin());
+    steps_ = c[0];
+    skipped_ = c[1];
+    q_ready_ = c[2] != 0;
   }
 
   // ---- inspection -----------------------------------------------------------------
   const tensor_layout& layout() const { return layout_; }
-  //! True when tensor i travels as rank-Rank factors (false: dense).
+  //! The approximation rank before clamping (options or Rank).
+  int rank() const { return opt_.approximation_rank > 0 ? opt_.approximation_rank : Rank; }
+  //! The rank of tensor i after clamping to min(n, m) (0 for tensors sent dense).
+  std::size_t rank_of(std::size_t i) const { return entries_.at(i).compressed ? entries_.at(i).r : 0; }
+  //! True when tensor i travels as low-rank factors (false: dense).
   bool is_compressed(std::size_t i) const { return entries_.at(i).compressed; }
-  //! Error-feedback residual of tensor i (empty for dense tensors), row-major.
+  //! Error-feedback residual of tensor i (empty for dense tensors and before the first
+  //! compressed step), row-major.
   std::span<const float> residual(std::size_t i) const {
     const auto& en = entries_.at(i);
-    if (!en.compressed) return {};
-    return {residual_.data() + en.e_off, en.rows * en.cols};
+    if (!en.compressed || ef_.residual().empty()) return {};
+    return ef_.residual().subspan(en.e_off, en.rows * en.cols);
   }
-  //! Warm-start factor Q of tensor i (cols x Rank, column-major; empty for dense tensors).
+  //! Warm-start factor Q of tensor i (cols x r, column-major; empty for dense tensors).
   std::span<const float> q_factor(std::size_t i) const {
     const auto& en = entries_.at(i);
     if (!en.compressed) return {};
-    return {q_.data() + en.q_off, en.cols * Rank};
+    return {q_.data() + en.q_off, en.cols * en.r};
   }
-  //! Floats allreduced per compressed step: sum (n + m) Rank over compressed matrices
-  //! plus the dense elements. Bytes = 4 x this.
+  //! Floats allreduced per compressed step: sum (n + m) r over compressed matrices plus
+  //! the dense elements. Bytes = 4 x this.
   std::size_t floats_per_step() const { return p_.size() + q_.size() + dense_.size(); }
   std::size_t p_floats() const { return p_.size(); }
   std::size_t q_floats() const { return q_.size(); }
@@ -265,24 +252,18 @@ class PowerCompressor {
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   const options& opts() const { return opt_; }
-  Comm& comm() { return comm_; }
+  any_communicator& comm() { return comm_; }
 
  private:
-  static constexpr std::int64_t magic = 0x3144475350574f50;  // "POWPSGD1"
-
   struct entry {
-    std::size_t offset = 0, rows = 0, cols = 0;
+    std::size_t offset = 0, rows = 0, cols = 0, r = 0;
     bool compressed = false;
     std::size_t p_off = 0, q_off = 0, e_off = 0, d_off = 0;
   };
 
-  static void append(std::vector<std::byte>& out, const void* p, std::size_t n) {
-    if (n == 0) return;
-    const auto* b = static_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-
   void check_options() const {
+    require(opt_.approximation_rank >= 0, "commpact::PowerCompressor: approximation_rank = ", opt_.approximation_rank,
+            " must be >= 1, or 0 to use the class's Rank.");
     require(std::isfinite(opt_.min_compression_rate) && opt_.min_compression_rate >= 0,
             "commpact::PowerCompressor: min_compression_rate = ", opt_.min_compression_rate,
             " must be a finite value >= 0 (0 compresses every matrix; 2 is PyTorch's default).");
@@ -290,99 +271,79 @@ class PowerCompressor {
             " must be >= 0 (0 compresses from the first step).");
   }
 
-  bool nonfinite_found(std::span<const float> v, const char* what) {
-    std::size_t bad = v.size();
-    for (std::size_t i = 0; i < v.size(); ++i)
-      if (!std::isfinite(v[i])) {
-        bad = i;
-        break;
-      }
-    if (bad == v.size()) return false;
-    if (opt_.on_nonfinite == nonfinite::raise)
-      throw numeric_error(detail::cat("commpact::PowerCompressor::reduce: the allreduced ", what,
-                                      " is not finite at index ", bad,
-                                      " (some rank passed NaN or Inf; every rank raises this error). Fix the "
-                                      "gradient, or set on_nonfinite = nonfinite::skip_step to drop such steps."));
-    return true;
-  }
-
-  bool skip(std::span<float> grad) {
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    ++skipped_;
-    return false;
+  //! False when v holds NaN/Inf and the step is skipped; raises under nonfinite::raise.
+  bool finite_or_end(std::span<const float> v, const char* what, std::span<float> grad) {
+    const std::size_t bad = detail::first_nonfinite(v);
+    if (bad == v.size()) return true;
+    return detail::end_nonfinite_step(opt_.on_nonfinite, "PowerCompressor::reduce", what, bad, steps_, grad);
   }
 
   bool dense_step(std::span<float> grad) {
-    comm_.allreduce(grad, reduce_op::sum);
-    if (nonfinite_found(grad, "dense gradient")) return skip(grad);
-    const float inv = 1.0f / static_cast<float>(comm_.size());
-    for (auto& x : grad) x *= inv;
-    return true;
+    return mean_allreduce(comm_, grad, opt_.on_nonfinite, "PowerCompressor::reduce", "allreduced dense gradient",
+                          steps_);
   }
 
-  void init_q(std::int64_t step) {
+  //! q_next_ = the Q this step starts from: the warm start, or drawn from the seed.
+  void start_q() {
+    const std::uint64_t step = static_cast<std::uint64_t>(steps_);
     for (std::size_t t = 0; t < entries_.size(); ++t) {
       const auto& en = entries_[t];
       if (!en.compressed) continue;
-      float* q = q_.data() + en.q_off;
+      float* q = q_next_.data() + en.q_off;
       if (!q_ready_ || !opt_.warm_start) {
-        const std::uint64_t salt = opt_.warm_start ? ~0ull : static_cast<std::uint64_t>(step);
-        host::fill_gaussian({q, en.cols * Rank}, host::mix_seed(opt_.seed, t, salt));
+        const std::uint64_t salt = opt_.warm_start ? ~0ull : step;
+        host::fill_gaussian({q, en.cols * en.r}, host::mix_seed(opt_.seed, t, salt));
         continue;
       }
-      for (std::size_t j = 0; j < static_cast<std::size_t>(Rank); ++j) {
+      std::copy_n(q_.data() + en.q_off, en.cols * en.r, q);
+      for (std::size_t j = 0; j < en.r; ++j)
         if (host::column_is_zero(q, en.cols, j, en.cols))
-          host::fill_gaussian({q + j * en.cols, en.cols},
-                              host::mix_seed(opt_.seed, t, static_cast<std::uint64_t>(step), j + 1));
-      }
+          host::fill_gaussian({q + j * en.cols, en.cols}, host::mix_seed(opt_.seed, t, step, j + 1));
     }
-    q_ready_ = true;
   }
 
-  bool compressed_step(std::span<float> grad, std::int64_t step) {
-    const auto r = static_cast<Eigen::Index>(Rank);
-    init_q(step);
-    // 1. M = g + e (in place in grad); P = M Q; pack the dense tensors.
+  bool compressed_step(std::span<float> grad) {
+    start_q();
+    // 1. M = g + e (the candidate residual); P = M Q; pack the dense tensors.
+    ef_.begin(compressed_, false);
     for (const auto& en : entries_) {
       float* g = grad.data() + en.offset;
       if (!en.compressed) {
         std::memcpy(dense_.data() + en.d_off, g, en.rows * en.cols * sizeof(float));
         continue;
       }
-      const float* e = residual_.data() + en.e_off;
-      for (std::size_t i = 0; i < en.rows * en.cols; ++i) g[i] += e[i];
-      Eigen::Map<const RowMat> M(g, en.rows, en.cols);
-      Eigen::Map<const ColMat> Q(q_.data() + en.q_off, en.cols, r);
+      ef_.accumulate_at(en.e_off, std::span<const float>(g, en.rows * en.cols));
+      const auto r = static_cast<Eigen::Index>(en.r);
+      Eigen::Map<const RowMat> M(ef_.acc().data() + en.e_off, en.rows, en.cols);
+      Eigen::Map<const ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
       Eigen::Map<ColMat> P(p_.data() + en.p_off, en.rows, r);
       P.noalias() = M * Q;
     }
     // 2. allreduce P (sum) and the dense part (mean).
-    if (!p_.empty()) comm_.allreduce(std::span<float>(p_), reduce_op::sum);
-    if (!dense_.empty()) comm_.allreduce(std::span<float>(dense_), reduce_op::sum);
-    const bool bad_p = nonfinite_found(p_, "P factor");
-    const bool bad_d = nonfinite_found(dense_, "uncompressed part");
-    if (bad_p || bad_d) {
-      // Undo M = g + e is not needed: the gradient is dropped, e is unchanged.
-      return skip(grad);
-    }
+    if (!p_.empty()) comm_.allreduce(std::span<float>(p_.data(), p_.size()), reduce_op::sum);
+    if (!dense_.empty()) comm_.allreduce(std::span<float>(dense_.data(), dense_.size()), reduce_op::sum);
+    if (!finite_or_end(std::span<const float>(p_.data(), p_.size()), "allreduced P factor", grad)) return false;
+    if (!finite_or_end(std::span<const float>(dense_.data(), dense_.size()), "allreduced uncompressed part", grad))
+      return false;
     // 3. orthonormalise P; Q = M^T P.
     for (const auto& en : entries_) {
       if (!en.compressed) continue;
-      host::orthonormalize_columns(p_.data() + en.p_off, en.rows, Rank, en.rows);
-      Eigen::Map<const RowMat> M(grad.data() + en.offset, en.rows, en.cols);
+      const auto r = static_cast<Eigen::Index>(en.r);
+      host::orthonormalize_columns(p_.data() + en.p_off, en.rows, static_cast<int>(en.r), en.rows);
+      Eigen::Map<const RowMat> M(ef_.acc().data() + en.e_off, en.rows, en.cols);
       Eigen::Map<const ColMat> P(p_.data() + en.p_off, en.rows, r);
-      Eigen::Map<ColMat> Q(q_.data() + en.q_off, en.cols, r);
+      Eigen::Map<ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
       Q.noalias() = M.transpose() * P;
     }
     // 4. allreduce Q (mean).
-    if (!q_.empty()) comm_.allreduce(std::span<float>(q_), reduce_op::sum);
-    if (nonfinite_found(q_, "Q factor")) {
-      q_ready_ = false;  // redraw Q from the seed at the next step (same on every rank)
-      return skip(grad);
+    if (!q_next_.empty()) comm_.allreduce(std::span<float>(q_next_.data(), q_next_.size()), reduce_op::sum);
+    if (!finite_or_end(std::span<const float>(q_next_.data(), q_next_.size()), "allreduced Q factor", grad)) {
+      q_ready_ = false;  // redraw Q from the seed at the next step (the same on every rank)
+      return false;
     }
     const float inv = 1.0f / static_cast<float>(comm_.size());
-    for (auto& x : q_) x *= inv;
-    // 5. e = M - P Q^T; g = P Q^T; dense tensors get the mean.
+    for (auto& x : q_next_) x *= inv;
+    // 5. g = P Q^T, e = M - g; dense tensors get the mean.
     for (const auto& en : entries_) {
       float* g = grad.data() + en.offset;
       if (!en.compressed) {
@@ -390,23 +351,26 @@ class PowerCompressor {
         for (std::size_t i = 0; i < en.rows * en.cols; ++i) g[i] = d[i] * inv;
         continue;
       }
-      float* e = residual_.data() + en.e_off;
-      std::memcpy(e, g, en.rows * en.cols * sizeof(float));  // e = M
+      const auto r = static_cast<Eigen::Index>(en.r);
       Eigen::Map<RowMat> A(g, en.rows, en.cols);
       Eigen::Map<const ColMat> P(p_.data() + en.p_off, en.rows, r);
-      Eigen::Map<const ColMat> Q(q_.data() + en.q_off, en.cols, r);
+      Eigen::Map<const ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
       A.noalias() = P * Q.transpose();
-      for (std::size_t i = 0; i < en.rows * en.cols; ++i) e[i] -= g[i];
+      ef_.subtract(std::span<const float>(g, en.rows * en.cols), en.e_off);
     }
+    ef_.commit();
+    std::swap(q_, q_next_);
+    q_ready_ = true;
     return true;
   }
 
-  Comm comm_;
+  any_communicator comm_;
   options opt_;
   tensor_layout layout_;
   std::vector<entry> entries_;
-  std::size_t total_ = 0;
-  fvec p_, q_, residual_, dense_;
+  std::size_t total_ = 0, compressed_ = 0;
+  fvec p_, q_, q_next_, dense_;
+  error_feedback ef_;
   bool q_ready_ = false;
   bool checked_ = false;
   std::int64_t layout_hash_ = 0;

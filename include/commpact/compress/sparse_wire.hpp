@@ -40,6 +40,7 @@
 #include <span>
 #include <vector>
 
+#include "../detail/bytes.hpp"
 #include "../error.hpp"
 
 namespace commpact::sparse_wire {
@@ -83,16 +84,8 @@ constexpr std::size_t encoded_size(std::size_t count, std::size_t mask_bits = 0)
 }
 
 namespace detail {
-template <class T>
-void put(std::byte* p, T v) {
-  std::memcpy(p, &v, sizeof(T));
-}
-template <class T>
-T get(const std::byte* p) {
-  T v;
-  std::memcpy(&v, p, sizeof(T));
-  return v;
-}
+using commpact::detail::get;
+using commpact::detail::put;
 }  // namespace detail
 
 //! Writes header + entries (+ mask) into `out`, which must hold exactly

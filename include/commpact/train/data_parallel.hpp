@@ -1,5 +1,7 @@
 #pragma once
 //! \file data_parallel.hpp
+//! (Over 400 lines on purpose: one class, a third of it the contract written below, and
+//! its transactional step and state loading, which belong together.)
 //! DataParallel<Compressor, SyncPolicy>: the piece a training loop calls after backward.
 //! It asks the SyncPolicy when to synchronise and what, moves the bytes through the
 //! Compressor (and the Compressor's communicator), and leaves the optimizer to the user.
@@ -75,8 +77,10 @@
 #include <vector>
 
 #include "../comm/agree.hpp"
+#include "../compress/nonfinite.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../state.hpp"
 #include "../sync/policies.hpp"
 #include "../sync/schedule.hpp"
 
@@ -163,50 +167,60 @@ class DataParallel {
               "option off.");
     }
 
-    if (step_ == next_plan_) begin_period(params, lr);
-
+    // A step that raises leaves the driver as it was (the compressors are transactional
+    // themselves), so the caller may retry it; params and grads may have been written.
+    const driver_snapshot snap = snapshot();
     bool synced = false;
-    if (period_.what == sync_plan::mode::gradients) {
-      bring_state_in_sync(update);
-      if (compressor_reduce(compressor_, grads, round_kind::gradients)) {
-        update(params, std::span<const float>(grads), lr);
-      } else {
-        ++skipped_;
-      }
-      ++gradient_rounds_;
-      synced = true;
-    } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
-      // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
-      dense_mean(grads, checked_params_, "gradient");
-      update(params, std::span<const float>(grads), lr);
-      ++parameter_rounds_;
-      ++gradient_shortcuts_;
-      synced = true;
-    } else {
-      update(params, std::span<const float>(grads), lr);
-      if (step_ == period_.last()) {
-        average_parameters(params);
-        if constexpr (req::has_optimizer_state<U>) {
-          if (opt_.average_optimizer_state) {
-            dense_mean(update.state(), checked_state_, "optimizer state");
-            ++state_rounds_;
-          }
+    try {
+      if (step_ == next_plan_) begin_period(params, lr);
+
+      if (period_.what == sync_plan::mode::gradients) {
+        bring_state_in_sync(update);
+        if (compressor_reduce(compressor_, grads, round_kind::gradients)) {
+          update(params, std::span<const float>(grads), lr);
+        } else {
+          ++skipped_;
         }
-        state_in_sync_ = opt_.average_optimizer_state;
-        ++parameter_rounds_;
+        ++gradient_rounds_;
         synced = true;
+      } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
+        // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
+        dense_mean(grads, checked_params_, "gradient");
+        update(params, std::span<const float>(grads), lr);
+        ++parameter_rounds_;
+        ++gradient_shortcuts_;
+        synced = true;
+      } else {
+        update(params, std::span<const float>(grads), lr);
+        if (step_ == period_.last()) {
+          average_parameters(params);
+          if constexpr (req::has_optimizer_state<U>) {
+            if (opt_.average_optimizer_state) {
+              dense_mean(update.state(), checked_state_, "optimizer state");
+              ++state_rounds_;
+            }
+          }
+          state_in_sync_ = opt_.average_optimizer_state;
+          ++parameter_rounds_;
+          synced = true;
+        }
       }
+    } catch (...) {
+      restore(snap);
+      throw;
     }
     ++step_;
     return synced;
   }
 
-  //! Appends the driver's state (position in the run, the current period, the parameters
-  //! at its start, counters), then the compressor's state. The optimizer's state is the
-  //! user's to save. Restore into a DataParallel made with the same policy and run length.
+  //! Appends the driver's state (state.hpp format, kind "commpact.DataParallel"): position
+  //! in the run, the current period, the parameters at its start, counters, then the
+  //! compressor's state (and the delta compressor's) as nested blobs. The optimizer's
+  //! state is the user's to save. Restore into a DataParallel made with the same policy,
+  //! run length and compressors.
   void save_state(std::vector<std::byte>& out) const {
-    const std::int64_t head[] = {kStateMagic,
-                                 total_,
+    state::writer w{out, "commpact.DataParallel"};
+    const std::int64_t head[] = {total_,
                                  n_,
                                  step_,
                                  next_plan_,
@@ -220,57 +234,66 @@ class DataParallel {
                                  gradient_shortcuts_,
                                  state_rounds_,
                                  skipped_,
-                                 static_cast<std::int64_t>(x0_.size()),
                                  static_cast<std::int64_t>(shared_kind_),
                                  delta_compressor_ ? 1 : 0};
-    append_bytes(out, head, sizeof head);
-    append_bytes(out, x0_.data(), x0_.size() * sizeof(float));
-    save_compressor(compressor_, out);
-    if (delta_compressor_) save_compressor(*delta_compressor_, out);
+    w.i64s(1, head);
+    w.f32s(2, x0_);
+    w.nested(3, [&](std::vector<std::byte>& o) { compressor_.save_state(o); });
+    if (delta_compressor_) w.nested(4, [&](std::vector<std::byte>& o) { delta_compressor_->save_state(o); });
+    w.finish();
   }
 
-  //! Restores what save_state wrote; a malformed buffer raises wire_error.
+  //! Restores what save_state wrote. All or nothing: a malformed, corrupted or foreign
+  //! state raises (wire_error, invalid_argument) and leaves the driver and its
+  //! compressors as they were.
   void load_state(std::span<const std::byte> in) {
-    constexpr std::size_t kHead = 18;
-    std::int64_t head[kHead];
-    require<wire_error>(in.size() >= sizeof head, "commpact::DataParallel::load_state: ", in.size(),
-                        " bytes is shorter than the ", sizeof head, "-byte header; pass what save_state wrote.");
-    std::memcpy(head, in.data(), sizeof head);
-    require<wire_error>(head[0] == kStateMagic, "commpact::DataParallel::load_state: the buffer does not start with "
-                        "DataParallel's state; pass what save_state wrote.");
-    require(head[1] == total_, "commpact::DataParallel::load_state: the state is of a run of ", head[1],
-            " steps, this DataParallel was made for ", total_, "; make it with the saved run's length.");
-    const std::int64_t step = head[3], next = head[4], start = head[5], length = head[6], what = head[7];
-    const std::int64_t x0n = head[15];
-    require<wire_error>(step >= 0 && step <= total_ && next >= step && next <= total_ && start >= 0 &&
-                            length >= 0 && (start + length == next || (step == 0 && next == 0)) && (what == 0 || what == 1) && x0n >= 0 &&
-                            head[2] >= -1 && (x0n == 0 || x0n == head[2]) && head[16] >= 0 && head[16] <= 2 &&
-                            head[17] == (delta_compressor_ ? 1 : 0),
-                        "commpact::DataParallel::load_state: inconsistent state (step ", step, ", period [", start,
-                        ", ", start + length, "), ", x0n, " saved parameters); pass what save_state wrote.");
-    const std::size_t x0_bytes = static_cast<std::size_t>(x0n) * sizeof(float);
-    require<wire_error>(in.size() - sizeof head >= x0_bytes, "commpact::DataParallel::load_state: the buffer ends "
-                        "inside the saved parameters; pass what save_state wrote.");
-    auto rest = in.subspan(sizeof head + x0_bytes);
-    rest = load_compressor(compressor_, rest);
-    if (delta_compressor_) rest = load_compressor(*delta_compressor_, rest);
-    require<wire_error>(rest.empty(), "commpact::DataParallel::load_state: ", rest.size(),
-                        " bytes left over after the state; pass what save_state wrote.");
-    shared_kind_ = static_cast<round_kind>(head[16]);
-    n_ = head[2];
+    state::reader r{in, "commpact.DataParallel", "DataParallel"};
+    const auto h = r.i64s(1, 16);
+    r.require_that<invalid_argument>(h[0] == total_, "the state is of a run of ", h[0],
+                                     " steps, this DataParallel was made for ", total_,
+                                     "; make it with the saved run's length.");
+    const std::int64_t n = h[1], step = h[2], next = h[3], start = h[4], length = h[5], what = h[6];
+    const bool ranges_ok = n >= -1 && step >= 0 && step <= total_ && next >= step && next <= total_ && start >= 0 &&
+                           start <= next && length >= 0 && length <= total_ &&
+                           (start + length == next || (step == 0 && next == 0)) && (what == 0 || what == 1) &&
+                           (h[7] == 0 || h[7] == 1) && h[8] >= 0 && h[8] <= 3 && h[14] >= 0 && h[14] <= 2 &&
+                           h[15] == (delta_compressor_ ? 1 : 0);
+    bool counters_ok = true;
+    for (int i = 9; i <= 13; ++i) counters_ok = counters_ok && h[i] >= 0 && h[i] <= step;
+    r.require_that<wire_error>(ranges_ok && counters_ok, "inconsistent state (step ", step, ", next period at ", next,
+                               ", ", n, " parameters); the state is corrupted or from another setup.");
+    auto x0 = r.f32s(2);
+    r.require_that<wire_error>(x0.empty() || static_cast<std::int64_t>(x0.size()) == n, "the state holds ", x0.size(),
+                               " saved parameters for a model of ", n, "; the state is corrupted.");
+    const auto main = r.bytes(3);
+    const auto delta = delta_compressor_ ? r.bytes(4) : std::span<const std::byte>{};
+    r.done();
+    // Compressors load all or nothing each; keep the first one's state to put back if the second fails.
+    std::vector<std::byte> backup;
+    if (delta_compressor_) compressor_.save_state(backup);
+    compressor_.load_state(main);
+    if (delta_compressor_) {
+      try {
+        delta_compressor_->load_state(delta);
+      } catch (...) {
+        compressor_.load_state(backup);
+        throw;
+      }
+    }
+    n_ = n;
     step_ = step;
     next_plan_ = next;
     period_ = {start, length, what == 0 ? sync_plan::mode::gradients : sync_plan::mode::parameters};
-    state_in_sync_ = head[8] != 0;
-    checked_params_ = (head[9] & 1) != 0;
-    checked_state_ = (head[9] & 2) != 0;
-    gradient_rounds_ = head[10];
-    parameter_rounds_ = head[11];
-    gradient_shortcuts_ = head[12];
-    state_rounds_ = head[13];
-    skipped_ = head[14];
-    x0_.resize(static_cast<std::size_t>(x0n));
-    if (x0n > 0) std::memcpy(x0_.data(), in.data() + sizeof head, x0_bytes);
+    state_in_sync_ = h[7] != 0;
+    checked_params_ = (h[8] & 1) != 0;
+    checked_state_ = (h[8] & 2) != 0;
+    gradient_rounds_ = h[9];
+    parameter_rounds_ = h[10];
+    gradient_shortcuts_ = h[11];
+    state_rounds_ = h[12];
+    skipped_ = h[13];
+    shared_kind_ = static_cast<round_kind>(h[14]);
+    x0_ = std::move(x0);
   }
 
   //! Steps taken so far (the index of the next step).
@@ -300,6 +323,29 @@ class DataParallel {
   const options& opts() const { return opt_; }
 
  private:
+  enum class round_kind : std::int64_t { none, gradients, deltas };
+
+  struct driver_snapshot {
+    std::int64_t step, next_plan;
+    sync_period period;
+    bool state_in_sync, checked_params, checked_state;
+    round_kind shared_kind;
+    std::int64_t gradient_rounds, parameter_rounds, gradient_shortcuts, state_rounds, skipped;
+  };
+  driver_snapshot snapshot() {
+    x0_swapped_ = false;
+    return {step_, next_plan_, period_, state_in_sync_, checked_params_, checked_state_, shared_kind_,
+            gradient_rounds_, parameter_rounds_, gradient_shortcuts_, state_rounds_, skipped_};
+  }
+  void restore(const driver_snapshot& s) {
+    step_ = s.step, next_plan_ = s.next_plan, period_ = s.period, state_in_sync_ = s.state_in_sync;
+    checked_params_ = s.checked_params, checked_state_ = s.checked_state, shared_kind_ = s.shared_kind;
+    gradient_rounds_ = s.gradient_rounds, parameter_rounds_ = s.parameter_rounds;
+    gradient_shortcuts_ = s.gradient_shortcuts, state_rounds_ = s.state_rounds, skipped_ = s.skipped;
+    if (x0_swapped_) x0_.swap(x0_prev_);
+    x0_swapped_ = false;
+  }
+
   void begin_period(std::span<const float> params, double lr) {
     period_ = detail::next_period(policy_, step_, lr, total_);
     next_plan_ = step_ + period_.length;
@@ -310,7 +356,9 @@ class DataParallel {
     }
     const bool shortcut = period_.length == 1 && !opt_.compress_deltas && state_in_sync_;
     if (period_.what == sync_plan::mode::parameters && !shortcut) {
-      x0_.assign(params.begin(), params.end());  // allocates on the first period only
+      x0_prev_.swap(x0_);  // kept until the step completes, for restore()
+      x0_swapped_ = true;
+      x0_.assign(params.begin(), params.end());  // allocates in the first two periods only
     }
   }
 
@@ -338,30 +386,6 @@ class DataParallel {
     for (std::size_t i = 0; i < params.size(); ++i) params[i] = x0_[i] + delta_[i];
   }
 
-  static void save_compressor(const Compressor& c, std::vector<std::byte>& out) {
-    const std::size_t at = out.size();
-    std::int64_t len = 0;
-    append_bytes(out, &len, sizeof len);
-    c.save_state(out);
-    len = static_cast<std::int64_t>(out.size() - at - sizeof len);
-    std::memcpy(out.data() + at, &len, sizeof len);
-  }
-  static std::span<const std::byte> load_compressor(Compressor& c, std::span<const std::byte> in) {
-    std::int64_t len = -1;
-    if (in.size() >= sizeof len) std::memcpy(&len, in.data(), sizeof len);
-    require<wire_error>(len >= 0 && static_cast<std::uint64_t>(len) <= in.size() - sizeof len,
-                        "commpact::DataParallel::load_state: the compressor's state is cut short; pass what "
-                        "save_state wrote.");
-    c.load_state(in.subspan(sizeof len, static_cast<std::size_t>(len)));
-    return in.subspan(sizeof len + static_cast<std::size_t>(len));
-  }
-  static void append_bytes(std::vector<std::byte>& out, const void* p, std::size_t n) {
-    const auto* b = static_cast<const std::byte*>(p);
-    out.insert(out.end(), b, b + n);
-  }
-  static constexpr std::int64_t kStateMagic = 0x31505044'53594e43;  // "CNYSDDP1"
-
-  enum class round_kind : std::int64_t { none, gradients, deltas };
 
   //! Reduces through c; `kind` (none for the separate delta compressor) guards the shared
   //! compressor's residual against holding gradients and parameter deltas at once.
@@ -383,25 +407,16 @@ class DataParallel {
     }
   }
 
-  //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic. Every rank
-  //! sees the same sum, so every rank raises alike on a non-finite value.
+  //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic
+  //! (mean_allreduce). Every rank sees the same sum, so every rank raises alike on a
+  //! non-finite value.
   void dense_mean(std::span<float> v, bool& checked, const char* what) {
     auto& c = compressor_.comm();
     if (!checked) {
       require_same(c, static_cast<std::int64_t>(v.size()), detail::cat(what, " length (DataParallel)"));
       checked = true;
     }
-    c.allreduce(v, reduce_op::sum);
-    const float inv = 1.0f / static_cast<float>(c.size());
-    std::size_t bad = v.size();
-    for (std::size_t i = 0; i < v.size(); ++i) {
-      if (bad == v.size() && !std::isfinite(v[i])) bad = i;
-      v[i] *= inv;
-    }
-    require<numeric_error>(bad == v.size(), "commpact::DataParallel: the summed ", what, " is not finite at index ",
-                           bad, " at step ", step_,
-                           " (some rank holds NaN or Inf; every rank raises this error). Lower the learning rate or "
-                           "clip the gradients.");
+    mean_allreduce(c, v, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
   }
 
   Compressor compressor_;
@@ -416,7 +431,8 @@ class DataParallel {
   bool state_in_sync_ = true;
   bool checked_params_ = false, checked_state_ = false;
   std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
-  std::vector<float> x0_, delta_;
+  std::vector<float> x0_, x0_prev_, delta_;
+  bool x0_swapped_ = false;
 };
 
 }  // namespace commpact

@@ -1,5 +1,7 @@
 #pragma once
 //! \file topk.hpp
+//! (Over 400 lines on purpose: one selection algorithm, sampled bound + SIMD filter +
+//! radix select with its fallbacks, whose parts are only meaningful together.)
 //! Exact top-k selection by absolute value on the host.
 //!
 //! \code

@@ -1,0 +1,333 @@
+#pragma once
+//! \file allgather.hpp
+//! The allgather aggregation and the compressor that composes any Codec with it and
+//! with error feedback.
+//!
+//! `Allgather<C>` moves one fixed-capacity block per rank to every rank (the ring
+//! allgather of C); `CodecCompressor<Codec, Allgather<C>>` is a Compressor:
+//!
+//! \code
+//! commpact::CodecCompressor<commpact::sign_codec, commpact::Allgather<commpact::ThreadComm>> ef_sign{comm};
+//! ef_sign.reduce(std::span(grad));   // grad = (1/P) sum_r decode(encode(grad_r + residual_r)), same bits everywhere
+//! \endcode
+//!
+//! Per step on every rank: acc = g + residual (DGC momentum and clipping as in
+//! sparse_options); the codec encodes acc into this rank's block behind a 48-byte frame
+//! header; the blocks are all-gathered; every rank checks every header and decodes the
+//! blocks in rank order into a zeroed sum (the same float additions on every rank), then
+//! divides by P; what this rank's codec did not deliver stays in its residual.
+//!
+//! Frame header (48 bytes): u32 magic 0x47415043 ("CPAG"), u16 version 1, u16 flags
+//! (bit 0 non-finite input, bit 1 input rejected), u32 payload bytes, u32 0, then i64
+//! n, i64 the codec's agreement value (k for top-k), i64 step, i64 block capacity.
+//! Every rank sees every header, so disagreement on n, k, the step or the capacity, a
+//! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
+//! the same error (or skips the step) without an extra message. A block capacity that
+//! changes (first step, a warm-up boundary) is agreed first with one small allreduce.
+//!
+//! Bytes per rank per step: (P - 1) * capacity by the ring allgather, capacity = 48 +
+//! max_encoded_bytes(n) rounded up to 4. For top-k: (P - 1) * (48 + 8k).
+
+#include <algorithm>
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../state.hpp"
+#include "error_feedback.hpp"
+#include "nonfinite.hpp"
+#include "sparse_options.hpp"
+
+namespace commpact {
+
+//! The allgather aggregation over C: fixed-capacity blocks, one per rank.
+template <class C>
+class Allgather {
+  static_assert(diagnose_communicator<C>());
+
+ public:
+  using comm_type = C;
+  explicit Allgather(C comm) : comm_(std::move(comm)) {}
+
+  //! This rank's block of `capacity` bytes (a multiple of 4), to fill before exchange().
+  std::span<std::byte> block(std::size_t capacity) {
+    mine_.resize(capacity / 4);
+    all_.resize(capacity / 4 * static_cast<std::size_t>(comm_.size()));
+    return std::as_writable_bytes(std::span<float>(mine_));
+  }
+  //! Every rank receives every block (collective).
+  void exchange() { comm_.allgather(std::span<const float>(mine_), std::span<float>(all_)); }
+  //! Rank r's block after exchange().
+  std::span<const std::byte> received(int r) const {
+    const std::size_t b = mine_.size() * 4;
+    return std::as_bytes(std::span<const float>(all_)).subspan(static_cast<std::size_t>(r) * b, b);
+  }
+  int sources() const { return comm_.size(); }
+  C& comm() { return comm_; }
+  const C& comm() const { return comm_; }
+
+  template <class Out>
+  void add_signature(Out& s) const {
+    s.emplace_back(static_cast<const void*>(mine_.data()), mine_.capacity());
+    s.emplace_back(static_cast<const void*>(all_.data()), all_.capacity());
+  }
+  void reserve(std::size_t capacity) {
+    mine_.reserve(capacity / 4);
+    all_.reserve(capacity / 4 * static_cast<std::size_t>(comm_.size()));
+  }
+
+ private:
+  C comm_;
+  std::vector<float> mine_, all_;  // bytes in float storage: the concept's allgather moves floats
+};
+
+namespace frame {
+inline constexpr std::uint32_t magic = 0x47415043u;  // "CPAG"
+inline constexpr std::uint16_t version = 1;
+inline constexpr std::size_t header_bytes = 48;
+enum flag : std::uint16_t { nonfinite_input = 1, rejected_input = 2 };
+
+struct header {
+  std::uint16_t flags = 0;
+  std::uint32_t payload = 0;
+  std::int64_t n = 0, agreement = 0, step = 0, capacity = 0;
+};
+
+inline void write(std::span<std::byte> b, const header& h) {
+  std::byte* p = b.data();
+  const std::uint32_t zero = 0;
+  std::memcpy(p, &magic, 4);
+  std::memcpy(p + 4, &version, 2);
+  std::memcpy(p + 6, &h.flags, 2);
+  std::memcpy(p + 8, &h.payload, 4);
+  std::memcpy(p + 12, &zero, 4);
+  std::memcpy(p + 16, &h.n, 8);
+  std::memcpy(p + 24, &h.agreement, 8);
+  std::memcpy(p + 32, &h.step, 8);
+  std::memcpy(p + 40, &h.capacity, 8);
+}
+
+//! Reads and checks a block's header (magic, version, flags, payload within the block).
+inline header read(std::span<const std::byte> b, int from) {
+  require<wire_error>(b.size() >= header_bytes, "commpact::Allgather: rank ", from, "'s block of ", b.size(),
+                      " bytes cannot hold the ", header_bytes, "-byte frame header.");
+  const std::byte* p = b.data();
+  std::uint32_t m, zero;
+  std::uint16_t v;
+  header h;
+  std::memcpy(&m, p, 4);
+  std::memcpy(&v, p + 4, 2);
+  std::memcpy(&h.flags, p + 6, 2);
+  std::memcpy(&h.payload, p + 8, 4);
+  std::memcpy(&zero, p + 12, 4);
+  std::memcpy(&h.n, p + 16, 8);
+  std::memcpy(&h.agreement, p + 24, 8);
+  std::memcpy(&h.step, p + 32, 8);
+  std::memcpy(&h.capacity, p + 40, 8);
+  require<wire_error>(m == magic && v == version && zero == 0 && (h.flags & ~3u) == 0, "commpact::Allgather: rank ",
+                      from, "'s block does not start with a version-", version,
+                      " frame header; every rank must run the same commpact.");
+  require<wire_error>(h.payload <= b.size() - header_bytes, "commpact::Allgather: rank ", from, "'s header announces ",
+                      h.payload, " payload bytes in a block of ", b.size(), "; the block is corrupt.");
+  return h;
+}
+}  // namespace frame
+
+//! Options of CodecCompressor: error feedback (DGC momentum and clipping) and the
+//! non-finite policy. (TopK takes sparse_options, which hold these and top-k's own.)
+struct codec_options {
+  float momentum = 0.0f;
+  float clip_norm = 0.0f;
+  nonfinite on_nonfinite = nonfinite::raise;
+};
+
+//! Codec + aggregation + error feedback = a Compressor. `Codec` is any type modelling
+//! the Codec concept; `Aggregation` any type modelling Aggregation (Allgather<C>).
+template <class Codec, class Aggregation>
+class CodecCompressor {
+  static_assert(diagnose_codec<Codec>());
+  static_assert(diagnose_aggregation<Aggregation>());
+
+ public:
+  using options = codec_options;
+  using codec_type = Codec;
+
+  explicit CodecCompressor(typename Aggregation::comm_type comm, Codec codec = {}, options opt = {},
+                           std::string_view name = "CodecCompressor")
+      : agg_(std::move(comm)), codec_(std::move(codec)), opt_(opt), name_(name) {
+    sparse_options o;
+    o.momentum = opt_.momentum;
+    o.clip_norm = opt_.clip_norm;
+    detail::validate_sparse_options(o, name_.c_str());
+  }
+
+  //! Replaces grad by the mean over the ranks of what their codecs delivered, the same
+  //! bits on every rank. Returns false when the step was skipped (NaN/Inf under
+  //! nonfinite::skip_step: grad zeroed, state kept). A step that raises changes nothing.
+  bool reduce(std::span<float> grad) {
+    const int P = agg_.sources();
+    const auto n = static_cast<std::int64_t>(grad.size());
+    if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
+    std::string problem = check(grad.size());
+    if (problem.empty()) problem = detail::length_problem(name_.c_str(), n, ef_.size());
+    const std::int64_t agreement = problem.empty() ? agreement_of(grad.size()) : -1;
+    const std::size_t cap = problem.empty() ? capacity(grad.size()) : cap_;
+
+    if (!agreed_ || cap != cap_) agree(n, cap, problem);
+    frame::header h;
+    h.n = n;
+    h.agreement = agreement;
+    h.step = steps_;
+    h.capacity = static_cast<std::int64_t>(cap_);
+    auto block = agg_.block(cap_);
+    const auto payload = block.subspan(frame::header_bytes);
+    if (!problem.empty()) {
+      h.flags = frame::rejected_input;
+    } else if (!ef_.accumulate(grad, opt_.momentum, detail::clip_scale(grad, opt_.clip_norm, P))) {
+      h.flags = frame::nonfinite_input;
+    } else {
+      approx_.resize(req::codec_has_delivered<Codec> ? 0 : grad.size());
+      h.payload = static_cast<std::uint32_t>(codec_.encode(ef_.acc(), payload, std::span<float>(approx_)));
+      require(h.payload <= payload.size(), "commpact::", name_, ": the codec wrote ", h.payload,
+              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
+    }
+    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
+    frame::write(block, h);
+    agg_.exchange();
+
+    // Every rank reads the same headers, so every rank takes the same decision.
+    std::uint16_t flags = 0;
+    std::int64_t lo[4] = {n, agreement, steps_, h.capacity}, hi[4] = {n, agreement, steps_, h.capacity};
+    for (int r = 0; r < P; ++r) {
+      const auto hr = frame::read(agg_.received(r), r);
+      flags = static_cast<std::uint16_t>(flags | hr.flags);
+      const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
+      for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
+    }
+    if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem, steps_);
+    static constexpr const char* what[4] = {"the gradient length", "the codec's parameter (such as k)",
+                                            "the step count", "the block capacity"};
+    for (int j = 0; j < 4; ++j)
+      if (lo[j] != hi[j])
+        throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on ", what[j],
+                                         ": the values range over [", lo[j], ", ", hi[j],
+                                         "]; every rank must pass the same lengths and use the same options and "
+                                         "step count."));
+    if (flags & frame::nonfinite_input) {
+      detail::end_nonfinite_step(opt_.on_nonfinite, name_ + "::reduce", "gradient (with its residual) of some rank",
+                                 static_cast<std::size_t>(-1), steps_, grad);
+      ++steps_, ++skipped_;
+      return false;
+    }
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    for (int r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+      const auto blk = agg_.received(r);
+      const auto hr = frame::read(blk, r);
+      codec_.decode_add(blk.subspan(frame::header_bytes, hr.payload), grad);
+    }
+    const auto fP = static_cast<float>(P);
+    for (auto& x : grad) x = x / fP;
+    if constexpr (req::codec_has_delivered<Codec>) {
+      ef_.commit();
+      for (std::int32_t i : codec_.delivered()) ef_.clear_delivered(i);
+    } else {
+      ef_.subtract(approx_);
+      ef_.commit();
+    }
+    ++steps_;
+    return true;
+  }
+
+  //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
+  void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, kind(), ef_, steps_, skipped_); }
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
+  void load_state(std::span<const std::byte> in) {
+    load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f, ef_, steps_, skipped_);
+    agreed_ = false;
+  }
+  //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
+  void reset() {
+    ef_.clear();
+    agreed_ = false;
+  }
+
+  std::int64_t steps() const { return steps_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  std::span<const float> residual() const { return ef_.residual(); }
+  std::span<const float> velocity() const { return ef_.velocity(); }
+  //! Bytes of one rank's block (the agreed capacity).
+  std::size_t block_bytes() const { return cap_; }
+  Codec& codec() { return codec_; }
+  const options& opts() const { return opt_; }
+  auto& comm() { return agg_.comm(); }
+  Aggregation& aggregation() { return agg_; }
+
+  //! Address and capacity of every internal buffer, sorted (tests check that nothing is
+  //! allocated after the first step).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
+    ef_.add_signature(s);
+    if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
+    s.emplace_back(static_cast<const void*>(approx_.data()), approx_.capacity());
+    std::sort(s.begin(), s.end());
+    return s;
+  }
+
+ protected:
+  std::string kind() const { return "commpact." + name_; }
+
+ private:
+  std::string check(std::size_t n) const {
+    if constexpr (req::codec_has_check<Codec>) return std::string(codec_.check(n));
+    else
+      return n == 0 ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at least one entry.")
+                    : std::string{};
+  }
+  std::int64_t agreement_of(std::size_t n) const {
+    if constexpr (req::codec_has_agreement<Codec>) return codec_.agreement(n);
+    else return 0;
+  }
+  std::size_t capacity(std::size_t n) const { return (frame::header_bytes + codec_.max_encoded_bytes(n) + 3) / 4 * 4; }
+
+  //! One allreduce: the same n and capacity on every rank, and no rank rejected its input.
+  void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
+    const auto c = static_cast<std::int64_t>(cap);
+    std::int64_t v[5] = {n, -n, c, -c, problem.empty() ? 0 : 1};
+    agg_.comm().allreduce(std::span<std::int64_t>(v, 5), reduce_op::max);
+    if (v[4]) detail::raise_rejected(name_.c_str(), problem, steps_);
+    if (v[0] != -v[1])
+      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the gradient length: this "
+                                       "rank has n = ", n, ", the lengths range over [", -v[1], ", ", v[0],
+                                       "]; every rank must pass gradients of the same length."));
+    if (v[2] != -v[3])
+      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the message capacity (",
+                                       cap, " bytes here, [", -v[3], ", ", v[2],
+                                       "] over the ranks); every rank must use the same codec options."));
+    if constexpr (requires { agg_.reserve(cap); }) agg_.reserve(cap);
+    cap_ = cap;
+    n_ = n;
+    agreed_ = true;
+  }
+
+  Aggregation agg_;
+  Codec codec_;
+  options opt_;
+  std::string name_;
+  error_feedback ef_;
+  std::vector<float> approx_;
+  bool agreed_ = false;
+  std::size_t cap_ = 0;
+  std::int64_t n_ = -1;
+  std::int64_t steps_ = 0, skipped_ = 0;
+};
+
+}  // namespace commpact

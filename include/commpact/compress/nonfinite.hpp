@@ -1,0 +1,95 @@
+#pragma once
+//! \file nonfinite.hpp
+//! What every compressor, the gossip mixers and DataParallel do with NaN or Inf, written
+//! once: the `nonfinite` policy, a finiteness scan, the end of a step that met a
+//! non-finite value, and the mean allreduce (sum in the communicator's fixed order, then
+//! times 1/P) with its check.
+//!
+//! Non-finite values are detected where every rank sees the same numbers (after a
+//! reduction, or through a flag every rank receives), so every rank takes the same
+//! decision: raise numeric_error (nonfinite::raise, the default) or drop the step
+//! (nonfinite::skip_step: the output is zeroed, the state is kept, the step is counted
+//! as skipped).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+
+namespace commpact {
+
+//! What a compressor does when a gradient holds NaN or Inf.
+enum class nonfinite { raise, skip_step };
+
+namespace detail {
+
+//! Index of the first NaN or Inf in v, or v.size(). One branch-free pass over the
+//! exponent bits (vectorisable); the index is searched only when something was found.
+inline std::size_t first_nonfinite(std::span<const float> v) {
+  const float* p = v.data();
+  const std::size_t n = v.size();
+  std::uint32_t any = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    any |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
+  }
+  if (!any) return n;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t u;
+    std::memcpy(&u, p + i, 4);
+    if ((u & 0x7f800000u) == 0x7f800000u) return i;
+  }
+  return n;
+}
+
+//! Raises numeric_error, the same message on every rank: `<who>: the <what> is not
+//! finite (NaN or Inf) at index <i> ...` (index -1: not known, left out).
+[[noreturn]] inline void raise_nonfinite(std::string_view who, std::string_view what, std::size_t index,
+                                         std::int64_t step) {
+  const std::string where = index == static_cast<std::size_t>(-1) ? std::string() : cat(" at index ", index);
+  throw numeric_error(cat("commpact::", who, ": the ", what, " is not finite (NaN or Inf)", where, " at step ", step,
+                          " (some rank passed NaN or Inf; every rank raises this error). Fix the gradient (lower the "
+                          "learning rate, clip), or set on_nonfinite = nonfinite::skip_step to drop such steps."));
+}
+
+//! Ends a step that met NaN or Inf, alike on every rank: raises under nonfinite::raise;
+//! under skip_step zeroes `out` and returns false (the caller counts the step skipped).
+inline bool end_nonfinite_step(nonfinite policy, std::string_view who, std::string_view what, std::size_t index,
+                               std::int64_t step, std::span<float> out) {
+  if (policy == nonfinite::raise) raise_nonfinite(who, what, index, step);
+  std::fill(out.begin(), out.end(), 0.0f);
+  return false;
+}
+
+//! v *= s; returns the first index whose input was not finite (v.size() if none).
+inline std::size_t scale_and_check(std::span<float> v, float s) {
+  float* p = v.data();
+  const std::size_t n = v.size();
+  if (s != 1.0f)
+    for (std::size_t i = 0; i < n; ++i) p[i] *= s;
+  return first_nonfinite(v);  // x * (1/P) is finite exactly when x is, for P >= 1
+}
+
+}  // namespace detail
+
+//! v = (sum over the ranks in the communicator's fixed order) * (1/P as float), the same
+//! bits on every rank. On a non-finite sum: raises numeric_error on every rank
+//! (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what` name
+//! the caller and the buffer in the message.
+template <Communicator C>
+bool mean_allreduce(C& comm, std::span<float> v, nonfinite policy, std::string_view who, std::string_view what,
+                    std::int64_t step) {
+  comm.allreduce(v, reduce_op::sum);
+  const std::size_t bad = detail::scale_and_check(v, 1.0f / static_cast<float>(comm.size()));
+  if (bad == v.size()) return true;
+  return detail::end_nonfinite_step(policy, who, what, bad, step, v);
+}
+
+}  // namespace commpact
