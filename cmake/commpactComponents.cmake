@@ -1,15 +1,65 @@
 # commpact's optional components. Each call creates the imported target
 # commpact::<name> (once) and sets commpact_<name>_FOUND.
-#   mpi  -> links MPI::MPI_CXX, defines COMMPACT_HAS_MPI=1   (MpiComm)
-#   cuda -> links CUDA::cudart and CUDA::cublas, defines COMMPACT_HAS_CUDA=1
-#   nccl -> cuda + libnccl, defines COMMPACT_HAS_NCCL=1
+#   eigen -> links Eigen3::Eigen (3.3 or newer, 5.x accepted)  (compress/power.hpp,
+#            gossip/gossip_mixer.hpp and the umbrella commpact.hpp include Eigen)
+#   mpi   -> links MPI::MPI_CXX, defines COMMPACT_HAS_MPI=1   (MpiComm)
+#   cuda  -> links CUDA::cudart and CUDA::cublas, defines COMMPACT_HAS_CUDA=1
+#   nccl  -> cuda + libnccl, defines COMMPACT_HAS_NCCL=1
+# A component that is not found leaves its reason in commpact_<name>_REASON.
+
+# Eigen is found unversioned and its version checked here: Eigen 5's version file
+# refuses a "3.3" request, and the range "3.3...5" refuses Eigen 3.4.0. Sets
+# <out> to TRUE when Eigen3::Eigen exists and is new enough; otherwise FALSE and
+# <out>_REASON to a sentence saying what was found and what to do.
+function(commpact_find_eigen out)
+  set(minimum 3.3)
+  if(NOT TARGET Eigen3::Eigen)
+    find_package(Eigen3 CONFIG QUIET)
+  endif()
+  set(version "${Eigen3_VERSION}")
+  if(NOT version)
+    set(version "${EIGEN3_VERSION_STRING}")
+  endif()
+  # A second call finds the target made by the first, whose variables are gone.
+  if(version)
+    set_property(GLOBAL PROPERTY _COMMPACT_EIGEN_VERSION "${version}")
+  elseif(TARGET Eigen3::Eigen)
+    get_property(version GLOBAL PROPERTY _COMMPACT_EIGEN_VERSION)
+  endif()
+  if(NOT TARGET Eigen3::Eigen)
+    set(${out} FALSE PARENT_SCOPE)
+    set(${out}_REASON "Eigen ${minimum} or newer was not found (no Eigen3Config.cmake with the \
+target Eigen3::Eigen); install it (Debian: libeigen3-dev, vcpkg: eigen3, Conan: eigen) or point \
+Eigen3_DIR at its share/eigen3/cmake folder" PARENT_SCOPE)
+  elseif(version AND version VERSION_LESS minimum)
+    set(${out} FALSE PARENT_SCOPE)
+    set(${out}_REASON "Eigen ${version} was found at '${Eigen3_DIR}', but commpact needs Eigen \
+${minimum} or newer (5.x is accepted); install a newer Eigen or point Eigen3_DIR at one" PARENT_SCOPE)
+  else()
+    set(${out} TRUE PARENT_SCOPE)
+    set(${out}_REASON "" PARENT_SCOPE)
+  endif()
+  set(${out}_VERSION "${version}" PARENT_SCOPE)
+endfunction()
+
 function(commpact_add_component comp)
   if(TARGET commpact::${comp})
     set(commpact_${comp}_FOUND TRUE PARENT_SCOPE)
     return()
   endif()
   set(found FALSE)
-  if(comp STREQUAL "mpi")
+  set(reason "")
+  if(comp STREQUAL "eigen")
+    commpact_find_eigen(eigen_ok)
+    if(eigen_ok)
+      add_library(commpact::eigen INTERFACE IMPORTED GLOBAL)
+      set_target_properties(commpact::eigen PROPERTIES
+        INTERFACE_LINK_LIBRARIES "commpact::commpact;Eigen3::Eigen")
+      set(found TRUE)
+    else()
+      set(reason "${eigen_ok_REASON}")
+    endif()
+  elseif(comp STREQUAL "mpi")
     find_package(MPI QUIET COMPONENTS CXX)
     if(MPI_CXX_FOUND)
       add_library(commpact::mpi INTERFACE IMPORTED GLOBAL)
@@ -47,7 +97,19 @@ function(commpact_add_component comp)
       endif()
     endif()
   else()
-    message(WARNING "commpact: unknown component '${comp}' (known: mpi, cuda, nccl)")
+    set(reason "commpact has no component '${comp}' (known: eigen, mpi, cuda, nccl)")
+    message(WARNING "commpact: ${reason}")
+  endif()
+  if(NOT found AND NOT reason)
+    if(comp STREQUAL "mpi")
+      set(reason "MPI for C++ was not found; install one (Debian: libopenmpi-dev) or set MPI_HOME")
+    elseif(NOT CUDAToolkit_FOUND)
+      set(reason "the CUDA toolkit was not found; install it or set CUDAToolkit_ROOT")
+    else()
+      set(reason "libnccl and nccl.h were not found next to the CUDA toolkit; install NCCL or set \
+COMMPACT_NCCL_LIBRARY and COMMPACT_NCCL_INCLUDE")
+    endif()
   endif()
   set(commpact_${comp}_FOUND ${found} PARENT_SCOPE)
+  set(commpact_${comp}_REASON "${reason}" PARENT_SCOPE)
 endfunction()

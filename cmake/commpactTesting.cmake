@@ -71,6 +71,7 @@ function(commpact_add_compile_fail_test src)
   string(REGEX REPLACE ".*// expect:[ ]*" "" expect "${expect_line}")
   add_test(NAME compile_fail_${name}
     COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include
-            -I${EIGEN3_INCLUDE_DIR} ${src})
+            "-I$<JOIN:$<TARGET_PROPERTY:Eigen3::Eigen,INTERFACE_INCLUDE_DIRECTORIES>,;-I>" ${src}
+    COMMAND_EXPAND_LISTS)
   set_tests_properties(compile_fail_${name} PROPERTIES LABELS compile_fail PASS_REGULAR_EXPRESSION "${expect}")
 endfunction()
