@@ -20,6 +20,8 @@
 #include <span>
 #include <vector>
 
+#include "common/random.hpp"
+
 namespace user {
 
 //! Scaled sign with one scale per block of 64 values: wire = u32 n, then per block a
@@ -76,13 +78,7 @@ using Comp = commpact::CodecCompressor<user::blockwise_sign, commpact::Allgather
 static_assert(commpact::Compressor<Comp>);
 
 namespace {
-std::vector<float> normal(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using commpact_test::normal;
 }  // namespace
 
 TEST_CASE("a user's codec composes with Allgather and error feedback: brute-force reference, conservation",

@@ -30,17 +30,13 @@
 #include <string>
 #include <vector>
 
+#include "common/random.hpp"
+
 using namespace commpact;
 using bytes = std::vector<std::byte>;
 
 namespace {
-std::vector<float> normal(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
+using commpact_test::normal;
 const tensor_layout kLayout = {{12, 10}, {10}, {6, 8}, {3}};
 constexpr std::size_t kN = 120 + 10 + 48 + 3;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();

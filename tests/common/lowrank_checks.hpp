@@ -26,6 +26,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "random.hpp"
 #include "sparse_checks.hpp"  // verdict, settle, throws_as
 
 namespace commpact_test {
@@ -37,14 +38,6 @@ using PowerRowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 template <class Comm>
 inline constexpr bool sums_in_rank_order =
     std::is_same_v<Comm, commpact::ThreadComm> || std::is_same_v<Comm, commpact::CountingComm<commpact::ThreadComm>>;
-
-inline std::vector<float> normal(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 inline std::size_t numel(const commpact::tensor_layout& l) {
   std::size_t n = 0;
