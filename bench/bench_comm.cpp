@@ -4,15 +4,18 @@
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 2 build/bench/bench_comm
 //
-// Variants (the `x_raw` counter is the time relative to `raw` for the same operation
-// and size, measured minutes apart at most, in the same run):
+// One benchmark per operation and size; each iteration runs every variant once, in a
+// rotating order, so all variants see the same machine load. Counters: `<variant>` is
+// the median time of one call in microseconds, `<variant>_x` that median over raw's
+// (medians, because a loaded machine preempts ranks now and then). Variants:
 //   raw          MPI_Allreduce(MPI_IN_PLACE) / MPI_Allgather / MPI_Bcast / MPI_Sendrecv
 //   raw_nb       the nonblocking MPI call MpiComm uses, then MPI_Wait (collectives only)
 //   default      MpiComm{world}: signature check + staging (safe)
 //   checked      CheckedComm<MpiComm> over an unchecked MpiComm (the decorator's check)
 //   unchecked    MpiComm{verify_collectives = false} (staging kept)
 //   unchecked_nostage  MpiComm{verify_collectives = false, isolate_buffers = false}
-//   known        (send/recv only) isend + irecv of a known size on a default MpiComm
+//   known        (send/recv only) isend + irecv of a known size on a default MpiComm;
+//                unchecked_nostage_known: the same without staging
 // Sizes are per call: allgather's output is `bytes` in total (P blocks of bytes / P).
 #include <benchmark/benchmark.h>
 #include <mpi.h>
@@ -21,7 +24,9 @@
 #include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <cstddef>
-#include <map>
+#include <algorithm>
+#include <functional>
+#include <utility>
 #include <memory>
 #include <string>
 #include <vector>
@@ -40,7 +45,6 @@ struct world_t {
   ~world_t() { MPI_Comm_free(&raw); }
 };
 std::unique_ptr<world_t> g_world;
-std::map<std::string, double> g_raw_seconds;  // "op/bytes" -> seconds per iteration of raw
 
 int rank_of_world() {
   int r = 0;
@@ -57,91 +61,106 @@ int iterations_for(std::size_t bytes) {
   if (bytes <= (4u << 10)) return 2000;
   if (bytes <= (64u << 10)) return 300;
   if (bytes <= (1u << 20)) return 40;
-  if (bytes <= (16u << 20)) return 6;
-  return 3;
+  if (bytes <= (16u << 20)) return 8;
+  return 5;
 }
 
-template <class Op>
-void timed(benchmark::State& st, const std::string& key, bool is_raw, std::size_t bytes, Op&& op) {
-  op();  // warm up (staging and pools grow here)
+using variant_fn = std::function<void()>;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+//! Runs every variant once per iteration (rotating the order) and reports the medians.
+void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std::pair<std::string, variant_fn>>& vs) {
+  for (const auto& [name, fn] : vs) fn();  // warm up (staging and pools grow here)
   MPI_Barrier(MPI_COMM_WORLD);
-  double total = 0;
+  std::vector<std::vector<double>> t(vs.size());
+  std::size_t turn = 0;
   for (auto _ : st) {
-    const auto t0 = std::chrono::steady_clock::now();
-    op();
-    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    st.SetIterationTime(s);
-    total += s;
+    double raw = 0;
+    for (std::size_t k = 0; k < vs.size(); ++k) {
+      const std::size_t i = (k + turn) % vs.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      vs[i].second();
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t[i].push_back(sec);
+      if (i == 0) raw = sec;
+    }
+    ++turn;
+    st.SetIterationTime(raw);
   }
-  const double per = total / static_cast<double>(st.iterations());
-  if (is_raw) g_raw_seconds[key] = per;
-  if (auto it = g_raw_seconds.find(key); it != g_raw_seconds.end()) st.counters["x_raw"] = per / it->second;
+  const double raw_med = median(t[0]);
+  for (std::size_t i = 0; i < vs.size(); ++i) {
+    const double m = median(t[i]);
+    st.counters[vs[i].first] = m * 1e6;
+    if (i > 0) st.counters[vs[i].first + "_x"] = m / raw_med;
+  }
   st.SetBytesProcessed(static_cast<std::int64_t>(bytes) * st.iterations());
 }
 
-void bench_allreduce(benchmark::State& st, std::string variant, std::size_t bytes) {
+void bench_allreduce(benchmark::State& st, std::size_t bytes) {
   auto& w = *g_world;
   std::vector<float> g(bytes / sizeof(float), 1.f);
   std::span<float> s(g);
   const int n = static_cast<int>(g.size());
-  const std::string key = "allreduce/" + std::to_string(bytes);
-  if (variant == "raw")
-    timed(st, key, true, bytes, [&] { MPI_Allreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_SUM, w.raw); });
-  else if (variant == "raw_nb")
-    timed(st, key, false, bytes, [&] {
-      MPI_Request q;
-      MPI_Iallreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_SUM, w.raw, &q);
-      MPI_Wait(&q, MPI_STATUS_IGNORE);
-    });
-  else if (variant == "default") timed(st, key, false, bytes, [&] { w.def.allreduce(s); });
-  else if (variant == "checked") timed(st, key, false, bytes, [&] { w.checked.allreduce(s); });
-  else if (variant == "unchecked") timed(st, key, false, bytes, [&] { w.unchecked.allreduce(s); });
-  else timed(st, key, false, bytes, [&] { w.nostage.allreduce(s); });
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Iallreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.allreduce(s, reduce_op::max); }},
+                {"checked", [&] { w.checked.allreduce(s, reduce_op::max); }},
+                {"unchecked", [&] { w.unchecked.allreduce(s, reduce_op::max); }},
+                {"unchecked_nostage", [&] { w.nostage.allreduce(s, reduce_op::max); }}});
 }
 
-void bench_allgather(benchmark::State& st, std::string variant, std::size_t bytes) {
+void bench_allgather(benchmark::State& st, std::size_t bytes) {
   auto& w = *g_world;
   const std::size_t block = bytes / static_cast<std::size_t>(size_of_world());
   std::vector<std::byte> in(block, std::byte{1}), out(block * static_cast<std::size_t>(size_of_world()));
   std::span<const std::byte> si(in);
   std::span<std::byte> so(out);
   const int n = static_cast<int>(block);
-  const std::string key = "allgather/" + std::to_string(bytes);
-  if (variant == "raw")
-    timed(st, key, true, bytes, [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw); });
-  else if (variant == "raw_nb")
-    timed(st, key, false, bytes, [&] {
-      MPI_Request q;
-      MPI_Iallgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw, &q);
-      MPI_Wait(&q, MPI_STATUS_IGNORE);
-    });
-  else if (variant == "default") timed(st, key, false, bytes, [&] { w.def.allgather(si, so); });
-  else if (variant == "checked") timed(st, key, false, bytes, [&] { w.checked.allgather(si, so); });
-  else if (variant == "unchecked") timed(st, key, false, bytes, [&] { w.unchecked.allgather(si, so); });
-  else timed(st, key, false, bytes, [&] { w.nostage.allgather(si, so); });
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Iallgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.allgather(si, so); }},
+                {"checked", [&] { w.checked.allgather(si, so); }},
+                {"unchecked", [&] { w.unchecked.allgather(si, so); }},
+                {"unchecked_nostage", [&] { w.nostage.allgather(si, so); }}});
 }
 
-void bench_broadcast(benchmark::State& st, std::string variant, std::size_t bytes) {
+void bench_broadcast(benchmark::State& st, std::size_t bytes) {
   auto& w = *g_world;
   std::vector<std::byte> d(bytes, std::byte{3});
   std::span<std::byte> s(d);
   const int n = static_cast<int>(bytes);
-  const std::string key = "broadcast/" + std::to_string(bytes);
-  if (variant == "raw") timed(st, key, true, bytes, [&] { MPI_Bcast(d.data(), n, MPI_BYTE, 0, w.raw); });
-  else if (variant == "raw_nb")
-    timed(st, key, false, bytes, [&] {
-      MPI_Request q;
-      MPI_Ibcast(d.data(), n, MPI_BYTE, 0, w.raw, &q);
-      MPI_Wait(&q, MPI_STATUS_IGNORE);
-    });
-  else if (variant == "default") timed(st, key, false, bytes, [&] { w.def.broadcast(s, 0); });
-  else if (variant == "checked") timed(st, key, false, bytes, [&] { w.checked.broadcast(s, 0); });
-  else if (variant == "unchecked") timed(st, key, false, bytes, [&] { w.unchecked.broadcast(s, 0); });
-  else timed(st, key, false, bytes, [&] { w.nostage.broadcast(s, 0); });
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Bcast(d.data(), n, MPI_BYTE, 0, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Ibcast(d.data(), n, MPI_BYTE, 0, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.broadcast(s, 0); }},
+                {"checked", [&] { w.checked.broadcast(s, 0); }},
+                {"unchecked", [&] { w.unchecked.broadcast(s, 0); }},
+                {"unchecked_nostage", [&] { w.nostage.broadcast(s, 0); }}});
 }
 
 // Pairwise exchange with rank ^ 1 (an odd last rank idles).
-void bench_sendrecv(benchmark::State& st, std::string variant, std::size_t bytes) {
+void bench_sendrecv(benchmark::State& st, std::size_t bytes) {
   auto& w = *g_world;
   const int r = rank_of_world(), peer = r ^ 1;
   const bool paired = peer < size_of_world();
@@ -149,8 +168,7 @@ void bench_sendrecv(benchmark::State& st, std::string variant, std::size_t bytes
   std::vector<std::byte> buf;
   buf.reserve(bytes);
   const int n = static_cast<int>(bytes);
-  const std::string key = "sendrecv/" + std::to_string(bytes);
-  auto exchange = [&](MpiComm& c) {
+  auto exchange = [&](auto& c) {
     if (paired) c.sendrecv(peer, msg, buf);
   };
   auto known = [&](MpiComm& c) {
@@ -160,18 +178,18 @@ void bench_sendrecv(benchmark::State& st, std::string variant, std::size_t bytes
     rq.wait();
     sq.wait();
   };
-  if (variant == "raw")
-    timed(st, key, true, bytes, [&] {
-      if (paired)
-        MPI_Sendrecv(msg.data(), n, MPI_BYTE, peer, 0, got.data(), n, MPI_BYTE, peer, 0, w.raw, MPI_STATUS_IGNORE);
-    });
-  else if (variant == "default") timed(st, key, false, bytes, [&] { exchange(w.def); });
-  else if (variant == "known") timed(st, key, false, bytes, [&] { known(w.def); });
-  else if (variant == "checked") timed(st, key, false, bytes, [&] {
-      if (paired) w.checked.sendrecv(peer, msg, buf);
-    });
-  else if (variant == "unchecked") timed(st, key, false, bytes, [&] { exchange(w.unchecked); });
-  else timed(st, key, false, bytes, [&] { known(w.nostage); });
+  run_variants(st, bytes,
+               {{"raw",
+                 [&] {
+                   if (paired)
+                     MPI_Sendrecv(msg.data(), n, MPI_BYTE, peer, 0, got.data(), n, MPI_BYTE, peer, 0, w.raw,
+                                  MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { exchange(w.def); }},
+                {"known", [&] { known(w.def); }},
+                {"checked", [&] { exchange(w.checked); }},
+                {"unchecked", [&] { exchange(w.unchecked); }},
+                {"unchecked_nostage_known", [&] { known(w.nostage); }}});
 }
 
 class quiet_reporter : public benchmark::BenchmarkReporter {
@@ -188,23 +206,20 @@ int main(int argc, char** argv) {
   g_world = std::make_unique<world_t>();
   const int P = size_of_world();
   const std::vector<std::size_t> sizes = {1u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
-  const std::vector<std::string> coll = {"raw", "raw_nb", "default", "checked", "unchecked", "unchecked_nostage"};
-  const std::vector<std::string> p2p = {"raw", "default", "known", "checked", "unchecked", "unchecked_nostage"};
-  auto add = [&](const char* op, auto fn, const std::vector<std::string>& variants) {
+  auto add = [&](const char* op, void (*fn)(benchmark::State&, std::size_t)) {
     for (auto bytes : sizes)
-      for (const auto& v : variants)
-        benchmark::RegisterBenchmark((std::string(op) + "/P" + std::to_string(P) + "/" + std::to_string(bytes >> 10) +
-                                      "KiB/" + v)
-                                         .c_str(),
-                                     fn, v, bytes)
-            ->Iterations(iterations_for(bytes))
-            ->UseManualTime()
-            ->Unit(benchmark::kMicrosecond);
+      benchmark::RegisterBenchmark((std::string(op) + "/P" + std::to_string(P) + "/" + std::to_string(bytes >> 10) +
+                                    "KiB")
+                                       .c_str(),
+                                   fn, bytes)
+          ->Iterations(iterations_for(bytes))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
   };
-  add("allreduce", bench_allreduce, coll);
-  add("allgather", bench_allgather, coll);
-  add("broadcast", bench_broadcast, coll);
-  add("sendrecv", bench_sendrecv, p2p);
+  add("allreduce", bench_allreduce);
+  add("allgather", bench_allgather);
+  add("broadcast", bench_broadcast);
+  add("sendrecv", bench_sendrecv);
   if (rank_of_world() == 0) {
     benchmark::RunSpecifiedBenchmarks();
   } else {

@@ -65,6 +65,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "mpi/allreduce.hpp"
 #include "mpi/datatype.hpp"
 #include "mpi/point_to_point.hpp"
 #include "mpi/request.hpp"
@@ -100,7 +101,16 @@ class MpiComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    iallreduce(data, op).wait();
+    if (data.size_bytes() > detail::mpi_small_allreduce_bytes) return iallreduce(data, op).wait();
+    // Small: recursive doubling over point to point (mpi/allreduce.hpp), which has the
+    // latency of a blocking MPI_Allreduce; it receives only into internal scratch.
+    static_assert(detail::mpi_reducible<T>,
+                  "commpact::MpiComm::allreduce supports float, double and 32- or 64-bit integers; convert other "
+                  "element types first.");
+    auto& s = *state_;
+    s.enter("allreduce");
+    if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return;
+    s.small_allreduce(data, op, "allreduce");
   }
   //! Nonblocking allreduce; `data` must stay alive until the handle completed. With
   //! verify_collectives the signature check runs before this returns (one round trip).
@@ -112,17 +122,7 @@ class MpiComm {
                   "element types first.");
     auto& s = *state_;
     s.enter("allreduce");
-    std::string bad;
-    if (op != reduce_op::sum && op != reduce_op::min && op != reduce_op::max)
-      bad = detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed reduce_op ", static_cast<int>(op),
-                        "; use reduce_op::sum, min or max.");
-    else if (data.size() > static_cast<std::size_t>(INT_MAX))
-      bad = detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed ", data.size(),
-                        " elements; MPI counts are int, so at most ", INT_MAX, " per call: split the buffer.");
-    if (!verified({detail::coll_kind_sig::allreduce, detail::sig_type_code<T>(),
-                   static_cast<std::int64_t>(data.size_bytes()), static_cast<int>(op)},
-                  bad))
-      return {};
+    if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return {};
     const MPI_Op mop = op == reduce_op::sum ? MPI_SUM : op == reduce_op::min ? MPI_MIN : MPI_MAX;
     // Isolated: MPI reads `data` and writes staging (out of place, which also lets
     // OpenMPI pick its bandwidth-optimal algorithms). Otherwise in place on `data`.
@@ -312,6 +312,22 @@ class MpiComm {
     require(bytes <= static_cast<std::size_t>(INT_MAX), "commpact::MpiComm::", what, ": rank ", rank(),
             " passed a message of ", bytes, " bytes; MPI counts are int, so at most ", INT_MAX,
             " bytes per message: split it.");
+  }
+
+  template <class T>
+  static detail::collective_signature allreduce_signature(std::span<T> data, reduce_op op) {
+    return {detail::coll_kind_sig::allreduce, detail::sig_type_code<T>(), static_cast<std::int64_t>(data.size_bytes()),
+            static_cast<int>(op)};
+  }
+  template <class T>
+  std::string allreduce_error(std::span<T> data, reduce_op op) const {
+    if (op != reduce_op::sum && op != reduce_op::min && op != reduce_op::max)
+      return detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed reduce_op ", static_cast<int>(op),
+                         "; use reduce_op::sum, min or max.");
+    if (data.size() > static_cast<std::size_t>(INT_MAX))
+      return detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed ", data.size(),
+                         " elements; MPI counts are int, so at most ", INT_MAX, " per call: split the buffer.");
+    return {};
   }
 
   //! Returns false when the collective has nothing to move (all ranks agreed on 0 bytes).

@@ -22,6 +22,7 @@
 
 #include "../../error.hpp"
 #include "../signature.hpp"
+#include "allreduce.hpp"
 #include "datatype.hpp"
 #include "failure.hpp"
 #include "point_to_point.hpp"
@@ -242,11 +243,15 @@ class mpi_state {
   void verify(const collective_signature& sig, const std::string& local_error) {
     encode_signature(sig, rank_, !local_error.empty(), sig_.get());
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
-    MPI_Request req = MPI_REQUEST_NULL;
-    check(MPI_Iallreduce(MPI_IN_PLACE, sig_.get(), signature_words, MPI_INT64_T, MPI_MAX, comm_, &req),
-          "MPI_Iallreduce", what);
-    wait(req, what);
+    small_allreduce(std::span<std::int64_t>(sig_.get(), signature_words), reduce_op::max, what);
     judge_signature(sig, rank_, sig_.get(), local_error, "commpact::MpiComm");
+  }
+
+  //! In-place allreduce by recursive doubling over point to point (mpi/allreduce.hpp):
+  //! the latency path, for data of at most mpi_small_allreduce_bytes.
+  template <class T>
+  void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
+    mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
   }
 
   //! A staging buffer of at least n bytes (reused; grows only).
@@ -324,6 +329,7 @@ class mpi_state {
   void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
     new std::vector<std::byte>(std::move(staging_));
     new std::vector<std::vector<std::byte>>(std::move(pool_));
+    new std::vector<std::byte>(std::move(rd_scratch_));
     (void)sig_.release();
   }
 
@@ -336,6 +342,7 @@ class mpi_state {
   std::unique_ptr<std::int64_t[]> sig_ = std::make_unique<std::int64_t[]>(signature_words);
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
   std::vector<std::byte> staging_;
+  std::vector<std::byte> rd_scratch_;  // receive buffer of small_allreduce
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
   mpi_send_queue sends_;
 };
