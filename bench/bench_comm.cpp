@@ -7,7 +7,8 @@
 // One benchmark per operation and size; each iteration runs every variant once, in a
 // rotating order, so all variants see the same machine load. Counters: `<variant>` is
 // the median time of one call in microseconds, `<variant>_x` that median over raw's
-// (medians, because a loaded machine preempts ranks now and then). Variants:
+// (medians, because a loaded machine preempts ranks now and then), `<variant>_xmin`
+// the ratio of the fastest calls (the cost without interference). Variants:
 //   raw          MPI_Allreduce(MPI_IN_PLACE) / MPI_Allgather / MPI_Bcast / MPI_Sendrecv
 //   raw_nb       the nonblocking MPI call MpiComm uses, then MPI_Wait (collectives only)
 //   default      MpiComm{world}: signature check + staging (safe)
@@ -91,11 +92,14 @@ void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std
     ++turn;
     st.SetIterationTime(raw);
   }
-  const double raw_med = median(t[0]);
+  const double raw_med = median(t[0]), raw_min = *std::min_element(t[0].begin(), t[0].end());
   for (std::size_t i = 0; i < vs.size(); ++i) {
     const double m = median(t[i]);
     st.counters[vs[i].first] = m * 1e6;
-    if (i > 0) st.counters[vs[i].first + "_x"] = m / raw_med;
+    if (i > 0) {
+      st.counters[vs[i].first + "_x"] = m / raw_med;
+      st.counters[vs[i].first + "_xmin"] = *std::min_element(t[i].begin(), t[i].end()) / raw_min;
+    }
   }
   st.SetBytesProcessed(static_cast<std::int64_t>(bytes) * st.iterations());
 }

@@ -65,10 +65,10 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "mpi/allreduce.hpp"
 #include "mpi/datatype.hpp"
 #include "mpi/point_to_point.hpp"
 #include "mpi/request.hpp"
+#include "mpi/small_collectives.hpp"
 #include "mpi/state.hpp"
 #include "signature.hpp"
 
@@ -101,9 +101,9 @@ class MpiComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    if (data.size_bytes() > detail::mpi_small_allreduce_bytes) return iallreduce(data, op).wait();
-    // Small: recursive doubling over point to point (mpi/allreduce.hpp), which has the
-    // latency of a blocking MPI_Allreduce; it receives only into internal scratch.
+    if (data.size_bytes() > detail::mpi_small_collective_bytes) return iallreduce(data, op).wait();
+    // Small: recursive doubling over point to point (mpi/small_collectives.hpp), with
+    // the latency of a blocking MPI_Allreduce; it receives only into internal scratch.
     static_assert(detail::mpi_reducible<T>,
                   "commpact::MpiComm::allreduce supports float, double and 32- or 64-bit integers; convert other "
                   "element types first.");
@@ -145,7 +145,11 @@ class MpiComm {
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void allgather(std::span<const T> in, std::span<T> out) {
-    iallgather(in, out).wait();
+    if (out.size_bytes() > detail::mpi_small_collective_bytes) return iallgather(in, out).wait();
+    auto& s = *state_;
+    s.enter("allgather");
+    if (!verified(allgather_signature(in), allgather_error(in, out))) return;
+    s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
   }
   //! Nonblocking allgather (see iallreduce).
   template <class T>
@@ -153,16 +157,7 @@ class MpiComm {
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     s.enter("allgather");
-    const int P = size();
-    std::string bad;
-    if (out.size() != in.size() * static_cast<std::size_t>(P))
-      bad = detail::cat("commpact::MpiComm::allgather: rank ", rank(), " passed an output of ", out.size(),
-                        " elements; it must hold size() * in.size() = ", P, " * ", in.size(), ".");
-    else if (in.size_bytes() > static_cast<std::size_t>(INT_MAX))
-      bad = detail::cat("commpact::MpiComm::allgather: rank ", rank(), " passed a block of ", in.size_bytes(),
-                        " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per block: split the call.");
-    if (!verified({detail::coll_kind_sig::allgather, 0, static_cast<std::int64_t>(in.size_bytes()), 0}, bad))
-      return {};
+    if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
     const int n = static_cast<int>(in.size_bytes());
     mpi_request r(state_, "allgather");
     void* dst = out.data();
@@ -180,7 +175,11 @@ class MpiComm {
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void broadcast(std::span<T> data, int root) {
-    ibroadcast(data, root).wait();
+    if (data.size_bytes() > detail::mpi_small_collective_bytes) return ibroadcast(data, root).wait();
+    auto& s = *state_;
+    s.enter("broadcast");
+    if (!verified(broadcast_signature(data, root), broadcast_error(data, root))) return;
+    s.small_broadcast(std::as_writable_bytes(data), root);
   }
   //! Nonblocking broadcast (see iallreduce).
   template <class T>
@@ -188,15 +187,7 @@ class MpiComm {
   mpi_request ibroadcast(std::span<T> data, int root) {
     auto& s = *state_;
     s.enter("broadcast");
-    std::string bad;
-    if (root < 0 || root >= size())
-      bad = detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed root ", root, ", outside [0, ", size(),
-                        "); pass the rank that holds the data.");
-    else if (data.size_bytes() > static_cast<std::size_t>(INT_MAX))
-      bad = detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed ", data.size_bytes(),
-                        " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per call: split the buffer.");
-    if (!verified({detail::coll_kind_sig::broadcast, 0, static_cast<std::int64_t>(data.size_bytes()), root}, bad))
-      return {};
+    if (!verified(broadcast_signature(data, root), broadcast_error(data, root))) return {};
     mpi_request r(state_, "broadcast");
     void* buf = data.data();  // the root's buffer is only read
     if (s.options().isolate_buffers && !data.empty() && rank() != root) {
@@ -327,6 +318,36 @@ class MpiComm {
     if (data.size() > static_cast<std::size_t>(INT_MAX))
       return detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed ", data.size(),
                          " elements; MPI counts are int, so at most ", INT_MAX, " per call: split the buffer.");
+    return {};
+  }
+
+  template <class T>
+  static detail::collective_signature allgather_signature(std::span<const T> in) {
+    return {detail::coll_kind_sig::allgather, 0, static_cast<std::int64_t>(in.size_bytes()), 0};
+  }
+  template <class T>
+  std::string allgather_error(std::span<const T> in, std::span<T> out) const {
+    const int P = size();
+    if (out.size() != in.size() * static_cast<std::size_t>(P))
+      return detail::cat("commpact::MpiComm::allgather: rank ", rank(), " passed an output of ", out.size(),
+                         " elements; it must hold size() * in.size() = ", P, " * ", in.size(), ".");
+    if (in.size_bytes() > static_cast<std::size_t>(INT_MAX))
+      return detail::cat("commpact::MpiComm::allgather: rank ", rank(), " passed a block of ", in.size_bytes(),
+                         " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per block: split the call.");
+    return {};
+  }
+  template <class T>
+  static detail::collective_signature broadcast_signature(std::span<T> data, int root) {
+    return {detail::coll_kind_sig::broadcast, 0, static_cast<std::int64_t>(data.size_bytes()), root};
+  }
+  template <class T>
+  std::string broadcast_error(std::span<T> data, int root) const {
+    if (root < 0 || root >= size())
+      return detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed root ", root, ", outside [0, ",
+                         size(), "); pass the rank that holds the data.");
+    if (data.size_bytes() > static_cast<std::size_t>(INT_MAX))
+      return detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed ", data.size_bytes(),
+                         " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per call: split the buffer.");
     return {};
   }
 

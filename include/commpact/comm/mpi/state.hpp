@@ -22,7 +22,7 @@
 
 #include "../../error.hpp"
 #include "../signature.hpp"
-#include "allreduce.hpp"
+#include "small_collectives.hpp"
 #include "datatype.hpp"
 #include "failure.hpp"
 #include "point_to_point.hpp"
@@ -200,10 +200,12 @@ class mpi_state {
 
   //! Polls `done()` (which calls MPI). The first spins touch neither the clock nor the
   //! failure channel, so a fast operation pays for nothing but MPI_Test; then every
-  //! 16th spin tests the failure notice and the deadline. Politeness on oversubscribed
-  //! nodes: spin tightly for 20 us, then yield (MPI progresses only while it is
-  //! called, so a long transfer is never slowed by sleeping), and sleep 50 us between
-  //! polls only once a wait has lasted a second, i.e. when a peer is late.
+  //! 16th spin tests the failure notice and the deadline. Like MPI_Wait, it does not
+  //! give the core away while an operation is merely in progress (a yield on a busy
+  //! node costs a scheduler time slice, and MPI progresses only while it is called);
+  //! on an oversubscribed node OpenMPI's progress engine yields inside MPI_Test
+  //! itself (mpi_yield_when_idle). After 10 ms it yields, and after a second, when a
+  //! peer is late rather than data slow, it sleeps 50 us between polls.
   template <class Done>
   void poll(const char* what, Done&& done) {
     for (int i = 0; i < 64; ++i)
@@ -224,7 +226,7 @@ class mpi_state {
       }
       const auto waited = now - start;
       if (waited >= std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(50));
-      else if (waited >= std::chrono::microseconds(20)) std::this_thread::yield();
+      else if (waited >= std::chrono::milliseconds(10)) std::this_thread::yield();
     }
   }
 
@@ -247,11 +249,17 @@ class mpi_state {
     judge_signature(sig, rank_, sig_.get(), local_error, "commpact::MpiComm");
   }
 
-  //! In-place allreduce by recursive doubling over point to point (mpi/allreduce.hpp):
-  //! the latency path, for data of at most mpi_small_allreduce_bytes.
+  // The latency path over point to point (mpi/small_collectives.hpp), for collectives
+  // of at most mpi_small_collective_bytes.
   template <class T>
   void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
     mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
+  }
+  void small_broadcast(std::span<std::byte> data, int root) {
+    mpi_tree_broadcast(*this, data, root, opt_.isolate_buffers, rd_scratch_, "broadcast");
+  }
+  void small_allgather(std::span<const std::byte> in, std::span<std::byte> out) {
+    mpi_direct_allgather(*this, in, out, opt_.isolate_buffers, rd_scratch_, rd_reqs_, "allgather");
   }
 
   //! A staging buffer of at least n bytes (reused; grows only).
@@ -342,7 +350,8 @@ class mpi_state {
   std::unique_ptr<std::int64_t[]> sig_ = std::make_unique<std::int64_t[]>(signature_words);
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
   std::vector<std::byte> staging_;
-  std::vector<std::byte> rd_scratch_;  // receive buffer of small_allreduce
+  std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
+  std::vector<MPI_Request> rd_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
   mpi_send_queue sends_;
 };
