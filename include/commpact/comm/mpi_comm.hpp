@@ -126,7 +126,7 @@ class MpiComm {
     const MPI_Op mop = op == reduce_op::sum ? MPI_SUM : op == reduce_op::min ? MPI_MIN : MPI_MAX;
     // Isolated: MPI reads `data` and writes staging (out of place, which also lets
     // OpenMPI pick its bandwidth-optimal algorithms). Otherwise in place on `data`.
-    mpi_request r(state_, "allreduce");
+    mpi_request r(state_, "allreduce", true);
     const void* src = MPI_IN_PLACE;
     void* dst = data.data();
     if (s.options().isolate_buffers && !data.empty()) {
@@ -159,7 +159,7 @@ class MpiComm {
     s.enter("allgather");
     if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
     const int n = static_cast<int>(in.size_bytes());
-    mpi_request r(state_, "allgather");
+    mpi_request r(state_, "allgather", true);
     void* dst = out.data();
     if (s.options().isolate_buffers && n > 0) {
       r.stage_ = s.take_buffer(out.size_bytes());
@@ -188,7 +188,7 @@ class MpiComm {
     auto& s = *state_;
     s.enter("broadcast");
     if (!verified(broadcast_signature(data, root), broadcast_error(data, root))) return {};
-    mpi_request r(state_, "broadcast");
+    mpi_request r(state_, "broadcast", true);
     void* buf = data.data();  // the root's buffer is only read
     if (s.options().isolate_buffers && !data.empty() && rank() != root) {
       r.stage_ = s.take_buffer(data.size_bytes());
@@ -247,7 +247,7 @@ class MpiComm {
     check_message(peer, msg.size(), "isend");
     auto& s = *state_;
     s.enter("isend");
-    mpi_request r(state_, "isend");
+    mpi_request r(state_, "isend", false);
     r.started(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, detail::mpi_send_queue::tag,
                       s.native(), &r.req_), "MPI_Isend");
     return r;
@@ -260,7 +260,7 @@ class MpiComm {
     check_message(peer, buf.size(), "irecv");
     auto& s = *state_;
     s.enter("irecv");
-    mpi_request r(state_, "irecv");
+    mpi_request r(state_, "irecv", false);
     r.expect_bytes_ = static_cast<long long>(buf.size());
     void* dst = buf.data();
     if (s.options().isolate_buffers && !buf.empty()) {

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -37,6 +38,7 @@ class mpi_request {
       req_ = std::exchange(o.req_, MPI_REQUEST_NULL);
       status_ = o.status_;
       what_ = o.what_;
+      collective_ = o.collective_;
       deadline_ = o.deadline_;
       stage_ = std::move(o.stage_);
       out_ = std::exchange(o.out_, nullptr);
@@ -52,7 +54,8 @@ class mpi_request {
   //! True when the operation completed (or the handle is empty).
   bool test() {
     if (!s_) return true;
-    detail::world_errors_return guard;  // see world_errors_return (collectives report on MPI_COMM_WORLD)
+    std::optional<detail::world_errors_return> guard;  // collectives report errors on MPI_COMM_WORLD
+    if (collective_) guard.emplace();
     if (step()) return true;
     guarded([&] {
       s_->throw_if_told(what_);
@@ -64,7 +67,8 @@ class mpi_request {
   //! Blocks until the operation completed.
   void wait() {
     if (!s_) return;
-    detail::world_errors_return guard;
+    std::optional<detail::world_errors_return> guard;
+    if (collective_) guard.emplace();
     guarded([&] { s_->poll(what_, [&] { return step_raw(); }); });
     complete();
   }
@@ -75,8 +79,8 @@ class mpi_request {
  private:
   friend class MpiComm;
 
-  mpi_request(std::shared_ptr<detail::mpi_state> s, const char* what)
-      : s_(std::move(s)), what_(what),
+  mpi_request(std::shared_ptr<detail::mpi_state> s, const char* what, bool collective)
+      : s_(std::move(s)), what_(what), collective_(collective),
         deadline_(std::chrono::steady_clock::now() + s_->options().timeout) {}
 
   //! Call with the return code of the MPI call that started the operation: on an error
@@ -149,6 +153,7 @@ class mpi_request {
   MPI_Request req_ = MPI_REQUEST_NULL;
   MPI_Status status_{};
   const char* what_ = "";
+  bool collective_ = true;
   std::chrono::steady_clock::time_point deadline_{};
   std::vector<std::byte> stage_;  // pooled staging (isolate_buffers), copied to out_ on completion
   void* out_ = nullptr;
