@@ -101,7 +101,7 @@ class MpiComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    if (data.size_bytes() > detail::mpi_small_collective_bytes) return iallreduce(data, op).wait();
+    if (data.size_bytes() > detail::mpi_rd_allreduce_bytes) return iallreduce(data, op).wait();
     // Small: recursive doubling over point to point (mpi/small_collectives.hpp), with
     // the latency of a blocking MPI_Allreduce; it receives only into internal scratch.
     static_assert(detail::mpi_reducible<T>,

@@ -1,7 +1,7 @@
 #pragma once
 //! \file mpi/small_collectives.hpp
 //! MpiComm's latency path for small collectives (the signature check, and data up to
-//! `mpi_small_collective_bytes`): allreduce by recursive doubling, broadcast down a
+//! the thresholds below): allreduce by recursive doubling, broadcast down a
 //! binomial tree, allgather by direct exchange, all over point-to-point messages and
 //! progressed by the same deadline-bounded MPI_Test loop as everything else. OpenMPI's
 //! nonblocking collectives (libnbc) take about twice the latency of its blocking ones
@@ -21,15 +21,20 @@
 #include <cstddef>
 #include <cstring>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "../../concepts.hpp"
 
 namespace commpact::detail {
 
-//! Collectives moving at most this many bytes (allreduce and broadcast: the data;
+//! Broadcasts and allgathers moving at most this many bytes (broadcast: the data;
 //! allgather: the whole output) take the point-to-point path.
 inline constexpr std::size_t mpi_small_collective_bytes = 64 * 1024;
+//! Allreduces of at most this many bytes take recursive doubling. It needs no staging
+//! copy (MPI only ever receives into scratch), and OpenMPI's nonblocking allreduce is
+//! slowest against its blocking one around 1 MiB.
+inline constexpr std::size_t mpi_rd_allreduce_bytes = 1024 * 1024;
 inline constexpr int mpi_rd_tag = 19;
 
 //! Waits for `reqs` under the state's deadline and failure notices. On an error the
@@ -58,7 +63,12 @@ void combine_low_high(T* acc, const T* other, std::size_t n, reduce_op op, bool 
   // result = op(low, high), identical on both partners
   switch (op) {
     case reduce_op::sum:
-      for (std::size_t i = 0; i < n; ++i) acc[i] = acc_is_low ? acc[i] + other[i] : other[i] + acc[i];
+      if constexpr (std::is_integral_v<T>) {  // wraps like MPI_SUM, without signed overflow
+        using U = std::make_unsigned_t<T>;
+        for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(static_cast<U>(acc[i]) + static_cast<U>(other[i]));
+      } else {
+        for (std::size_t i = 0; i < n; ++i) acc[i] = acc_is_low ? acc[i] + other[i] : other[i] + acc[i];
+      }
       break;
     case reduce_op::min:
       for (std::size_t i = 0; i < n; ++i)

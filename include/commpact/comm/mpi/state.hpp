@@ -250,7 +250,7 @@ class mpi_state {
   }
 
   // The latency path over point to point (mpi/small_collectives.hpp), for collectives
-  // of at most mpi_small_collective_bytes.
+  // of at most mpi_rd_allreduce_bytes (allreduce) or mpi_small_collective_bytes.
   template <class T>
   void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
     mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
