@@ -61,7 +61,9 @@ TEST_CASE("MpiComm: nonblocking known-size messages, several in flight, in order
 
 TEST_CASE("MpiComm: a nonblocking receive nobody answers times out at the deadline, polled with test()",
           "[comm][mpi][async][failure]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 300ms}};
+  // (Not much shorter: construction runs under the same deadline, and 8 ranks on two
+  // busy cores can take a few hundred ms to duplicate a communicator.)
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 2s}};
   const int P = comm.size(), r = comm.rank();
   if (P < 2) return;
   std::vector<std::byte> buf(8);
@@ -73,13 +75,13 @@ TEST_CASE("MpiComm: a nonblocking receive nobody answers times out at the deadli
   } catch (const timeout_error& e) {
     ok = own = std::string(e.what()).find("irecv") != std::string::npos;
   } catch (const peer_failure& e) {
-    ok = std::string(e.what()).find("waited more than 300 ms") != std::string::npos;  // another rank's deadline
+    ok = std::string(e.what()).find("waited more than 2000 ms") != std::string::npos;  // another rank's deadline
   }
   const double waited = std::chrono::duration<double>(clk::now() - t0).count();
   INFO("rank " << r << " waited " << waited << " s");
   REQUIRE(ok);
-  if (own) REQUIRE(waited >= 0.29);  // not before its deadline
-  REQUIRE(waited < 3.0);
+  if (own) REQUIRE(waited >= 1.99);  // not before its deadline
+  REQUIRE(waited < 8.0);
   REQUIRE(count_on_all_ranks(ok) == P);
   REQUIRE(comm.failed());
 }
