@@ -17,8 +17,9 @@
 //!
 //! The implementation is split by concern under comm/mpi/: datatype.hpp (element types,
 //! MPI error text), failure.hpp (the failure-notice channel), point_to_point.hpp (the
-//! send pool and receives), state.hpp (mpi_options, the shared state, the wait and the
-//! built-in signature check) and request.hpp (nonblocking handles).
+//! send pool and receives), small_collectives.hpp (the latency path), state.hpp
+//! (mpi_options, the shared state, the wait and the built-in signature check) and
+//! request.hpp (nonblocking handles).
 //!
 //! - Isolation: the constructor duplicates the communicator twice (MPI_Comm_idup): one
 //!   duplicate carries commpact's traffic, the other only failure notices. Both use
@@ -35,9 +36,13 @@
 //!   argument on one rank: invalid_argument on all) before data moves, and the
 //!   communicator stays usable. With it off (the unchecked mode) a disagreement is
 //!   undefined behaviour, as in MPI and NCCL.
-//! - Identical results: allreduce is MPI_Iallreduce; OpenMPI's nonblocking algorithms
-//!   compute each element's final value on one rank and copy it, so every rank gets the
-//!   same bits (the tests check it).
+//! - Latency path: allreduces up to 1 MiB, broadcasts and allgathers up to 64 KiB, and
+//!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
+//!   as fast as OpenMPI's blocking collectives; larger ones use MPI_Iallreduce,
+//!   MPI_Iallgather and MPI_Ibcast (libnbc).
+//! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
+//!   both partners, and OpenMPI's nonblocking algorithms compute each element's final
+//!   value on one rank and copy it, so every rank gets the same bits (tests check it).
 //! - Memory safety after a failure: with `mpi_options::isolate_buffers` (the default)
 //!   operations write into pooled staging memory copied out on success, so an operation
 //!   abandoned after a failure (MPI cannot cancel collectives) never writes into user
