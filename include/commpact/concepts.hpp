@@ -58,6 +58,25 @@ concept has_send_recv = requires(C& c, int peer, std::span<const std::byte> msg,
   c.recv(peer, buf);
   c.sendrecv(peer, msg, buf);
 };
+//! A handle of a nonblocking operation: `wait()` blocks until it completed, `test()`
+//! says whether it has (and completes it when it has).
+template <class H>
+concept waitable = requires(H& h) {
+  h.wait();
+  { h.test() } -> std::convertible_to<bool>;
+};
+template <class C>
+concept has_nonblocking_collectives =
+    requires(C& c, std::span<float> f, std::span<const float> in, std::span<float> out, int root) {
+      { c.iallreduce(f, reduce_op::sum) } -> waitable;
+      { c.iallgather(in, out) } -> waitable;
+      { c.ibroadcast(f, root) } -> waitable;
+    };
+template <class C>
+concept has_nonblocking_send_recv = requires(C& c, int peer, std::span<const std::byte> msg, std::span<std::byte> buf) {
+  { c.isend(peer, msg) } -> waitable;
+  { c.irecv(peer, buf) } -> waitable;
+};
 }  // namespace req
 
 //! A group of `size()` ranks with collectives. `allreduce(span<T>, op)` reduces in
@@ -101,6 +120,46 @@ constexpr bool diagnose_point_to_point() {
                   "commpact: this communicator has no point-to-point exchange: it needs `send(int peer, "
                   "std::span<const std::byte>)`, `recv(int peer, std::vector<std::byte>&)` and `sendrecv(...)`.");
     return PointToPoint<C>;
+  }
+}
+
+//! A Communicator whose collectives also start without waiting: `iallreduce(data, op)`,
+//! `iallgather(in, out)` and `ibroadcast(data, root)` return a handle with `wait()` and
+//! `test()`; several may be in flight, completed in any order, started in the same order
+//! on every rank. Buffers stay the caller's until the handle completed.
+template <class C>
+concept AsyncCommunicator = Communicator<C> && req::has_nonblocking_collectives<C>;
+
+//! An AsyncCommunicator with nonblocking messages of a size both sides know:
+//! `isend(peer, bytes)` and `irecv(peer, std::span<std::byte>)` (exactly that many bytes).
+template <class C>
+concept AsyncPointToPoint = AsyncCommunicator<C> && PointToPoint<C> && req::has_nonblocking_send_recv<C>;
+
+template <class C>
+constexpr bool diagnose_async_communicator() {
+  if constexpr (!Communicator<C>) {
+    return diagnose_communicator<C>();
+  } else {
+    static_assert(req::has_nonblocking_collectives<C>,
+                  "commpact: this communicator has no nonblocking collectives: it needs `iallreduce(std::span<T>, "
+                  "reduce_op)`, `iallgather(in, out)` and `ibroadcast(data, root)`, each returning a handle with "
+                  "`wait()` and `bool test()`.");
+    return AsyncCommunicator<C>;
+  }
+}
+
+template <class C>
+constexpr bool diagnose_async_point_to_point() {
+  if constexpr (!AsyncCommunicator<C>) {
+    return diagnose_async_communicator<C>();
+  } else if constexpr (!PointToPoint<C>) {
+    return diagnose_point_to_point<C>();
+  } else {
+    static_assert(req::has_nonblocking_send_recv<C>,
+                  "commpact: this communicator has no nonblocking point to point: it needs `isend(int peer, "
+                  "std::span<const std::byte>)` and `irecv(int peer, std::span<std::byte>)`, each returning a handle "
+                  "with `wait()` and `bool test()`.");
+    return AsyncPointToPoint<C>;
   }
 }
 

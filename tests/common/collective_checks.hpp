@@ -1,7 +1,9 @@
 #pragma once
 // Checks of the Communicator operations written once over any communicator, so the
 // same assertions run on ThreadComm (tests/test_comm_thread.cpp) and MpiComm
-// (tests/mpi/test_comm_mpi.cpp). Every rank derives the other ranks' inputs from a
+// (tests/mpi/test_comm_mpi.cpp), and under CheckedComm (tests/test_comm_checked.cpp,
+// tests/mpi/test_comm_mpi_checked.cpp). Communicators with nonblocking forms
+// (AsyncCommunicator) also get check_nonblocking_collectives. Every rank derives the other ranks' inputs from a
 // shared seed and computes the serial reference itself.
 #include <catch2/catch.hpp>
 #include <commpact/concepts.hpp>
@@ -150,8 +152,42 @@ void check_point_to_point(Comm& comm, std::uint64_t seed) {
   comm.barrier();
 }
 
+// Nonblocking collectives (AsyncCommunicator): several in flight, completed out of
+// order and partly through test(), give exactly what the blocking forms give.
+template <class Comm>
+void check_nonblocking_collectives(Comm& comm, std::uint64_t seed, std::size_t n) {
+  const int P = comm.size(), r = comm.rank();
+  auto a = rank_floats(seed, r, n, true), b = rank_floats(seed + 1, r, n);
+  auto ra = a, rb = b;
+  comm.allreduce(std::span<float>(ra), commpact::reduce_op::sum);
+  comm.allreduce(std::span<float>(rb), commpact::reduce_op::max);
+  auto blk = rank_floats(seed + 2, r, n);
+  std::vector<float> all(n * P, -7.f), ref_all(n * P);
+  comm.allgather(std::span<const float>(blk), std::span<float>(ref_all));
+  auto bc = rank_floats(seed + 3, r, n), ref_bc = bc;
+  comm.broadcast(std::span<float>(ref_bc), P - 1);
+
+  auto h1 = comm.iallreduce(std::span<float>(a), commpact::reduce_op::sum);
+  auto h2 = comm.iallreduce(std::span<float>(b), commpact::reduce_op::max);
+  auto h3 = comm.iallgather(std::span<const float>(blk), std::span<float>(all));
+  auto h4 = comm.ibroadcast(std::span<float>(bc), P - 1);
+  h3.wait();
+  while (!h2.test()) {
+  }
+  h4.wait();
+  h1.wait();
+  REQUIRE(a == ra);
+  REQUIRE(b == rb);
+  REQUIRE(all == ref_all);
+  REQUIRE(bc == ref_bc);
+}
+
 template <class Comm>
 void check_all_collectives(Comm& comm, std::uint64_t seed, bool rank_order_bitwise) {
+  if constexpr (commpact::AsyncCommunicator<Comm>) {
+    for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{1000}, std::size_t{70000}})
+      check_nonblocking_collectives(comm, seed + 2 * n, n);
+  }
   for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{65537}}) {
     check_allreduce(comm, seed + n, n, rank_order_bitwise);
     check_allgather(comm, seed + n, n);

@@ -10,7 +10,9 @@
 
 #include <atomic>
 #include <cstdlib>
+#include <limits>
 #include <new>
+#include <type_traits>
 
 #include "common/collective_checks.hpp"
 
@@ -91,7 +93,8 @@ TEMPLATE_TEST_CASE("MpiComm allreduce over every supported element type", "[comm
 TEST_CASE("MpiComm real-valued sums are bit-identical on every rank", "[comm][mpi]") {
   MpiComm comm{MPI_COMM_WORLD};
   on_all_ranks(comm, [&] {
-    // Sizes on both sides of OpenMPI's algorithm switches (binomial below 64 KiB, ring above).
+    // Sizes on both sides of MpiComm's switch (recursive doubling up to 1 MiB, then
+    // MPI_Iallreduce) and of OpenMPI's (binomial below 64 KiB, ring above).
     for (std::size_t n : {3u, 1000u, 16383u, 16384u, 100000u, 1u << 20}) {
       auto f = commpact_test::rank_floats(n, comm.rank(), n);
       std::vector<double> d(f.begin(), f.end());
@@ -401,5 +404,44 @@ TEST_CASE("MpiComm send does not wait for the receiver", "[comm][mpi]") {
     REQUIRE(buf.size() == 10);
     comm.flush();
     REQUIRE(comm.pending_sends() == 0);
+  });
+}
+
+TEMPLATE_TEST_CASE("MpiComm integer sums wrap like MPI_SUM on both paths", "[comm][mpi]", std::int32_t, std::int64_t,
+                   std::uint32_t) {
+  MpiComm comm{MPI_COMM_WORLD};
+  const int P = comm.size(), r = comm.rank();
+  using U = std::make_unsigned_t<TestType>;
+  on_all_ranks(comm, [&] {
+    // 5 elements: recursive doubling over point to point; 300000: MPI_Iallreduce.
+    for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {
+      auto value = [](std::size_t i, int q) {
+        return static_cast<TestType>(std::numeric_limits<TestType>::max() - static_cast<TestType>(i % 7 + q));
+      };
+      std::vector<TestType> x(n);
+      for (std::size_t i = 0; i < n; ++i) x[i] = value(i, r);
+      comm.allreduce(std::span<TestType>(x));
+      for (std::size_t i = 0; i < n; i += 997) {
+        U want = 0;
+        for (int q = 0; q < P; ++q) want = static_cast<U>(want + static_cast<U>(value(i, q)));
+        REQUIRE(static_cast<U>(x[i]) == want);
+      }
+    }
+  });
+}
+
+TEST_CASE("MpiComm min and max of signed zeros give the same bits on every rank", "[comm][mpi]") {
+  MpiComm comm{MPI_COMM_WORLD};
+  const int r = comm.rank();
+  on_all_ranks(comm, [&] {
+    for (std::size_t n : {std::size_t{9}, std::size_t{300000}}) {  // point-to-point path, then MPI_Iallreduce
+      std::vector<float> mn(n), mx(n);
+      for (std::size_t i = 0; i < n; ++i) mn[i] = mx[i] = ((i + static_cast<std::size_t>(r)) % 2) ? 0.f : -0.f;
+      comm.allreduce(std::span<float>(mn), reduce_op::min);
+      comm.allreduce(std::span<float>(mx), reduce_op::max);
+      commpact_test::require_identical_on_all_ranks(comm, std::span<const float>(mn));
+      commpact_test::require_identical_on_all_ranks(comm, std::span<const float>(mx));
+      for (std::size_t i = 0; i < n; ++i) REQUIRE((mn[i] == 0.f && mx[i] == 0.f));
+    }
   });
 }

@@ -1,0 +1,236 @@
+// MpiComm against raw MPI, side by side in one run: allreduce, allgather, broadcast and
+// a pairwise send/recv exchange from 1 KiB to 64 MiB. Run under mpiexec (every rank runs
+// every benchmark with a fixed iteration count; rank 0 reports):
+//
+//   mpiexec --allow-run-as-root --oversubscribe -n 2 build/bench/bench_comm
+//
+// One benchmark per operation and size; each iteration runs every variant once, in a
+// rotating order, so all variants see the same machine load. Counters: `<variant>` is
+// the median time of one call in microseconds, `<variant>_x` that median over raw's
+// (medians, because a loaded machine preempts ranks now and then), `<variant>_xmin`
+// the ratio of the fastest calls (the cost without interference). Variants:
+//   raw          MPI_Allreduce(MPI_IN_PLACE) / MPI_Allgather / MPI_Bcast / MPI_Sendrecv
+//   raw_nb       the nonblocking MPI call MpiComm uses, then MPI_Wait (collectives only)
+//   default      MpiComm{world}: signature check + staging (safe)
+//   checked      CheckedComm<MpiComm> over an unchecked MpiComm (the decorator's check)
+//   unchecked    MpiComm{verify_collectives = false} (staging kept)
+//   unchecked_nostage  MpiComm{verify_collectives = false, isolate_buffers = false}
+//   known        (send/recv only) isend + irecv of a known size on a default MpiComm;
+//                unchecked_nostage_known: the same without staging
+// Sizes are per call: allgather's output is `bytes` in total (P blocks of bytes / P).
+#include <benchmark/benchmark.h>
+#include <mpi.h>
+
+#include <chrono>
+#include <commpact/comm/checked_comm.hpp>
+#include <commpact/comm/mpi_comm.hpp>
+#include <cstddef>
+#include <algorithm>
+#include <functional>
+#include <utility>
+#include <memory>
+#include <string>
+#include <vector>
+
+using namespace commpact;
+
+namespace {
+
+struct world_t {
+  MpiComm def{MPI_COMM_WORLD};
+  MpiComm unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
+  MpiComm nostage{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
+  CheckedComm<MpiComm> checked{unchecked};
+  MPI_Comm raw = MPI_COMM_NULL;
+  world_t() { MPI_Comm_dup(MPI_COMM_WORLD, &raw); }
+  ~world_t() { MPI_Comm_free(&raw); }
+};
+std::unique_ptr<world_t> g_world;
+
+int rank_of_world() {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+int size_of_world() {
+  int p = 1;
+  MPI_Comm_size(MPI_COMM_WORLD, &p);
+  return p;
+}
+
+int iterations_for(std::size_t bytes) {
+  if (bytes <= (4u << 10)) return 2000;
+  if (bytes <= (64u << 10)) return 300;
+  if (bytes <= (1u << 20)) return 40;
+  if (bytes <= (16u << 20)) return 8;
+  return 5;
+}
+
+using variant_fn = std::function<void()>;
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+//! Runs every variant once per iteration (rotating the order) and reports the medians.
+void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std::pair<std::string, variant_fn>>& vs) {
+  for (const auto& [name, fn] : vs) fn();  // warm up (staging and pools grow here)
+  MPI_Barrier(MPI_COMM_WORLD);
+  std::vector<std::vector<double>> t(vs.size());
+  std::size_t turn = 0;
+  for (auto _ : st) {
+    double raw = 0;
+    for (std::size_t k = 0; k < vs.size(); ++k) {
+      const std::size_t i = (k + turn) % vs.size();
+      const auto t0 = std::chrono::steady_clock::now();
+      vs[i].second();
+      const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      t[i].push_back(sec);
+      if (i == 0) raw = sec;
+    }
+    ++turn;
+    st.SetIterationTime(raw);
+  }
+  const double raw_med = median(t[0]), raw_min = *std::min_element(t[0].begin(), t[0].end());
+  for (std::size_t i = 0; i < vs.size(); ++i) {
+    const double m = median(t[i]);
+    st.counters[vs[i].first] = m * 1e6;
+    if (i > 0) {
+      st.counters[vs[i].first + "_x"] = m / raw_med;
+      st.counters[vs[i].first + "_xmin"] = *std::min_element(t[i].begin(), t[i].end()) / raw_min;
+    }
+  }
+  st.SetBytesProcessed(static_cast<std::int64_t>(bytes) * st.iterations());
+}
+
+void bench_allreduce(benchmark::State& st, std::size_t bytes) {
+  auto& w = *g_world;
+  std::vector<float> g(bytes / sizeof(float), 1.f);
+  std::span<float> s(g);
+  const int n = static_cast<int>(g.size());
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Iallreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.allreduce(s, reduce_op::max); }},
+                {"checked", [&] { w.checked.allreduce(s, reduce_op::max); }},
+                {"unchecked", [&] { w.unchecked.allreduce(s, reduce_op::max); }},
+                {"unchecked_nostage", [&] { w.nostage.allreduce(s, reduce_op::max); }}});
+}
+
+void bench_allgather(benchmark::State& st, std::size_t bytes) {
+  auto& w = *g_world;
+  const std::size_t block = bytes / static_cast<std::size_t>(size_of_world());
+  std::vector<std::byte> in(block, std::byte{1}), out(block * static_cast<std::size_t>(size_of_world()));
+  std::span<const std::byte> si(in);
+  std::span<std::byte> so(out);
+  const int n = static_cast<int>(block);
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Iallgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.allgather(si, so); }},
+                {"checked", [&] { w.checked.allgather(si, so); }},
+                {"unchecked", [&] { w.unchecked.allgather(si, so); }},
+                {"unchecked_nostage", [&] { w.nostage.allgather(si, so); }}});
+}
+
+void bench_broadcast(benchmark::State& st, std::size_t bytes) {
+  auto& w = *g_world;
+  std::vector<std::byte> d(bytes, std::byte{3});
+  std::span<std::byte> s(d);
+  const int n = static_cast<int>(bytes);
+  run_variants(st, bytes,
+               {{"raw", [&] { MPI_Bcast(d.data(), n, MPI_BYTE, 0, w.raw); }},
+                {"raw_nb",
+                 [&] {
+                   MPI_Request q;
+                   MPI_Ibcast(d.data(), n, MPI_BYTE, 0, w.raw, &q);
+                   MPI_Wait(&q, MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { w.def.broadcast(s, 0); }},
+                {"checked", [&] { w.checked.broadcast(s, 0); }},
+                {"unchecked", [&] { w.unchecked.broadcast(s, 0); }},
+                {"unchecked_nostage", [&] { w.nostage.broadcast(s, 0); }}});
+}
+
+// Pairwise exchange with rank ^ 1 (an odd last rank idles).
+void bench_sendrecv(benchmark::State& st, std::size_t bytes) {
+  auto& w = *g_world;
+  const int r = rank_of_world(), peer = r ^ 1;
+  const bool paired = peer < size_of_world();
+  std::vector<std::byte> msg(bytes, std::byte{5}), got(bytes);
+  std::vector<std::byte> buf;
+  buf.reserve(bytes);
+  const int n = static_cast<int>(bytes);
+  auto exchange = [&](auto& c) {
+    if (paired) c.sendrecv(peer, msg, buf);
+  };
+  auto known = [&](MpiComm& c) {
+    if (!paired) return;
+    auto rq = c.irecv(peer, got);
+    auto sq = c.isend(peer, msg);
+    rq.wait();
+    sq.wait();
+  };
+  run_variants(st, bytes,
+               {{"raw",
+                 [&] {
+                   if (paired)
+                     MPI_Sendrecv(msg.data(), n, MPI_BYTE, peer, 0, got.data(), n, MPI_BYTE, peer, 0, w.raw,
+                                  MPI_STATUS_IGNORE);
+                 }},
+                {"default", [&] { exchange(w.def); }},
+                {"known", [&] { known(w.def); }},
+                {"checked", [&] { exchange(w.checked); }},
+                {"unchecked", [&] { exchange(w.unchecked); }},
+                {"unchecked_nostage_known", [&] { known(w.nostage); }}});
+}
+
+class quiet_reporter : public benchmark::BenchmarkReporter {
+ public:
+  bool ReportContext(const Context&) override { return true; }
+  void ReportRuns(const std::vector<Run>&) override {}
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  benchmark::Initialize(&argc, argv);
+  g_world = std::make_unique<world_t>();
+  const int P = size_of_world();
+  const std::vector<std::size_t> sizes = {1u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+  auto add = [&](const char* op, void (*fn)(benchmark::State&, std::size_t)) {
+    for (auto bytes : sizes)
+      benchmark::RegisterBenchmark((std::string(op) + "/P" + std::to_string(P) + "/" + std::to_string(bytes >> 10) +
+                                    "KiB")
+                                       .c_str(),
+                                   fn, bytes)
+          ->Iterations(iterations_for(bytes))
+          ->UseManualTime()
+          ->Unit(benchmark::kMicrosecond);
+  };
+  add("allreduce", bench_allreduce);
+  add("allgather", bench_allgather);
+  add("broadcast", bench_broadcast);
+  add("sendrecv", bench_sendrecv);
+  if (rank_of_world() == 0) {
+    benchmark::RunSpecifiedBenchmarks();
+  } else {
+    quiet_reporter quiet;
+    benchmark::RunSpecifiedBenchmarks(&quiet);
+  }
+  benchmark::Shutdown();
+  g_world.reset();
+  MPI_Finalize();
+}

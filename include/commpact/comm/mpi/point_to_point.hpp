@@ -1,0 +1,145 @@
+#pragma once
+//! \file mpi/point_to_point.hpp
+//! MpiComm's point to point: the pool of send buffers (send() copies the message and
+//! returns without waiting for the receiver; completed sends are reclaimed lazily, so
+//! the steady state allocates nothing) and the receives. Part of MpiComm (include
+//! commpact/comm/mpi_comm.hpp).
+
+#include <mpi.h>
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <utility>
+#include <vector>
+
+namespace commpact::detail {
+
+//! Sends in flight, each with the pooled buffer it reads from.
+class mpi_send_queue {
+ public:
+  static constexpr int tag = 17;
+
+  mpi_send_queue() {
+    reqs_.reserve(16);
+    bufs_.reserve(16);
+    spare_.reserve(16);
+  }
+
+  //! A buffer holding a copy of msg: the best-fitting spare, so steady state never allocates.
+  std::vector<std::byte> copy_of(std::span<const std::byte> msg) {
+    std::vector<std::byte> buf;
+    if (!spare_.empty()) {
+      std::size_t pick = spare_.size() - 1;
+      bool fits = false;
+      for (std::size_t i = 0; i < spare_.size(); ++i) {
+        const auto c = spare_[i].capacity();
+        if (c >= msg.size() && (!fits || c < spare_[pick].capacity())) {
+          pick = i;
+          fits = true;
+        }
+      }
+      buf = std::move(spare_[pick]);
+      spare_[pick] = std::move(spare_.back());
+      spare_.pop_back();
+    }
+    buf.assign(msg.begin(), msg.end());
+    return buf;
+  }
+
+  void push(MPI_Request req, std::vector<std::byte>&& buf) {
+    reqs_.push_back(req);
+    bufs_.push_back(std::move(buf));
+  }
+
+  std::size_t size() const { return reqs_.size(); }
+  bool empty() const { return reqs_.empty(); }
+
+  //! Tests every send; completed buffers return to the pool. `check(rc, call)` handles an
+  //! MPI error (it throws); returns how many completed.
+  template <class Check>
+  std::size_t reap(Check&& check) {
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < reqs_.size();) {
+      int flag = 0;
+      check(MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE), "MPI_Test");
+      if (flag) {
+        retire(i);
+        ++done;
+      } else {
+        ++i;
+      }
+    }
+    return done;
+  }
+
+  std::size_t reap_noexcept() noexcept {
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < reqs_.size();) {
+      int flag = 0;
+      if (MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return done;
+      if (flag) {
+        retire(i);
+        ++done;
+      } else {
+        ++i;
+      }
+    }
+    return done;
+  }
+
+  //! Gives up on the sends in flight: frees the requests (when MPI is still alive) and
+  //! leaks their buffers, which MPI may still read.
+  void abandon(bool mpi_alive) noexcept {
+    if (mpi_alive)
+      for (auto& r : reqs_) MPI_Request_free(&r);
+    reqs_.clear();
+    new std::vector<std::vector<std::byte>>(std::move(bufs_));  // intentionally never freed
+  }
+
+ private:
+  void retire(std::size_t i) {
+    auto buf = std::move(bufs_[i]);
+    reqs_[i] = reqs_.back();
+    bufs_[i] = std::move(bufs_.back());
+    reqs_.pop_back();
+    bufs_.pop_back();
+    buf.clear();
+    if (spare_.size() < 64) spare_.push_back(std::move(buf));
+  }
+
+  std::vector<MPI_Request> reqs_;
+  std::vector<std::vector<std::byte>> bufs_;
+  std::vector<std::vector<std::byte>> spare_;
+};
+
+//! Receives the next message from `peer` into `out`, resized to its length: polls
+//! MPI_Improbe under the state's deadline, then MPI_Imrecv (into staging when the
+//! state isolates buffers, so an abandoned receive never writes into `out`).
+template <class State>
+void mpi_recv_any(State& s, int peer, std::vector<std::byte>& out) {
+  MPI_Message msg = MPI_MESSAGE_NULL;
+  MPI_Status st;
+  s.poll("recv", [&] {
+    int flag = 0;
+    s.check(MPI_Improbe(peer, mpi_send_queue::tag, s.native(), &flag, &msg, &st), "MPI_Improbe", "recv");
+    return flag != 0;
+  });
+  int count = 0;
+  s.check(MPI_Get_count(&st, MPI_BYTE, &count), "MPI_Get_count", "recv");
+  if (s.options().isolate_buffers && count > 0) {
+    auto* p = s.staging(static_cast<std::size_t>(count));
+    MPI_Request req = MPI_REQUEST_NULL;
+    s.check(MPI_Imrecv(p, count, MPI_BYTE, &msg, &req), "MPI_Imrecv", "recv");
+    s.wait(req, "recv");
+    out.resize(static_cast<std::size_t>(count));
+    std::memcpy(out.data(), p, static_cast<std::size_t>(count));
+  } else {
+    out.resize(static_cast<std::size_t>(count));
+    MPI_Request req = MPI_REQUEST_NULL;
+    s.check(MPI_Imrecv(out.data(), count, MPI_BYTE, &msg, &req), "MPI_Imrecv", "recv");
+    s.wait(req, "recv");
+  }
+}
+
+}  // namespace commpact::detail

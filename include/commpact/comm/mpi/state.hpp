@@ -1,0 +1,360 @@
+#pragma once
+//! \file mpi/state.hpp
+//! mpi_options and the state every copy of one MpiComm shares: the duplicated data
+//! communicator, the failure channel, the deadline-bounded wait, the built-in signature
+//! check, staging memory and the send queue. Part of MpiComm (include
+//! commpact/comm/mpi_comm.hpp).
+
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "../../error.hpp"
+#include "../signature.hpp"
+#include "small_collectives.hpp"
+#include "datatype.hpp"
+#include "failure.hpp"
+#include "point_to_point.hpp"
+
+namespace commpact {
+
+struct mpi_options {
+  //! Longest time one rank waits for the others in any operation.
+  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  //! Start every collective with one small allreduce of its signature, so that ranks that
+  //! disagree (sizes, operation, type, root) all raise mismatch_error before any data
+  //! moves. Costs one small-message latency per collective. `false` is the unchecked
+  //! mode: as in MPI and NCCL, ranks that disagree are then UNDEFINED BEHAVIOUR (OpenMPI
+  //! may corrupt the heap or hang until the deadline); use it only where every call site
+  //! is known to agree, or wrap the communicator in CheckedComm.
+  bool verify_collectives = true;
+  //! Collectives and receives write into internal staging memory (reused; one copy out
+  //! on success), so that an operation abandoned after a failure never writes into user
+  //! memory later. Turn off to save that copy when the process ends after any
+  //! communication failure anyway.
+  bool isolate_buffers = true;
+};
+
+namespace detail {
+
+//! Shared state of all copies of one MpiComm handle.
+class mpi_state {
+ public:
+  mpi_state(MPI_Comm parent, mpi_options opt) : opt_(opt) {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    if (!initialized || mpi_finalized())
+      throw comm_error(
+          "commpact::MpiComm: MPI is not initialized (or already finalized); call MPI_Init before constructing "
+          "an MpiComm and destroy every MpiComm before MPI_Finalize.");
+    require(parent != MPI_COMM_NULL,
+            "commpact::MpiComm: the communicator is MPI_COMM_NULL; pass a valid communicator such as MPI_COMM_WORLD.");
+    require(opt_.timeout.count() > 0, "commpact::MpiComm: mpi_options::timeout is ", opt_.timeout.count(),
+            " ms; it must be positive.");
+    // Errors of the duplication itself must not abort either: switch the parent to
+    // MPI_ERRORS_RETURN for the duration and restore the user's handler afterwards.
+    MPI_Errhandler old = MPI_ERRHANDLER_NULL;
+    const bool swapped = MPI_Comm_get_errhandler(parent, &old) == MPI_SUCCESS &&
+                         MPI_Comm_set_errhandler(parent, MPI_ERRORS_RETURN) == MPI_SUCCESS;
+    auto restore = [&] {
+      if (swapped) {
+        MPI_Comm_set_errhandler(parent, old);
+        MPI_Errhandler_free(&old);
+      }
+    };
+    MPI_Comm notice = MPI_COMM_NULL;
+    try {
+      comm_ = dup(parent, "data");
+      notice = dup(parent, "failure-notice");
+    } catch (...) {
+      restore();
+      if (comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
+      throw;
+    }
+    restore();
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    // A nonce all ranks agree on (see mpi_failure_channel::open).
+    std::uint64_t x = static_cast<std::uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                      (reinterpret_cast<std::uintptr_t>(this) << 16) ^ (static_cast<std::uint64_t>(rank_) << 48);
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;  // splitmix64 finaliser
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    auto* cell = reinterpret_cast<std::uint64_t*>(sig_.get());  // heap: kept if the wait is abandoned
+    *cell = x ^ (x >> 31);
+    MPI_Request req = MPI_REQUEST_NULL;
+    try {
+      check(MPI_Iallreduce(MPI_IN_PLACE, cell, 1, MPI_UINT64_T, MPI_MAX, comm_, &req), "MPI_Iallreduce",
+            "the constructor");
+      wait(req, "the constructor");
+    } catch (...) {
+      (void)sig_.release();  // MPI may still write there; the duplicates stay alive too
+      throw;
+    }
+    notice_.open(notice, rank_, size_, *cell);
+  }
+
+  mpi_state(const mpi_state&) = delete;
+  mpi_state& operator=(const mpi_state&) = delete;
+
+  ~mpi_state() {
+    const bool alive = !mpi_finalized();
+    if (alive && !failed_) {  // deliver what send() queued; peers of a failed group do not receive
+      const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
+      while (!sends_.empty() && std::chrono::steady_clock::now() < deadline)
+        if (sends_.reap_noexcept() == 0) std::this_thread::yield();
+    }
+    if (!sends_.empty()) {
+      std::fprintf(stderr,
+                   "commpact::MpiComm: rank %d destroyed with %zu undelivered send(s) (no matching recv within the "
+                   "deadline or the group failed); their buffers are leaked so MPI never reads freed memory.\n",
+                   rank_, sends_.size());
+      sends_.abandon(alive);
+    }
+    // MPI cannot cancel collectives, and OpenMPI rejects MPI_Request_free on them: an
+    // abandoned operation may still run inside MPI, so its memory must outlive us.
+    if (!abandoned_.empty() || !alive) leak_staging();
+    notice_.close(std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::milliseconds(1000)), failed_);
+    // A failed group keeps its data duplicate too: abandoned operations may still be in
+    // flight on it, and a freed context id would be reused by the next communicator.
+    if (alive && !failed_) MPI_Comm_free(&comm_);
+  }
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const mpi_options& options() const { return opt_; }
+  MPI_Comm native() const { return comm_; }
+  bool failed() const { return failed_; }
+  const std::string& failure() const { return failure_; }
+  mpi_send_queue& sends() { return sends_; }
+
+  //! Throws when MPI returned an error: marks the group failed and tells the others.
+  void check(int rc, const char* call, std::string_view what) {
+    if (rc == MPI_SUCCESS) return;
+    int cls = rc;
+    MPI_Error_class(rc, &cls);
+    const auto msg = detail::cat("commpact::MpiComm: rank ", rank_, ": ", call, " in ", what, " failed: ",
+                                 mpi_error_text(rc), " (MPI error class ", cls,
+                                 "). The communicator is now failed on every rank; check that all ranks call the "
+                                 "same operations with the same sizes, then restart the run.");
+    fail_and_tell(msg);
+    throw comm_error(msg);
+  }
+
+  //! Raises at once if this group has failed (here or, as far as we know yet, elsewhere).
+  void enter(const char* what) {
+    if (mpi_finalized())
+      throw comm_error(detail::cat("commpact::MpiComm: rank ", rank_, " called ", what,
+                                   " after MPI_Finalize; finish all communication (and destroy every MpiComm) "
+                                   "before finalizing MPI."));
+    if (!failed_) poll_notice();
+    if (failed_)
+      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " refused ", what,
+                                     " because the communicator failed earlier: ", failure_,
+                                     ". Create a new MpiComm only after every rank has recovered, or end the run."));
+    if (!sends_.empty()) sends_.reap([&](int rc, const char* call) { check(rc, call, what); });
+  }
+
+  //! Marks the group failed (first reason wins) and sends the reason to every other rank.
+  void fail_and_tell(std::string reason) noexcept {
+    if (failed_) return;
+    failed_ = true;
+    failure_ = std::move(reason);
+    if (!mpi_finalized()) notice_.tell(failure_);
+  }
+
+  //! Polls `req` until it completes, another rank fails, or the deadline passes. A
+  //! request given up on is kept (MPI cannot cancel collectives), never freed.
+  void wait(MPI_Request& req, const char* what, MPI_Status* status = MPI_STATUS_IGNORE) {
+    world_errors_return guard;  // see world_errors_return
+    try {
+      poll(what, [&] {
+        int flag = 0;
+        check(MPI_Test(&req, &flag, status), "MPI_Test", what);
+        return flag != 0;
+      });
+    } catch (...) {
+      abandon(req);
+      throw;
+    }
+  }
+
+  void abandon(MPI_Request& req) noexcept {
+    if (req == MPI_REQUEST_NULL) return;
+    try {
+      abandoned_.push_back(req);
+    } catch (...) {
+    }
+    req = MPI_REQUEST_NULL;
+  }
+
+  //! Polls `done()` (which calls MPI). The first spins touch neither the clock nor the
+  //! failure channel, so a fast operation pays for nothing but MPI_Test; then every
+  //! 16th spin tests the failure notice and the deadline. Like MPI_Wait, it does not
+  //! give the core away while an operation is merely in progress (a yield on a busy
+  //! node costs a scheduler time slice, and MPI progresses only while it is called);
+  //! on an oversubscribed node OpenMPI's progress engine yields inside MPI_Test
+  //! itself (mpi_yield_when_idle). After 10 ms it yields, and after a second, when a
+  //! peer is late rather than data slow, it sleeps 50 us between polls.
+  template <class Done>
+  void poll(const char* what, Done&& done) {
+    for (int i = 0; i < 64; ++i)
+      if (done()) return;
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + opt_.timeout;
+    for (unsigned spin = 0;; ++spin) {
+      if (done()) return;
+      if ((spin & 15) != 0) continue;
+      throw_if_told(what);
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline) {
+        const auto ms = opt_.timeout.count();
+        fail_and_tell(detail::cat("rank ", rank_, " waited more than ", ms, " ms in ", what));
+        throw timeout_error(detail::cat("commpact::MpiComm: rank ", rank_, " waited more than ", ms, " ms in ", what,
+                                        "; another rank is missing, stuck or much slower. Raise "
+                                        "mpi_options::timeout if the work is legitimately slow."));
+      }
+      const auto waited = now - start;
+      if (waited >= std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      else if (waited >= std::chrono::milliseconds(10)) std::this_thread::yield();
+    }
+  }
+
+  //! Tests the failure channel; raises peer_failure when the group failed.
+  void throw_if_told(const char* what) {
+    if (!failed_) poll_notice();
+    if (failed_)
+      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " abandoned ", what, " because ", failure_,
+                                     ". Every rank's operations on this communicator now fail; end the run or "
+                                     "restart from a checkpoint."));
+  }
+
+  //! Agrees on the collective's signature (one allreduce of signature_words int64);
+  //! throws the same error class on every rank when they disagree or one passed an
+  //! invalid argument. Also serves as barrier.
+  void verify(const collective_signature& sig, const std::string& local_error) {
+    encode_signature(sig, rank_, !local_error.empty(), sig_.get());
+    const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
+    small_allreduce(std::span<std::int64_t>(sig_.get(), signature_words), reduce_op::max, what);
+    judge_signature(sig, rank_, sig_.get(), local_error, "commpact::MpiComm");
+  }
+
+  // The latency path over point to point (mpi/small_collectives.hpp), for collectives
+  // of at most mpi_rd_allreduce_bytes (allreduce) or mpi_small_collective_bytes.
+  template <class T>
+  void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
+    mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
+  }
+  void small_broadcast(std::span<std::byte> data, int root) {
+    mpi_tree_broadcast(*this, data, root, opt_.isolate_buffers, rd_scratch_, "broadcast");
+  }
+  void small_allgather(std::span<const std::byte> in, std::span<std::byte> out) {
+    mpi_direct_allgather(*this, in, out, opt_.isolate_buffers, rd_scratch_, rd_reqs_, "allgather");
+  }
+
+  //! A staging buffer of at least n bytes (reused; grows only).
+  std::byte* staging(std::size_t n) {
+    if (staging_.size() < n) staging_.resize(n);
+    return staging_.data();
+  }
+
+  //! A pooled buffer of n bytes for one nonblocking operation; give it back with
+  //! recycle() when the operation completed, or leak it when it was abandoned.
+  std::vector<std::byte> take_buffer(std::size_t n) {
+    std::vector<std::byte> b;
+    if (!pool_.empty()) {
+      b = std::move(pool_.back());
+      pool_.pop_back();
+    }
+    b.resize(n);
+    return b;
+  }
+  void recycle(std::vector<std::byte>&& b) {
+    if (pool_.size() < 16) pool_.push_back(std::move(b));
+  }
+
+  //! Waits until every queued send is delivered (deadline and failure notices apply).
+  void flush() {
+    poll("flush", [&] {
+      sends_.reap([&](int rc, const char* call) { check(rc, call, "flush"); });
+      return sends_.empty();
+    });
+  }
+
+ private:
+  void poll_notice() {
+    std::string reason;
+    if (notice_.poll(reason) && !failed_) {
+      failed_ = true;  // the sender already told everyone; no need to forward
+      failure_ = std::move(reason);
+    }
+  }
+
+  MPI_Comm dup(MPI_Comm parent, const char* which) {
+    MPI_Comm out = MPI_COMM_NULL;
+    MPI_Request req = MPI_REQUEST_NULL;
+    int rc = MPI_Comm_idup(parent, &out, &req);
+    if (rc != MPI_SUCCESS)
+      throw comm_error(detail::cat("commpact::MpiComm: MPI_Comm_idup (", which, " communicator) failed: ",
+                                   mpi_error_text(rc), "; pass a valid communicator on which every rank constructs "
+                                                       "its MpiComm in the same order."));
+    const auto start = std::chrono::steady_clock::now();
+    const auto deadline = start + opt_.timeout;
+    world_errors_return guard;
+    for (unsigned spin = 0;; ++spin) {
+      int flag = 0;
+      rc = MPI_Test(&req, &flag, MPI_STATUS_IGNORE);
+      if (rc != MPI_SUCCESS)
+        throw comm_error(detail::cat("commpact::MpiComm: MPI_Test on MPI_Comm_idup (", which,
+                                     " communicator) failed: ", mpi_error_text(rc), "."));
+      if (flag) break;
+      const auto now = std::chrono::steady_clock::now();
+      if (now >= deadline)
+        throw timeout_error(detail::cat("commpact::MpiComm: constructing the communicator waited more than ",
+                                        opt_.timeout.count(),
+                                        " ms in MPI_Comm_idup; every rank of the parent communicator must construct "
+                                        "its MpiComm (in the same order)."));
+      if (spin >= 64) std::this_thread::yield();
+    }
+    rc = MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
+    if (rc != MPI_SUCCESS) {
+      MPI_Comm_free(&out);
+      throw comm_error(detail::cat("commpact::MpiComm: MPI_Comm_set_errhandler failed: ", mpi_error_text(rc), "."));
+    }
+    return out;
+  }
+
+  void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
+    new std::vector<std::byte>(std::move(staging_));
+    new std::vector<std::vector<std::byte>>(std::move(pool_));
+    new std::vector<std::byte>(std::move(rd_scratch_));
+    (void)sig_.release();
+  }
+
+  mpi_options opt_;
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  mpi_failure_channel notice_;
+  int rank_ = 0, size_ = 1;
+  bool failed_ = false;
+  std::string failure_;
+  std::unique_ptr<std::int64_t[]> sig_ = std::make_unique<std::int64_t[]>(signature_words);
+  std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
+  std::vector<std::byte> staging_;
+  std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
+  std::vector<MPI_Request> rd_reqs_;
+  std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
+  mpi_send_queue sends_;
+};
+
+}  // namespace detail
+}  // namespace commpact

@@ -1,0 +1,108 @@
+#pragma once
+//! \file signature.hpp
+//! The signature of a collective call (operation, element type, byte size, reduce_op or
+//! root, and whether this rank's arguments were valid) and the rule that turns the
+//! ranks' signatures, combined by one small MAX-allreduce, into the same error on every
+//! rank. Used by CheckedComm<C> (checked_comm.hpp) and by MpiComm's built-in check.
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "../error.hpp"
+
+namespace commpact::detail {
+
+enum class coll_kind_sig : int { barrier = 1, allreduce = 2, allgather = 3, broadcast = 4 };
+
+inline const char* coll_sig_name(std::int64_t k) {
+  switch (k) {
+    case 1: return "barrier";
+    case 2: return "allreduce";
+    case 3: return "allgather";
+    case 4: return "broadcast";
+    default: return "an unknown operation";
+  }
+}
+
+//! A small code for the element types collectives reduce (0: moved as bytes).
+template <class T>
+constexpr int sig_type_code() {
+  if constexpr (std::is_same_v<T, float>) return 1;
+  else if constexpr (std::is_same_v<T, double>) return 2;
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 4) return std::is_signed_v<T> ? 3 : 5;
+  else if constexpr (std::is_integral_v<T> && sizeof(T) == 8) return std::is_signed_v<T> ? 4 : 6;
+  else return 0;
+}
+
+inline const char* sig_type_name(std::int64_t code) {
+  switch (code) {
+    case 1: return "float";
+    case 2: return "double";
+    case 3: return "int32";
+    case 4: return "int64";
+    case 5: return "uint32";
+    case 6: return "uint64";
+    default: return "bytes";
+  }
+}
+
+//! One rank's view of a collective call.
+struct collective_signature {
+  coll_kind_sig kind = coll_kind_sig::barrier;
+  int type_code = 0;        //!< sig_type_code<T>() for allreduce, 0 for byte-moving collectives
+  std::int64_t bytes = 0;   //!< the size every rank must agree on
+  std::int64_t extra = 0;   //!< reduce_op (allreduce) or root (broadcast)
+};
+
+//! Words exchanged per check: each value v travels as (v, -v) under MAX, so one
+//! allreduce yields both the largest and the smallest value.
+inline constexpr int signature_words = 7;
+
+//! Fills `w` with this rank's signature; `bad` says whether its arguments were invalid.
+inline void encode_signature(const collective_signature& s, int rank, bool bad, std::int64_t* w) {
+  const std::int64_t code = static_cast<std::int64_t>(s.kind) * 256 + s.type_code;
+  w[0] = s.bytes;
+  w[1] = -s.bytes;
+  w[2] = code;
+  w[3] = -code;
+  w[4] = s.extra;
+  w[5] = -s.extra;
+  w[6] = bad ? rank : -1;
+}
+
+//! Given the MAX-reduced words, throws the same error class on every rank when the ranks
+//! disagree or one passed an invalid argument (that rank gets its own message).
+//! `who` names the communicator in messages ("commpact::MpiComm").
+inline void judge_signature(const collective_signature& s, int rank, const std::int64_t* w,
+                            const std::string& local_error, std::string_view who) {
+  const char* what = coll_sig_name(static_cast<std::int64_t>(s.kind));
+  if (w[6] >= 0) {
+    if (!local_error.empty()) throw invalid_argument(local_error);
+    throw invalid_argument(cat(who, "::", what, ": rank ", w[6],
+                               " passed an invalid argument (its error says which); no rank moved data, "
+                               "and the communicator stays usable."));
+  }
+  const std::int64_t code = static_cast<std::int64_t>(s.kind) * 256 + s.type_code;
+  if (w[2] != -w[3]) {
+    const auto hi = w[2], lo = -w[3];
+    throw mismatch_error(cat(who, ": ranks disagree on the collective: rank ", rank, " called ", what, "<",
+                             sig_type_name(code % 256), ">, while the calls range over ", coll_sig_name(lo / 256), "<",
+                             sig_type_name(lo % 256), "> .. ", coll_sig_name(hi / 256), "<", sig_type_name(hi % 256),
+                             ">; every rank must call the same collectives, with the same element type, in the same "
+                             "order."));
+  }
+  if (w[0] != -w[1])
+    throw mismatch_error(cat(who, "::", what, ": ranks disagree on the size: rank ", rank, " passed ", s.bytes,
+                             " bytes, the ranks' sizes range over [", -w[1], ", ", w[0],
+                             "] bytes; every rank must pass the same number of elements."));
+  if (w[4] != -w[5])
+    throw mismatch_error(cat(who, "::", what, ": ranks disagree on the ",
+                             s.kind == coll_kind_sig::broadcast ? "root" : "reduce_op", ": rank ", rank, " passed ",
+                             s.extra, ", the values range over [", -w[5], ", ", w[4],
+                             "]; every rank must pass the same one."));
+}
+
+}  // namespace commpact::detail
