@@ -35,9 +35,6 @@ inline constexpr std::size_t vector_bytes = 16;
 #endif
 typedef float vf __attribute__((vector_size(vector_bytes)));
 typedef std::uint32_t vu __attribute__((vector_size(vector_bytes)));
-//! Eight float lanes whatever the ISA (two registers on SSE2/NEON): used where the
-//! number of partial sums must not depend on the build.
-typedef float vf8 __attribute__((vector_size(32)));
 #else
 #define COMMPACT_HOST_SIMD 0
 inline constexpr std::size_t vector_bytes = 4;

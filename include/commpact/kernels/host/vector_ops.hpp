@@ -187,13 +187,32 @@ inline void scale(std::span<float> x, float s) noexcept {
 }
 
 //! x[i] = x[i] * s for every i, in one pass; returns the index of the first non-finite
-//! value of x as it was before scaling, or x.size(). (Each block of 1024 values is
-//! tested, then scaled, while it is in L1.)
+//! value of x as it was before scaling, or x.size(). When |s| <= 1 (e.g. 1 / P), a
+//! finite value stays finite, so the bits of each product are tested as it is stored
+//! (one pass); otherwise each block of 1024 values is tested, then scaled, in L1.
 [[nodiscard]] inline std::size_t scale_checked(std::span<float> x, float s) noexcept {
   float* p = x.data();
   const std::size_t n = x.size();
   std::size_t bad = n, i = 0;
+  const bool shrinks = s <= 1.0f && s >= -1.0f;
   for (; i + detail::vec_block <= n; i += detail::vec_block) {
+#if COMMPACT_HOST_SIMD
+    if (shrinks) {
+      using simd::vf;
+      using simd::vu;
+      const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+      vu bits{};
+      for (std::size_t j = i; j < i + detail::vec_block; j += simd::lanes) {
+        const vf v = simd::load<vf>(p + j) * s;
+        simd::store(p + j, v);
+        bits |= ((vu)v & mag) + carry;
+      }
+      std::uint32_t any = 0;
+      for (std::size_t l = 0; l < simd::lanes; ++l) any |= bits[l];
+      if ((any >> 31) && bad == n) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
+      continue;
+    }
+#endif
     if (bad == n && detail::block_has_nonfinite(p + i)) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
     detail::scale_block(p + i, s);
   }
@@ -201,7 +220,7 @@ inline void scale(std::span<float> x, float s) noexcept {
     const std::size_t t = detail::scan_nonfinite(p + i, n - i);
     if (t != n - i) bad = i + t;
   }
-  scale(x.subspan(i), s);
+  for (; i < n; ++i) p[i] = p[i] * s;
   return bad;
 }
 
