@@ -1,5 +1,5 @@
 // The C++ side of bench/bench_vs_torch/run.py: times one case with commpact's host
-// kernels on one thread and prints "<case> <median ms> <min ms>". Built by run.py with
+// kernels on one thread and prints "<case> <median wall ms> <median CPU ms>". Built by run.py with
 // g++ -O2 and -O3 (the flags a user compiles the header-only library with); not part of
 // the CMake build (the bench/ glob takes bench_*.cpp only).
 //
@@ -18,6 +18,7 @@
 #include <cstring>
 #include <random>
 #include <string>
+#include <ctime>
 #include <vector>
 
 #include "commpact/kernels/host/commit.hpp"
@@ -39,18 +40,27 @@ std::vector<float> gaussian(std::size_t n, std::uint64_t seed) {
   return x;
 }
 
-// Runs f once to warm up, then reps times; prints the median and the minimum in ms.
+double cpu_ms() {
+  timespec t;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) * 1e3 + static_cast<double>(t.tv_nsec) * 1e-6;
+}
+
+// Runs f once to warm up, then reps times; prints the median wall and CPU times in ms.
 template <class F>
 void time_it(const char* name, int reps, F&& f) {
   f();
-  std::vector<double> ms;
+  std::vector<double> wall, cpu;
   for (int i = 0; i < reps; ++i) {
     const auto t0 = clock_type::now();
+    const double c0 = cpu_ms();
     f();
-    ms.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
+    cpu.push_back(cpu_ms() - c0);
+    wall.push_back(std::chrono::duration<double, std::milli>(clock_type::now() - t0).count());
   }
-  std::sort(ms.begin(), ms.end());
-  std::printf("%s %.4f %.4f\n", name, ms[ms.size() / 2], ms[0]);
+  std::sort(wall.begin(), wall.end());
+  std::sort(cpu.begin(), cpu.end());
+  std::printf("%s %.4f %.4f\n", name, wall[wall.size() / 2], cpu[cpu.size() / 2]);
 }
 
 // ResNet-18's parameters as (rows, cols): conv weights flattened out x in*kh*kw, BN

@@ -61,8 +61,11 @@ inline void row_dots(const float* row, std::size_t m, const float* q, float* out
   simd::vf acc[R][H] = {};
   for (std::size_t j = 0; j < m8; j += 8) {
     simd::vf a[H];
+    COMMPACT_UNROLL
     for (std::size_t h = 0; h < H; ++h) a[h] = simd::load<simd::vf>(row + j + h * L);
+    COMMPACT_UNROLL
     for (int c = 0; c < R; ++c)
+      COMMPACT_UNROLL
       for (std::size_t h = 0; h < H; ++h) {
         simd::vf p = a[h] * simd::load<simd::vf>(q + static_cast<std::size_t>(c) * m + j + h * L);
         simd::opaque(p);
@@ -149,25 +152,31 @@ inline void project_dispatch(float* g, const float* e, std::size_t n, std::size_
 inline constexpr std::size_t back_rows = 4;
 
 //! Q[j, c] += sum over rows i0 .. i0 + B - 1 (in order) of M[i, j] P[i, c], for j in
-//! [0, m) and the w <= 8 columns c of P and Q given. Each vector of M is loaded once
+//! [0, m) and the W <= 8 columns c of P and Q given. Each vector of M is loaded once
 //! and used for every column.
-template <std::size_t B>
-inline void back_block(const float* M, std::size_t n, std::size_t m, std::size_t i0, const float* p, std::size_t w,
+template <std::size_t W, std::size_t B>
+inline void back_block(const float* M, std::size_t n, std::size_t m, std::size_t i0, const float* p,
                        float* q) noexcept {
-  float pc[8][B];
-  for (std::size_t c = 0; c < w; ++c)
+  float pc[W][B];
+  for (std::size_t c = 0; c < W; ++c)
     for (std::size_t b = 0; b < B; ++b) pc[c][b] = p[c * n + i0 + b];
   const float* rows = M + i0 * m;
   std::size_t j = 0;
 #if COMMPACT_HOST_SIMD
   constexpr std::size_t L = simd::lanes;
+  simd::vf pv[W][B];
+  for (std::size_t c = 0; c < W; ++c)
+    for (std::size_t b = 0; b < B; ++b) pv[c][b] = simd::vf{} + pc[c][b];
   for (; j + L <= m; j += L) {
     simd::vf a[B];
+    COMMPACT_UNROLL
     for (std::size_t b = 0; b < B; ++b) a[b] = simd::load<simd::vf>(rows + b * m + j);
-    for (std::size_t c = 0; c < w; ++c) {
+    COMMPACT_UNROLL
+    for (std::size_t c = 0; c < W; ++c) {
       simd::vf acc = simd::load<simd::vf>(q + c * m + j);
+      COMMPACT_UNROLL
       for (std::size_t b = 0; b < B; ++b) {
-        simd::vf t = a[b] * pc[c][b];
+        simd::vf t = a[b] * pv[c][b];
         simd::opaque(t);
         acc += t;
       }
@@ -176,7 +185,7 @@ inline void back_block(const float* M, std::size_t n, std::size_t m, std::size_t
   }
 #endif
   for (; j < m; ++j)
-    for (std::size_t c = 0; c < w; ++c) {
+    for (std::size_t c = 0; c < W; ++c) {
       float acc = q[c * m + j];
       for (std::size_t b = 0; b < B; ++b) {
         float t = rows[b * m + j] * pc[c][b];
@@ -187,17 +196,81 @@ inline void back_block(const float* M, std::size_t n, std::size_t m, std::size_t
     }
 }
 
-//! A[i, j] for j in [j, j + L) of one row: sum over c in order.
-template <class V>
-inline V approx_at(const float* pi, std::size_t n, const float* q, std::size_t m, std::size_t r, std::size_t j) noexcept {
-  V a = simd::load<V>(q + j) * pi[0];
+//! back_project for the W <= 8 columns of P and Q given.
+template <std::size_t W>
+inline void back_cols(const float* M, std::size_t n, std::size_t m, const float* p, float* q) noexcept {
+  std::size_t i = 0;
+  for (; i + back_rows <= n; i += back_rows) back_block<W, back_rows>(M, n, m, i, p, q);
+  for (; i < n; ++i) back_block<W, 1>(M, n, m, i, p, q);
+}
+
+//! A[i, j] for j in [j, j + lanes) of one row: sum over c in order. pv[c] holds P[i, c]
+//! (broadcast); R = 0 means a run-time r.
+template <int R, class V>
+inline V approx_at(const V* pv, const float* q, std::size_t m, std::size_t r, std::size_t j) noexcept {
+  const std::size_t rr = R > 0 ? static_cast<std::size_t>(R) : r;
+  V a = simd::load<V>(q + j) * pv[0];
   simd::opaque(a);
-  for (std::size_t c = 1; c < r; ++c) {
-    V t = simd::load<V>(q + c * m + j) * pi[c * n];
+  COMMPACT_UNROLL
+  for (std::size_t c = 1; c < rr; ++c) {
+    V t = simd::load<V>(q + c * m + j) * pv[c];
     simd::opaque(t);
     a += t;
   }
   return a;
+}
+
+//! Rows of A = P Q^T; with Residual, e = M - A (M read from g) and g = A, else g = A.
+template <int R, bool Residual>
+inline void approx_rows(float* g, float* e, std::size_t n, std::size_t m, const float* p, const float* q,
+                        std::size_t r) noexcept {
+  constexpr std::size_t cap = R > 0 ? static_cast<std::size_t>(R) : 1;
+  const std::size_t rr = R > 0 ? static_cast<std::size_t>(R) : r;
+  for (std::size_t i = 0; i < n; ++i) {
+    float* gr = g + i * m;
+    float* er = e + i * m;
+    const float* pi = p + i;
+    std::size_t j = 0;
+#if COMMPACT_HOST_SIMD
+    if constexpr (R > 0) {
+      simd::vf pv[cap];
+      COMMPACT_UNROLL
+      for (std::size_t c = 0; c < cap; ++c) pv[c] = simd::vf{} + pi[c * n];
+      for (; j + simd::lanes <= m; j += simd::lanes) {
+        const simd::vf a = approx_at<R>(pv, q, m, rr, j);
+        if constexpr (Residual) simd::store(er + j, simd::load<simd::vf>(gr + j) - a);
+        simd::store(gr + j, a);
+      }
+    }
+#endif
+    for (; j < m; ++j) {
+      float a = q[j] * pi[0];
+      simd::opaque(a);
+      for (std::size_t c = 1; c < rr; ++c) {
+        float t = q[c * m + j] * pi[c * n];
+        simd::opaque(t);
+        a += t;
+      }
+      if constexpr (Residual) er[j] = gr[j] - a;
+      gr[j] = a;
+    }
+  }
+}
+
+template <bool Residual>
+inline void approx_dispatch(float* g, float* e, std::size_t n, std::size_t m, const float* p, const float* q,
+                            std::size_t r) noexcept {
+  switch (r) {
+    case 1: approx_rows<1, Residual>(g, e, n, m, p, q, r); break;
+    case 2: approx_rows<2, Residual>(g, e, n, m, p, q, r); break;
+    case 3: approx_rows<3, Residual>(g, e, n, m, p, q, r); break;
+    case 4: approx_rows<4, Residual>(g, e, n, m, p, q, r); break;
+    case 5: approx_rows<5, Residual>(g, e, n, m, p, q, r); break;
+    case 6: approx_rows<6, Residual>(g, e, n, m, p, q, r); break;
+    case 7: approx_rows<7, Residual>(g, e, n, m, p, q, r); break;
+    case 8: approx_rows<8, Residual>(g, e, n, m, p, q, r); break;
+    default: approx_rows<0, Residual>(g, e, n, m, p, q, r); break;  // r > 8: scalar loop
+  }
 }
 
 }  // namespace detail
@@ -230,10 +303,16 @@ inline void lowrank_back_project(std::span<const float> M, std::size_t n, std::s
     const std::size_t w = r - c0 < 8 ? r - c0 : 8;
     const float* pc = P.data() + c0 * n;
     float* qc = Q.data() + c0 * m;
-    std::size_t i = 0;
-    for (; i + detail::back_rows <= n; i += detail::back_rows)
-      detail::back_block<detail::back_rows>(M.data(), n, m, i, pc, w, qc);
-    for (; i < n; ++i) detail::back_block<1>(M.data(), n, m, i, pc, w, qc);
+    switch (w) {
+      case 1: detail::back_cols<1>(M.data(), n, m, pc, qc); break;
+      case 2: detail::back_cols<2>(M.data(), n, m, pc, qc); break;
+      case 3: detail::back_cols<3>(M.data(), n, m, pc, qc); break;
+      case 4: detail::back_cols<4>(M.data(), n, m, pc, qc); break;
+      case 5: detail::back_cols<5>(M.data(), n, m, pc, qc); break;
+      case 6: detail::back_cols<6>(M.data(), n, m, pc, qc); break;
+      case 7: detail::back_cols<7>(M.data(), n, m, pc, qc); break;
+      default: detail::back_cols<8>(M.data(), n, m, pc, qc); break;
+    }
   }
 }
 
@@ -246,40 +325,14 @@ inline void lowrank_approx_residual(std::span<float> g, std::span<float> e, std:
           "commpact::host::lowrank_approx_residual: the residual must be a separate buffer of the gradient's size (",
           g.size(), " floats; got ", e.size(), (e.data() == g.data() ? ", the same buffer" : ""), ").");
   simd::check_no_partial_overlap("lowrank_approx_residual", "g", g.data(), g.size(), "e", e.data(), e.size());
-  const float* p = P.data();
-  const float* q = Q.data();
-  for (std::size_t i = 0; i < n; ++i) {
-    float* gr = g.data() + i * m;
-    float* er = e.data() + i * m;
-    std::size_t j = 0;
-#if COMMPACT_HOST_SIMD
-    for (; j + simd::lanes <= m; j += simd::lanes) {
-      const simd::vf a = detail::approx_at<simd::vf>(p + i, n, q, m, r, j);
-      simd::store(er + j, simd::load<simd::vf>(gr + j) - a);
-      simd::store(gr + j, a);
-    }
-#endif
-    for (; j < m; ++j) {
-      const float a = detail::approx_at<float>(p + i, n, q, m, r, j);
-      er[j] = gr[j] - a;
-      gr[j] = a;
-    }
-  }
+  detail::approx_dispatch<true>(g.data(), e.data(), n, m, P.data(), Q.data(), r);
 }
 
 //! A = P Q^T only (row-major n x m), same arithmetic as lowrank_approx_residual.
 inline void lowrank_approx(std::span<float> A, std::size_t n, std::size_t m, std::span<const float> P,
                            std::span<const float> Q, std::size_t r) {
   detail::check_lowrank("lowrank_approx", A.size(), n, m, P.size(), Q.size(), r);
-  for (std::size_t i = 0; i < n; ++i) {
-    float* ar = A.data() + i * m;
-    std::size_t j = 0;
-#if COMMPACT_HOST_SIMD
-    for (; j + simd::lanes <= m; j += simd::lanes)
-      simd::store(ar + j, detail::approx_at<simd::vf>(P.data() + i, n, Q.data(), m, r, j));
-#endif
-    for (; j < m; ++j) ar[j] = detail::approx_at<float>(P.data() + i, n, Q.data(), m, r, j);
-  }
+  detail::approx_dispatch<false>(A.data(), nullptr, n, m, P.data(), Q.data(), r);
 }
 
 }  // namespace commpact::host

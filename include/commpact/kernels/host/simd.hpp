@@ -39,6 +39,14 @@ typedef std::uint32_t vu __attribute__((vector_size(vector_bytes)));
 #define COMMPACT_HOST_SIMD 0
 inline constexpr std::size_t vector_bytes = 4;
 #endif
+//! Unrolls the next loop (a small constant trip count) completely also at -O2, where
+//! GCC would otherwise keep per-column accumulators in memory.
+#if defined(__GNUC__) || defined(__clang__)
+#define COMMPACT_UNROLL _Pragma("GCC unroll 16")
+#else
+#define COMMPACT_UNROLL
+#endif
+
 //! Floats per vector.
 inline constexpr std::size_t lanes = vector_bytes / sizeof(float);
 
