@@ -23,6 +23,13 @@
 
 #include "../../error.hpp"
 
+#if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define COMMPACT_HOST_STREAM 1
+#else
+#define COMMPACT_HOST_STREAM 0
+#endif
+
 namespace commpact::host::simd {
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -75,6 +82,19 @@ template <class V, class T>
 inline void store(T* p, const V& v) noexcept {
   std::memcpy(p, &v, sizeof(V));
 }
+
+#if COMMPACT_HOST_STREAM
+//! Non-temporal store of a vector to a vector-aligned address: the line goes to memory
+//! without being read first (no read-for-ownership). Call stream_fence() after a run.
+inline void stream_store(float* p, const vf& v) noexcept {
+#if defined(__AVX__)
+  _mm256_stream_ps(p, v);
+#else
+  _mm_stream_ps(p, v);
+#endif
+}
+inline void stream_fence() noexcept { _mm_sfence(); }
+#endif
 
 //! A float is non-finite (Inf or NaN) iff its exponent bits are all ones, i.e. iff
 //! (bits & 0x7fffffff) >= 0x7f800000, i.e. iff (bits & 0x7fffffff) + 0x00800000 has the

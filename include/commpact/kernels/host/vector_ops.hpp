@@ -96,11 +96,29 @@ inline V ef_body(const V& r, V g, const V* u, V* un, float s, float m) noexcept 
   return r + g;
 }
 
+//! Outputs at least this long, in a buffer of their own, are written with non-temporal
+//! stores (8 MB: beyond most L2s and a good part of L3; measured in
+//! bench/bench_vector_ops.cpp).
+inline constexpr std::size_t stream_min = std::size_t{1} << 21;
+
 //! Runs the accumulation over n values; returns the first index with a non-finite acc.
-template <int Kind>
+template <int Kind, bool Stream = false>
 inline std::size_t ef_run(float* acc, float* un, const float* u, const float* r, const float* g, float s, float m,
                           std::size_t n) noexcept {
   std::size_t bad = n, i = 0;
+#if COMMPACT_HOST_STREAM
+  if constexpr (!Stream) {
+    // acc in a buffer of its own (not residual or g): skip the read-for-ownership.
+    if (n >= stream_min && acc != r && acc != g && reinterpret_cast<std::uintptr_t>(acc) % simd::vector_bytes == 0) {
+      const std::size_t body = n - n % vec_block;
+      const std::size_t first = ef_run<Kind, true>(acc, un, u, r, g, s, m, body);
+      simd::stream_fence();
+      const std::size_t off = Kind >= 2 ? body : 0;
+      const std::size_t tail = ef_run<Kind, false>(acc + body, un + off, u + off, r + body, g + body, s, m, n - body);
+      return first != body ? first : body + tail;
+    }
+  }
+#endif
 #if COMMPACT_HOST_SIMD
   using simd::vf;
   using simd::vu;
@@ -113,7 +131,12 @@ inline std::size_t ef_run(float* acc, float* un, const float* u, const float* r,
       if constexpr (Kind >= 2) uv = simd::load<vf>(u + j);
       const vf a = ef_body<Kind>(simd::load<vf>(r + j), simd::load<vf>(g + j), &uv, &unv, s, m);
       if constexpr (Kind >= 2) simd::store(un + j, unv);
-      simd::store(acc + j, a);
+#if COMMPACT_HOST_STREAM
+      if constexpr (Stream)
+        simd::stream_store(acc + j, a);
+      else
+#endif
+        simd::store(acc + j, a);
       bits |= ((vu)a & mag) + carry;
     }
     std::uint32_t any = 0;
