@@ -135,7 +135,9 @@ TEST_CASE("ef_accumulate and ef_accumulate_momentum match scalar loops", "[kerne
   const int where = GENERATE(0, 1, 2, 3, 4, 5);
   const int kind = GENERATE(0, 1, 2, 3);            // no scale / scale / momentum / momentum + scale
   const int placement = GENERATE(0, 1, 2);          // acc separate / acc = residual / acc = g
-  if (n > 100000 && (seed == 4 || (n > 2000000 && placement != 0))) return;  // keep the large sizes cheap
+  // Keep the large sizes cheap: one seed; clean, middle and end only (the small sizes
+  // cover every position).
+  if (n > 100000 && (seed == 4 || where == 1 || where >= 4 || (n > 2000000 && placement != 0))) return;
   CAPTURE(n, seed, where, kind, placement);
   auto g = gaussian(n, seed);
   const auto r = gaussian(n, seed + 1, 0.5f);
@@ -207,6 +209,7 @@ TEST_CASE("scatter_into_zeroed and commit_sparse match fill + scatter", "[kernel
   const std::uint64_t seed = GENERATE(5u, 6u);
   const int density = GENERATE(0, 1, 2, 3);  // k = 0, n / 1000 + 1, n / 3, n
   const std::size_t offset = GENERATE(0u, 1u);  // misaligned output
+  if (n > 100000 && seed == 6) return;  // keep the large sizes cheap
   CAPTURE(n, seed, density, offset);
   std::mt19937_64 rng(seed);
   std::size_t k = density == 0 ? 0 : density == 1 ? std::min(n, n / 1000 + 1) : density == 2 ? n / 3 : n;
@@ -239,10 +242,10 @@ TEST_CASE("scatter_into_zeroed and commit_sparse match fill + scatter", "[kernel
   // Without velocity and alive flags: every delivered entry leaves the residual.
   auto res2 = gaussian(n, seed + 10);
   h::commit_sparse(out, idx, val, 1.0f, res2, {}, idx);
-  for (std::size_t j = 0; j < k; ++j) {
-    REQUIRE(res2[static_cast<std::size_t>(idx[j])] == 0.0f);
-    REQUIRE(same(out[static_cast<std::size_t>(idx[j])], val[j]));
-  }
+  std::size_t wrong = k;
+  for (std::size_t j = 0; j < k && wrong == k; ++j)
+    if (res2[static_cast<std::size_t>(idx[j])] != 0.0f || !same(out[static_cast<std::size_t>(idx[j])], val[j])) wrong = j;
+  REQUIRE(wrong == k);
 }
 
 TEST_CASE("scatter_into_zeroed and commit_sparse validate before writing", "[kernels][commit]") {
