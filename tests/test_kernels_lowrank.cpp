@@ -28,9 +28,12 @@ std::vector<float> gaussian(std::size_t n, std::uint64_t seed, float sigma = 1.0
   return x;
 }
 
-// Float operations rounded one at a time (through double: exact products, correctly
-// rounded sums), so the compiler cannot fuse them into an FMA.
-float fmul(float a, float b) { return static_cast<float>(static_cast<double>(a) * static_cast<double>(b)); }
+// Float operations rounded one at a time: the product goes through a volatile float, so
+// that no compiler fuses it into an FMA (also under -march=native -ffp-contract=fast).
+float fmul(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
 float fadd(float a, float b) { return static_cast<float>(static_cast<double>(a) + static_cast<double>(b)); }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {

@@ -29,10 +29,13 @@ std::vector<float> gaussian(std::size_t n, std::uint64_t seed, float sigma = 1.0
   return x;
 }
 
-// Products and sums rounded to float one at a time, through double: a float product is
-// exact in double, and rounding a double sum of two floats to float gives the correctly
-// rounded float sum, so the compiler cannot fuse these into an FMA.
-float mul_ref(float a, float b) { return static_cast<float>(static_cast<double>(a) * static_cast<double>(b)); }
+// Products and sums rounded to float one at a time. The product goes through a volatile
+// float, so that no compiler fuses it into an FMA (GCC turns (float)((double)a * b) into
+// a float product and would contract it under -march=native -ffp-contract=fast).
+float mul_ref(float a, float b) {
+  volatile float p = a * b;
+  return p;
+}
 float add_ref(float a, float b) { return static_cast<float>(static_cast<double>(a) + static_cast<double>(b)); }
 float sub_ref(float a, float b) { return static_cast<float>(static_cast<double>(a) - static_cast<double>(b)); }
 

@@ -27,6 +27,7 @@
 #include <span>
 
 #include "../../error.hpp"
+#include "commit.hpp"
 #include "simd.hpp"
 
 namespace commpact::host {
@@ -311,4 +312,3 @@ inline void sub(std::span<float> y, std::span<const float> x) {
 
 }  // namespace commpact::host
 
-#include "commit.hpp"
