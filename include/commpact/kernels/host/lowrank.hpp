@@ -279,6 +279,7 @@ inline void approx_dispatch(float* g, float* e, std::size_t n, std::size_t m, co
 inline void lowrank_project(std::span<const float> M, std::size_t n, std::size_t m, std::span<const float> Q,
                             std::size_t r, std::span<float> P) {
   detail::check_lowrank("lowrank_project", M.size(), n, m, P.size(), Q.size(), r);
+  // Without error feedback the matrix is only read (the cast serves the shared signature).
   detail::project_dispatch<false>(const_cast<float*>(M.data()), nullptr, n, m, Q.data(), r, P.data());
 }
 
