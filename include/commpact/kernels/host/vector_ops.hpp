@@ -1,0 +1,314 @@
+#pragma once
+//! \file vector_ops.hpp
+//! The O(n) passes of the compressors (error feedback, scaling, finiteness checks, the
+//! commit of a sparse result), written to run at memory speed at the user's flags.
+//!
+//! \code
+//! namespace h = commpact::host;
+//! if (h::first_nonfinite(g) != g.size()) ...;           // branch-free check, index on demand
+//! std::size_t bad = h::scale_checked(g, 1.0f / P);      // g *= 1/P, reports bad input
+//! bad = h::ef_accumulate(acc, residual, g, s);          // acc = residual + s * g
+//! h::commit_sparse(grad, idx, val, float(P), residual, {}, delivered);
+//! \endcode
+//!
+//! Every function gives the bits of the plain scalar loop written in its comment: the same
+//! float operations per element in the same order, each product and sum rounded on its
+//! own (never fused into an FMA, see simd.hpp), no reassociation. The finiteness tests
+//! are an OR of exponent bits (order-free) over blocks of 1024 values; only a block that
+//! holds a non-finite value is scanned again for its first index. Functions that return
+//! an index return the span's length when every value is finite.
+//!
+//! In-place use is allowed where a comment says so (the same span as input and output);
+//! spans that overlap otherwise raise invalid_argument, as do spans of unequal length.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "../../error.hpp"
+#include "commit.hpp"
+#include "simd.hpp"
+
+namespace commpact::host {
+
+namespace detail {
+
+//! Values per finiteness block: 4 KB, so that a block scanned twice is still in L1.
+inline constexpr std::size_t vec_block = 1024;
+
+//! Index of the first non-finite value of p[0, n), or n (scalar scan).
+inline std::size_t scan_nonfinite(const float* p, std::size_t n) noexcept {
+  for (std::size_t i = 0; i < n; ++i)
+    if (simd::nonfinite_bit(p[i])) return i;
+  return n;
+}
+
+//! Non-zero iff p[0, vec_block) holds a non-finite value.
+inline std::uint32_t block_has_nonfinite(const float* p) noexcept {
+#if COMMPACT_HOST_SIMD
+  using simd::vu;
+  constexpr std::size_t L = simd::lanes;
+  const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+  vu a0{}, a1{};
+  for (std::size_t j = 0; j < vec_block; j += 2 * L) {
+    a0 |= (simd::load<vu>(p + j) & mag) + carry;
+    a1 |= (simd::load<vu>(p + j + L) & mag) + carry;
+  }
+  a0 |= a1;
+  std::uint32_t r = 0;
+  for (std::size_t l = 0; l < L; ++l) r |= a0[l];
+  return r >> 31;
+#else
+  std::uint32_t r = 0;
+  for (std::size_t j = 0; j < vec_block; ++j) r |= simd::nonfinite_bit(p[j]);
+  return r;
+#endif
+}
+
+//! p[j] = p[j] * s for j in [0, vec_block).
+inline void scale_block(float* p, float s) noexcept {
+#if COMMPACT_HOST_SIMD
+  for (std::size_t j = 0; j < vec_block; j += simd::lanes) simd::store(p + j, simd::load<simd::vf>(p + j) * s);
+#else
+  for (std::size_t j = 0; j < vec_block; ++j) p[j] = p[j] * s;
+#endif
+}
+
+inline void check_same_length(const char* fn, const char* an, std::size_t a, const char* bn, std::size_t b) {
+  require(a == b, "commpact::host::", fn, ": ", an, " holds ", a, " values but ", bn, " holds ", b,
+          "; pass spans of the same length.");
+}
+
+//! The per-element body of the error-feedback accumulation. Kind: 0 acc = r + g,
+//! 1 acc = r + s g, 2 u' = m u + g, acc = r + u', 3 u' = m u + s g, acc = r + u'.
+template <int Kind, class V>
+inline V ef_body(const V& r, V g, const V* u, V* un, float s, float m) noexcept {
+  if constexpr (Kind == 1 || Kind == 3) {
+    g = g * s;
+    simd::opaque(g);
+  }
+  if constexpr (Kind >= 2) {
+    V mu = *u * m;
+    simd::opaque(mu);
+    g = mu + g;
+    *un = g;
+  }
+  return r + g;
+}
+
+//! Outputs at least this long, in a buffer of their own, are written with non-temporal
+//! stores (8 MB: beyond most L2s and a good part of L3; measured in
+//! bench/bench_vector_ops.cpp).
+inline constexpr std::size_t stream_min = std::size_t{1} << 21;
+
+//! Runs the accumulation over n values; returns the first index with a non-finite acc.
+template <int Kind, bool Stream = false>
+inline std::size_t ef_run(float* acc, float* un, const float* u, const float* r, const float* g, float s, float m,
+                          std::size_t n) noexcept {
+  std::size_t bad = n, i = 0;
+#if COMMPACT_HOST_STREAM
+  if constexpr (!Stream) {
+    // acc in a buffer of its own (not residual or g): skip the read-for-ownership.
+    if (n >= stream_min && acc != r && acc != g && reinterpret_cast<std::uintptr_t>(acc) % simd::vector_bytes == 0) {
+      const std::size_t body = n - n % vec_block;
+      const std::size_t first = ef_run<Kind, true>(acc, un, u, r, g, s, m, body);
+      simd::stream_fence();
+      const std::size_t off = Kind >= 2 ? body : 0;
+      const std::size_t tail = ef_run<Kind, false>(acc + body, un + off, u + off, r + body, g + body, s, m, n - body);
+      return first != body ? first : body + tail;
+    }
+  }
+#endif
+#if COMMPACT_HOST_SIMD
+  using simd::vf;
+  using simd::vu;
+  constexpr std::size_t L = simd::lanes;
+  const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+  for (; i + vec_block <= n; i += vec_block) {
+    vu bits{};
+    for (std::size_t j = i; j < i + vec_block; j += L) {
+      vf uv{}, unv;
+      if constexpr (Kind >= 2) uv = simd::load<vf>(u + j);
+      const vf a = ef_body<Kind>(simd::load<vf>(r + j), simd::load<vf>(g + j), &uv, &unv, s, m);
+      if constexpr (Kind >= 2) simd::store(un + j, unv);
+#if COMMPACT_HOST_STREAM
+      if constexpr (Stream)
+        simd::stream_store(acc + j, a);
+      else
+#endif
+        simd::store(acc + j, a);
+      bits |= ((vu)a & mag) + carry;
+    }
+    std::uint32_t any = 0;
+    for (std::size_t l = 0; l < L; ++l) any |= bits[l];
+    if ((any >> 31) && bad == n) bad = i + scan_nonfinite(acc + i, vec_block);
+  }
+#endif
+  for (; i < n; ++i) {
+    float uv = 0.0f, unv;
+    if constexpr (Kind >= 2) uv = u[i];
+    const float a = ef_body<Kind>(r[i], g[i], &uv, &unv, s, m);
+    if constexpr (Kind >= 2) un[i] = unv;
+    acc[i] = a;
+    if (simd::nonfinite_bit(a) && bad == n) bad = i;
+  }
+  return bad;
+}
+
+template <int Kind>
+inline std::size_t ef_checked(const char* fn, std::span<float> acc, std::span<float> un, std::span<const float> u,
+                              std::span<const float> r, std::span<const float> g, float s, float m) {
+  const std::size_t n = acc.size();
+  check_same_length(fn, "acc", n, "residual", r.size());
+  check_same_length(fn, "acc", n, "g", g.size());
+  simd::check_no_partial_overlap(fn, "acc", acc.data(), n, "residual", r.data(), n);
+  simd::check_no_partial_overlap(fn, "acc", acc.data(), n, "g", g.data(), n);
+  if constexpr (Kind >= 2) {
+    check_same_length(fn, "acc", n, "u_next", un.size());
+    check_same_length(fn, "acc", n, "u", u.size());
+    simd::check_no_partial_overlap(fn, "u_next", un.data(), n, "u", u.data(), n);
+    const float* ins[3] = {r.data(), g.data(), acc.data()};
+    const char* names[3] = {"residual", "g", "acc"};
+    for (int k = 0; k < 3; ++k) {
+      require(un.data() != ins[k] || n == 0, "commpact::host::", fn, ": u_next is the same buffer as ", names[k],
+              "; u_next may only share storage with u.");
+      simd::check_no_partial_overlap(fn, "u_next", un.data(), n, names[k], ins[k], n);
+    }
+    require(acc.data() != u.data() || n == 0, "commpact::host::", fn,
+            ": acc is the same buffer as u; acc may share storage with residual or g only.");
+    simd::check_no_partial_overlap(fn, "acc", acc.data(), n, "u", u.data(), n);
+  }
+  return ef_run<Kind>(acc.data(), un.data(), u.data(), r.data(), g.data(), s, m, n);
+}
+
+}  // namespace detail
+
+//! Index of the first Inf or NaN in x, or x.size() when every value is finite. Never
+//! raises, also under -ffast-math (a test of bits, not std::isfinite).
+[[nodiscard]] inline std::size_t first_nonfinite(std::span<const float> x) noexcept {
+  const float* p = x.data();
+  const std::size_t n = x.size();
+  std::size_t i = 0;
+  for (; i + detail::vec_block <= n; i += detail::vec_block)
+    if (detail::block_has_nonfinite(p + i)) return i + detail::scan_nonfinite(p + i, detail::vec_block);
+  return i + detail::scan_nonfinite(p + i, n - i);
+}
+
+//! x[i] = x[i] * s.
+inline void scale(std::span<float> x, float s) noexcept {
+  float* p = x.data();
+  const std::size_t n = x.size();
+  std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+  constexpr std::size_t L = simd::lanes;
+  for (; i + 2 * L <= n; i += 2 * L) {
+    simd::store(p + i, simd::load<simd::vf>(p + i) * s);
+    simd::store(p + i + L, simd::load<simd::vf>(p + i + L) * s);
+  }
+#endif
+  for (; i < n; ++i) p[i] = p[i] * s;
+}
+
+//! x[i] = x[i] * s for every i, in one pass; returns the index of the first non-finite
+//! value of x as it was before scaling, or x.size(). When |s| <= 1 (e.g. 1 / P), a
+//! finite value stays finite, so the bits of each product are tested as it is stored
+//! (one pass); otherwise each block of 1024 values is tested, then scaled, in L1.
+[[nodiscard]] inline std::size_t scale_checked(std::span<float> x, float s) noexcept {
+  float* p = x.data();
+  const std::size_t n = x.size();
+  std::size_t bad = n, i = 0;
+  const bool shrinks = s <= 1.0f && s >= -1.0f;
+  for (; i + detail::vec_block <= n; i += detail::vec_block) {
+#if COMMPACT_HOST_SIMD
+    if (shrinks) {
+      using simd::vf;
+      using simd::vu;
+      const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+      vu bits{};
+      for (std::size_t j = i; j < i + detail::vec_block; j += simd::lanes) {
+        const vf v = simd::load<vf>(p + j) * s;
+        simd::store(p + j, v);
+        bits |= ((vu)v & mag) + carry;
+      }
+      std::uint32_t any = 0;
+      for (std::size_t l = 0; l < simd::lanes; ++l) any |= bits[l];
+      if ((any >> 31) && bad == n) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
+      continue;
+    }
+#endif
+    if (bad == n && detail::block_has_nonfinite(p + i)) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
+    detail::scale_block(p + i, s);
+  }
+  if (bad == n) {
+    const std::size_t t = detail::scan_nonfinite(p + i, n - i);
+    if (t != n - i) bad = i + t;
+  }
+  for (; i < n; ++i) p[i] = p[i] * s;
+  return bad;
+}
+
+//! y[i] = y[i] + x[i]. y and x have equal lengths; they may be the same span.
+inline void add(std::span<float> y, std::span<const float> x) {
+  detail::check_same_length("add", "y", y.size(), "x", x.size());
+  simd::check_no_partial_overlap("add", "y", y.data(), y.size(), "x", x.data(), x.size());
+  float* py = y.data();
+  const float* px = x.data();
+  const std::size_t n = y.size();
+  std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+  constexpr std::size_t L = simd::lanes;
+  for (; i + L <= n; i += L) simd::store(py + i, simd::load<simd::vf>(py + i) + simd::load<simd::vf>(px + i));
+#endif
+  for (; i < n; ++i) py[i] = py[i] + px[i];
+}
+
+//! y[i] = y[i] - x[i]. y and x have equal lengths; they may be the same span.
+inline void sub(std::span<float> y, std::span<const float> x) {
+  detail::check_same_length("sub", "y", y.size(), "x", x.size());
+  simd::check_no_partial_overlap("sub", "y", y.data(), y.size(), "x", x.data(), x.size());
+  float* py = y.data();
+  const float* px = x.data();
+  const std::size_t n = y.size();
+  std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+  constexpr std::size_t L = simd::lanes;
+  for (; i + L <= n; i += L) simd::store(py + i, simd::load<simd::vf>(py + i) - simd::load<simd::vf>(px + i));
+#endif
+  for (; i < n; ++i) py[i] = py[i] - px[i];
+}
+
+//! Error-feedback accumulation: acc[i] = residual[i] + g[i]. Returns the index of the
+//! first non-finite acc, or acc.size(); acc is written in full either way. acc may be the
+//! same span as residual or g (in place).
+[[nodiscard]] inline std::size_t ef_accumulate(std::span<float> acc, std::span<const float> residual,
+                                               std::span<const float> g) {
+  return detail::ef_checked<0>("ef_accumulate", acc, {}, {}, residual, g, 0.0f, 0.0f);
+}
+
+//! acc[i] = residual[i] + (s * g[i]) (the product rounded, then added; s is e.g. a
+//! clipping scale). Otherwise as above.
+[[nodiscard]] inline std::size_t ef_accumulate(std::span<float> acc, std::span<const float> residual,
+                                               std::span<const float> g, float s) {
+  return detail::ef_checked<1>("ef_accumulate", acc, {}, {}, residual, g, s, 0.0f);
+}
+
+//! With momentum correction (DGC): u_next[i] = (m * u[i]) + g[i];
+//! acc[i] = residual[i] + u_next[i]. Returns the first index with a non-finite acc, or
+//! acc.size(). u_next may be the same span as u; acc may be the same span as residual or
+//! g; no other sharing.
+[[nodiscard]] inline std::size_t ef_accumulate_momentum(std::span<float> acc, std::span<float> u_next,
+                                                        std::span<const float> u, std::span<const float> residual,
+                                                        std::span<const float> g, float m) {
+  return detail::ef_checked<2>("ef_accumulate_momentum", acc, u_next, u, residual, g, 0.0f, m);
+}
+
+//! u_next[i] = (m * u[i]) + (s * g[i]); acc[i] = residual[i] + u_next[i]. As above.
+[[nodiscard]] inline std::size_t ef_accumulate_momentum(std::span<float> acc, std::span<float> u_next,
+                                                        std::span<const float> u, std::span<const float> residual,
+                                                        std::span<const float> g, float m, float s) {
+  return detail::ef_checked<3>("ef_accumulate_momentum", acc, u_next, u, residual, g, s, m);
+}
+
+}  // namespace commpact::host
+
