@@ -1,7 +1,7 @@
 # commpact's optional components. Each call creates the imported target
 # commpact::<name> (once) and sets commpact_<name>_FOUND.
-#   eigen -> links Eigen3::Eigen (3.3 or newer, 5.x accepted)  (compress/power.hpp,
-#            gossip/gossip_mixer.hpp and the umbrella commpact.hpp include Eigen)
+#   eigen -> links Eigen3::Eigen (3.3 or newer, 5.x accepted); no commpact header
+#            includes Eigen since v2, the component is for code that wants it
 #   mpi   -> links MPI::MPI_CXX, defines COMMPACT_HAS_MPI=1   (MpiComm)
 #   cuda  -> links CUDA::cudart and CUDA::cublas, defines COMMPACT_HAS_CUDA=1
 #   nccl  -> cuda + libnccl, defines COMMPACT_HAS_NCCL=1

@@ -237,7 +237,7 @@ class CodecCompressor {
     for (auto& x : grad) x = x / fP;
     if constexpr (req::codec_has_delivered<Codec>) {
       ef_.commit();
-      for (std::int32_t i : codec_.delivered()) ef_.clear_delivered(i);
+      ef_.clear_delivered(codec_.delivered());
     } else {
       ef_.subtract(approx_);
       ef_.commit();

@@ -15,7 +15,7 @@
 //! encode(ef.acc(), ...);               // the codec reads acc
 //! ef.subtract(approx);                 // dense codecs: acc -= what was delivered
 //! ef.commit();                         // acc becomes the residual
-//! for (auto i : delivered) ef.clear_delivered(i);   // sparse codecs instead of subtract()
+//! ef.clear_delivered(indices);        // sparse codecs, instead of subtract()
 //! \endcode
 //!
 //! With DGC momentum correction (momentum > 0) it also keeps the velocity u:
@@ -31,6 +31,8 @@
 #include <vector>
 
 #include "../error.hpp"
+#include "../kernels/host/commit.hpp"
+#include "../kernels/host/vector_ops.hpp"
 #include "../state.hpp"
 #include "nonfinite.hpp"
 
@@ -58,28 +60,28 @@ class error_feedback {
     const std::size_t n = g.size();
     const bool have_r = residual_.size() == acc_.size();
     const bool have_u = velocity_.size() == acc_.size();
-    const float* gp = g.data();
-    float* a = acc_.data() + at;
-    const float* r = residual_.data() + at;
-    if (!momentum_ && !scale) {
-      if (have_r)
-        for (std::size_t i = 0; i < n; ++i) a[i] = r[i] + gp[i];
-      else
-        for (std::size_t i = 0; i < n; ++i) a[i] = 0.0f + gp[i];
-    } else {
-      const float s = scale ? *scale : 1.0f;
-      float* un = momentum_ ? u_next_.data() + at : nullptr;
-      for (std::size_t i = 0; i < n; ++i) {
-        float gi = scale ? gp[i] * s : gp[i];
-        if (momentum_) {
-          const float mu = have_u ? momentum * velocity_[at + i] : momentum * 0.0f;
-          un[i] = mu + gi;
-          gi = un[i];
-        }
-        a[i] = (have_r ? r[i] : 0.0f) + gi;
-      }
+    const std::span<float> a(acc_.data() + at, n);
+    if (have_r && (!momentum_ || have_u)) {  // the steady state: vectorised kernels
+      const std::span<const float> r(residual_.data() + at, n);
+      if (!momentum_)
+        return (scale ? host::ef_accumulate(a, r, g, *scale) : host::ef_accumulate(a, r, g)) == n;
+      const std::span<float> un(u_next_.data() + at, n);
+      const std::span<const float> u(velocity_.data() + at, n);
+      return (scale ? host::ef_accumulate_momentum(a, un, u, r, g, momentum, *scale)
+                    : host::ef_accumulate_momentum(a, un, u, r, g, momentum)) == n;
     }
-    return detail::first_nonfinite(std::span<const float>(a, n)) == n;
+    // The first step: no residual (or velocity) yet, which count as zero.
+    const float s = scale ? *scale : 1.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      float gi = scale ? g[i] * s : g[i];
+      if (momentum_) {
+        const float mu = have_u ? momentum * velocity_[at + i] : momentum * 0.0f;
+        u_next_[at + i] = mu + gi;
+        gi = u_next_[at + i];
+      }
+      a[i] = (have_r ? residual_[at + i] : 0.0f) + gi;
+    }
+    return detail::first_nonfinite(a) == n;
   }
 
   //! begin(g.size(), momentum > 0) and accumulate_at(0, g, ...).
@@ -94,9 +96,15 @@ class error_feedback {
 
   //! acc[at + i] -= delivered[i]: what a dense codec delivered leaves the candidate.
   void subtract(std::span<const float> delivered, std::size_t at = 0) {
-    float* a = acc_.data() + at;
-    const float* d = delivered.data();
-    for (std::size_t i = 0; i < delivered.size(); ++i) a[i] -= d[i];
+    host::sub(std::span<float>(acc_.data() + at, delivered.size()), delivered);
+  }
+
+  //! The candidate's segment [at, at + n) (PowerSGD writes M - A there itself).
+  std::span<float> acc_segment(std::size_t at, std::size_t n) { return {acc_.data() + at, n}; }
+  //! The installed residual's segment, or an empty span before the first committed step.
+  std::span<const float> residual_segment(std::size_t at, std::size_t n) const {
+    return residual_.size() == acc_.size() && !acc_.empty() ? std::span<const float>(residual_.data() + at, n)
+                                                           : std::span<const float>{};
   }
 
   //! Installs the candidate as the residual (and u' as the velocity).
@@ -105,10 +113,10 @@ class error_feedback {
     if (momentum_) std::swap(velocity_, u_next_);
   }
 
-  //! After commit(): entry i was delivered; it leaves the residual (and the velocity).
-  void clear_delivered(std::int32_t i) {
-    residual_[static_cast<std::size_t>(i)] = 0.0f;
-    if (!velocity_.empty()) velocity_[static_cast<std::size_t>(i)] = 0.0f;
+  //! After commit(): the entries delivered[j] (those with alive[j] != 0, every one when
+  //! alive is empty) were delivered; they leave the residual (and the velocity).
+  void clear_delivered(std::span<const std::int32_t> delivered, std::span<const std::uint8_t> alive = {}) {
+    host::zero_delivered(residual_, velocity_, delivered, alive);
   }
 
   std::span<const float> residual() const { return residual_; }

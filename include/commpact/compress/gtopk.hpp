@@ -56,6 +56,7 @@
 #include "../comm/tree_comm.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host/commit.hpp"
 #include "../kernels/host/sparse_merge.hpp"
 #include "../kernels/host/topk.hpp"
 #include "error_feedback.hpp"
@@ -132,12 +133,11 @@ class gTopK {
       return false;
     }
 
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    const auto fP = static_cast<float>(P);
-    for (std::size_t j = 0; j < cur_count_; ++j) grad[static_cast<std::size_t>(cur_idx_[j])] = cur_val_[j] / fP;
+    host::scatter_into_zeroed(grad, std::span<const std::int32_t>(cur_idx_).first(cur_count_),
+                              std::span<const float>(cur_val_).first(cur_count_), static_cast<float>(P));
     ef_.commit();
-    for (std::size_t j = 0; j < mine_count_; ++j)
-      if (mine_alive_[j]) ef_.clear_delivered(mine_idx_[j]);
+    ef_.clear_delivered(std::span<const std::int32_t>(mine_idx_).first(mine_count_),
+                        std::span<const std::uint8_t>(mine_alive_).first(mine_count_));
     last_count_ = cur_count_;
     ++steps_;
     return true;

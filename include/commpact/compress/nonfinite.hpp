@@ -14,13 +14,13 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
 #include <string_view>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host/vector_ops.hpp"
 
 namespace commpact {
 
@@ -29,25 +29,9 @@ enum class nonfinite { raise, skip_step };
 
 namespace detail {
 
-//! Index of the first NaN or Inf in v, or v.size(). One branch-free pass over the
-//! exponent bits (vectorisable); the index is searched only when something was found.
-inline std::size_t first_nonfinite(std::span<const float> v) {
-  const float* p = v.data();
-  const std::size_t n = v.size();
-  std::uint32_t any = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, p + i, 4);
-    any |= static_cast<std::uint32_t>((u & 0x7f800000u) == 0x7f800000u);
-  }
-  if (!any) return n;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint32_t u;
-    std::memcpy(&u, p + i, 4);
-    if ((u & 0x7f800000u) == 0x7f800000u) return i;
-  }
-  return n;
-}
+//! Index of the first NaN or Inf in v, or v.size(): a branch-free, vectorised test of the
+//! exponent bits, the index searched only in a block that holds one (host::first_nonfinite).
+inline std::size_t first_nonfinite(std::span<const float> v) { return host::first_nonfinite(v); }
 
 //! Raises numeric_error, the same message on every rank: `<who>: the <what> is not
 //! finite (NaN or Inf) at index <i> ...` (index -1: not known, left out).
@@ -68,13 +52,10 @@ inline bool end_nonfinite_step(nonfinite policy, std::string_view who, std::stri
   return false;
 }
 
-//! v *= s; returns the first index whose input was not finite (v.size() if none).
+//! v *= s (0 < s <= 1, e.g. 1/P) in one vectorised pass; returns the first index whose
+//! value was not finite (v.size() if none). s == 1 only checks (x * 1 == x).
 inline std::size_t scale_and_check(std::span<float> v, float s) {
-  float* p = v.data();
-  const std::size_t n = v.size();
-  if (s != 1.0f)
-    for (std::size_t i = 0; i < n; ++i) p[i] *= s;
-  return first_nonfinite(v);  // x * (1/P) is finite exactly when x is, for P >= 1
+  return s == 1.0f ? host::first_nonfinite(v) : host::scale_checked(v, s);
 }
 
 }  // namespace detail

@@ -31,14 +31,16 @@
 //! in a third (mean): sum (n + m) r, sum (n + m) r and the dense element count.
 //! Before `start_step` the whole buffer is allreduced dense and the residual stays 0.
 //!
+//! The products stream once over each matrix (kernels/host/lowrank.hpp: M = g + e and
+//! P = M Q in one pass; Q = M^T P; A = P Q^T and e = M - A in one pass), in a fixed
+//! arithmetic order that does not depend on the vector width or -march.
+//!
 //! Every rank gets bit-identical results: A is computed from the allreduced P and Q
 //! only, the orthonormalisation is a fixed-order loop (kernels/host/orthogonalize.hpp)
 //! and the first Q is drawn from a seed shared by all ranks. A Q column that is exactly
 //! zero after a step is redrawn at the next step, so a layer never stays stuck at zero.
 //! A step that raises changes nothing (residual, Q, counters); a skipped step keeps the
 //! residual and Q and counts as skipped.
-
-#include <Eigen/Core>
 
 #include <algorithm>
 #include <array>
@@ -57,7 +59,9 @@
 #include "../concepts.hpp"
 #include "../detail/hash.hpp"
 #include "../error.hpp"
+#include "../kernels/host/lowrank.hpp"
 #include "../kernels/host/orthogonalize.hpp"
+#include "../kernels/host/vector_ops.hpp"
 #include "../state.hpp"
 #include "error_feedback.hpp"
 #include "nonfinite.hpp"
@@ -87,9 +91,7 @@ template <int Rank = 1>
 class PowerCompressor {
   static_assert(Rank >= 1, "commpact::PowerCompressor<Rank>: Rank must be >= 1.");
 
-  using fvec = std::vector<float, Eigen::aligned_allocator<float>>;
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using ColMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
+  using fvec = std::vector<float>;
 
  public:
   using options = power_options;
@@ -304,20 +306,20 @@ class PowerCompressor {
 
   bool compressed_step(std::span<float> grad) {
     start_q();
-    // 1. M = g + e (the candidate residual); P = M Q; pack the dense tensors.
+    // 1. M = g + e, in grad; P = M Q (one pass per matrix); pack the dense tensors.
     ef_.begin(compressed_, false);
     for (const auto& en : entries_) {
-      float* g = grad.data() + en.offset;
+      const std::size_t nm = en.rows * en.cols;
+      const std::span<float> g(grad.data() + en.offset, nm);
       if (!en.compressed) {
-        std::memcpy(dense_.data() + en.d_off, g, en.rows * en.cols * sizeof(float));
+        std::memcpy(dense_.data() + en.d_off, g.data(), nm * sizeof(float));
         continue;
       }
-      ef_.accumulate_at(en.e_off, std::span<const float>(g, en.rows * en.cols));
-      const auto r = static_cast<Eigen::Index>(en.r);
-      Eigen::Map<const RowMat> M(ef_.acc().data() + en.e_off, en.rows, en.cols);
-      Eigen::Map<const ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
-      Eigen::Map<ColMat> P(p_.data() + en.p_off, en.rows, r);
-      P.noalias() = M * Q;
+      const auto e = ef_.residual_segment(en.e_off, nm);
+      const std::span<float> P(p_.data() + en.p_off, en.rows * en.r);
+      const std::span<const float> Q(q_next_.data() + en.q_off, en.cols * en.r);
+      if (e.empty()) host::lowrank_project(g, en.rows, en.cols, Q, en.r, P);  // no residual yet: M = g
+      else host::lowrank_project_ef(g, e, en.rows, en.cols, Q, en.r, P);
     }
     // 2. allreduce P (sum) and the dense part (mean).
     if (!p_.empty()) comm_.allreduce(std::span<float>(p_.data(), p_.size()), reduce_op::sum);
@@ -328,12 +330,10 @@ class PowerCompressor {
     // 3. orthonormalise P; Q = M^T P.
     for (const auto& en : entries_) {
       if (!en.compressed) continue;
-      const auto r = static_cast<Eigen::Index>(en.r);
       host::orthonormalize_columns(p_.data() + en.p_off, en.rows, static_cast<int>(en.r), en.rows);
-      Eigen::Map<const RowMat> M(ef_.acc().data() + en.e_off, en.rows, en.cols);
-      Eigen::Map<const ColMat> P(p_.data() + en.p_off, en.rows, r);
-      Eigen::Map<ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
-      Q.noalias() = M.transpose() * P;
+      host::lowrank_back_project(std::span<const float>(grad.data() + en.offset, en.rows * en.cols), en.rows, en.cols,
+                                 std::span<const float>(p_.data() + en.p_off, en.rows * en.r), en.r,
+                                 std::span<float>(q_next_.data() + en.q_off, en.cols * en.r));
     }
     // 4. allreduce Q (mean).
     if (!q_next_.empty()) comm_.allreduce(std::span<float>(q_next_.data(), q_next_.size()), reduce_op::sum);
@@ -342,21 +342,19 @@ class PowerCompressor {
       return false;
     }
     const float inv = 1.0f / static_cast<float>(comm_.size());
-    for (auto& x : q_next_) x *= inv;
-    // 5. g = P Q^T, e = M - g; dense tensors get the mean.
+    host::scale(std::span<float>(q_next_.data(), q_next_.size()), inv);
+    // 5. g = A = P Q^T and the candidate residual M - A (one pass); dense tensors get the mean.
     for (const auto& en : entries_) {
-      float* g = grad.data() + en.offset;
+      const std::size_t nm = en.rows * en.cols;
+      const std::span<float> g(grad.data() + en.offset, nm);
       if (!en.compressed) {
         const float* d = dense_.data() + en.d_off;
-        for (std::size_t i = 0; i < en.rows * en.cols; ++i) g[i] = d[i] * inv;
+        for (std::size_t i = 0; i < nm; ++i) g[i] = d[i] * inv;
         continue;
       }
-      const auto r = static_cast<Eigen::Index>(en.r);
-      Eigen::Map<RowMat> A(g, en.rows, en.cols);
-      Eigen::Map<const ColMat> P(p_.data() + en.p_off, en.rows, r);
-      Eigen::Map<const ColMat> Q(q_next_.data() + en.q_off, en.cols, r);
-      A.noalias() = P * Q.transpose();
-      ef_.subtract(std::span<const float>(g, en.rows * en.cols), en.e_off);
+      host::lowrank_approx_residual(g, ef_.acc_segment(en.e_off, nm), en.rows, en.cols,
+                                    std::span<const float>(p_.data() + en.p_off, en.rows * en.r),
+                                    std::span<const float>(q_next_.data() + en.q_off, en.cols * en.r), en.r);
     }
     ef_.commit();
     std::swap(q_, q_next_);

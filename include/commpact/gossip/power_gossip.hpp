@@ -15,8 +15,6 @@
 //! 4 r (m or n) per matrix plus 4 n per vector. The rank is clamped per matrix to
 //! min(n, m).
 
-#include <Eigen/Core>
-
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -28,6 +26,7 @@
 
 #include "../compress/tensor_layout.hpp"
 #include "../error.hpp"
+#include "../kernels/host/lowrank.hpp"
 #include "../kernels/host/orthogonalize.hpp"
 #include "../state.hpp"
 #include "exchange.hpp"
@@ -47,9 +46,6 @@ namespace detail {
 
 template <int R, class Comm>
 class power_gossip_algorithm {
-  using RowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  using ColMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::ColMajor>;
-
   struct tensor {
     std::size_t offset = 0, rows = 0, cols = 0, r = 0;
     bool matrix = false;
@@ -118,13 +114,11 @@ class power_gossip_algorithm {
         std::copy_n(shared_[k][mi].data(), len * t.r, s);
         ++mi;
         orthonormalize_shared(s, len, t.r, k, i);
-        const auto r = static_cast<Eigen::Index>(t.r);
-        Eigen::Map<const RowMat> X(x.data() + t.offset, t.rows, t.cols);
-        Eigen::Map<const ColMat> S(s, len, r);
+        const std::span<const float> X(x.data() + t.offset, t.rows * t.cols);
+        const std::span<const float> S(s, len * t.r);
         const std::size_t ql = phase == 0 ? t.cols : t.rows;
-        Eigen::Map<ColMat> Q(out, ql, r);
-        if (phase == 0) Q.noalias() = X.transpose() * S;  // m x r
-        else Q.noalias() = X * S;                          // n x r
+        if (phase == 0) host::lowrank_back_project(X, t.rows, t.cols, S, t.r, {out, ql * t.r});  // X^T s: m x r
+        else host::lowrank_project(X, t.rows, t.cols, S, t.r, {out, ql * t.r});                 // X s: n x r
         out += ql * t.r;
       }
       for (const auto& t : t_)
@@ -156,12 +150,13 @@ class power_gossip_algorithm {
         for (std::size_t i = 0; i < dl * t.r; ++i) d[i] = q_high[pos + i] - q_low[pos + i];
         pos += dl * t.r;
         // X += coef * (phase 0: s d^T; phase 1: d s^T), n x m row-major. Both ends
-        // compute the same product with opposite signs, so the pair's sum is kept.
-        const auto r = static_cast<Eigen::Index>(t.r);
-        Eigen::Map<RowMat> X(x.data() + t.offset, t.rows, t.cols);
-        Eigen::Map<const ColMat> L(phase == 0 ? s : d, t.rows, r);
-        Eigen::Map<const ColMat> Rt(phase == 0 ? d : s, t.cols, r);
-        X.noalias() += (coef * L) * Rt.transpose();
+        // compute the same product U and add it with opposite signs, so the pair's sum is kept.
+        const std::size_t nm = t.rows * t.cols;
+        upd_.resize(nm);
+        host::lowrank_approx(upd_, t.rows, t.cols, {phase == 0 ? s : d, t.rows * t.r},
+                             {phase == 0 ? d : s, t.cols * t.r}, t.r);
+        float* X = x.data() + t.offset;
+        for (std::size_t i = 0; i < nm; ++i) X[i] += coef * upd_[i];
       }
       if (n_vec_) {
         const float* v = theirs + pos;
@@ -227,6 +222,7 @@ class power_gossip_algorithm {
   std::vector<int> nb_;
   std::vector<std::vector<std::vector<float>>> shared_, ortho_, diff_;
   std::vector<double> vacc_;
+  std::vector<float> upd_;
   std::uint64_t round_ = 0;
 };
 
