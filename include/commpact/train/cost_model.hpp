@@ -205,7 +205,8 @@ struct shape {
 //! PowerSGD of rank r: allreduces of sum rows*r (P factors), of the uncompressed tensors
 //! and of sum cols*r (Q factors); a matrix is compressed when rows*cols / ((rows+cols) r)
 //! >= min_rate. The first step adds the layout agreement (an allreduce of 2 int64).
-inline step_cost powersgd(int P, std::span<const shape> layout, int r, double min_rate = 2.0, bool first_step = false) {
+inline step_cost powersgd(int P, std::span<const shape> layout, int r, double min_rate = 2.0, bool first_step = false,
+                          allreduce_algorithm algo = allreduce_algorithm::openmpi) {
   std::uint64_t p = 0, q = 0, d = 0, n = 0;
   for (const auto& s : layout) {
     n += s.rows * s.cols;
@@ -217,7 +218,7 @@ inline step_cost powersgd(int P, std::span<const shape> layout, int r, double mi
       d += s.rows * s.cols;
     }
   }
-  step_cost c = allreduce(P, p) + allreduce(P, d) + allreduce(P, q);
+  step_cost c = allreduce(P, p, 4, algo) + allreduce(P, d, 4, algo) + allreduce(P, q, 4, algo);
   if (first_step) c += allreduce(P, 2, 8);
   c.compute_elements = static_cast<double>(n);
   return c;
@@ -264,11 +265,12 @@ struct hierarchical_cost {
   double time(const link& fast, const link& slow) const { return comm_time(intra, fast) + comm_time(inter, slow); }
 };
 
-inline hierarchical_cost hierarchical(int N, int M, std::uint64_t n) {
+inline hierarchical_cost hierarchical(int N, int M, std::uint64_t n,
+                                      allreduce_algorithm intra = allreduce_algorithm::openmpi) {
   detail::check_ranks(N, "hierarchical (nodes)");
   detail::check_ranks(M, "hierarchical (ranks per node)");
   hierarchical_cost h;
-  h.intra = allreduce(M, n) + broadcast(M, 4 * n);
+  h.intra = allreduce(M, n, 4, intra) + broadcast(M, 4 * n);
   h.inter = allreduce(N, n, 4, allreduce_algorithm::ring);
   h.intra.compute_elements = static_cast<double>(n);
   return h;
