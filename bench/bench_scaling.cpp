@@ -52,6 +52,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 using namespace commpact;
@@ -163,6 +164,29 @@ double load1() {
   return l;
 }
 
+//! The model of one run: (cost on the rank links or the only links, cost on the slow links).
+std::pair<cost::step_cost, cost::step_cost> model_of(const std::string& m, int P, std::uint64_t n, std::uint64_t k,
+                                                     int nodes, int per_node, cost::allreduce_algorithm algo) {
+  const auto shapes = shapes_of(layout_of(n));
+  const int degree = P == 1 ? 0 : P == 2 ? 1 : 2;
+  if (m == "dense") return {cost::dense(P, n, false, algo), {}};
+  if (m == "topk") return {cost::topk(P, n, k), {}};
+  if (m == "gtopk") return {cost::gtopk(P, n, k), {}};
+  if (m == "powersgd") return {cost::powersgd(P, shapes, 4, 2.0, false, algo), {}};
+  if (m == "dpsgd") return {cost::dpsgd(degree, n), {}};
+  if (m == "powergossip")  // the two phases alternate
+    return {(cost::power_gossip(degree, shapes, 1, 0) + cost::power_gossip(degree, shapes, 1, 1)).amortised(2), {}};
+  if (m == "localsgd") return {cost::dense(P, n, false, algo).amortised(local_h), {}};
+  if (m == "qsr") return {cost::dense(P, n, false, algo).amortised(qsr_mean_period()), {}};
+  if (m == "hierarchical") {
+    const auto h = cost::hierarchical(nodes, per_node, n, algo);
+    return {h.intra, h.inter};
+  }
+  throw invalid_argument(detail::cat("bench_scaling: unknown method '", m,
+                                     "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
+                                     "hierarchical."));
+}
+
 struct result {
   double compress = 0, comm = 0, iter = 0;
   std::uint64_t bytes = 0, messages = 0;
@@ -250,6 +274,9 @@ std::vector<row> read_csv(const std::string& path) {
     r.messages = std::stoull(c[16]), r.eff = std::stod(c[17]), r.model.latency_rounds = std::stod(c[18]);
     r.model.path_bytes = std::stod(c[19]), r.model_inter.latency_rounds = std::stod(c[20]);
     r.model_inter.path_bytes = std::stod(c[21]), r.load = std::stod(c[22]);
+    // the model as this build computes it (scripts/cluster makes OpenMPI's allreduce a ring)
+    std::tie(r.model, r.model_inter) =
+        model_of(r.method, r.P, r.n, r.k, r.nodes, r.per_node, cost::allreduce_algorithm::ring);
     rows.push_back(r);
   }
   return rows;
@@ -451,13 +478,11 @@ int run(const cfg& c) {
   for (const auto& size : c.sizes) {
     const std::uint64_t n = parse_size(size);
     const auto layout = layout_of(n);
-    const auto shapes = shapes_of(layout);
     std::mt19937_64 gen(1234 + static_cast<std::uint64_t>(me));
     std::normal_distribution<float> dist;
     std::vector<float> g0(n);
     for (auto& x : g0) x = dist(gen);
     const auto k = static_cast<std::uint64_t>(std::clamp<double>(std::round(c.density * double(n)), 1, double(n)));
-    const int degree = P == 1 ? 0 : P == 2 ? 1 : 2;
     // OMPI_MCA_coll_libnbc_iallreduce_algorithm=1 makes OpenMPI's allreduce a ring at every P
     const auto algo = env("OMPI_MCA_coll_libnbc_iallreduce_algorithm") == "1" ? cost::allreduce_algorithm::ring
                                                                              : cost::allreduce_algorithm::openmpi;
@@ -472,28 +497,23 @@ int run(const cfg& c) {
       if (m == "dense") {
         auto a = make_dense(net);
         res = time_it(c, net, counted, g0, [&](std::vector<float>& w) { a.reduce(std::span(w)); });
-        r.model = cost::dense(P, n, false, algo);
       } else if (m == "topk") {
         auto a = make_topk(net, c.density);
         res = time_it(c, net, counted, g0, [&](std::vector<float>& w) { a.reduce(std::span(w)); });
-        r.k = k, r.model = cost::topk(P, n, k);
+        r.k = k;
       } else if (m == "gtopk") {
         auto a = make_gtopk(net, c.density);
         res = time_it(c, net, counted, g0, [&](std::vector<float>& w) { a.reduce(std::span(w)); });
-        r.k = k, r.model = cost::gtopk(P, n, k);
+        r.k = k;
       } else if (m == "powersgd") {
         auto a = make_powersgd(net, layout);
         res = time_it(c, net, counted, g0, [&](std::vector<float>& w) { a.reduce(std::span(w)); });
-        r.model = cost::powersgd(P, shapes, 4, 2.0, false, algo);
       } else if (m == "dpsgd" || m == "powergossip") {
         if (P == 1) continue;
         auto run_mixer = [&](auto mixer) {
           return time_it(c, net, counted, g0, [&](std::vector<float>& w) { mixer.mix(std::span(w)); });
         };
         res = m == "dpsgd" ? run_mixer(make_dpsgd(net, layout)) : run_mixer(make_powergossip(net, layout));
-        r.model = m == "dpsgd" ? cost::dpsgd(degree, n)
-                               : cost::power_gossip(degree, shapes, 1, 0) + cost::power_gossip(degree, shapes, 1, 1);
-        if (m == "powergossip") r.model = r.model.amortised(2);  // phases alternate
       } else if (m == "localsgd" || m == "qsr") {
         auto dp = make_local_sgd(net, local_h, std::int64_t{local_h} * (c.iters + 1));
         std::vector<float> params(n, 0.0f);
@@ -503,29 +523,28 @@ int run(const cfg& c) {
         res = time_it(
             c, net, counted, g0, [&](std::vector<float>& w) { dp.step(std::span(params), std::span(w), 0.01, sgd); },
             local_h);
-        r.model = cost::dense(P, n, false, algo).amortised(local_h);
         if (m == "qsr") {  // the same measured round, amortised over QSR's mean period
           const double H = qsr_mean_period(), f = local_h / H;
           res.comm *= f;
           res.iter = res.compress + res.comm;  // derived
           res.bytes = static_cast<std::uint64_t>(double(res.bytes) * f);
           res.messages = static_cast<std::uint64_t>(std::llround(double(res.messages) * f));
-          r.model = cost::dense(P, n, false, algo).amortised(H);
         }
       } else if (m == "hierarchical") {
         if (per_node <= 0) continue;  // needs the two-level cluster
-        HNet hnet{CountingComm<HierarchicalComm<MpiComm>>{hierarchical_mpi(MPI_COMM_WORLD, node, {.verify_collectives = false})}};
+        HNet hnet{CountingComm<HierarchicalComm<MpiComm>>{
+            hierarchical_mpi(MPI_COMM_WORLD, node, {.verify_collectives = false})}};
         auto a = make_hierarchical(hnet);
         auto& hc = hnet.inner();
         res = time_it(c, hnet, hc, g0, [&](std::vector<float>& w) { a.reduce(std::span(w)); });
         const auto h = cost::hierarchical(nodes, per_node, n, algo);
-        r.model = h.intra, r.model_inter = h.inter;
         res.bytes = h.inter.bytes_sent, res.messages = h.inter.messages_sent;  // the leaders' slow-link share
       } else {
         throw invalid_argument(detail::cat("bench_scaling: unknown method '", m,
                                            "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
                                            "hierarchical."));
       }
+      std::tie(r.model, r.model_inter) = model_of(m, P, n, r.k, nodes, per_node, algo);
       r.compress = res.compress, r.comm = res.comm, r.iter = res.iter + r.sim, r.bytes = res.bytes;
       r.messages = res.messages;
       if (r.sim > 0) r.eff = r.sim / r.iter;

@@ -1,8 +1,8 @@
 // HierarchicalComm over MpiComm: the two-level allreduce against a serial reference for
 // every node layout of the world (1 rank per node up to one node), integer-valued inputs
 // exactly, real inputs within rounding, the same bits on every rank, min and max, other
-// lengths than multiples of the leader count; compressors run over it; a leader whose
-// length differs makes every rank raise instead of hang.
+// lengths than multiples of the node size, nodes of equal and unequal size; Dense runs over
+// it; a rank whose length differs makes every rank raise instead of hang.
 // commpact-mpi-ranks: 1 2 3 4 6
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/comm/hierarchical_comm.hpp>
@@ -111,18 +111,19 @@ TEST_CASE("HierarchicalComm: Dense over it averages like Dense over the world", 
   CHECK(g == ref);
 }
 
-TEST_CASE("HierarchicalComm: leaders that disagree on the length raise on every rank", "[hierarchical][mpi]") {
+TEST_CASE("HierarchicalComm: ranks that disagree on the length raise on every rank", "[hierarchical][mpi]") {
   const int P = world_size(), me = world_rank();
   if (P < 2) return;
-  auto h = hierarchical_mpi(MPI_COMM_WORLD, me, {.timeout = 10s});  // one rank per node: all leaders
-  // The node allreduce (one rank) passes; the leaders' ring sees different lengths.
+  auto h = hierarchical_mpi(MPI_COMM_WORLD, me / 2, {.timeout = 10s});
   std::vector<float> v(me == 0 ? 10 : 12, 1.0f);
   CHECK_THROWS_AS(h.allreduce(std::span(v)), commpact::error);
 }
 
-TEST_CASE("HierarchicalComm: a leaders communicator on a non-leader is refused", "[hierarchical][mpi]") {
+TEST_CASE("HierarchicalComm: a cross communicator that does not fit the nodes is refused", "[hierarchical][mpi]") {
+  const int P = world_size();
+  if (P < 2) return;
   MpiComm world{MPI_COMM_WORLD};
   MpiComm self{MPI_COMM_SELF};
-  // On MPI_COMM_SELF every rank is its node's rank 0, so leaving out the leaders is wrong.
-  CHECK_THROWS_AS((HierarchicalComm<MpiComm>{world, self, std::nullopt}), invalid_argument);
+  // nodes of one rank each, so the cross communicator must hold P ranks, not 1
+  CHECK_THROWS_AS((HierarchicalComm<MpiComm>{world, self, self}), invalid_argument);
 }

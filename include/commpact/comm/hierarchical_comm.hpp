@@ -3,20 +3,21 @@
 //! HierarchicalComm<C>: a Communicator whose allreduce is two-level, for clusters whose
 //! links inside a node are much faster than the links between nodes.
 //!
-//! allreduce(data, op):
-//! 1. allreduce inside the node (node communicator, fast links): every rank of the node
-//!    holds the node's reduction, the same bits on each;
-//! 2. the node leaders (rank 0 of each node communicator) run a ring allreduce among
-//!    themselves over point-to-point messages (leaders communicator, slow links):
-//!    reduce-scatter, then allgather of the reduced chunks. Each chunk is reduced on one
-//!    leader, in ring order, and copied to the others, so every leader holds the same
-//!    bits. Per leader 2 (N-1)/N of the buffer crosses the slow links, instead of the
-//!    2 (P-1)/P per rank of a flat ring whose P ranks share each node's uplink;
-//! 3. the leader broadcasts the result inside its node.
-//! Every rank of every node ends with the same bits. Everything else (allgather,
-//! broadcast, barrier, point-to-point) goes through the world communicator, so that
-//! compressors built over HierarchicalComm (Dense<HierarchicalComm<MpiComm>>) run as
-//! before and only their allreduces take the two-level path.
+//! allreduce(data, op), nodes of equal size M (N nodes):
+//! 1. reduce-scatter inside the node (a ring over point-to-point messages, fast links):
+//!    node rank i ends with shard (i + 1) mod M of the node's reduction;
+//! 2. the ranks of equal node rank, one per node ("cross" communicator), allreduce their
+//!    shard (slow links). The M shards cross each node's uplink at the same time, together
+//!    2 (N-1)/N of the buffer, against 2 (P-1)/P of it for a flat ring of P = N M ranks
+//!    whose ring edges between nodes carry every chunk;
+//! 3. allgather of the shards inside the node (ring, fast links).
+//! Nodes of unequal size: allreduce inside the node, allreduce among the node leaders
+//! (node rank 0, whose cross communicator is then the leaders'), broadcast in the node.
+//! Each element is reduced on one rank in a fixed order and copied from there, so every
+//! rank of every node ends with the same bits. Everything else (allgather, broadcast,
+//! barrier, point-to-point) goes through the world communicator, so that compressors
+//! built over HierarchicalComm (Dense<HierarchicalComm<MpiComm>>) run as before and only
+//! their allreduces take the two-level path.
 //!
 //! \code
 //! #include <commpact/comm/mpi_comm.hpp>
@@ -27,13 +28,13 @@
 //! \endcode
 //!
 //! Failures: an exception on one rank inside allreduce aborts all three communicators
-//! before it is rethrown, so that the node's ranks waiting in the broadcast and the other
-//! leaders waiting in the ring raise peer_failure instead of waiting for their deadline.
+//! before it is rethrown, so that the ranks of its node and its cross communicator raise
+//! peer_failure instead of waiting for their deadline.
 
 #include <cstddef>
 #include <cstring>
 #include <exception>
-#include <optional>
+#include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,31 +52,42 @@ class HierarchicalComm {
   static_assert(diagnose_point_to_point<C>());
 
  public:
-  //! `world`: every rank. `node`: the ranks of this rank's node; its rank 0 is the node's
-  //! leader. `leaders`: on a leader, the communicator of all leaders; std::nullopt on
-  //! every other rank.
-  HierarchicalComm(C world, C node, std::optional<C> leaders)
-      : world_(std::move(world)), node_(std::move(node)), leaders_(std::move(leaders)) {
-    const bool leader = node_.rank() == 0;
-    require(leader == leaders_.has_value(), "commpact::HierarchicalComm: world rank ", world_.rank(),
-            " is rank ", node_.rank(), " of its node but was ", leaders_ ? "given" : "not given",
-            " a leaders communicator; pass one exactly on the node's rank 0 (std::nullopt on the others).");
-    require(node_.size() <= world_.size(), "commpact::HierarchicalComm: the node communicator has ", node_.size(),
-            " ranks, more than the world's ", world_.size(), "; pass this rank's node.");
+  //! `world`: every rank. `node`: the ranks of this rank's node (node rank 0 is the
+  //! node's leader). `cross`: the ranks of every node whose node rank equals this rank's.
+  //! Collective over world: one small allreduce checks whether all nodes have one size.
+  HierarchicalComm(C world, C node, C cross)
+      : world_(std::move(world)), node_(std::move(node)), cross_(std::move(cross)) {
+    std::int64_t m[2] = {node_.size(), -static_cast<std::int64_t>(node_.size())};
+    world_.allreduce(std::span<std::int64_t>(m, 2), reduce_op::max);
+    uniform_ = m[0] == -m[1];
+    require(!uniform_ || static_cast<std::int64_t>(node_.size()) * cross_.size() == world_.size(),
+            "commpact::HierarchicalComm: world rank ", world_.rank(), " has a node of ", node_.size(),
+            " ranks and a cross communicator of ", cross_.size(), " ranks, but the world has ", world_.size(),
+            "; pass the ranks of equal node rank, one per node, as the cross communicator.");
   }
 
   int rank() const { return world_.rank(); }
   int size() const { return world_.size(); }
-  bool is_leader() const { return leaders_.has_value(); }
+  //! True when every node has the same size (the sharded algorithm runs).
+  bool uniform() const { return uniform_; }
   C& world() { return world_; }
   C& node() { return node_; }
+  C& cross() { return cross_; }
 
   template <class T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
     try {
-      node_.allreduce(data, op);
-      if (leaders_ && leaders_->size() > 1) ring_allreduce(*leaders_, data, op);
-      node_.broadcast(data, 0);
+      if (uniform_) {
+        const int M = node_.size();
+        std::span<T> shard = data;
+        if (M > 1) shard = ring_reduce_scatter(node_, data, op);
+        if (cross_.size() > 1) cross_.allreduce(shard, op);
+        if (M > 1) ring_allgather(node_, data);
+      } else {
+        node_.allreduce(data, op);
+        if (node_.rank() == 0 && cross_.size() > 1) cross_.allreduce(data, op);
+        node_.broadcast(data, 0);
+      }
     } catch (const std::exception& e) {
       abort_all(detail::cat("HierarchicalComm::allreduce failed on world rank ", world_.rank(), ": ", e.what()));
       throw;
@@ -106,7 +118,7 @@ class HierarchicalComm {
       } catch (...) {
       }
     };
-    if (leaders_) quietly(*leaders_);
+    quietly(cross_);
     quietly(node_);
     quietly(world_);
   }
@@ -121,47 +133,60 @@ class HierarchicalComm {
     return a;
   }
 
-  //! Ring allreduce over point-to-point messages: chunk c is reduced along the ring
-  //! starting at rank c, (((x_c op x_c+1) op ...) op x_c-1), on rank c-1, then copied.
+  //! Chunk i (mod N) of data, cut as wire_model's ring cuts it.
   template <class T>
-  void ring_allreduce(C& ring, std::span<T> data, reduce_op op) {
-    const int N = ring.size(), r = ring.rank();
+  static std::span<T> chunk(std::span<T> data, int N, int i) {
+    i = ((i % N) + N) % N;
     const auto n = static_cast<std::uint64_t>(data.size());
-    std::vector<std::size_t> off(static_cast<std::size_t>(N) + 1, 0);
-    for (int i = 0; i < N; ++i) off[i + 1] = off[i] + wire::ring_chunk(n, N, i);
-    auto chunk = [&](int i) {
-      i = ((i % N) + N) % N;
-      return data.subspan(off[i], off[i + 1] - off[i]);
-    };
-    const int next = (r + 1) % N, prev = (r + N - 1) % N;
-    auto receive = [&](std::span<T> into, int step) {
-      ring.recv(prev, buf_);
-      require<wire_error>(buf_.size() == into.size_bytes(), "commpact::HierarchicalComm: leader ", r,
-                          " expected ", into.size_bytes(), " bytes from leader ", prev, " in ring step ", step,
-                          " but received ", buf_.size(), "; every leader must pass the same length.");
-    };
-    for (int s = 0; s < N - 1; ++s) {  // reduce-scatter
-      ring.send(next, std::as_bytes(chunk(r - s)));
-      auto mine = chunk(r - 1 - s);
-      receive(mine, s);
-      const T* in = reinterpret_cast<const T*>(buf_.data());
+    std::size_t off = 0;
+    for (int j = 0; j < i; ++j) off += wire::ring_chunk(n, N, j);
+    return data.subspan(off, wire::ring_chunk(n, N, i));
+  }
+
+  template <class T>
+  void receive(C& ring, int prev, std::span<T> into, int step) {
+    ring.recv(prev, buf_);
+    require<wire_error>(buf_.size() == into.size_bytes(), "commpact::HierarchicalComm: node rank ", ring.rank(),
+                        " expected ", into.size_bytes(), " bytes from node rank ", prev, " in ring step ", step,
+                        " but received ", buf_.size(), "; every rank must pass the same length.");
+  }
+
+  //! Ring reduce-scatter over point-to-point messages: chunk c is reduced along the ring
+  //! from rank c, (((x_c op x_c+1) op ...) op x_c-1), and ends on rank c-1; returns the
+  //! chunk this rank holds, (rank + 1) mod N.
+  template <class T>
+  std::span<T> ring_reduce_scatter(C& ring, std::span<T> data, reduce_op op) {
+    const int N = ring.size(), r = ring.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int s = 0; s < N - 1; ++s) {
+      ring.send(next, std::as_bytes(chunk(data, N, r - s)));
+      auto mine = chunk(data, N, r - 1 - s);
+      receive(ring, prev, mine, s);
+      const auto* in = buf_.data();
       for (std::size_t i = 0; i < mine.size(); ++i) {
         T v;
-        std::memcpy(&v, in + i, sizeof(T));
+        std::memcpy(&v, in + i * sizeof(T), sizeof(T));
         mine[i] = apply(v, mine[i], op);
       }
     }
-    for (int s = 0; s < N - 1; ++s) {  // allgather of the reduced chunks
-      ring.send(next, std::as_bytes(chunk(r + 1 - s)));
-      auto into = chunk(r - s);
-      receive(into, N - 1 + s);
+    return chunk(data, N, r + 1);
+  }
+
+  //! Ring allgather of the chunks held after ring_reduce_scatter.
+  template <class T>
+  void ring_allgather(C& ring, std::span<T> data) {
+    const int N = ring.size(), r = ring.rank(), next = (r + 1) % N, prev = (r + N - 1) % N;
+    for (int s = 0; s < N - 1; ++s) {
+      ring.send(next, std::as_bytes(chunk(data, N, r + 1 - s)));
+      auto into = chunk(data, N, r - s);
+      receive(ring, prev, into, N - 1 + s);
       std::memcpy(into.data(), buf_.data(), into.size_bytes());
     }
   }
 
   C world_;
   C node_;
-  std::optional<C> leaders_;
+  C cross_;
+  bool uniform_ = true;
   std::vector<std::byte> buf_;
 };
 
@@ -172,26 +197,24 @@ class HierarchicalComm {
 
 namespace commpact {
 
-//! Splits `world` by `node` (MPI_Comm_split, ranks kept in world order inside a node),
-//! and the nodes' rank-0 ranks into a leaders communicator ordered by node id. Collective
-//! over `world`; every rank passes the id of its node (>= 0).
+//! Splits `world` by `node` (MPI_Comm_split, world order inside a node) and by node rank
+//! (the cross communicators, ordered by node id). Collective over `world`; every rank
+//! passes the id of its node (>= 0).
 inline HierarchicalComm<MpiComm> hierarchical_mpi(MPI_Comm world, int node, mpi_options opt = {}) {
   require(node >= 0, "commpact::hierarchical_mpi: node id ", node, " is negative; pass each rank's node, from 0.");
   int wr = 0;
   MPI_Comm_rank(world, &wr);
-  MPI_Comm node_c = MPI_COMM_NULL, lead_c = MPI_COMM_NULL;
+  MPI_Comm node_c = MPI_COMM_NULL, cross_c = MPI_COMM_NULL;
   require<comm_error>(MPI_Comm_split(world, node, wr, &node_c) == MPI_SUCCESS,
                       "commpact::hierarchical_mpi: MPI_Comm_split by node failed on world rank ", wr, ".");
   int nr = 0;
   MPI_Comm_rank(node_c, &nr);
-  require<comm_error>(MPI_Comm_split(world, nr == 0 ? 0 : MPI_UNDEFINED, node, &lead_c) == MPI_SUCCESS,
-                      "commpact::hierarchical_mpi: MPI_Comm_split of the leaders failed on world rank ", wr, ".");
-  std::optional<MpiComm> leaders;
-  if (lead_c != MPI_COMM_NULL) leaders.emplace(lead_c, opt);
-  HierarchicalComm<MpiComm> h{MpiComm{world, opt}, MpiComm{node_c, opt}, std::move(leaders)};
-  MPI_Comm_free(&node_c);  // MpiComm keeps duplicates of its own
-  if (lead_c != MPI_COMM_NULL) MPI_Comm_free(&lead_c);
-  return h;
+  require<comm_error>(MPI_Comm_split(world, nr, node, &cross_c) == MPI_SUCCESS,
+                      "commpact::hierarchical_mpi: MPI_Comm_split by node rank failed on world rank ", wr, ".");
+  MpiComm w{world, opt}, n{node_c, opt}, x{cross_c, opt};  // each keeps duplicates of its own
+  MPI_Comm_free(&node_c);
+  MPI_Comm_free(&cross_c);
+  return HierarchicalComm<MpiComm>{std::move(w), std::move(n), std::move(x)};
 }
 
 }  // namespace commpact

@@ -130,14 +130,16 @@ inline step_cost allreduce(int P, std::uint64_t n, std::uint64_t elem_bytes = 4,
   return c;
 }
 
-//! Ring allgather of one block of block_bytes per rank.
+//! Allgather of one block of block_bytes per rank: P-1 blocks leave each rank (a ring, as
+//! CountingComm charges it, or OpenMPI libnbc's linear algorithm, which posts all P-1 sends
+//! at once: one latency on the critical path, as modelled here).
 inline step_cost allgather(int P, std::uint64_t block_bytes) {
   detail::check_ranks(P, "allgather");
   step_cost c;
   if (P == 1) return c;
   c.bytes_sent = static_cast<std::uint64_t>(P - 1) * block_bytes;
   c.messages_sent = static_cast<std::uint64_t>(P - 1);
-  c.latency_rounds = P - 1;
+  c.latency_rounds = 1;
   c.path_bytes = static_cast<double>(c.bytes_sent);
   return c;
 }
@@ -256,9 +258,10 @@ inline step_cost power_gossip(int degree, std::span<const shape> layout, int r, 
 //! Local SGD (and QSR, with H its mean period): a dense parameter average every H steps.
 inline step_cost local_sgd(int P, std::uint64_t n, double H) { return dense(P, n).amortised(H); }
 
-//! Hierarchical allreduce on N nodes of M ranks: allreduce inside each node (fast links),
-//! ring allreduce among the N leaders over point-to-point (slow links), broadcast from the
-//! leader inside each node (fast links).
+//! Hierarchical allreduce on N nodes of M ranks (HierarchicalComm): ring reduce-scatter
+//! inside each node (fast links), allreduce of each 1/M shard among the N ranks of equal
+//! node rank (slow links; the node's M shards share its uplink, so the uplink carries
+//! M times one shard's ring), ring allgather inside the node (fast links).
 struct hierarchical_cost {
   step_cost intra;  //!< on the fast links
   step_cost inter;  //!< on the slow links
@@ -266,12 +269,13 @@ struct hierarchical_cost {
 };
 
 inline hierarchical_cost hierarchical(int N, int M, std::uint64_t n,
-                                      allreduce_algorithm intra = allreduce_algorithm::openmpi) {
+                                      allreduce_algorithm inter = allreduce_algorithm::openmpi) {
   detail::check_ranks(N, "hierarchical (nodes)");
   detail::check_ranks(M, "hierarchical (ranks per node)");
   hierarchical_cost h;
-  h.intra = allreduce(M, n, 4, intra) + broadcast(M, 4 * n);
-  h.inter = allreduce(N, n, 4, allreduce_algorithm::ring);
+  h.intra = allreduce(M, n, 4, allreduce_algorithm::ring);
+  h.inter = allreduce(N, wire::ring_chunk(n, M, 0), 4, inter);
+  h.inter.path_bytes *= M;
   h.intra.compute_elements = static_cast<double>(n);
   return h;
 }
