@@ -154,6 +154,15 @@ TEST_CASE("cost model: fits recover known alpha, beta and gamma", "[cost_model]"
   CHECK(fit.beta == Approx(truth.beta).epsilon(tol));
   CHECK(fit.alpha == Approx(truth.alpha).epsilon(noise == 0 ? 1e-6 : 0.5));
   CHECK(cost::fit_gamma(comp) == Approx(gamma).epsilon(tol));
+  // a floor changes the weights only: exact data is still fitted exactly
+  const auto floored = cost::fit_link(comm, 0.02);
+  if (noise == 0) {
+    CHECK(floored.beta == Approx(truth.beta).epsilon(1e-6));
+    CHECK(floored.alpha == Approx(truth.alpha).epsilon(1e-6));
+  } else {
+    CHECK(floored.beta == Approx(truth.beta).epsilon(0.05));
+  }
+  CHECK_THROWS_AS(cost::fit_link(comm, -1.0), invalid_argument);
   for (const auto& s : comm)
     CHECK(std::abs(cost::relative_error(cost::comm_time(s.cost, fit), s.seconds)) < (noise == 0 ? 1e-6 : 0.05));
   CHECK_THROWS_AS(cost::fit_link(std::span<const cost::comm_sample>{}), invalid_argument);

@@ -287,15 +287,18 @@ struct comm_sample {
 };
 
 //! Alpha and beta (both >= 0) of t = alpha * latency_rounds + beta * path_bytes that
-//! minimise the sum of squared relative errors over the samples (one network): times
-//! spanning orders of magnitude weigh alike.
-inline link fit_link(std::span<const comm_sample> s) {
+//! minimise the sum of squared errors relative to max(t, floor_seconds) over the samples
+//! (one network): times spanning orders of magnitude weigh alike, and times below the
+//! floor (where a loaded machine's scheduling noise dominates) weigh as absolute errors.
+inline link fit_link(std::span<const comm_sample> s, double floor_seconds = 0) {
   require(!s.empty(), "commpact::cost::fit_link: no samples; pass at least two measured runs.");
+  require(floor_seconds >= 0, "commpact::cost::fit_link: floor_seconds = ", floor_seconds, " must be >= 0.");
   double ll = 0, lb = 0, bb = 0, lt = 0, bt = 0;
+  auto scale = [&](const comm_sample& x) { return std::max(x.seconds, floor_seconds); };
   for (const auto& x : s) {
     require(x.seconds > 0, "commpact::cost::fit_link: a measured time is ", x.seconds, " s; times must be > 0.");
-    // dividing each equation by its t turns relative errors into plain residuals
-    const double L = x.cost.latency_rounds / x.seconds, B = x.cost.path_bytes / x.seconds, t = 1.0;
+    // dividing each equation by its scale turns relative errors into plain residuals
+    const double d = scale(x), L = x.cost.latency_rounds / d, B = x.cost.path_bytes / d, t = x.seconds / d;
     ll += L * L, lb += L * B, bb += B * B, lt += L * t, bt += B * t;
   }
   const double det = ll * bb - lb * lb;
@@ -309,8 +312,8 @@ inline link fit_link(std::span<const comm_sample> s) {
     const double e_beta = bb > 0 ? bt / bb : 0, e_alpha = ll > 0 ? lt / ll : 0;
     double r_beta = 0, r_alpha = 0;
     for (const auto& x : s) {
-      r_beta += std::pow(1 - e_beta * x.cost.path_bytes / x.seconds, 2);
-      r_alpha += std::pow(1 - e_alpha * x.cost.latency_rounds / x.seconds, 2);
+      r_beta += std::pow((x.seconds - e_beta * x.cost.path_bytes) / scale(x), 2);
+      r_alpha += std::pow((x.seconds - e_alpha * x.cost.latency_rounds) / scale(x), 2);
     }
     l = r_beta <= r_alpha ? link{0, std::max(0.0, e_beta)} : link{std::max(0.0, e_alpha), 0};
   }
