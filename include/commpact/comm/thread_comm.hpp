@@ -175,7 +175,8 @@ class ThreadComm {
     recv(peer, buf);
   }
 
-  //! Marks the world failed: every other rank's current or next operation raises.
+  //! Marks this rank failed and the world with it: every collective, every recv from this
+  //! rank that finds no message, and this rank's own later operations raise peer_failure.
   void abort(std::string_view why) {
     world_->fail(rank_, detail::cat("rank ", rank_, " aborted: ", why));
   }
