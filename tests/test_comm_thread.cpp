@@ -4,6 +4,9 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
+#include <string>
+#include <thread>
 
 #include "common/collective_checks.hpp"
 
@@ -30,9 +33,7 @@ TEST_CASE("ThreadComm rejects bad arguments", "[comm][thread]") {
   REQUIRE_THROWS_AS(comms[0].send(0, b), invalid_argument);  // self
   REQUIRE_THROWS_AS(comms[0].send(2, b), invalid_argument);  // out of range
   REQUIRE_THROWS_AS(comms[1].recv(-1, buf), invalid_argument);
-  std::vector<float> in(3), out(5);
-  REQUIRE_THROWS_AS(comms[0].allgather(std::span<const float>(in), std::span<float>(out)), invalid_argument);
-  REQUIRE_THROWS_AS(comms[0].broadcast(std::span<float>(in), 7), invalid_argument);
+  // Collective arguments are checked collectively: see "an invalid argument on any rank".
 }
 
 TEST_CASE("ThreadComm: ranks that disagree all get an error", "[comm][thread]") {
@@ -184,4 +185,180 @@ TEST_CASE("ThreadComm: point-to-point reuses message storage", "[comm][thread]")
     REQUIRE(stable);
     (void)p;
   });
+}
+
+// ---- issue 13: a failed collective completes for every rank before the next starts ----
+
+namespace {
+// x_r[i] = 1000 r + i + round: small integers, so every float sum is exact in any order.
+std::vector<float> retry_input(int rank, std::size_t n, int round) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>(1000 * rank + static_cast<int>(i) + round);
+  return v;
+}
+}  // namespace
+
+TEST_CASE("ThreadComm stays usable after a mismatch: each round fails, then retries give exact results",
+          "[comm][thread]") {
+  const int P = GENERATE(2, 3, 8);
+  const int rounds = 300;
+  std::atomic<int> mismatches{0}, wrong{0}, other{0};
+  run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        const int r = comm.rank();
+        for (int round = 0; round < rounds; ++round) {
+          const std::size_t n = 2 + static_cast<std::size_t>(round * 37 % 300);
+          // Rank P-1 passes one float fewer: every rank must raise mismatch_error.
+          auto bad = retry_input(r, r == P - 1 ? n - 1 : n, round);
+          try {
+            comm.allreduce(std::span<float>(bad));
+            ++other;  // returned normally
+          } catch (const mismatch_error&) {
+            ++mismatches;
+          } catch (...) {
+            ++other;
+          }
+          // Immediately retry with agreeing sizes: the sum must be exact on every rank.
+          auto g = retry_input(r, n, round);
+          comm.allreduce(std::span<float>(g));
+          for (std::size_t i = 0; i < n; ++i) {
+            const float want = static_cast<float>(1000 * P * (P - 1) / 2 + P * (static_cast<int>(i) + round));
+            if (g[i] != want) ++wrong;
+          }
+          // And the other collectives after a failed one.
+          std::vector<int> all(static_cast<std::size_t>(P));
+          const int mine = r * 7 + round;
+          comm.allgather(std::span<const int>(&mine, 1), std::span<int>(all));
+          for (int q = 0; q < P; ++q)
+            if (all[static_cast<std::size_t>(q)] != q * 7 + round) ++wrong;
+          int root_value = r == round % P ? round : -1;
+          comm.broadcast(std::span<int>(&root_value, 1), round % P);
+          if (root_value != round) ++wrong;
+        }
+      },
+      {.timeout = 30s});
+  REQUIRE(other == 0);
+  REQUIRE(wrong == 0);
+  REQUIRE(mismatches == P * rounds);
+}
+
+TEST_CASE("ThreadComm: barrier on one rank against allreduce on the others raises on every rank",
+          "[comm][thread]") {
+  const int P = GENERATE(2, 3, 5);
+  const int caller = GENERATE(0, 1);
+  std::atomic<int> mismatches{0}, wrong{0};
+  run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        for (int round = 0; round < 50; ++round) {
+          std::vector<float> g(4, 1.f);
+          try {
+            if (comm.rank() == caller % P) comm.barrier();
+            else comm.allreduce(std::span<float>(g));
+          } catch (const mismatch_error& e) {
+            if (std::string(e.what()).find("barrier") != std::string::npos) ++mismatches;
+          }
+          // Usable afterwards.
+          std::vector<float> h(5, 1.f);
+          comm.allreduce(std::span<float>(h));
+          for (float x : h)
+            if (x != static_cast<float>(P)) ++wrong;
+          comm.barrier();
+        }
+      },
+      {.timeout = 30s});
+  REQUIRE(wrong == 0);
+  REQUIRE(mismatches == 50 * P);
+}
+
+TEST_CASE("ThreadComm: an invalid argument on any rank raises invalid_argument on every rank", "[comm][thread]") {
+  const int P = GENERATE(1, 2, 3, 4);
+  std::atomic<int> invalid{0}, named{0}, wrong{0};
+  run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        const int r = comm.rank();
+        const int culprit = P - 1;
+        // The message names the lowest rank that passed an invalid argument.
+        auto expect_invalid = [&](auto&& call, int named_rank) {
+          try {
+            call();
+          } catch (const invalid_argument& e) {
+            ++invalid;
+            if (std::string(e.what()).find("rank " + std::to_string(named_rank) + " passed") != std::string::npos)
+              ++named;
+          }
+        };
+        std::vector<float> g(6, 1.f);
+        // Every rank passes reduce_op 7.
+        expect_invalid([&] { comm.allreduce(std::span<float>(g), static_cast<reduce_op>(7)); }, 0);
+        // Only the culprit does; the others pass a valid op.
+        const auto op7 = r == culprit ? static_cast<reduce_op>(7) : reduce_op::max;
+        const auto op_neg = r == culprit ? static_cast<reduce_op>(-1) : reduce_op::sum;
+        expect_invalid([&] { comm.allreduce(std::span<float>(g), op7); }, culprit);
+        expect_invalid([&] { comm.allreduce(std::span<float>(g), op_neg); }, culprit);
+        // allgather with a wrong output size, broadcast with a root outside [0, P).
+        std::vector<float> in(3, 1.f), out(static_cast<std::size_t>(3 * P + (r == culprit ? 1 : 0)));
+        expect_invalid([&] { comm.allgather(std::span<const float>(in), std::span<float>(out)); }, culprit);
+        expect_invalid([&] { comm.broadcast(std::span<float>(in), r == culprit ? P : 0); }, culprit);
+        // Nothing moved, and the communicator stays usable.
+        for (float x : g)
+          if (x != 1.f) ++wrong;
+        comm.allreduce(std::span<float>(g));
+        for (float x : g)
+          if (x != static_cast<float>(P)) ++wrong;
+      },
+      {.timeout = 30s});
+  REQUIRE(wrong == 0);
+  REQUIRE(invalid == 5 * P);
+  REQUIRE(named == 5 * P);
+}
+
+TEST_CASE("run_threads rejects a rank count below 1 with commpact::invalid_argument", "[comm][thread]") {
+  for (int P : {0, -1, -3, std::numeric_limits<int>::min()}) {
+    bool ran = false;
+    REQUIRE_THROWS_AS(run_threads(P, [&](ThreadComm&) { ran = true; }), invalid_argument);
+    REQUIRE_THROWS_AS(ThreadComm::make_world(P), invalid_argument);
+    REQUIRE(!ran);
+  }
+}
+
+TEST_CASE("run_threads: when every rank fails for the same local reason, each rank raises that reason",
+          "[comm][thread]") {
+  // A ring exchange, then every rank throws its own invalid_argument. Rank 0 is late, so
+  // the others finish first: they must not turn rank 0's (and its neighbour's) pending
+  // but completable operations into peer notices, and run_threads must rethrow rank 0's.
+  const int P = GENERATE(3, 4, 8);
+  for (int rep = 0; rep < 5; ++rep) {
+    std::atomic<int> own{0}, peer{0};
+    try {
+      run_threads(
+          P,
+          [&](ThreadComm& comm) {
+            const int r = comm.rank();
+            try {
+              if (r == 0) std::this_thread::sleep_for(30ms);
+              std::vector<std::byte> msg(16, std::byte{1}), buf;
+              comm.send((r + 1) % P, msg);
+              comm.recv((r + P - 1) % P, buf);
+              throw invalid_argument("rank " + std::to_string(r) + ": k is above n");
+            } catch (const peer_failure&) {
+              ++peer;
+              throw;
+            } catch (const invalid_argument&) {
+              ++own;
+              throw;
+            }
+          },
+          {.timeout = 20s});
+      FAIL("run_threads returned although every rank threw");
+    } catch (const peer_failure& e) {
+      FAIL("run_threads rethrew a peer notice: " << e.what());
+    } catch (const invalid_argument& e) {
+      REQUIRE(std::string(e.what()) == "rank 0: k is above n");
+    }
+    REQUIRE(peer == 0);
+    REQUIRE(own == P);
+  }
 }

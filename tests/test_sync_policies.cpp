@@ -177,3 +177,37 @@ TEST_CASE("A policy that answers a period below 1 is an error", "[sync][errors]"
   CHECK_THROWS_MATCHES(plan_run(ZeroPeriod{}, ConstantLr{0.1}, 10), invalid_argument,
                        MessageContains({"period 0", "at least 1"}));
 }
+
+TEST_CASE("QSR takes its warm-up from the learning-rate schedule, or rejects one that disagrees",
+          "[sync][qsr][warmup]") {
+  const WarmupCosineLr cosine{0.008, 500, 10000};
+  const WarmupLinearLr linear{0.1, 37, 400};
+  const StepDecayLr steps{0.4, 0.5, 10, 4};
+  // Built from the schedule: the warm-ups agree by construction.
+  CHECK(QSRPolicy(0.0175, 4, cosine).warmup() == 500);
+  CHECK(QSRPolicy(0.0175, 4, linear).warmup() == 37);
+  CHECK(QSRPolicy(0.0175, 4, steps).warmup() == 4);
+  CHECK(QSRPolicy(0.0175, 4, cosine).alpha() == 0.0175);
+  CHECK(QSRPolicy(0.0175, 4, cosine).h_base() == 4);
+  // ... and plan exactly as the explicit warm-up does.
+  CHECK(plan_run(QSRPolicy(0.0175, 4, cosine), cosine, 10000) == plan_run(QSRPolicy{0.0175, 4, 500}, cosine, 10000));
+  CHECK(plan_run(QSRPolicy(0.3, 2, linear), linear, 400) == plan_run(QSRPolicy{0.3, 2, 37}, linear, 400));
+
+  // A disagreement: QSR warm-up 0 under a 500-step learning-rate warm-up. Unchecked, the
+  // first period would be decided at lr(0) = 0.008 / 500 and last (0.0175 / 1.6e-5)^2 steps.
+  const QSRPolicy no_warmup{0.0175, 4, 0};
+  CHECK(no_warmup.plan(0, cosine(0)).period > 10000);
+  CHECK_THROWS_MATCHES(plan_run(no_warmup, cosine, 10000), invalid_argument,
+                       MessageContains({"warmup = 0", "over 500 steps", "QSRPolicy{alpha, h_base, lr}"}));
+  CHECK_THROWS_MATCHES(check_schedule(no_warmup, cosine), invalid_argument, MessageContains({"warmup = 0"}));
+  CHECK_THROWS_AS(check_schedule(QSRPolicy{0.0175, 4, 501}, cosine), invalid_argument);
+  CHECK_THROWS_AS(check_schedule(QSRPolicy{0.0175, 4, 36}, linear), invalid_argument);
+  CHECK_THROWS_AS(plan_run(QSRPolicy{0.25, 2, 5}, steps, 100), invalid_argument);
+  CHECK_NOTHROW(check_schedule(QSRPolicy{0.0175, 4, 500}, cosine));
+  // A schedule that does not say its warm-up (a lambda, ConstantLr) is not checked, and
+  // policies without a warm-up accept any schedule.
+  CHECK_NOTHROW(plan_run(QSRPolicy{0.25, 2, 3}, [](std::int64_t) { return 0.1; }, 20));
+  CHECK_NOTHROW(plan_run(QSRPolicy{0.25, 2, 3}, ConstantLr{0.1}, 20));
+  CHECK_NOTHROW(plan_run(LocalSgd{4}, cosine, 1000));
+  CHECK_NOTHROW(plan_run(PostLocal{100, 4}, cosine, 1000));
+}

@@ -11,234 +11,49 @@
 //! \endcode
 //!
 //! Reductions add the ranks' values in rank order 0, 1, ..., P-1, so every rank gets
-//! bit-identical results. Every wait has a deadline (`thread_options::timeout`). A rank
-//! that throws, calls abort(), times out or returns while others wait in a collective
-//! marks the world failed: every other rank raises commpact::peer_failure instead of
-//! waiting. run_threads() joins every rank and rethrows the first root-cause error.
+//! bit-identical results. Every wait has a deadline (`thread_options::timeout`).
+//! Ranks that disagree (operation, size, type, op, root) all raise mismatch_error, and an
+//! invalid argument on any rank raises invalid_argument on all of them; either way the
+//! collective has ended for every rank before any can start the next one, so the world
+//! stays usable. A rank that throws, calls abort(), times out or returns while others
+//! wait for it is failed: every rank that waits for it raises commpact::peer_failure
+//! instead of waiting. run_threads() joins every rank and rethrows the lowest rank's
+//! root-cause error. The protocol is described in thread_world.hpp.
 
-#include <algorithm>
-#include <chrono>
-#include <condition_variable>
 #include <cstddef>
-#include <cstdint>
 #include <cstring>
-#include <deque>
 #include <exception>
-#include <functional>
 #include <memory>
-#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "thread_world.hpp"
 
 namespace commpact {
 
-struct thread_options {
-  //! Longest time one rank waits for the others in any operation.
-  std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-};
-
 namespace detail {
 
-enum class coll_kind : int { none, barrier, allreduce, allgather, broadcast };
-
-inline const char* coll_name(coll_kind k) {
-  switch (k) {
-    case coll_kind::barrier: return "barrier";
-    case coll_kind::allreduce: return "allreduce";
-    case coll_kind::allgather: return "allgather";
-    case coll_kind::broadcast: return "broadcast";
-    default: return "none";
-  }
-}
-
-//! Shared state of the ranks of one ThreadComm world.
-class thread_world {
- public:
-  struct slot {
-    coll_kind kind = coll_kind::none;
-    const void* src = nullptr;  // the rank's input buffer
-    std::size_t bytes = 0;
-    int type_tag = 0;  // element type id, or the reduce op / root
-    int extra = 0;
-  };
-
-  thread_world(int P, thread_options opt) : size_(P), opt_(opt), slots_(P), scratch_(P), left_(P, false),
-                                            arrived_(P, false), boxes_(static_cast<std::size_t>(P) * P) {
-    require(P >= 1, "commpact::ThreadComm: a world needs at least one rank, got P = ", P, ".");
-  }
-
-  int size() const { return size_; }
-  const thread_options& options() const { return opt_; }
-
-  //! Marks the world failed (first reason wins) and wakes every waiter.
-  void fail(std::string why) {
-    {
-      std::lock_guard lk(m_);
-      if (!failed_) {
-        failed_ = true;
-        failure_ = std::move(why);
-      }
-    }
-    cv_.notify_all();
-  }
-
-  void leave(int rank) {
-    {
-      std::lock_guard lk(m_);
-      left_[rank] = true;
-    }
-    cv_.notify_all();
-  }
-
-  //! Posts this rank's slot and waits until every rank has posted (barrier 1).
-  void post_and_wait(int rank, const slot& s) {
-    std::unique_lock lk(m_);
-    slots_[rank] = s;
-    arrive_locked(rank, lk, coll_name(s.kind));
-  }
-
-  //! A plain barrier among all ranks.
-  void wait_all(int rank, const char* what) {
-    std::unique_lock lk(m_);
-    arrive_locked(rank, lk, what);
-  }
-
-  const slot& slot_of(int r) const { return slots_[r]; }
-  std::vector<std::byte>& scratch(int r) { return scratch_[r]; }
-
-  // ---- point to point -------------------------------------------------------
-  void send(int src, int dst, std::span<const std::byte> msg) {
-    {
-      std::lock_guard lk(m_);
-      throw_if_failed_locked(src, "send");
-      auto& box = boxes_[idx(src, dst)];
-      std::vector<std::byte> v;
-      if (!box.spare.empty()) {
-        v = std::move(box.spare.back());
-        box.spare.pop_back();
-      }
-      v.assign(msg.begin(), msg.end());
-      box.queue.push_back(std::move(v));
-    }
-    cv_.notify_all();
-  }
-
-  void recv(int src, int dst, std::vector<std::byte>& out) {
-    std::unique_lock lk(m_);
-    auto& box = boxes_[idx(src, dst)];
-    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-    while (box.queue.empty()) {
-      throw_if_failed_locked(dst, "recv");
-      if (left_[src]) {
-        failed_ = true;
-        failure_ = detail::cat("rank ", src, " returned while rank ", dst, " waited for a message from it");
-        cv_.notify_all();
-        throw peer_failure(detail::cat("commpact::ThreadComm: rank ", dst, ": ", failure_, "."));
-      }
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && box.queue.empty()) {
-        timeout_locked(dst, detail::cat("recv from rank ", src));
-      }
-    }
-    std::swap(out, box.queue.front());
-    box.queue.pop_front();
-  }
-
-  //! Returns `old` storage to the pool of the (src, dst) mailbox for reuse by send.
-  void recycle(int src, int dst, std::vector<std::byte>&& old) {
-    std::lock_guard lk(m_);
-    boxes_[idx(src, dst)].spare.push_back(std::move(old));
-  }
-
-  void throw_if_failed(int rank, const char* what) {
-    std::lock_guard lk(m_);
-    throw_if_failed_locked(rank, what);
-  }
-
- private:
-  struct mailbox {
-    std::deque<std::vector<std::byte>> queue;
-    std::vector<std::vector<std::byte>> spare;
-  };
-
-  std::size_t idx(int src, int dst) const { return static_cast<std::size_t>(src) * size_ + dst; }
-
-  void throw_if_failed_locked(int rank, const char* what) const {
-    if (failed_)
-      throw peer_failure(detail::cat("commpact::ThreadComm: rank ", rank, " abandoned ", what, " because the world failed: ",
-                                     failure_, "."));
-  }
-
-  [[noreturn]] void timeout_locked(int rank, const std::string& what) {
-    const auto ms = opt_.timeout.count();
-    if (!failed_) {
-      failed_ = true;
-      failure_ = detail::cat("rank ", rank, " waited more than ", ms, " ms in ", what);
-    }
-    cv_.notify_all();
-    throw timeout_error(detail::cat("commpact::ThreadComm: rank ", rank, " waited more than ", ms, " ms in ", what,
-                                    "; another rank is missing or much slower. Raise thread_options::timeout if the "
-                                    "work is legitimately slow."));
-  }
-
-  void arrive_locked(int rank, std::unique_lock<std::mutex>& lk, const char* what) {
-    throw_if_failed_locked(rank, what);
-    const auto gen = generation_;
-    arrived_[rank] = true;
-    if (++count_ == size_) {
-      count_ = 0;
-      std::fill(arrived_.begin(), arrived_.end(), false);
-      ++generation_;
-      cv_.notify_all();
-      return;
-    }
-    const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-    while (generation_ == gen) {
-      throw_if_failed_locked(rank, what);
-      for (int r = 0; r < size_; ++r) {
-        if (left_[r] && !arrived_[r]) {
-          failed_ = true;
-          failure_ = detail::cat("rank ", r, " returned while rank ", rank, " waited for it in ", what);
-          cv_.notify_all();
-          throw peer_failure(detail::cat("commpact::ThreadComm: rank ", rank, ": ", failure_, "."));
-        }
-      }
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && generation_ == gen) {
-        timeout_locked(rank, what);
-      }
-    }
-  }
-
-  int size_;
-  thread_options opt_;
-  std::mutex m_;
-  std::condition_variable cv_;
-  std::uint64_t generation_ = 0;
-  int count_ = 0;
-  bool failed_ = false;
-  std::string failure_;
-  std::vector<slot> slots_;
-  std::vector<std::vector<std::byte>> scratch_;
-  std::vector<bool> left_;
-  std::vector<bool> arrived_;
-  std::vector<mailbox> boxes_;
-};
-
+//! acc[i] = op(acc[i], src[i]) for i < n; one loop per op, so each vectorises.
 template <class T>
-constexpr int type_tag() {
-  if constexpr (std::is_same_v<T, float>) return 1;
-  else if constexpr (std::is_same_v<T, double>) return 2;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return 3;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return 4;
-  else if constexpr (std::is_same_v<T, std::uint32_t>) return 5;
-  else if constexpr (std::is_same_v<T, std::uint64_t>) return 6;
-  else return 100 + static_cast<int>(sizeof(T));
+void reduce_into(T* __restrict acc, const T* __restrict src, std::size_t n, reduce_op op) {
+  switch (op) {
+    case reduce_op::sum:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(acc[i] + src[i]);
+      break;
+    case reduce_op::min:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = src[i] < acc[i] ? src[i] : acc[i];
+      break;
+    case reduce_op::max:
+      for (std::size_t i = 0; i < n; ++i) acc[i] = acc[i] < src[i] ? src[i] : acc[i];
+      break;
+  }
 }
 
 }  // namespace detail
@@ -266,34 +81,30 @@ class ThreadComm {
   int size() const { return world_->size(); }
 
   //! In-place element-wise reduction; the sum adds ranks in order 0..P-1 on every rank.
+  //! At P = 1 the data is left as it is (no copy).
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
     auto& w = *world_;
     const int P = w.size();
+    std::string bad;
+    if (op != reduce_op::sum && op != reduce_op::min && op != reduce_op::max)
+      bad = detail::cat("commpact::ThreadComm::allreduce: rank ", rank_, " passed reduce_op ", static_cast<int>(op),
+                        "; use reduce_op::sum, min or max.");
     w.post_and_wait(rank_, {detail::coll_kind::allreduce, data.data(), data.size_bytes(), detail::type_tag<T>(),
-                            static_cast<int>(op)});
-    check_agree(detail::coll_kind::allreduce, "allreduce");
+                            static_cast<int>(op), bad});
+    if (P == 1) return;
     const std::size_t n = data.size();
-    // This rank reduces chunk [lo, hi) into its own scratch.
+    // This rank reduces chunk [lo, hi) of every rank's input into its own scratch (the
+    // inputs must stay readable until every rank has read its chunk, so the result
+    // cannot go in place before barrier 2); then every rank copies all chunks out.
     const std::size_t lo = n * rank_ / P, hi = n * (rank_ + 1) / P;
     auto& mine = w.scratch(rank_);
     if (mine.size() < (hi - lo) * sizeof(T)) mine.resize((hi - lo) * sizeof(T));
     T* acc = reinterpret_cast<T*>(mine.data());
     const T* first = static_cast<const T*>(w.slot_of(0).src);
-    std::copy(first + lo, first + hi, acc);
-    for (int r = 1; r < P; ++r) {
-      const T* src = static_cast<const T*>(w.slot_of(r).src);
-      for (std::size_t i = lo; i < hi; ++i) {
-        T& a = acc[i - lo];
-        const T b = src[i];
-        switch (op) {
-          case reduce_op::sum: a = static_cast<T>(a + b); break;
-          case reduce_op::min: a = b < a ? b : a; break;
-          case reduce_op::max: a = a < b ? b : a; break;
-        }
-      }
-    }
+    if (hi > lo) std::memcpy(acc, first + lo, (hi - lo) * sizeof(T));
+    for (int r = 1; r < P; ++r) detail::reduce_into(acc, static_cast<const T*>(w.slot_of(r).src) + lo, hi - lo, op);
     w.wait_all(rank_, "allreduce");
     for (int r = 0; r < P; ++r) {
       const std::size_t rlo = n * r / P, rhi = n * (r + 1) / P;
@@ -307,31 +118,40 @@ class ThreadComm {
   void allgather(std::span<const T> in, std::span<T> out) {
     auto& w = *world_;
     const int P = w.size();
-    require(out.size() == in.size() * static_cast<std::size_t>(P), "commpact::ThreadComm::allgather: rank ", rank_,
-            " passed an output of ", out.size(), " elements; it must hold size() * in.size() = ", P, " * ", in.size(),
-            ".");
-    w.post_and_wait(rank_, {detail::coll_kind::allgather, in.data(), in.size_bytes(), detail::type_tag<T>(), 0});
-    check_agree(detail::coll_kind::allgather, "allgather");
+    std::string bad;
+    if (out.size() != in.size() * static_cast<std::size_t>(P))
+      bad = detail::cat("commpact::ThreadComm::allgather: rank ", rank_, " passed an output of ", out.size(),
+                        " elements; it must hold size() * in.size() = ", P, " * ", in.size(), ".");
+    w.post_and_wait(rank_, {detail::coll_kind::allgather, in.data(), in.size_bytes(), detail::type_tag<T>(), 0, bad});
+    if (P == 1) {
+      if (!in.empty() && in.data() != out.data()) std::memmove(out.data(), in.data(), in.size_bytes());
+      return;
+    }
     for (int r = 0; r < P; ++r) {
       if (!in.empty()) std::memcpy(out.data() + r * in.size(), w.slot_of(r).src, in.size_bytes());
     }
     w.wait_all(rank_, "allgather");
   }
 
-  //! Copies root's data to every rank.
+  //! Copies root's data to every rank. At P = 1 nothing moves.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void broadcast(std::span<T> data, int root) {
     auto& w = *world_;
-    require(root >= 0 && root < w.size(), "commpact::ThreadComm::broadcast: root ", root, " is outside [0, ", w.size(),
-            ").");
-    w.post_and_wait(rank_, {detail::coll_kind::broadcast, data.data(), data.size_bytes(), detail::type_tag<T>(), root});
-    check_agree(detail::coll_kind::broadcast, "broadcast");
+    std::string bad;
+    if (root < 0 || root >= w.size())
+      bad = detail::cat("commpact::ThreadComm::broadcast: rank ", rank_, " passed root ", root, ", outside [0, ",
+                        w.size(), "); pass the rank that holds the data.");
+    w.post_and_wait(rank_, {detail::coll_kind::broadcast, data.data(), data.size_bytes(), detail::type_tag<T>(), root,
+                            bad});
+    if (w.size() == 1) return;
     if (rank_ != root && !data.empty()) std::memcpy(data.data(), w.slot_of(root).src, data.size_bytes());
     w.wait_all(rank_, "broadcast");
   }
 
-  void barrier() { world_->post_and_wait(rank_, {detail::coll_kind::barrier, nullptr, 0, 0, 0}); }
+  //! Returns when every rank has called barrier(); a rank in another collective makes
+  //! every rank raise mismatch_error.
+  void barrier() { world_->post_and_wait(rank_, {detail::coll_kind::barrier, nullptr, 0, 0, 0, {}}); }
 
   //! Sends a copy of msg to peer; does not wait for the receiver.
   void send(int peer, std::span<const std::byte> msg) {
@@ -355,9 +175,10 @@ class ThreadComm {
     recv(peer, buf);
   }
 
-  //! Marks the world failed: every other rank's current or next operation raises.
+  //! Marks this rank failed and the world with it: every collective, every recv from this
+  //! rank that finds no message, and this rank's own later operations raise peer_failure.
   void abort(std::string_view why) {
-    world_->fail(detail::cat("rank ", rank_, " aborted: ", why));
+    world_->fail(rank_, detail::cat("rank ", rank_, " aborted: ", why));
   }
 
   //! Called by run_threads when this rank's function returns.
@@ -371,41 +192,23 @@ class ThreadComm {
             " named peer ", peer, "; a peer must be another rank in [0, ", size(), ").");
   }
 
-  //! After barrier 1 every rank sees the same slots, so every rank throws alike.
-  void check_agree(detail::coll_kind kind, const char* what) {
-    auto& w = *world_;
-    const auto& s0 = w.slot_of(0);
-    for (int r = 0; r < w.size(); ++r) {
-      const auto& s = w.slot_of(r);
-      if (s.kind != kind) {
-        throw mismatch_error(detail::cat("commpact::ThreadComm: rank ", rank_, " called ", what, " while rank ", r,
-                                         " called ", detail::coll_name(s.kind),
-                                         "; every rank must call the same collectives in the same order."));
-      }
-      if (s.bytes != s0.bytes || s.type_tag != s0.type_tag || s.extra != s0.extra) {
-        throw mismatch_error(detail::cat("commpact::ThreadComm::", what, ": ranks disagree: rank 0 passed ", s0.bytes,
-                                         " bytes (type ", s0.type_tag, ", op/root ", s0.extra, "), rank ", r, " passed ",
-                                         s.bytes, " bytes (type ", s.type_tag, ", op/root ", s.extra,
-                                         "); every rank must pass the same size, type and op."));
-      }
-    }
-    // A second barrier is not needed here: no rank writes a slot before the next barrier 1.
-  }
-
   std::shared_ptr<detail::thread_world> world_;
   int rank_;
 };
 
 static_assert(PointToPoint<ThreadComm>);
 
-//! Runs fn(ThreadComm&) on P threads, one per rank, and joins them. If any rank
-//! throws, the world is marked failed (the others raise peer_failure rather than
-//! hang) and the first root-cause exception is rethrown here after all ranks ended.
+//! Runs fn(ThreadComm&) on P threads, one per rank, and joins them. If a rank throws,
+//! it is marked failed: ranks that wait for it raise peer_failure rather than hang,
+//! while operations that can complete still do. After all ranks ended, the error of
+//! the lowest rank that failed for its own reason (not a peer_failure) is rethrown, so
+//! when every rank fails for the same reason, that reason comes out, deterministically.
 template <class F>
 void run_threads(int P, F&& fn, thread_options opt = {}) {
+  detail::checked_world_size(P);  // before anything is allocated
   auto comms = ThreadComm::make_world(P, opt);
-  std::vector<std::exception_ptr> errors(P);
-  std::vector<int> root_cause(P, 0);
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(P));
+  std::vector<char> root_cause(static_cast<std::size_t>(P), 0);
   auto body = [&](int r) {
     try {
       fn(comms[r]);
@@ -423,8 +226,17 @@ void run_threads(int P, F&& fn, thread_options opt = {}) {
     comms[r].leave();
   };
   std::vector<std::thread> threads;
-  threads.reserve(P > 0 ? P - 1 : 0);
-  for (int r = 1; r < P; ++r) threads.emplace_back(body, r);
+  threads.reserve(static_cast<std::size_t>(P - 1));
+  for (int r = 1; r < P; ++r) {
+    try {
+      threads.emplace_back(body, r);
+    } catch (const std::system_error& e) {
+      const std::string why = detail::cat("could not start the thread of rank ", r, ": ", e.what());
+      for (int q = r; q < P; ++q) comms[q].abort(why);  // the started ranks raise instead of waiting
+      for (auto& t : threads) t.join();
+      throw comm_error(detail::cat("commpact::run_threads: ", why, "; run fewer ranks (P = ", P, ")."));
+    }
+  }
   body(0);
   for (auto& t : threads) t.join();
   for (int r = 0; r < P; ++r)

@@ -15,18 +15,29 @@
 //! `total`, one past the last step of a run of `total` steps; steps at or beyond `total`
 //! return `final`. Negative steps are errors.
 //!
+//! The schedules with a warm-up expose it as `warmup()` (the concept lr_has_warmup), so
+//! that QSRPolicy can take its warm-up from the schedule, and plan_run can reject a
+//! policy whose warm-up disagrees with the schedule's.
+//!
 //! \code
 //! commpact::WarmupCosineLr lr{0.1, 500, 10000};     // peak 0.1, 5% warm-up, 10000 steps
 //! double a = lr(0), b = lr(500), c = lr(9999);       // 0.0002, 0.1, 2.7e-9
 //! \endcode
 
 #include <cmath>
+#include <concepts>
 #include <cstdint>
 #include <numbers>
 
 #include "../error.hpp"
 
 namespace commpact {
+
+//! A learning-rate schedule that knows its warm-up length in steps (`warmup()`).
+template <class Lr>
+concept lr_has_warmup = requires(const Lr& lr) {
+  { lr.warmup() } -> std::convertible_to<std::int64_t>;
+};
 
 namespace detail {
 inline void check_lr_value(const char* who, const char* name, double v, bool allow_zero) {
@@ -130,10 +141,14 @@ class StepDecayLr {
     const auto k = (step - warmup_) / every_;
     return base_ * std::pow(gamma_, static_cast<double>(k));
   }
+  double base() const { return base_; }
+  std::int64_t warmup() const { return warmup_; }
 
  private:
   double base_, gamma_;
   std::int64_t every_, warmup_;
 };
+
+static_assert(lr_has_warmup<WarmupCosineLr> && lr_has_warmup<WarmupLinearLr> && lr_has_warmup<StepDecayLr>);
 
 }  // namespace commpact

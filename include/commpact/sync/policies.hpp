@@ -7,6 +7,7 @@
 //! | `EveryStep{}` | BSP: average gradients at every step |
 //! | `LocalSgd{H}` | average parameters after every H local steps |
 //! | `QSRPolicy{alpha, h_base, warmup}` | after each round at learning rate lr the next period is H = max(h_base, floor((alpha / lr)^2)); h_base during the first `warmup` steps (Gu et al., ICLR 2024) |
+//! | `QSRPolicy{alpha, h_base, lr_schedule}` | the same, with the warm-up taken from the schedule |
 //! | `PostLocal{switch_step, H}` | EveryStep before `switch_step`, LocalSgd{H} from it on (Lin et al., ICLR 2020) |
 //!
 //! Each is a small value type and a pure function of (step, lr): every rank makes the
@@ -14,9 +15,13 @@
 //! the run (see DataParallel and plan_run in schedule.hpp).
 //!
 //! \code
-//! commpact::QSRPolicy qsr{0.0175, 4, 500};   // alpha, h_base, warm-up steps
+//! commpact::WarmupCosineLr lr{0.008, 500, 10000};
+//! commpact::QSRPolicy qsr{0.0175, 4, lr};     // alpha, h_base, and the schedule's 500 warm-up steps
 //! auto p = qsr.plan(1000, 0.004);             // {parameters, max(4, floor((0.0175/0.004)^2)) = 19}
 //! \endcode
+//!
+//! A QSR warm-up that differs from the schedule's is an error wherever both are known:
+//! `check_schedule(policy, lr)`, which plan_run calls.
 
 #include <cmath>
 #include <cstdint>
@@ -24,6 +29,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "lr_schedule.hpp"
 
 namespace commpact {
 
@@ -42,6 +48,13 @@ template <SyncPolicy S>
 void check_run(const S& policy, std::int64_t total_steps) {
   detail::check_run_length("commpact::check_run", total_steps);
   if constexpr (req::has_check_run<S>) policy.check_run(total_steps);
+}
+
+//! Calls `policy.check_schedule(lr)` when the policy has it: a policy that depends on the
+//! learning-rate schedule (QSRPolicy's warm-up) rejects a schedule it disagrees with.
+template <SyncPolicy S, class Lr>
+void check_schedule(const S& policy, const Lr& lr) {
+  if constexpr (requires { policy.check_schedule(lr); }) policy.check_schedule(lr);
 }
 
 //! BSP: every step reduces the gradients (through the Compressor).
@@ -92,6 +105,12 @@ class QSRPolicy {
             "for a schedule without warm-up.");
   }
 
+  //! Takes the warm-up from the learning-rate schedule, so that the two agree by
+  //! construction: QSRPolicy{alpha, h_base, lr}.
+  template <lr_has_warmup Lr>
+  QSRPolicy(double alpha, std::int64_t h_base, const Lr& schedule)
+      : QSRPolicy(alpha, h_base, static_cast<std::int64_t>(schedule.warmup())) {}
+
   sync_plan plan(std::int64_t step, double lr) const {
     detail::check_step("commpact::QSRPolicy::plan", step);
     require(std::isfinite(lr) && lr > 0, "commpact::QSRPolicy::plan: the learning rate at step ", step, " is ", lr,
@@ -116,6 +135,21 @@ class QSRPolicy {
     require(warmup_ <= total_steps, "commpact::QSRPolicy: warmup = ", warmup_, " steps is longer than the run (",
             total_steps, " steps); the warm-up must end within the run. Pass the warm-up of the learning-rate "
             "schedule, or lengthen the run.");
+  }
+
+  //! Raises when the schedule's warm-up differs from this policy's: QSR keeps h_base
+  //! during the learning-rate warm-up, and a period decided at a warm-up learning rate
+  //! (tiny, so (alpha / lr)^2 is huge) would run far past it.
+  template <class Lr>
+  void check_schedule(const Lr& schedule) const {
+    if constexpr (lr_has_warmup<Lr>) {
+      const auto w = static_cast<std::int64_t>(schedule.warmup());
+      require(w == warmup_, "commpact::QSRPolicy: warmup = ", warmup_,
+              " steps, but the learning-rate schedule warms up over ", w,
+              " steps; QSR keeps the period at h_base during the learning-rate warm-up. Build the policy from the "
+              "schedule, QSRPolicy{alpha, h_base, lr}, or pass warmup = ",
+              w, ".");
+    }
   }
 
   double alpha() const { return alpha_; }
