@@ -8,6 +8,9 @@
 //   driver scale <n> <reps>          Dense at P = 1: finiteness check + scale by 1/P, one pass
 //   driver gtopk <n> <k> <reps>      gTopK's local phase: accumulate, select, commit
 //   driver floor <n> <reps>          one streaming read pass over n floats (x 4 = the floor)
+//   driver power_class <r> <reps>    the same step through PowerCompressor<1> (rank r), P = 1
+//   driver dense_class <n> <reps>    Dense<ThreadComm>::reduce at P = 1
+//   driver gtopk_class <n> <k> <reps> gTopK<TreeComm<ThreadComm>>::reduce at P = 1 (its local phase)
 
 #include <algorithm>
 #include <bit>
@@ -21,6 +24,11 @@
 #include <ctime>
 #include <vector>
 
+#include "commpact/comm/thread_comm.hpp"
+#include "commpact/comm/tree_comm.hpp"
+#include "commpact/compress/dense.hpp"
+#include "commpact/compress/gtopk.hpp"
+#include "commpact/compress/power.hpp"
 #include "commpact/kernels/host/commit.hpp"
 #include "commpact/kernels/host/lowrank.hpp"
 #include "commpact/kernels/host/orthogonalize.hpp"
@@ -198,6 +206,39 @@ void floor_pass(std::size_t n, int reps) {
   });
 }
 
+// The same cases through the library's classes, as a user calls them (P = 1: ThreadComm
+// moves nothing, so these time the compressors' own passes).
+void power_class(std::size_t r, int reps) {
+  auto comm = commpact::ThreadComm::make_world(1)[0];
+  commpact::tensor_layout layout;
+  for (auto [n, m] : resnet18()) layout.push_back({static_cast<std::int64_t>(n), static_cast<std::int64_t>(m)});
+  commpact::PowerCompressor<1> psgd{comm, layout, {.approximation_rank = static_cast<int>(r)}};
+  auto g = gaussian(psgd.numel(), 1);
+  const auto g0 = g;
+  time_it("power_class", reps, [&] {
+    std::copy(g0.begin(), g0.end(), g.begin());
+    psgd.reduce(g);
+  });
+}
+
+void dense_class(std::size_t n, int reps) {
+  auto comm = commpact::ThreadComm::make_world(1)[0];
+  commpact::Dense<commpact::ThreadComm> dense{comm};
+  auto g = gaussian(n, 4);
+  time_it("dense_class", reps, [&] { dense.reduce(g); });
+}
+
+void gtopk_class(std::size_t n, std::size_t k, int reps) {
+  auto comm = commpact::ThreadComm::make_world(1)[0];
+  commpact::gTopK<commpact::TreeComm<commpact::ThreadComm>> gt{comm, {.k = k}};
+  auto g = gaussian(n, 5);
+  const auto g0 = g;
+  time_it("gtopk_class", reps, [&] {
+    std::copy(g0.begin(), g0.end(), g.begin());
+    gt.reduce(g);
+  });
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -212,6 +253,9 @@ int main(int argc, char** argv) {
   else if (what == "scale" && argc == 4) scale(num(2), static_cast<int>(num(3)));
   else if (what == "gtopk" && argc == 5) gtopk(num(2), num(3), static_cast<int>(num(4)));
   else if (what == "floor" && argc == 4) floor_pass(num(2), static_cast<int>(num(3)));
+  else if (what == "power_class" && argc == 4) power_class(num(2), static_cast<int>(num(3)));
+  else if (what == "dense_class" && argc == 4) dense_class(num(2), static_cast<int>(num(3)));
+  else if (what == "gtopk_class" && argc == 5) gtopk_class(num(2), num(3), static_cast<int>(num(4)));
   else {
     std::fprintf(stderr, "driver: bad arguments\n");
     return 2;

@@ -22,6 +22,8 @@ Cases:
             buckets of the hook call plus the wait for its future.
   scale     Dense at P = 1: finiteness check and scale by 1 / P in one pass
             (host::scale_checked) vs g.div_(1) in place.
+  *_class   the same three cases through the library's classes (PowerCompressor,
+            Dense, gTopK at P = 1), as a user calls them
   gtopk     gTopK's local phase (ef_accumulate, topk_abs, scatter_into_zeroed,
             zero_delivered) vs the memory floor: 4 streaming read passes over n floats.
 """
@@ -53,7 +55,7 @@ def build(tmp):
     for opt in ("-O2", "-O3"):
         exe = os.path.join(tmp, "driver" + opt)
         cmd = [cxx, "-std=c++20", opt, "-DNDEBUG", "-I", os.path.join(ROOT, "include"),
-               os.path.join(HERE, "driver.cpp"), "-o", exe]
+               os.path.join(HERE, "driver.cpp"), "-o", exe, "-pthread"]
         subprocess.run(cmd, check=True)
         out[opt] = exe
     return out
@@ -177,9 +179,15 @@ def main():
         for r in (1, 2, 4):
             rows.append(("PowerSGD step, ResNet-18 (%d floats), r = %d" % (harness.numel, r), ["power", r],
                          ("power", r), "powerSGD_hook on DDP buckets"))
+            rows.append(("  the same through PowerCompressor (+ copy of g), r = %d" % r, ["power_class", r],
+                         ("power", r), "powerSGD_hook on DDP buckets"))
         rows.append(("Dense at P = 1 (check + scale), n = %d" % n_dense, ["scale", n_dense], ("scale", n_dense),
                      "g.div_(1)"))
+        rows.append(("  the same through Dense<ThreadComm>::reduce", ["dense_class", n_dense], ("scale", n_dense),
+                     "g.div_(1)"))
         rows.append(("gTopK local phase, n = %d, k = %d" % (n_g, n_g // 1000), ["gtopk", n_g, n_g // 1000],
+                     ("floor", n_g), "memory floor: 4 read passes"))
+        rows.append(("  the same through gTopK::reduce at P = 1 (+ copy of g)", ["gtopk_class", n_g, n_g // 1000],
                      ("floor", n_g), "memory floor: 4 read passes"))
 
         tensors = {}

@@ -1,9 +1,10 @@
 // libFuzzer target: every state loader (Dense, TopK, gTopK, PowerCompressor, a
 // CodecCompressor, GossipMixer with PowerGossip and CHOCO, DataParallel) on arbitrary
 // bytes. A load either succeeds or raises a commpact::error; anything else (a crash, an
-// ASan or UBSan report, another exception type) is a bug. The input is also wrapped in a
-// valid header and checksum half of the time, so that the fuzzer reaches the section
-// parsers and range checks behind the checksum.
+// ASan or UBSan report, another exception type) is a bug. An input that does not start
+// with the state magic is wrapped in a valid header and checksum (its first byte picks
+// the kind), so that the fuzzer reaches the section parsers and range checks behind the
+// checksum; the seeds (tests/fuzz/corpus/fuzz_state_loaders/) are valid blobs of every kind.
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
 #include <commpact/compress/allgather.hpp>
@@ -72,7 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   static DataParallel<Dense<ThreadComm>, LocalSgd> dp{Dense<ThreadComm>{comm}, LocalSgd{2}, 10};
   const char* kinds[] = {"commpact.Dense", "commpact.TopK", "commpact.gTopK", "commpact.PowerCompressor",
                          "commpact.CodecCompressor", "commpact.GossipMixer", "commpact.DataParallel"};
-  const bool wrapped = size > 0 && (data[0] & 1);
+  std::uint32_t head = 0;
+  if (size >= 4) std::memcpy(&head, data, 4);
+  const bool wrapped = size > 0 && head != state::magic;
   const auto blob = wrapped ? wrap(kinds[(data[0] >> 1) % 7], raw.subspan(1)) : std::vector<std::byte>(raw.begin(), raw.end());
   load(dense, blob);
   load(topk, blob);
