@@ -174,9 +174,10 @@ std::pair<cost::step_cost, cost::step_cost> model_of(const std::string& m, int P
   if (m == "topk") return {cost::topk(P, n, k), {}};
   if (m == "gtopk") return {cost::gtopk(P, n, k), {}};
   if (m == "powersgd") return {cost::powersgd(P, shapes, 4, 2.0, false, algo), {}};
-  if (m == "dpsgd") return {cost::dpsgd(degree, n), {}};
+  if (m == "dpsgd") return {cost::dpsgd(degree, n) + cost::gossip_check(P, algo), {}};
   if (m == "powergossip")  // the two phases alternate
-    return {(cost::power_gossip(degree, shapes, 1, 0) + cost::power_gossip(degree, shapes, 1, 1)).amortised(2), {}};
+    return {(cost::power_gossip(degree, shapes, 1, 0) + cost::power_gossip(degree, shapes, 1, 1)).amortised(2) +
+                cost::gossip_check(P, algo), {}};
   if (m == "localsgd") return {cost::dense(P, n, false, algo).amortised(local_h), {}};
   if (m == "qsr") return {cost::dense(P, n, false, algo).amortised(qsr_mean_period()), {}};
   if (m == "hierarchical") {

@@ -81,28 +81,28 @@ TEST_CASE("cost model: dense, Top-k and gTop-k bytes equal CountingComm's", "[co
 TEST_CASE("cost model: PowerSGD, D-PSGD and PowerGossip bytes equal CountingComm's", "[cost_model]") {
   const int P = GENERATE(2, 3, 4, 6);
   CAPTURE(P);
-  // matrices compressed at rank 2, one too small to compress (rate 4*3/(7*2) < 2), vectors
+  // matrices compressed at rank 2, one too small to compress ((4+3)*2*2 >= 4*3), vectors
   const tensor_layout layout = {{32, 27}, {32}, {4, 3}, {10, 64}, {10}, {48, 16}};
   std::vector<cost::shape> shapes;
   for (const auto& s : layout) shapes.push_back({static_cast<std::uint64_t>(s.rows), static_cast<std::uint64_t>(s.cols)});
-  const auto n = static_cast<std::size_t>(detail::layout_numel(layout));
+  const auto n = static_cast<std::size_t>(detail::check_layout(layout, "test"));
 
   auto reduce = [](auto& algo, std::vector<float>& g) { algo.reduce(std::span(g)); };
-  auto p = measure(P, n, 2, [&](Counted c) { return PowerCompressor<2, Counted>{c, layout}; }, reduce);
+  auto p = measure(P, n, 2, [&](Counted c) { return PowerCompressor<2>{c, layout}; }, reduce);
   check(p[0], cost::powersgd(P, shapes, 2, 2.0, /*first_step=*/true));
   check(p[1], cost::powersgd(P, shapes, 2));
 
   const int degree = P == 2 ? 1 : 2;
   auto mix = [](auto& algo, std::vector<float>& x) { algo.mix(std::span(x)); };
   auto e = measure(P, n, 2, [&](Counted c) { return GossipMixer{c, Ring(P), layout, exact_mixing{}}; }, mix);
-  check(e[1], cost::dpsgd(degree, n));
+  check(e[1], cost::dpsgd(degree, n) + cost::gossip_check(P));
   auto setup = cost::allreduce(P, 2, 8);  // the first mix() agrees on the setup
-  check(e[0], cost::dpsgd(degree, n) + setup);
+  check(e[0], cost::dpsgd(degree, n) + setup + cost::gossip_check(P));
 
   auto w = measure(P, n, 3, [&](Counted c) { return GossipMixer{c, Ring(P), layout, power_gossip<1>{}}; }, mix);
-  check(w[0], cost::power_gossip(degree, shapes, 1, 0) + setup);
-  check(w[1], cost::power_gossip(degree, shapes, 1, 1));
-  check(w[2], cost::power_gossip(degree, shapes, 1, 0));
+  check(w[0], cost::power_gossip(degree, shapes, 1, 0) + setup + cost::gossip_check(P));
+  check(w[1], cost::power_gossip(degree, shapes, 1, 1) + cost::gossip_check(P));
+  check(w[2], cost::power_gossip(degree, shapes, 1, 0) + cost::gossip_check(P));
 }
 
 TEST_CASE("cost model: structure of the formulas", "[cost_model]") {

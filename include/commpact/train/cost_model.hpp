@@ -204,18 +204,20 @@ struct shape {
   bool is_vector() const { return rows == 1 || cols == 1; }
 };
 
-//! PowerSGD of rank r: allreduces of sum rows*r (P factors), of the uncompressed tensors
-//! and of sum cols*r (Q factors); a matrix is compressed when rows*cols / ((rows+cols) r)
-//! >= min_rate. The first step adds the layout agreement (an allreduce of 2 int64).
+//! PowerSGD of rank r: allreduces of sum rows*r_t (P factors), of the uncompressed
+//! tensors and of sum cols*r_t (Q factors), r_t = min(r, rows, cols); a matrix is
+//! compressed when (rows + cols) r_t * min_rate < rows * cols (PyTorch's rule, as
+//! PowerCompressor). The first step adds the layout agreement (an allreduce of 2 int64).
 inline step_cost powersgd(int P, std::span<const shape> layout, int r, double min_rate = 2.0, bool first_step = false,
                           allreduce_algorithm algo = allreduce_algorithm::openmpi) {
   std::uint64_t p = 0, q = 0, d = 0, n = 0;
   for (const auto& s : layout) {
     n += s.rows * s.cols;
-    const double rate = static_cast<double>(s.rows * s.cols) / (static_cast<double>(s.rows + s.cols) * r);
-    if (!s.is_vector() && rate >= min_rate) {
-      p += s.rows * static_cast<std::uint64_t>(r);
-      q += s.cols * static_cast<std::uint64_t>(r);
+    const std::uint64_t rt = std::min<std::uint64_t>(static_cast<std::uint64_t>(r), std::min(s.rows, s.cols));
+    const double low = static_cast<double>(s.rows + s.cols) * static_cast<double>(rt);
+    if (!s.is_vector() && low * min_rate < static_cast<double>(s.rows * s.cols)) {
+      p += s.rows * rt;
+      q += s.cols * rt;
     } else {
       d += s.rows * s.cols;
     }
@@ -224,6 +226,13 @@ inline step_cost powersgd(int P, std::span<const shape> layout, int r, double mi
   if (first_step) c += allreduce(P, 2, 8);
   c.compute_elements = static_cast<double>(n);
   return c;
+}
+
+//! GossipMixer's per-round agreement that every model is finite: one allreduce of one
+//! int64 (gossip_options::check_finite, on by default). Add it to dpsgd() and
+//! power_gossip() for a mixer with the default options.
+inline step_cost gossip_check(int P, allreduce_algorithm algo = allreduce_algorithm::openmpi) {
+  return allreduce(P, 1, 8, algo);
 }
 
 //! D-PSGD on a topology where this rank has `degree` neighbours: 4n bytes to each, all
