@@ -46,16 +46,17 @@ vec sample(std::uint64_t seed, std::size_t n) {
 }
 
 // --- brute-force references -----------------------------------------------------
-ref_fn ref_qsgd(std::uint32_t s, std::uint64_t seed) {
+ref_fn ref_qsgd(std::uint32_t s, std::uint64_t seed, std::size_t d = 512) {
   return [=](const vec& v, std::int64_t step, int rank) {
-    double ss = 0;
-    for (float x : v) ss += double(x) * x;
-    const float norm = float(std::min(std::sqrt(ss), double(std::numeric_limits<float>::max())));
     const random_stream u(seed, step, rank);
+    const std::size_t b = d ? d : v.size();
     vec q(v.size(), 0.0f);
     for (std::size_t i = 0; i < v.size(); ++i) {
+      double ss = 0;  // the norm of i's bucket, recomputed for every i
+      for (std::size_t j = i / b * b; j < std::min(v.size(), i / b * b + b); ++j) ss += double(v[j]) * v[j];
+      const float norm = float(std::min(std::sqrt(ss), double(std::numeric_limits<float>::max())));
       if (norm == 0.0f) continue;
-      const double r = std::abs(double(v[i])) * (double(s) / norm);  // |v_i| s / ||v||
+      const double r = std::abs(double(v[i])) * (double(s) / norm);  // |v_i| s / ||v_B||
       double l = std::floor(r);
       if (l >= s) l = s;
       else if (u.uniform(i) < r - l) l += 1;
@@ -153,7 +154,7 @@ vec encode_decode(K& k, const vec& v, std::int64_t step, int rank, std::size_t* 
 }
 
 template <class K>
-void check_reference(K k, const ref_fn& ref, std::size_t expected_bytes(std::size_t)) {
+void check_reference(K k, const ref_fn& ref, const std::function<std::size_t(std::size_t)>& expected_bytes) {
   for (std::size_t n : {1, 2, 7, 8, 9, 33, 1000}) {
     for (std::int64_t step : {0, 5}) {
       for (int rank : {0, 3}) {
@@ -171,10 +172,12 @@ void check_reference(K k, const ref_fn& ref, std::size_t expected_bytes(std::siz
 
 TEST_CASE("quantising codecs equal their brute-force references; lengths equal the formulas", "[codec][quant]") {
   SECTION("QSGD") {
-    check_reference(qsgd_codec{1, 9}, ref_qsgd(1, 9), [](std::size_t n) { return 4 + (2 * n + 7) / 8; });
-    check_reference(qsgd_codec{5, 1}, ref_qsgd(5, 1), [](std::size_t n) { return 4 + (4 * n + 7) / 8; });
-    check_reference(qsgd_codec{256, 3}, ref_qsgd(256, 3), [](std::size_t n) { return 4 + (10 * n + 7) / 8; });
-    check_reference(qsgd_codec{65535, 3}, ref_qsgd(65535, 3), [](std::size_t n) { return 4 + (17 * n + 7) / 8; });
+    auto nb = [](std::size_t n, std::size_t d) { return (n + d - 1) / d; };
+    check_reference(qsgd_codec{1, 9}, ref_qsgd(1, 9), [=](std::size_t n) { return 4 * nb(n, 512) + (2 * n + 7) / 8; });
+    check_reference(qsgd_codec{5, 1, 7}, ref_qsgd(5, 1, 7), [=](std::size_t n) { return 4 * nb(n, 7) + (4 * n + 7) / 8; });
+    check_reference(qsgd_codec{256, 3, 0}, ref_qsgd(256, 3, 0), [](std::size_t n) { return 4 + (10 * n + 7) / 8; });
+    check_reference(qsgd_codec{65535, 3, 100}, ref_qsgd(65535, 3, 100),
+                    [=](std::size_t n) { return 4 * nb(n, 100) + (17 * n + 7) / 8; });
   }
   SECTION("TernGrad") {
     check_reference(terngrad_codec{4}, ref_terngrad(4), [](std::size_t n) { return 4 + (n + 3) / 4; });
@@ -324,15 +327,16 @@ void check_lengths_and_fuzz(const K& k, std::size_t n) {
 TEST_CASE("malformed messages raise wire_error and change nothing", "[codec][quant][wire]") {
   const std::size_t n = 13;  // no codec's fields end on a byte boundary
   SECTION("QSGD") {
-    const qsgd_codec k{5, 1};  // 4-bit fields: level in 3 bits, sign above
+    const qsgd_codec k{5, 1, 8};  // 2 buckets; 4-bit fields: level in 3 bits, sign above
+    const std::size_t at = 8;     // the fields start after the two norms
     check_lengths_and_fuzz(k, n);
     auto m = good_message(k, n);
-    set_field(m, 4, 2, 4, 6), check_rejects(k, m, n);     // level 6 > s
-    m = good_message(k, n), set_field(m, 4, 2, 4, 8), check_rejects(k, m, n);  // level 0 with a sign
-    m = good_message(k, n), set_f32(m, 0, -1.0f), check_rejects(k, m, n);
+    set_field(m, at, 2, 4, 6), check_rejects(k, m, n);                          // level 6 > s
+    m = good_message(k, n), set_field(m, at, 2, 4, 8), check_rejects(k, m, n);  // level 0 with a sign
+    m = good_message(k, n), set_f32(m, 4, -1.0f), check_rejects(k, m, n);
     m = good_message(k, n), set_f32(m, 0, std::numeric_limits<float>::quiet_NaN()), check_rejects(k, m, n);
     m = good_message(k, n), m.back() |= std::byte{0x80}, check_rejects(k, m, n);  // padding
-    check_rejects(qsgd_codec{4, 1}, good_message(k, n), n);  // another s: another length
+    check_rejects(qsgd_codec{4, 1, 8}, good_message(k, n), n);  // another s: another length
   }
   SECTION("TernGrad") {
     const terngrad_codec k{1};

@@ -5,7 +5,7 @@
 //!
 //! | codec | paper | message for n floats | delivered value of v_i |
 //! |---|---|---|---|
-//! | `qsgd_codec{s, seed}` | Alistarh et al., NeurIPS 2017 | f32 norm, n fields of 1 + bit_width(s) bits: 4 + ceil(n (1 + bit_width(s)) / 8) | ||v||_2 sign(v_i) l_i / s, l_i stochastically rounded, unbiased |
+//! | `qsgd_codec{s, seed, d}` | Alistarh et al., NeurIPS 2017 | ceil(n/d) f32 bucket norms, n fields of 1 + bit_width(s) bits: 4 ceil(n/d) + ceil(n (1 + bit_width(s)) / 8) | ||v_B||_2 sign(v_i) l_i / s per bucket B of d = 512 values, l_i stochastically rounded, unbiased |
 //! | `terngrad_codec{seed}` | Wen et al., NeurIPS 2017 | f32 max, n 2-bit fields: 4 + ceil(n / 4) | max|v| sign(v_i) b_i, b_i ~ Bernoulli(|v_i| / max|v|), unbiased |
 //! | `onebit_codec` | Seide et al., Interspeech 2014 | f32 mean of the v_i >= 0, f32 mean of the v_i < 0, n sign bits: 8 + ceil(n / 8) | the mean of v_i's side (use with error feedback) |
 //! | `natural_codec{seed}` | Horvath et al., 2019 | n 9-bit fields (sign, exponent): ceil(9 n / 8) | a neighbouring power of two, stochastically, unbiased (casts.hpp) |
@@ -55,14 +55,17 @@ inline float finite_scale(double x) {
 }
 }  // namespace detail
 
-//! QSGD with s levels: q_i = ||v||_2 sign(v_i) l_i / s, l_i = floor(r) or floor(r) + 1
-//! with probability r - floor(r), r = |v_i| s / ||v||_2. Field i: l_i in the low
-//! bit_width(s) bits, the sign (1: negative; 0 when l_i = 0) above them.
+//! QSGD with s levels, per bucket of d values (the paper's bucketing; d = 0: one bucket):
+//! q_i = ||v_B||_2 sign(v_i) l_i / s, l_i = floor(r) or floor(r) + 1 with probability
+//! r - floor(r), r = |v_i| s / ||v_B||_2, B the bucket of i. Message: ceil(n / d) f32 norms,
+//! then n fields: l_i in the low bit_width(s) bits, the sign (1: negative; 0 when l_i = 0)
+//! above them.
 class qsgd_codec {
  public:
   static constexpr std::uint32_t max_levels = 65535;
-  //! s levels (1 <= s <= 65535) and the seed of the stochastic rounding.
-  explicit qsgd_codec(std::uint32_t levels = 256, std::uint64_t seed = 0) : s_(levels), seed_(seed) {
+  //! s levels (1 <= s <= 65535), the seed of the stochastic rounding, the bucket size d.
+  explicit qsgd_codec(std::uint32_t levels = 256, std::uint64_t seed = 0, std::size_t bucket = 512)
+      : s_(levels), seed_(seed), d_(bucket) {
     require(levels >= 1 && levels <= max_levels, "commpact::qsgd_codec: levels = ", levels,
             " is outside [1, ", max_levels, "]; QSGD needs at least one level (s = 1 is ternary).");
   }
@@ -70,9 +73,12 @@ class qsgd_codec {
   void bind_rank(int rank) { rank_ = rank; }
   std::int64_t agreement(std::size_t) const { return s_; }
   std::uint32_t levels() const { return s_; }
+  //! Values per bucket (n for d = 0).
+  std::size_t bucket(std::size_t n) const { return d_ ? d_ : std::max<std::size_t>(n, 1); }
+  std::size_t buckets(std::size_t n) const { return (n + bucket(n) - 1) / bucket(n); }
   //! Bits of one field: sign and level.
   unsigned field_bits() const { return 1 + static_cast<unsigned>(std::bit_width(s_)); }
-  std::size_t max_encoded_bytes(std::size_t n) const { return 4 + detail::packed_bytes(n, field_bits()); }
+  std::size_t max_encoded_bytes(std::size_t n) const { return 4 * buckets(n) + detail::packed_bytes(n, field_bits()); }
 
   //! The value a receiver decodes for level l (sign apart) under norm `norm`.
   float value(float norm, std::uint32_t l) const {
@@ -80,55 +86,64 @@ class qsgd_codec {
   }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
-    const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
+    const std::size_t n = v.size(), bytes = max_encoded_bytes(n), d = bucket(n), nb = buckets(n);
     detail::check_capacity("qsgd_codec", msg, bytes, n);
-    double ss = 0.0;
-    for (float x : v) ss += static_cast<double>(x) * x;
-    const float norm = detail::finite_scale(std::sqrt(ss));
-    std::memcpy(msg.data(), &norm, 4);
     const random_stream rng(seed_, step_, rank_);
     const unsigned bw = field_bits() - 1;
-    const double scale = norm > 0.0f ? static_cast<double>(s_) / static_cast<double>(norm) : 0.0;
-    detail::bit_writer w(msg.data() + 4);
-    for (std::size_t i = 0; i < n; ++i) {
-      const double r = std::abs(static_cast<double>(v[i])) * scale;
-      auto l = static_cast<std::uint32_t>(std::min(std::floor(r), static_cast<double>(s_)));
-      if (l < s_ && rng.uniform(i) < r - l) ++l;
-      const bool neg = l > 0 && v[i] < 0.0f;
-      w.put(l | (static_cast<std::uint32_t>(neg) << bw), bw + 1);
-      if (!approx.empty()) approx[i] = neg ? -value(norm, l) : value(norm, l);
+    detail::bit_writer w(msg.data() + 4 * nb);
+    for (std::size_t b = 0; b < nb; ++b) {
+      const std::size_t lo = b * d, hi = std::min(n, lo + d);
+      double ss = 0.0;
+      for (std::size_t i = lo; i < hi; ++i) ss += static_cast<double>(v[i]) * v[i];
+      const float norm = detail::finite_scale(std::sqrt(ss));
+      std::memcpy(msg.data() + 4 * b, &norm, 4);
+      const double scale = norm > 0.0f ? static_cast<double>(s_) / static_cast<double>(norm) : 0.0;
+      for (std::size_t i = lo; i < hi; ++i) {
+        const double r = std::abs(static_cast<double>(v[i])) * scale;
+        auto l = static_cast<std::uint32_t>(std::min(std::floor(r), static_cast<double>(s_)));
+        if (l < s_ && rng.uniform(i) < r - l) ++l;
+        const bool neg = l > 0 && v[i] < 0.0f;
+        w.put(l | (static_cast<std::uint32_t>(neg) << bw), bw + 1);
+        if (!approx.empty()) approx[i] = neg ? -value(norm, l) : value(norm, l);
+      }
     }
     w.flush();
     return bytes;
   }
 
   void decode_add(std::span<const std::byte> msg, std::span<float> acc) const {
-    const std::size_t n = acc.size();
+    const std::size_t n = acc.size(), d = bucket(n), nb = buckets(n);
     detail::check_length("qsgd_codec", msg, max_encoded_bytes(n), n);
-    const float norm = detail::read_f32(msg.data());
-    require<wire_error>(std::isfinite(norm) && norm >= 0.0f, "commpact::qsgd_codec: the message has norm ", norm,
-                        "; a norm must be finite and >= 0.");
+    for (std::size_t b = 0; b < nb; ++b) {
+      const float norm = detail::read_f32(msg.data() + 4 * b);
+      require<wire_error>(std::isfinite(norm) && norm >= 0.0f, "commpact::qsgd_codec: bucket ", b, " has norm ", norm,
+                          "; a norm must be finite and >= 0.");
+    }
     const unsigned bw = field_bits() - 1;
     const std::uint32_t lmask = (1u << bw) - 1;
-    detail::bit_reader check(msg.data() + 4);
+    detail::bit_reader check(msg.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t f = check.get(bw + 1), l = f & lmask;
       if (l > s_ || (l == 0 && f != 0))
         throw wire_error(detail::cat("commpact::qsgd_codec: field ", i, " holds level ", l, " with sign bit ", f >> bw,
                                      "; levels are in [0, ", s_, "] and level 0 carries no sign."));
     }
-    require<wire_error>(detail::padding_is_zero(msg.subspan(4), n, bw + 1),
+    require<wire_error>(detail::padding_is_zero(msg.subspan(4 * nb), n, bw + 1),
                         "commpact::qsgd_codec: the message sets bits past its ", n, " fields.");
-    detail::bit_reader r(msg.data() + 4);
+    detail::bit_reader r(msg.data() + 4 * nb);
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t f = r.get(bw + 1), l = f & lmask;
-      if (l) acc[i] += (f >> bw) ? -value(norm, l) : value(norm, l);
+      if (l) {
+        const float q = value(detail::read_f32(msg.data() + 4 * (i / d)), l);
+        acc[i] += (f >> bw) ? -q : q;
+      }
     }
   }
 
  private:
   std::uint32_t s_;
   std::uint64_t seed_;
+  std::size_t d_;
   std::int64_t step_ = 0;
   int rank_ = 0;
 };
