@@ -14,6 +14,8 @@
 #include <commpact/compress/allgather.hpp>
 #include <commpact/compress/codecs.hpp>
 #include <commpact/compress/quantizers.hpp>
+#include <commpact/gossip/gossip_mixer.hpp>
+#include <commpact/topology/ring.hpp>
 
 #include <bit>
 #include <cmath>
@@ -442,4 +444,29 @@ TEST_CASE("CodecCompressor with each quantiser: every rank equals the reference,
   SECTION("EF-SignSGD = CodecCompressor<sign_codec, Allgather<C>>") {
     check_compressor(sign_codec{}, ref_sign, 4 + (n + 7) / 8);
   }
+}
+
+TEST_CASE("a quantiser as CHOCO-SGD's codec in GossipMixer keeps the average and reaches consensus",
+          "[codec][quant][gossip]") {
+  const int P = 5;
+  const std::size_t n = 64;
+  std::vector<vec> start(P), end(P);
+  run_threads(P, [&](ThreadComm& comm) {
+    GossipMixer mixer{comm, Ring(P), {{static_cast<std::int64_t>(n)}}, choco_gossip<qsgd_codec>{qsgd_codec{64, 3}, 0.5}};
+    vec y = sample(500 + comm.rank(), n);
+    for (auto& x : y) x = std::max(-10.f, std::min(10.f, x));
+    start[comm.rank()] = y;
+    for (int t = 0; t < 200; ++t) mixer.mix(std::span<float>(y));
+    end[comm.rank()] = y;
+  });
+  double spread0 = 0, spread1 = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    double before = 0, after = 0, mean = 0;
+    for (int r = 0; r < P; ++r) before += start[r][i], after += end[r][i];
+    CHECK(std::abs(after - before) < 1e-3 * (1 + std::abs(before)));  // CHOCO keeps the sum
+    mean = after / P;
+    for (int r = 0; r < P; ++r) spread1 += (end[r][i] - mean) * (end[r][i] - mean);
+    for (int r = 0; r < P; ++r) spread0 += (start[r][i] - before / P) * (start[r][i] - before / P);
+  }
+  CHECK(spread1 < 1e-2 * spread0);  // consensus: the models moved together
 }
