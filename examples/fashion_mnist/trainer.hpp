@@ -18,6 +18,7 @@
 #include <commpact/compress/allreduce.hpp>
 #include <commpact/compress/gtopk.hpp>
 #include <commpact/compress/majority.hpp>
+#include <commpact/compress/oktopk.hpp>
 #include <commpact/compress/power.hpp>
 #include <commpact/compress/quantizers.hpp>
 #include <commpact/compress/sparsifiers.hpp>
@@ -156,7 +157,7 @@ inline const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names = {"dense",    "topk",   "gtopk",    "powersgd", "localsgd",
                                                  "qsr",      "qsgd",   "terngrad", "onebit",   "natural",
                                                  "fp16",     "bf16",   "efsign",   "signum",   "randomk",
-                                                 "gaussiank", "dgc"};
+                                                 "gaussiank", "dgc",      "oktopk"};
   return names;
 }
 
@@ -197,6 +198,8 @@ StepFn make_method(const std::string& name, Comm comm, const Options& o, const M
   if (name == "efsign") return codec(commpact::sign_codec{});
   if (name == "gaussiank") return codec(commpact::gaussiank_codec{o.density});
   if (name == "dgc") return codec(commpact::dgc_codec{o.density, 0.01, o.seed});
+  if (name == "oktopk")
+    return drive(commpact::OkTopK<Comm>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n, total, rounds);
   if (name == "signum")
     return drive(commpact::MajorityVote<Comm>{comm, {.momentum = 0.9f}}, commpact::EveryStep{}, o, n, total, rounds);
   if (name == "randomk") {

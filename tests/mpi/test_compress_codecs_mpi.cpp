@@ -10,6 +10,7 @@
 #include <commpact/compress/allreduce.hpp>
 #include <commpact/compress/codecs.hpp>
 #include <commpact/compress/majority.hpp>
+#include <commpact/compress/oktopk.hpp>
 #include <commpact/compress/quantizers.hpp>
 #include <commpact/compress/sparsifiers.hpp>
 
@@ -98,5 +99,28 @@ TEST_CASE("MPI: random-k's allreduce and the majority vote give every rank the s
       same_everywhere(comm, h);
       CHECK(std::count_if(g.begin(), g.end(), [](float x) { return x != 0.0f; }) <= 25);
     }
+  }));
+}
+
+TEST_CASE("MPI: OkTopK gives every rank the same bits and conserves", "[mpi][oktopk]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    const std::size_t n = 3000;
+    OkTopK<MpiComm> ok{comm, {.density = 0.02, .period = 2}};
+    double in = 0, out = 0;
+    for (int s = 0; s < 4; ++s) {
+      vec g = grad(s, comm.rank(), n);
+      for (float x : g) in += x;
+      REQUIRE(ok.reduce(std::span<float>(g)));
+      same_everywhere(comm, g);
+      for (float x : g) out += x;
+      CHECK(std::count_if(g.begin(), g.end(), [](float x) { return x != 0.0f; }) <= 2 * 60);
+    }
+    double res = 0;
+    for (float x : ok.residual()) res += x;
+    double t[2] = {in, res};
+    comm.allreduce(std::span<double>(t, 2), reduce_op::sum);
+    // sum over ranks and steps of g = P x (sum of the outputs) + sum of the residuals
+    CHECK(std::abs(t[0] - comm.size() * out - t[1]) <= 1e-3 * (1 + std::abs(t[0])));
   }));
 }
