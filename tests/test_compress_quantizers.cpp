@@ -112,11 +112,13 @@ vec ref_cast(const vec& v, float (*decode)(std::uint16_t), std::uint16_t max_fin
   for (std::size_t i = 0; i < v.size(); ++i) {
     const double a = std::abs(double(v[i]));
     std::uint32_t best = 0;
-    if (a >= decode(max_finite)) best = max_finite;  // saturated (and |a - x| would not be exact in double)
-    else
+    if (a >= decode(max_finite)) {
+      best = max_finite;  // saturated (and |a - x| would not be exact in double)
+    } else {
       for (std::uint32_t c = 1; c <= max_finite; ++c) {
-      const double d = std::abs(decode(std::uint16_t(c)) - a), db = std::abs(decode(std::uint16_t(best)) - a);
-      if (d < db || (d == db && (c & 1u) == 0)) best = c;
+        const double d = std::abs(decode(std::uint16_t(c)) - a), db = std::abs(decode(std::uint16_t(best)) - a);
+        if (d < db || (d == db && (c & 1u) == 0)) best = c;
+      }
     }
     q[i] = std::signbit(v[i]) ? -decode(std::uint16_t(best)) : decode(std::uint16_t(best));
   }
