@@ -32,6 +32,7 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
   app.add_option("--density", o.density, "fraction of gradient entries sent by top-k methods")
       ->check(CLI::Range(1e-6, 1.0));
+  app.add_option("--qsgd-levels", o.qsgd_levels, "QSGD's quantisation levels s (method qsgd)")->check(CLI::Range(1, 65535));
   app.add_option("--local-h", o.local_h, "period H of Local SGD (and QSR's H_base)")->check(CLI::Range(1, 100000));
   app.add_option("--qsr-alpha", o.qsr_alpha, "QSR's alpha")->check(CLI::PositiveNumber);
   app.add_option("--limit", o.limit, "use only the first N training images (0: all)");

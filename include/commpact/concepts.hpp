@@ -248,6 +248,8 @@ concept has_decode_add = requires(const K& k, std::span<const std::byte> msg, st
 template <class K>
 concept codec_has_begin_step = requires(K& k, std::int64_t step) { k.begin_step(step); };
 template <class K>
+concept codec_has_bind_rank = requires(K& k, int rank) { k.bind_rank(rank); };
+template <class K>
 concept codec_has_check = requires(const K& k, std::size_t n) {
   { k.check(n) } -> std::convertible_to<std::string_view>;
 };
@@ -270,7 +272,8 @@ concept codec_has_delivered = requires(const K& k) {
 //! - `decode_add(msg, acc) const`: validates a message for a vector of acc.size()
 //!   values (raising commpact::wire_error when it is malformed, before writing) and adds
 //!   what it decodes to acc.
-//! Optional: `begin_step(step)` (schedules), `check(n) -> string` (why n cannot be
+//! Optional: `begin_step(step)` (schedules, random streams), `bind_rank(rank)` (called
+//! once with the compressor's rank, so that stochastic codecs draw per-rank streams), `check(n) -> string` (why n cannot be
 //! encoded; empty when it can), `agreement(n) -> int64` (a value every rank must share,
 //! such as k), `delivered() -> span<const int32_t>` (a sparse codec's delivered indices,
 //! so that error feedback needs no dense pass).

@@ -167,6 +167,7 @@ class CodecCompressor {
     o.momentum = opt_.momentum;
     o.clip_norm = opt_.clip_norm;
     detail::validate_sparse_options(o, name_.c_str());
+    if constexpr (req::codec_has_bind_rank<Codec>) codec_.bind_rank(agg_.comm().rank());
   }
 
   //! Replaces grad by the mean over the ranks of what their codecs delivered, the same

@@ -1,0 +1,190 @@
+#pragma once
+//! \file allreduce.hpp
+//! Linear codecs and the allreduce aggregation: when every rank compresses with the
+//! same linear map (random-k with a shared seed selects the same k indices on every
+//! rank), the sum of the compressed vectors is the compressed sum, so the ranks
+//! allreduce m floats instead of all-gathering P messages.
+//!
+//! A `LinearCodec` has `size(n)` (m, the floats of the compressed form, the same on
+//! every rank), `compress(v, out)` (out = A v, A depending on the step but not on the
+//! rank) and `decompress_add(in, acc) const` (acc += B in); optional: `begin_step(step)`,
+//! `delivered()` (the indices A keeps, when B A is a projection onto them).
+//!
+//! `LinearCompressor<K, C>` per step: acc = g + residual; m floats of A acc and one flag
+//! float (non-finite input) are summed by one ring allreduce; every rank
+//! sees the same flags (so raises or skips alike), scales the sum by 1/P, decompresses
+//! it into the zeroed gradient and keeps acc - B A acc as its residual.
+//! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
+//! (wire::ring_allreduce gives it exactly). n is agreed by one small allreduce of int64
+//! on the first step and whenever it changes.
+
+#include <algorithm>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../state.hpp"
+#include "bits.hpp"
+#include "error_feedback.hpp"
+#include "nonfinite.hpp"
+#include "sparse_options.hpp"
+
+namespace commpact {
+
+template <class K>
+concept LinearCodec = std::move_constructible<K> && requires(K& k, const K& ck, std::size_t n, std::span<const float> v,
+                                                               std::span<float> out) {
+  { ck.size(n) } -> std::convertible_to<std::size_t>;
+  k.compress(v, out);
+  ck.decompress_add(v, out);
+};
+
+//! Random-k (Stich et al., NeurIPS 2018): the k = round(density n) indices drawn without
+//! replacement (Floyd's algorithm on random_stream{seed, step, 0}), the same on every
+//! rank; `scaled` multiplies the kept values by n / k (unbiased, for use without error
+//! feedback).
+class randomk_codec {
+ public:
+  explicit randomk_codec(double density = 0.01, std::uint64_t seed = 0, bool scaled = false)
+      : density_(density), seed_(seed), scaled_(scaled) {
+    require(density > 0.0 && density <= 1.0, "commpact::randomk_codec: density = ", density,
+            " is outside (0, 1]; pass the fraction of entries to send, such as 0.01.");
+  }
+  void begin_step(std::int64_t step) { step_ = step; }
+  std::size_t size(std::size_t n) const {
+    return n ? std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(density_ * static_cast<double>(n))), 1, n) : 0;
+  }
+  //! The indices of step `step` for length n (ascending).
+  std::span<const std::int32_t> indices(std::size_t n) {
+    if (n != drawn_n_ || step_ != drawn_step_) draw(n);
+    return idx_;
+  }
+  std::span<const std::int32_t> delivered() const { return idx_; }
+  void compress(std::span<const float> v, std::span<float> out) {
+    const auto ix = indices(v.size());
+    const float s = scaled_ ? static_cast<float>(static_cast<double>(v.size()) / static_cast<double>(ix.size())) : 1.0f;
+    for (std::size_t j = 0; j < ix.size(); ++j) out[j] = s * v[static_cast<std::size_t>(ix[j])];
+  }
+  void decompress_add(std::span<const float> in, std::span<float> acc) const {
+    require(drawn_n_ == acc.size() && in.size() == idx_.size(), "commpact::randomk_codec::decompress_add: called for n = ",
+            acc.size(), " with ", in.size(), " values; compress() of the same step and length comes first.");
+    for (std::size_t j = 0; j < idx_.size(); ++j) acc[static_cast<std::size_t>(idx_[j])] += in[j];
+  }
+  bool scaled() const { return scaled_; }
+
+ private:
+  void draw(std::size_t n) {
+    const std::size_t k = size(n);
+    const random_stream rng(seed_, step_, 0);
+    mark_.assign(n, 0);
+    idx_.clear();
+    for (std::size_t j = n - k, d = 0; j < n; ++j, ++d) {  // Floyd: a uniform k-subset
+      auto t = std::min(j, static_cast<std::size_t>(rng.uniform(d) * static_cast<double>(j + 1)));
+      if (mark_[t]) t = j;
+      mark_[t] = 1;
+      idx_.push_back(static_cast<std::int32_t>(t));
+    }
+    std::sort(idx_.begin(), idx_.end());
+    drawn_n_ = n, drawn_step_ = step_;
+  }
+  double density_;
+  std::uint64_t seed_;
+  bool scaled_;
+  std::int64_t step_ = 0, drawn_step_ = -1;
+  std::size_t drawn_n_ = 0;
+  std::vector<std::int32_t> idx_;
+  std::vector<unsigned char> mark_;
+};
+
+//! LinearCodec + allreduce + error feedback = a Compressor (see the file comment).
+template <class K, class C>
+class LinearCompressor {
+  static_assert(LinearCodec<K>, "commpact: LinearCompressor needs a LinearCodec: size(n), compress(v, out), "
+                                "decompress_add(in, acc) const.");
+  static_assert(diagnose_communicator<C>());
+
+ public:
+  explicit LinearCompressor(C comm, K codec = {}, nonfinite on_nonfinite = nonfinite::raise,
+                            std::string_view name = "LinearCompressor")
+      : comm_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {}
+
+  //! Replaces grad by the mean over the ranks of B A (g_r + e_r), the same bits on every
+  //! rank. Returns false when the step was skipped (nonfinite::skip_step).
+  bool reduce(std::span<float> grad) {
+    const int P = comm_.size();
+    const auto n = static_cast<std::int64_t>(grad.size());
+    if constexpr (requires { codec_.begin_step(steps_); }) codec_.begin_step(steps_);
+    std::string problem = grad.empty() ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at "
+                                                     "least one entry.")
+                                       : detail::length_problem(name_.c_str(), n, ef_.size());
+    if (!agreed_ || n != n_ || !problem.empty()) agree(n, problem);
+    const std::size_t m = codec_.size(grad.size());
+    buf_.assign(m + 1, 0.0f);
+    if (!ef_.accumulate(grad)) buf_[m] = 1.0f;
+    else codec_.compress(ef_.acc(), std::span<float>(buf_).first(m));
+    comm_.allreduce(std::span<float>(buf_), reduce_op::sum);
+    if (buf_[m] != 0.0f) {
+      detail::end_nonfinite_step(policy_, name_ + "::reduce", "gradient (with its residual) of some rank",
+                                 static_cast<std::size_t>(-1), steps_, grad);
+      ++steps_, ++skipped_;
+      return false;
+    }
+    const auto fP = static_cast<float>(P);
+    for (std::size_t j = 0; j < m; ++j) buf_[j] = buf_[j] / fP;
+    std::fill(grad.begin(), grad.end(), 0.0f);
+    codec_.decompress_add(std::span<const float>(buf_).first(m), grad);
+    if constexpr (requires { codec_.delivered(); }) {
+      ef_.commit();
+      for (std::int32_t i : codec_.delivered()) ef_.clear_delivered(i);
+    } else {
+      approx_.resize(m);
+      codec_.compress(ef_.acc(), std::span<float>(approx_));
+      dense_.assign(grad.size(), 0.0f);
+      codec_.decompress_add(std::span<const float>(approx_), std::span<float>(dense_));
+      ef_.subtract(dense_);
+      ef_.commit();
+    }
+    ++steps_;
+    return true;
+  }
+
+  void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, "commpact." + name_, ef_, steps_, skipped_); }
+  void load_state(std::span<const std::byte> in) {
+    load_feedback_state(in, "commpact." + name_, name_, false, ef_, steps_, skipped_);
+    agreed_ = false;
+  }
+  std::int64_t steps() const { return steps_; }
+  std::int64_t skipped_steps() const { return skipped_; }
+  std::span<const float> residual() const { return ef_.residual(); }
+  K& codec() { return codec_; }
+  C& comm() { return comm_; }
+
+ private:
+  void agree(std::int64_t n, const std::string& problem) {
+    std::int64_t v[3] = {n, -n, problem.empty() ? 0 : 1};
+    comm_.allreduce(std::span<std::int64_t>(v, 3), reduce_op::max);
+    if (v[2]) detail::raise_rejected(name_.c_str(), problem, steps_);
+    if (v[0] != -v[1])
+      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the gradient length: this "
+                                       "rank has n = ", n, ", the lengths range over [", -v[1], ", ", v[0],
+                                       "]; every rank must pass gradients of the same length."));
+    n_ = n, agreed_ = true;
+  }
+
+  C comm_;
+  K codec_;
+  nonfinite policy_;
+  std::string name_;
+  error_feedback ef_;
+  std::vector<float> buf_, approx_, dense_;
+  bool agreed_ = false;
+  std::int64_t n_ = -1, steps_ = 0, skipped_ = 0;
+};
+
+}  // namespace commpact

@@ -1,0 +1,170 @@
+#pragma once
+//! \file casts.hpp
+//! Codecs that keep every value but fewer bits of it (see the table in quantizers.hpp):
+//! natural compression (stochastic rounding to a power of two) and the fp16 and bf16
+//! casts (round to nearest, ties to even). Included by quantizers.hpp.
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "../error.hpp"
+#include "bits.hpp"
+
+namespace commpact {
+
+//! Natural compression (Horvath et al., 2019): |v_i| in [2^a, 2^(a+1)) becomes 2^(a+1)
+//! with probability |v_i| / 2^a - 1, else 2^a (unbiased); below 2^-126 the neighbours
+//! are 0 and 2^-126; at or above 2^127 it is 2^127 (saturated). Field i (9 bits): the
+//! exponent code e in the low 8 bits (0: zero, 1..254: 2^(e - 127), 255 malformed), the
+//! sign above (0 when e = 0).
+class natural_codec {
+ public:
+  explicit natural_codec(std::uint64_t seed = 0) : seed_(seed) {}
+  void begin_step(std::int64_t step) { step_ = step; }
+  void bind_rank(int rank) { rank_ = rank; }
+  std::size_t max_encoded_bytes(std::size_t n) const { return detail::packed_bytes(n, 9); }
+  //! The magnitude of exponent code e (1..254).
+  static float power(std::uint32_t e) { return std::ldexp(1.0f, static_cast<int>(e) - 127); }
+
+  std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
+    const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
+    require(msg.size() >= bytes, "commpact::natural_codec::encode: the message buffer holds ", msg.size(),
+            " bytes; ", n, " values need ", bytes, ".");
+    const random_stream rng(seed_, step_, rank_);
+    detail::bit_writer w(msg.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      const float a = std::abs(v[i]);
+      std::uint32_t lo = 0;
+      double p = 0.0;  // probability of rounding up to code lo + 1
+      if (a > 0.0f && a < 0x1.0p-126f) {
+        p = static_cast<double>(a) * 0x1.0p126;
+      } else if (a >= 0x1.0p-126f) {
+        int ex;
+        const float m = std::frexp(a, &ex);  // a = m 2^ex, m in [0.5, 1)
+        lo = static_cast<std::uint32_t>(ex + 126);
+        p = lo >= 254 ? 0.0 : 2.0 * m - 1.0;
+        lo = std::min<std::uint32_t>(lo, 254);
+      }
+      const std::uint32_t e = (p > 0.0 && rng.uniform(i) < p) ? lo + 1 : lo;
+      const bool neg = e && v[i] < 0.0f;
+      w.put(e | (static_cast<std::uint32_t>(neg) << 8), 9);
+      if (!approx.empty()) approx[i] = e ? (neg ? -power(e) : power(e)) : 0.0f;
+    }
+    w.flush();
+    return bytes;
+  }
+
+  void decode_add(std::span<const std::byte> msg, std::span<float> acc) const {
+    const std::size_t n = acc.size();
+    require<wire_error>(msg.size() == max_encoded_bytes(n), "commpact::natural_codec: the message has ", msg.size(),
+                        " bytes; a vector of ", n, " values needs exactly ", max_encoded_bytes(n), ".");
+    detail::bit_reader check(msg.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t f = check.get(9), e = f & 0xFFu;
+      if (e == 255u || (e == 0 && f != 0))
+        throw wire_error(detail::cat("commpact::natural_codec: field ", i, " holds exponent code ", e, " with sign bit ",
+                                     f >> 8, "; codes are in [0, 254] and code 0 (zero) carries no sign."));
+    }
+    require<wire_error>(detail::padding_is_zero(msg, n, 9), "commpact::natural_codec: the message sets bits past its ",
+                        n, " fields.");
+    detail::bit_reader r(msg.data());
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t f = r.get(9), e = f & 0xFFu;
+      if (e) acc[i] += (f >> 8) ? -power(e) : power(e);
+    }
+  }
+
+ private:
+  std::uint64_t seed_;
+  std::int64_t step_ = 0;
+  int rank_ = 0;
+};
+
+namespace detail {
+//! float -> IEEE half, round to nearest even, finite values saturated at +-65504.
+inline std::uint16_t to_half(float f) {
+  const auto x = std::bit_cast<std::uint32_t>(f);
+  const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
+  const std::uint32_t ax = x & 0x7FFFFFFFu;
+  if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
+  if (ax < 0x38800000u) {  // below 2^-14: a half subnormal m 2^-24 (m = 1024 is the smallest normal)
+    const float m = std::nearbyint(std::bit_cast<float>(ax) * 0x1.0p24f);
+    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(m));
+  }
+  const std::uint32_t mant = ax & 0x7FFFFFu;
+  std::uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | (mant >> 13);
+  const std::uint32_t rem = mant & 0x1FFFu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return static_cast<std::uint16_t>(sign | std::min<std::uint32_t>(h, 0x7BFFu));
+}
+inline float from_half(std::uint16_t h) {
+  const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
+  if (e == 0) {
+    const float v = std::ldexp(static_cast<float>(m), -24);
+    return sign ? -v : v;
+  }
+  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
+}
+//! float -> bfloat16 (the top half), round to nearest even, finite values saturated.
+inline std::uint16_t to_bf16(float f) {
+  const auto x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
+  if ((x & 0x7FFFFFFFu) == 0x7F800000u) return static_cast<std::uint16_t>(x >> 16);
+  const std::uint32_t r = x + 0x7FFFu + ((x >> 16) & 1u);
+  auto b = static_cast<std::uint16_t>(r >> 16);
+  if ((b & 0x7FFFu) == 0x7F80u) b = static_cast<std::uint16_t>((b & 0x8000u) | 0x7F7Fu);
+  return b;
+}
+inline float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+
+//! A cast codec: 2 bytes per value, little-endian; codes of Inf and NaN are malformed.
+template <std::uint16_t (*To)(float), float (*From)(std::uint16_t), std::uint16_t ExpMask>
+struct cast16_codec {
+  const char* who;
+  std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
+  std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
+    const std::size_t n = v.size();
+    require(msg.size() >= 2 * n, "commpact::", who, "::encode: the message buffer holds ", msg.size(), " bytes; ", n,
+            " values need ", 2 * n, ".");
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint16_t h = To(v[i]);
+      std::memcpy(msg.data() + 2 * i, &h, 2);
+      if (!approx.empty()) approx[i] = From(h);
+    }
+    return 2 * n;
+  }
+  void decode_add(std::span<const std::byte> msg, std::span<float> acc) const {
+    const std::size_t n = acc.size();
+    require<wire_error>(msg.size() == 2 * n, "commpact::", who, ": the message has ", msg.size(),
+                        " bytes; a vector of ", n, " values needs exactly ", 2 * n, ".");
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, msg.data() + 2 * i, 2);
+      if ((h & ExpMask) == ExpMask)
+        throw wire_error(detail::cat("commpact::", who, ": value ", i, " is Inf or NaN (code ", h,
+                                     "); senders flag non-finite input instead of sending it."));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uint16_t h;
+      std::memcpy(&h, msg.data() + 2 * i, 2);
+      acc[i] += From(h);
+    }
+  }
+};
+}  // namespace detail
+
+//! IEEE 754 binary16 cast: 2n bytes; |v| above 65504 saturates (error feedback keeps the rest).
+struct fp16_codec : detail::cast16_codec<detail::to_half, detail::from_half, 0x7C00u> {
+  fp16_codec() : cast16_codec{"fp16_codec"} {}
+};
+//! bfloat16 cast (float32's exponent, 8 mantissa bits): 2n bytes.
+struct bf16_codec : detail::cast16_codec<detail::to_bf16, detail::from_bf16, 0x7F80u> {
+  bf16_codec() : cast16_codec{"bf16_codec"} {}
+};
+
+}  // namespace commpact
