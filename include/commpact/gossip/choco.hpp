@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
@@ -43,6 +44,7 @@ class choco_algorithm {
       : codec_(std::move(pol.codec)), gamma_(pol.gamma), n_(n) {
     require(std::isfinite(gamma_) && gamma_ > 0.0 && gamma_ <= 1.0, "commpact::choco_gossip: gamma = ", gamma_,
             " must be in (0, 1] (CHOCO's consensus step size).");
+    if constexpr (req::codec_has_bind_rank<Q>) codec_.bind_rank(ex.rank());  // stochastic codecs: own streams
     hat_self_.assign(n_, 0.0f);
     hat_nb_.assign(ex.degree(), std::vector<float>(n_, 0.0f));
     q_nb_.assign(ex.degree(), std::vector<float>(n_, 0.0f));
@@ -52,6 +54,7 @@ class choco_algorithm {
   }
 
   void mix(std::span<float> x, neighbor_exchange<Comm>& ex) {
+    if constexpr (req::codec_has_begin_step<Q>) codec_.begin_step(static_cast<std::int64_t>(round_));
     for (std::size_t i = 0; i < n_; ++i) diff_[i] = x[i] - hat_self_[i];
     msg_.resize(codec_.max_encoded_bytes(n_));
     const std::size_t len = codec_.encode(std::span<const float>(diff_), std::span<std::byte>(msg_), std::span<float>(q_self_));
@@ -71,25 +74,32 @@ class choco_algorithm {
       for (std::size_t i = 0; i < n_; ++i) acc_[i] += w * (static_cast<double>(h[i]) - static_cast<double>(hat_self_[i]));
     }
     for (std::size_t i = 0; i < n_; ++i) x[i] = static_cast<float>(x[i] + gamma_ * acc_[i]);
+    ++round_;
   }
 
   std::size_t message_bytes() const { return codec_.max_encoded_bytes(n_); }
 
   void save(state::writer& w) const {
+    w.i64(22, static_cast<std::int64_t>(round_));
     w.f32s(20, hat_self_);
     for (const auto& h : hat_nb_) w.f32s(21, h);
   }
   struct staged {
+    std::uint64_t round = 0;
     std::vector<float> self;
     std::vector<std::vector<float>> nb;
   };
   staged read(state::reader& r) const {
     staged s;
+    const auto round = r.i64(22);
+    r.require_that<wire_error>(round >= 0, "the CHOCO round ", round, " is negative; the state is corrupted.");
+    s.round = static_cast<std::uint64_t>(round);
     s.self = r.f32s(20, n_);
     for (std::size_t k = 0; k < hat_nb_.size(); ++k) s.nb.push_back(r.f32s(21, n_));
     return s;
   }
   void install(staged&& s) {
+    round_ = s.round;
     hat_self_ = std::move(s.self);
     hat_nb_ = std::move(s.nb);
   }
@@ -102,6 +112,7 @@ class choco_algorithm {
   std::vector<std::vector<float>> hat_nb_, q_nb_;
   std::vector<double> acc_;
   std::vector<std::byte> msg_;
+  std::uint64_t round_ = 0;
 };
 
 }  // namespace detail
