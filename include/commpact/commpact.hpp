@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file commpact.hpp
 //! Umbrella header of the host-only parts of commpact. MPI (comm/mpi_comm.hpp), NCCL

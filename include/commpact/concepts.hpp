@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file concepts.hpp
 //! The four concepts of commpact: Communicator, Topology, Compressor and SyncPolicy.

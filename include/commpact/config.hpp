@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file config.hpp
 //! Version, feature detection and the host/device annotation macro.

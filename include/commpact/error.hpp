@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file error.hpp
 //! Error types. Every error commpact raises derives from commpact::error, and its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file state.hpp
 //! One format for everything commpact saves (compressors, error feedback, gossip mixers,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file agree.hpp
 //! Checks that every rank holds the same value; raises mismatch_error on every rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file any_comm.hpp
 //! any_communicator: a Communicator of any type behind one type, so that classes whose

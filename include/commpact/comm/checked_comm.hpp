@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file checked_comm.hpp
 //! CheckedComm<C>: verifies, before every collective, that all ranks make the same call

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file counting_comm.hpp
 //! CountingComm<C>: a decorator that counts the bytes and messages one rank sends and

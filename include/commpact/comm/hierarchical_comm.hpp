@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file hierarchical_comm.hpp
 //! HierarchicalComm<C>: a Communicator whose allreduce is two-level, for clusters whose

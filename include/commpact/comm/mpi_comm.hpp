@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi_comm.hpp
 //! MpiComm: a commpact::PointToPoint communicator over an MPI communicator (OpenMPI),

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file signature.hpp
 //! The signature of a collective call (operation, element type, byte size, reduce_op or

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file thread_comm.hpp
 //! ThreadComm: P ranks as threads of one process, the embedded default that needs no

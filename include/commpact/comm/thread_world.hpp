@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file thread_world.hpp
 //! The shared state behind ThreadComm (thread_comm.hpp): slots, barriers, mailboxes,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file tree_comm.hpp
 //! TreeComm<C>: a point-to-point communicator seen through the Hypercube's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file wire_model.hpp
 //! Exact bytes and messages that the textbook collective algorithms make one rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file allgather.hpp
 //! The allgather aggregation and the compressor that composes any Codec with it and

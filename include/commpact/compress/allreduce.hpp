@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file allreduce.hpp
 //! Linear codecs and the allreduce aggregation: when every rank compresses with the
@@ -141,7 +142,7 @@ class LinearCompressor {
     codec_.decompress_add(std::span<const float>(buf_).first(m), grad);
     if constexpr (requires { codec_.delivered(); }) {
       ef_.commit();
-      for (std::int32_t i : codec_.delivered()) ef_.clear_delivered(i);
+      ef_.clear_delivered(codec_.delivered());
     } else {
       approx_.resize(m);
       codec_.compress(ef_.acc(), std::span<float>(approx_));

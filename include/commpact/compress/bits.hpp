@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file bits.hpp
 //! Building blocks of the quantising codecs: a little-endian bit stream of fixed-width

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file casts.hpp
 //! Codecs that keep every value but fewer bits of it (see the table in quantizers.hpp):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs.hpp
 //! Codecs: what one rank turns its vector into, and back (the `Codec` concept in

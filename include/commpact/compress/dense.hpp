@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file dense.hpp
 //! Dense: the uncompressed S-SGD baseline, the identity codec aggregated by allreduce.

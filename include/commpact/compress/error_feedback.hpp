@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file error_feedback.hpp
 //! error_feedback: the one residual every lossy compressor keeps (TopK, gTopK, PowerSGD,

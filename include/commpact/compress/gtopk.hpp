@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file gtopk.hpp
 //! gTopK<Tree>: gTop-k S-SGD (Shi et al., ICDCS 2019) with error feedback, over any

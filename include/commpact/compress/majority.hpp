@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file majority.hpp
 //! signSGD with majority vote and Signum (Bernstein et al., ICML 2018 and ICLR 2019):

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file nonfinite.hpp
 //! What every compressor, the gossip mixers and DataParallel do with NaN or Inf, written

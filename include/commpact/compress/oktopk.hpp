@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file oktopk.hpp
 //! Ok-Topk (Li and Hoefler, PPoPP 2022): a sparse allreduce whose bytes per rank stay
@@ -158,7 +159,7 @@ class OkTopK {
     ef_.commit();
     for (std::size_t e = 0, g = 0; e < lidx_.size(); ++e) {  // both ascending
       while (g < gsel_.size() && gsel_[g] < lidx_[e]) ++g;
-      if (g < gsel_.size() && gsel_[g] == lidx_[e]) ef_.clear_delivered(lidx_[e]);
+      if (g < gsel_.size() && gsel_[g] == lidx_[e]) ef_.clear_delivered(std::span<const std::int32_t>(&lidx_[e], 1));
     }
     if (gsel_.size() >= static_cast<std::size_t>(P))  // rebalance by this step's selection
       for (int j = 1; j < P; ++j)

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file power.hpp
 //! PowerCompressor<Rank>: PowerSGD (Vogels, Karimireddy and Jaggi, NeurIPS 2019),

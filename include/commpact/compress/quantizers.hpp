@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file quantizers.hpp
 //! Quantising codecs (the `Codec` concept, concepts.hpp). Each composes with

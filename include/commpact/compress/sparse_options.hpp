@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparse_options.hpp
 //! Options of the top-k family (TopK, gTopK, topk_codec): density or k, a density

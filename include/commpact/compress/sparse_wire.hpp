@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparse_wire.hpp
 //! The wire format of a sparse gradient set, as TopK and gTopK send it, and its

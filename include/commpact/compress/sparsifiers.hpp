@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparsifiers.hpp
 //! Threshold sparsifiers (the `Codec` concept): they pick the entries to send by a

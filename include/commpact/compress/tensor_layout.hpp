@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file tensor_layout.hpp
 //! The shapes of the tensors in one flat buffer, as PowerSGD and the gossip mixers see

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file topk.hpp
 //! TopK<Comm>: Top-k S-SGD with error feedback, the composition

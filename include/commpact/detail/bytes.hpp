@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file bytes.hpp
 //! Unaligned reads and writes of trivially copyable values in byte buffers (wire formats

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file hash.hpp
 //! FNV-1a hashes: of bytes (state checksums, kind names) and of 64-bit words (setup

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file choco.hpp
 //! CHOCO-SGD's gossip (Koloskova, Stich and Jaggi, ICML 2019) with any Codec: each rank

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file dpsgd.hpp
 //! D-PSGD (Lian et al., NeurIPS 2017): each rank sends its whole model to its

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file exchange.hpp
 //! What every gossip algorithm shares: the neighbours of this rank in a Topology, their

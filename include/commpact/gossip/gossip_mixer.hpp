@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file gossip_mixer.hpp
 //! GossipMixer<Topology, Codec, Comm>: decentralised training. Each rank keeps its own

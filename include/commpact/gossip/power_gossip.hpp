@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file power_gossip.hpp
 //! PowerGossip (Vogels, Karimireddy and Jaggi, NeurIPS 2020): low-rank compression of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file lr_schedule.hpp
 //! Learning-rate schedules that users pair with QSRPolicy: small value types with

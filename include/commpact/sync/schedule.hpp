@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file schedule.hpp
 //! plan_run: what a SyncPolicy decides over a whole run, without training. Pure, so a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file complete.hpp
 //! Complete: every rank talks to every other; all weights are 1/P (exact averaging in

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file exponential.hpp
 //! Exponential: rank i talks to i + 2^k and i - 2^k (mod P) for every 2^k < P (the

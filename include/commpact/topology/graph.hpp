@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file graph.hpp
 //! An undirected graph over P ranks with Metropolis-Hastings mixing weights:

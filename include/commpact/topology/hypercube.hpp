@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file hypercube.hpp
 //! Hypercube: ranks i and j are neighbours when i XOR j is a power of two. It also

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file ring.hpp
 //! Ring: rank i talks to i-1 and i+1 (mod P). Weights 1/3 each for P >= 3.

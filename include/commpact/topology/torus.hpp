@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file torus.hpp
 //! Torus2D: ranks on a rows x cols grid with wrap-around; rank r = i * cols + j talks

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file cost_model.hpp
 //! The alpha-beta-gamma cost model of commpact's algorithms: time per step =

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file data_parallel.hpp
 //! (Over 400 lines on purpose: one class, a third of it the contract written below, and

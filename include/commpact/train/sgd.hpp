@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sgd.hpp
 //! Sgd: a minimal SGD with momentum and weight decay over a flat float buffer, for

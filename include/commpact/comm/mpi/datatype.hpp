@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/datatype.hpp
 //! Element types MpiComm reduces, their MPI datatypes, and MPI error text. Part of

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/failure.hpp
 //! The failure-notice channel of MpiComm: a duplicate communicator that carries only

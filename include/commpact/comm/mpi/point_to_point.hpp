@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/point_to_point.hpp
 //! MpiComm's point to point: the pool of send buffers (send() copies the message and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/request.hpp
 //! mpi_request: the handle of one nonblocking MpiComm operation (iallreduce,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/small_collectives.hpp
 //! MpiComm's latency path for small collectives (the signature check, and data up to

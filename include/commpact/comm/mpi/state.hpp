@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file mpi/state.hpp
 //! mpi_options and the state every copy of one MpiComm shares: the duplicated data

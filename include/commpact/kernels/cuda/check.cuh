@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file check.cuh
 //! Turns a failed CUDA runtime or cuBLAS call into commpact::device_error. The message

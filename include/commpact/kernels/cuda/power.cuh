@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file power.cuh
 //! PowerSGD's per-matrix work on the GPU through cuBLAS: the device twin of what

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file topk.cuh
 //! Exact top-k by |x| on the GPU, the device twin of commpact::host::topk_abs: the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file commit.hpp
 //! The commit of a sparse step: the sparse result written into a zeroed dense gradient,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file lowrank.hpp
 //! PowerSGD's products for a row-major matrix M (n x m) and a small rank r, on the host.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file orthogonalize.hpp
 //! Host kernels for low-rank compression: orthonormalisation of the columns of a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file scatter.hpp
 //! Moving sparse (index, value) sets in and out of dense vectors.

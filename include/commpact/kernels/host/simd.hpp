@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file simd.hpp
 //! Portable SIMD plumbing for the host kernels (vector_ops.hpp, lowrank.hpp).

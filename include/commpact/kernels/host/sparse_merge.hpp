@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparse_merge.hpp
 //! Merge of two index-sorted sparse sets followed by a top-k by |value| (the merge step

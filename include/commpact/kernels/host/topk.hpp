@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file topk.hpp
 //! (Over 400 lines on purpose: one selection algorithm, sampled bound + SIMD filter +

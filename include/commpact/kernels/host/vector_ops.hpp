@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file vector_ops.hpp
 //! The O(n) passes of the compressors (error feedback, scaling, finiteness checks, the
