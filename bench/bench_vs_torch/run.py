@@ -187,7 +187,7 @@ def main():
                      "g.div_(1)"))
         rows.append(("gTopK local phase, n = %d, k = %d" % (n_g, n_g // 1000), ["gtopk", n_g, n_g // 1000],
                      ("floor", n_g), "memory floor: 4 read passes"))
-        rows.append(("  the same through gTopK::reduce at P = 1 (+ copy of g)", ["gtopk_class", n_g, n_g // 1000],
+        rows.append(("  the same through gTopK::reduce at P = 1", ["gtopk_class", n_g, n_g // 1000],
                      ("floor", n_g), "memory floor: 4 read passes"))
 
         tensors = {}

@@ -11,7 +11,9 @@
 
 #include "comm/agree.hpp"
 #include "comm/any_comm.hpp"
+#include "comm/checked_comm.hpp"
 #include "comm/counting_comm.hpp"
+#include "comm/hierarchical_comm.hpp"
 #include "comm/thread_comm.hpp"
 #include "comm/tree_comm.hpp"
 #include "comm/wire_model.hpp"
@@ -24,14 +26,20 @@
 #include "topology/torus.hpp"
 
 #include "compress/allgather.hpp"
+#include "compress/allreduce.hpp"
+#include "compress/casts.hpp"
 #include "compress/codecs.hpp"
 #include "compress/dense.hpp"
 #include "compress/error_feedback.hpp"
 #include "compress/gtopk.hpp"
+#include "compress/majority.hpp"
 #include "compress/nonfinite.hpp"
+#include "compress/oktopk.hpp"
 #include "compress/power.hpp"
+#include "compress/quantizers.hpp"
 #include "compress/sparse_options.hpp"
 #include "compress/sparse_wire.hpp"
+#include "compress/sparsifiers.hpp"
 #include "compress/tensor_layout.hpp"
 #include "compress/topk.hpp"
 
@@ -41,5 +49,6 @@
 #include "sync/policies.hpp"
 #include "sync/schedule.hpp"
 
+#include "train/cost_model.hpp"
 #include "train/data_parallel.hpp"
 #include "train/sgd.hpp"
