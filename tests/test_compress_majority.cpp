@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 using namespace commpact;
@@ -64,7 +65,7 @@ TEST_CASE("MajorityVote equals the reference vote on every rank; bytes = formula
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        REQUIRE(c.reduce(std::span<float>(g)));
+        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }
@@ -80,7 +81,7 @@ TEST_CASE("MajorityVote: NaN on one rank raises on every rank or skips everywher
           "[compress][majority]") {
   const int P = 3;
   const std::size_t n = 20;
-  std::vector<int> raised(P, 0), skipped(P, 0);
+  std::vector<int> raised(P, 0), skipped(P, 0), ok(P, 1);  // Catch2 asserts on the main thread only
   run_threads(P, [&](ThreadComm& comm) {
     MajorityVote<ThreadComm> a{comm, {.momentum = 0.5f}};
     MajorityVote<ThreadComm> b{comm, {.momentum = 0.5f, .on_nonfinite = nonfinite::skip_step}};
@@ -94,11 +95,12 @@ TEST_CASE("MajorityVote: NaN on one rank raises on every rank or skips everywher
     } catch (const numeric_error&) {
       raised[comm.rank()] = 1;
     }
-    CHECK(vec(a.momentum().begin(), a.momentum().end()) == m_before);  // unchanged
-    CHECK(a.steps() == 1);
+    int& good = ok[comm.rank()];
+    good &= vec(a.momentum().begin(), a.momentum().end()) == m_before;  // unchanged
+    good &= a.steps() == 1;
     vec h = g;
     if (!b.reduce(std::span<float>(h))) skipped[comm.rank()] = 1;
-    CHECK(h == vec(n, 0.0f));
+    good &= h == vec(n, 0.0f);
     // save, load into a fresh object: the next step agrees with the original.
     std::vector<std::byte> blob;
     a.save_state(blob);
@@ -107,10 +109,15 @@ TEST_CASE("MajorityVote: NaN on one rank raises on every rank or skips everywher
     vec g1 = normal(20 + comm.rank(), n), g2 = g1;
     a.reduce(std::span<float>(g1));
     c.reduce(std::span<float>(g2));
-    CHECK(g1 == g2);
+    good &= g1 == g2;
     blob[blob.size() / 2] ^= std::byte{1};
-    CHECK_THROWS_AS(c.load_state(blob), wire_error);
+    try {
+      c.load_state(blob);
+      good = 0;
+    } catch (const wire_error&) {
+    }
   });
+  CHECK(ok == std::vector<int>(P, 1));
   CHECK(raised == std::vector<int>(P, 1));
   CHECK(skipped == std::vector<int>(P, 1));
 }

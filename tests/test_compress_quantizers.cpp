@@ -24,6 +24,7 @@
 #include <limits>
 #include <random>
 #include <span>
+#include <stdexcept>
 #include <vector>
 
 using namespace commpact;
@@ -411,7 +412,7 @@ void check_compressor(const K& proto, const ref_fn& ref, std::size_t payload_byt
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        REQUIRE(c.reduce(std::span<float>(g)));
+        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) second_step_bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }

@@ -20,6 +20,7 @@
 #include <functional>
 #include <numeric>
 #include <random>
+#include <stdexcept>
 #include <vector>
 
 using namespace commpact;
@@ -255,7 +256,7 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
         for (int s = 0; s < steps; ++s) {
           vec g = grad(s, comm.rank());
           const auto before = counted.stats();
-          REQUIRE(c.reduce(std::span<float>(g)));
+          if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
           if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
           out[comm.rank()].push_back(g);
         }
