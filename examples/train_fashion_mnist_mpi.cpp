@@ -7,7 +7,8 @@
 #include "fashion_mnist/cli.hpp"
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  int provided = 0;  // SERIALIZED: --overlap reduces buckets on a second thread
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int status = 0;
   {
     demo::Cli c;

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <span>
 #include <vector>
@@ -40,9 +41,11 @@ class Mlp {
   }
 
   // Forward and backward on a batch of rows of x; writes the mean-loss gradient into
-  // grad and returns the summed loss.
+  // grad and returns the summed loss. `ready(t)`, when given, is called as soon as the
+  // gradient of tensor t (0 W1, 1 b1, 2 W2, 3 b2) is final: backward goes last layer
+  // first, so a Bucketed reducer can start sending layer 2 while layer 1 is computed.
   double loss_and_grad(std::span<const float> p, const float* x, const std::uint8_t* y, int batch,
-                       std::span<float> grad) {
+                       std::span<float> grad, const std::function<void(std::size_t)>& ready = {}) {
     auto [w1, b1, w2, b2] = split_c(p);
     CMapM X(x, batch, in);
     CMapM W1(w1.data(), h_, in), W2(w2.data(), out, h_);
@@ -65,10 +68,12 @@ class Mlp {
     MapM G2(g2.data(), out, h_), G1(g1.data(), h_, in);
     G2.noalias() = z2_.transpose() * a1_;
     Eigen::Map<Eigen::RowVectorXf>(gb2.data(), out) = z2_.colwise().sum();
+    if (ready) ready(3), ready(2);
     da1_.noalias() = z2_ * W2;
     da1_ = (z1_.array() > 0.f).select(da1_, 0.f);
     G1.noalias() = da1_.transpose() * X;
     Eigen::Map<Eigen::RowVectorXf>(gb1.data(), h_) = da1_.colwise().sum();
+    if (ready) ready(1), ready(0);
     return loss;
   }
 

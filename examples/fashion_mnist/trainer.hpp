@@ -16,6 +16,7 @@
 #include <commpact/commpact.hpp>
 #include <commpact/compress/dense.hpp>
 #include <commpact/compress/allreduce.hpp>
+#include <commpact/compress/bucketed.hpp>
 #include <commpact/compress/gtopk.hpp>
 #include <commpact/compress/majority.hpp>
 #include <commpact/compress/oktopk.hpp>
@@ -44,6 +45,8 @@ struct Options {
   int local_h = 4;
   double qsr_alpha = 0.2;
   int qsgd_levels = 16;
+  bool overlap = false;   // Bucketed reduction during backward (issue 9)
+  double bucket_kb = 4;   // bucket cap: 4 KB puts W2 and b2 in one bucket, W1 and b1 in another
   std::size_t limit = 0;  // 0: the whole training set
   std::uint64_t seed = 42;
   std::string data_dir = "/usr/share/datasets/fashion-mnist";
@@ -71,9 +74,16 @@ inline double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
 // A method: called after backward with the rank's gradient; it must leave identical
 // parameters on every rank whenever it reports a synchronisation.
 using StepFn = std::function<void(std::span<float> params, std::span<float> grad, double lr, std::int64_t step)>;
+// With --overlap, `begin` runs before backward and `ready(tensor)` as each tensor's
+// gradient is final (DataParallel::begin_backward / grad_ready); both empty otherwise.
+struct Method {
+  StepFn step;
+  std::function<void(std::span<float> grad, double lr)> begin;
+  std::function<void(std::size_t)> ready;
+};
 
 template <class Comm>
-StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model,
+Method make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model,
                    std::int64_t total_steps, std::int64_t& rounds);
 
 // Trains one method on one rank. `comm` is this rank's CountingComm; the returned rows
@@ -92,7 +102,7 @@ std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& da
                     " ranks with batch ", o.batch, " each; lower --ranks or --batch.");
   const std::int64_t total = steps_per_epoch * o.epochs;
   std::int64_t rounds = 0;
-  StepFn step_fn = make_method(method, comm, o, model, total, rounds);
+  Method m = make_method(method, comm, o, model, total, rounds);
 
   std::vector<std::uint32_t> shard(per_rank);
   for (std::size_t i = 0; i < per_rank; ++i) shard[i] = static_cast<std::uint32_t>(i * P + r);
@@ -111,8 +121,10 @@ std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& da
         std::copy_n(data.train.images.data() + idx * Mlp::in, Mlp::in, xb.data() + std::size_t(b) * Mlp::in);
         yb[b] = data.train.labels[idx];
       }
-      loss += model.loss_and_grad(params, xb.data(), yb.data(), o.batch, grad);
-      step_fn(params, grad, lr_at(o, step, total), step);
+      const double lr = lr_at(o, step, total);
+      if (m.begin) m.begin(grad, lr);
+      loss += model.loss_and_grad(params, xb.data(), yb.data(), o.batch, grad, m.ready);
+      m.step(params, grad, lr, step);
       if (verbose && r == 0 && (s + 1) % std::max<std::int64_t>(1, steps_per_epoch / 4) == 0 && s + 1 < steps_per_epoch)
         std::printf("  [%s] epoch %d: %3d%%\r", method.c_str(), epoch, int(100 * (s + 1) / steps_per_epoch)),
             std::fflush(stdout);
@@ -144,13 +156,32 @@ std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& da
 // Every method is a DataParallel driver: a Compressor (what crosses) and a SyncPolicy
 // (when), with SGD + momentum as the update.
 template <class Compressor, class Policy>
-StepFn drive(Compressor c, Policy policy, const Options& o, std::size_t n, std::int64_t total, std::int64_t& rounds) {
+Method drive(Compressor c, Policy policy, const Options& o, std::size_t n, std::int64_t total, std::int64_t& rounds) {
   auto dp = std::make_shared<commpact::DataParallel<Compressor, Policy>>(std::move(c), std::move(policy), total);
   auto opt = std::make_shared<commpact::Sgd>(n, commpact::sgd_options{.momentum = o.momentum});
-  return [dp, opt, &rounds](std::span<float> p, std::span<float> g, double lr, std::int64_t) {
+  Method m;
+  m.step = [dp, opt, &rounds](std::span<float> p, std::span<float> g, double lr, std::int64_t) {
     dp->step(p, g, lr, *opt);
     rounds = dp->rounds();
   };
+  if constexpr (commpact::req::overlappable<Compressor>) {
+    m.begin = [dp](std::span<float> g, double lr) { dp->begin_backward(g, lr); };
+    m.ready = [dp](std::size_t t) { dp->grad_ready(t); };
+  }
+  return m;
+}
+
+// With --overlap: one compressor per bucket of the MLP's tensors (commpact::Bucketed),
+// `make(bucket_info)` building each; without, `whole()` for the whole gradient.
+template <class Policy, class Make, class Whole>
+Method drive_buckets(Make make, Whole whole, Policy policy, const Options& o, const Mlp& model, std::int64_t total,
+                     std::int64_t& rounds) {
+  if (!o.overlap) return drive(whole(), std::move(policy), o, model.size(), total, rounds);
+  std::vector<std::size_t> layers;
+  for (auto [r, c] : model.shapes()) layers.push_back(std::size_t(r) * std::size_t(c));
+  using C = decltype(make(commpact::bucket_info{}));
+  return drive(commpact::Bucketed<C>{layers, make, {.cap_bytes = std::size_t(o.bucket_kb * 1024)}},
+               std::move(policy), o, model.size(), total, rounds);
 }
 
 inline const std::vector<std::string>& method_names() {
@@ -162,27 +193,36 @@ inline const std::vector<std::string>& method_names() {
 }
 
 template <class Comm>
-StepFn make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total,
+Method make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total,
                    std::int64_t& rounds) {
   const std::size_t n = model.size();
   const std::int64_t warmup = std::max<std::int64_t>(1, total / 20);
-  if (name == "dense") return drive(commpact::Dense<Comm>{comm}, commpact::EveryStep{}, o, n, total, rounds);
-  if (name == "topk")
-    return drive(commpact::TopK<Comm>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n, total, rounds);
-  if (name == "gtopk")
-    return drive(commpact::gTopK<commpact::TreeComm<Comm>>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n,
-                 total, rounds);
-  if (name == "powersgd") {
-    commpact::tensor_layout layout;
-    for (auto [rows, cols] : model.shapes()) layout.push_back({rows, cols});
-    return drive(commpact::PowerCompressor<2>{comm, layout, {.start_step = warmup}}, commpact::EveryStep{}, o, n,
-                 total, rounds);
+  using commpact::bucket_info;
+  auto dense = [comm](const bucket_info& = {}) { return commpact::Dense<Comm>{comm}; };
+  if (name == "dense") return drive_buckets(dense, dense, commpact::EveryStep{}, o, model, total, rounds);
+  if (name == "topk") {
+    auto make = [comm, &o](const bucket_info& = {}) { return commpact::TopK<Comm>{comm, {.density = o.density}}; };
+    return drive_buckets(make, make, commpact::EveryStep{}, o, model, total, rounds);
   }
-  if (name == "localsgd")
-    return drive(commpact::Dense<Comm>{comm}, commpact::LocalSgd{o.local_h}, o, n, total, rounds);
+  if (name == "gtopk") {
+    auto make = [comm, &o](const bucket_info& = {}) {
+      return commpact::gTopK<commpact::TreeComm<Comm>>{comm, {.density = o.density}};
+    };
+    return drive_buckets(make, make, commpact::EveryStep{}, o, model, total, rounds);
+  }
+  if (name == "powersgd") {
+    const auto shapes = model.shapes();
+    auto make = [comm, shapes, warmup](const bucket_info& b) {
+      commpact::tensor_layout layout;
+      for (std::size_t t = b.first_layer; t < b.end_layer; ++t) layout.push_back({shapes[t].first, shapes[t].second});
+      return commpact::PowerCompressor<2>{comm, layout, {.start_step = warmup}};
+    };
+    auto whole = [make, &shapes] { return make({0, 0, shapes.size(), 0, 0}); };
+    return drive_buckets(make, whole, commpact::EveryStep{}, o, model, total, rounds);
+  }
+  if (name == "localsgd") return drive_buckets(dense, dense, commpact::LocalSgd{o.local_h}, o, model, total, rounds);
   if (name == "qsr")
-    return drive(commpact::Dense<Comm>{comm}, commpact::QSRPolicy{o.qsr_alpha, o.local_h, warmup}, o, n, total,
-                 rounds);
+    return drive_buckets(dense, dense, commpact::QSRPolicy{o.qsr_alpha, o.local_h, warmup}, o, model, total, rounds);
   // The survey's other compressors (quantizers.hpp, sparsifiers.hpp, allreduce.hpp, majority.hpp).
   auto codec = [&](auto k) {
     using K = decltype(k);

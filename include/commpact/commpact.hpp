@@ -27,6 +27,7 @@
 
 #include "compress/allgather.hpp"
 #include "compress/allreduce.hpp"
+#include "compress/bucketed.hpp"
 #include "compress/casts.hpp"
 #include "compress/codecs.hpp"
 #include "compress/dense.hpp"

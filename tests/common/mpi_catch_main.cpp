@@ -6,7 +6,9 @@
 #include <catch2/catch.hpp>
 
 int main(int argc, char** argv) {
-  MPI_Init(&argc, &argv);
+  // SERIALIZED: the overlap tests reduce gradient buckets on a second thread.
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   Catch::Session session;

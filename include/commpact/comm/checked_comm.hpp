@@ -48,6 +48,12 @@ class CheckedComm {
 
   int rank() const { return inner_.rank(); }
   int size() const { return inner_.size(); }
+  //! Forwarded from the wrapped communicator when it has it (MpiComm).
+  bool allows_calls_from_other_threads() const
+    requires requires(const C& c) { c.allows_calls_from_other_threads(); }
+  {
+    return inner_.allows_calls_from_other_threads();
+  }
   //! Always true: every collective through this handle is checked.
   bool checks_collectives() const { return true; }
 

@@ -64,6 +64,12 @@ class CountingComm {
 
   int rank() const { return inner_.rank(); }
   int size() const { return inner_.size(); }
+  //! Forwarded from the wrapped communicator when it has it (MpiComm).
+  bool allows_calls_from_other_threads() const
+    requires requires(const C& c) { c.allows_calls_from_other_threads(); }
+  {
+    return inner_.allows_calls_from_other_threads();
+  }
 
   template <class T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {

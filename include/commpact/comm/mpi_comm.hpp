@@ -95,6 +95,13 @@ class MpiComm {
   const mpi_options& options() const { return state_->options(); }
   //! True when this communicator checks collective signatures itself (verify_collectives).
   bool checks_collectives() const { return state_->options().verify_collectives; }
+  //! True when MPI runs at MPI_THREAD_SERIALIZED or above: a second thread may then make
+  //! this communicator's calls while the first makes none (Bucketed overlap needs it).
+  static bool allows_calls_from_other_threads() {
+    int provided = MPI_THREAD_SINGLE;
+    MPI_Query_thread(&provided);
+    return provided >= MPI_THREAD_SERIALIZED;
+  }
   //! The duplicated communicator commpact's traffic runs on (for interoperation only).
   MPI_Comm native() const { return state_->native(); }
   //! True once this rank knows the group failed (abort, timeout, MPI error, notice).

@@ -22,6 +22,8 @@
 //! root-cause error. The protocol is described in thread_world.hpp.
 
 #include <cstddef>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <exception>
 #include <memory>
@@ -86,6 +88,77 @@ class ThreadComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    sync();
+    allreduce_now(data, op);
+  }
+
+  //! Concatenates every rank's `in` (all the same size) into `out` in rank order.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void allgather(std::span<const T> in, std::span<T> out) {
+    sync();
+    allgather_now(in, out);
+  }
+
+  //! Copies root's data to every rank. At P = 1 nothing moves.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  void broadcast(std::span<T> data, int root) {
+    sync();
+    broadcast_now(data, root);
+  }
+
+  //! Returns when every rank has called barrier(); a rank in another collective makes
+  //! every rank raise mismatch_error.
+  void barrier() {
+    sync();
+    world_->post_and_wait(rank_, {detail::coll_kind::barrier, nullptr, 0, 0, 0, {}});
+  }
+
+  // ---- nonblocking forms ------------------------------------------------------
+  //! The handle of a nonblocking collective: `wait()`, `bool test()`; see
+  //! detail::work_handle. Destroying it before completion waits.
+  using request = detail::work_handle;
+
+  //! Starts allreduce(data, op) and returns at once. The rank's nonblocking collectives
+  //! run on its worker thread in the order started, and a blocking collective first
+  //! waits for those started before it, so the order is the same on every rank. The
+  //! result is in `data` once the handle completed; leave `data` alone until then.
+  template <class T>
+    requires std::is_arithmetic_v<T>
+  request iallreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    return start([data, op](ThreadComm& c) { c.allreduce_now(data, op); });
+  }
+  //! Starts allgather(in, out); see iallreduce.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  request iallgather(std::span<const T> in, std::span<T> out) {
+    return start([in, out](ThreadComm& c) { c.allgather_now(in, out); });
+  }
+  //! Starts broadcast(data, root); see iallreduce.
+  template <class T>
+    requires std::is_trivially_copyable_v<T>
+  request ibroadcast(std::span<T> data, int root) {
+    return start([data, root](ThreadComm& c) { c.broadcast_now(data, root); });
+  }
+
+  //! Sends a copy of msg to peer. The copy is made before it returns, so the handle is
+  //! complete at once (the same as send(); the form exists for AsyncPointToPoint).
+  request isend(int peer, std::span<const std::byte> msg) {
+    send(peer, msg);
+    return {};
+  }
+
+  class recv_request;
+  //! Starts receiving the next message from peer, which must be exactly buf.size()
+  //! bytes (a message of another size raises mismatch_error and fails the world, as on
+  //! MpiComm). Receives from one peer match its messages in the order they were started,
+  //! blocking or not, whatever order they are waited in.
+  recv_request irecv(int peer, std::span<std::byte> buf);
+
+ private:
+  template <class T>
+  void allreduce_now(std::span<T> data, reduce_op op) {
     auto& w = *world_;
     const int P = w.size();
     std::string bad;
@@ -113,10 +186,8 @@ class ThreadComm {
     }
   }
 
-  //! Concatenates every rank's `in` (all the same size) into `out` in rank order.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  void allgather(std::span<const T> in, std::span<T> out) {
+  void allgather_now(std::span<const T> in, std::span<T> out) {
     auto& w = *world_;
     const int P = w.size();
     std::string bad;
@@ -134,10 +205,8 @@ class ThreadComm {
     w.wait_all(rank_, "allgather");
   }
 
-  //! Copies root's data to every rank. At P = 1 nothing moves.
   template <class T>
-    requires std::is_trivially_copyable_v<T>
-  void broadcast(std::span<T> data, int root) {
+  void broadcast_now(std::span<T> data, int root) {
     auto& w = *world_;
     std::string bad;
     if (root < 0 || root >= w.size())
@@ -150,10 +219,21 @@ class ThreadComm {
     w.wait_all(rank_, "broadcast");
   }
 
-  //! Returns when every rank has called barrier(); a rank in another collective makes
-  //! every rank raise mismatch_error.
-  void barrier() { world_->post_and_wait(rank_, {detail::coll_kind::barrier, nullptr, 0, 0, 0, {}}); }
+  //! Waits for the nonblocking collectives this rank started (no-op on its worker).
+  void sync() { world_->worker(rank_).drain(); }
 
+  template <class F>
+  request start(F f) {
+    // The task holds a non-owning handle: the world outlives its workers (it joins them
+    // first), and a task must not be the last owner of the world it runs on.
+    return world_->worker(rank_).submit(
+        [w = world_.get(), r = rank_, f = std::move(f)]() mutable {
+          ThreadComm c(std::shared_ptr<detail::thread_world>(std::shared_ptr<detail::thread_world>(), w), r);
+          f(c);
+        });
+  }
+
+ public:
   //! Sends a copy of msg to peer; does not wait for the receiver.
   void send(int peer, std::span<const std::byte> msg) {
     check_peer(peer, "send");
@@ -182,8 +262,12 @@ class ThreadComm {
     world_->fail(rank_, detail::cat("rank ", rank_, " aborted: ", why));
   }
 
-  //! Called by run_threads when this rank's function returns.
-  void leave() { world_->leave(rank_); }
+  //! Called by run_threads when this rank's function returns (after the nonblocking
+  //! collectives it started have run).
+  void leave() {
+    sync();
+    world_->leave(rank_);
+  }
 
   const thread_options& options() const { return world_->options(); }
 
@@ -197,7 +281,91 @@ class ThreadComm {
   int rank_;
 };
 
+//! The handle of ThreadComm::irecv: `test()` takes the message when it has arrived,
+//! `wait()` blocks for it (at most thread_options::timeout from the call). Both raise
+//! peer_failure when the sender failed or returned without sending it, and
+//! mismatch_error when its size is not the buffer's. Destroying a pending handle waits.
+class ThreadComm::recv_request {
+ public:
+  recv_request() = default;
+  recv_request(recv_request&& o) noexcept { *this = std::move(o); }
+  recv_request& operator=(recv_request&& o) noexcept {
+    if (this != &o) {
+      finish_noexcept();
+      world_ = std::move(o.world_);
+      src_ = o.src_, dst_ = o.dst_, ticket_ = o.ticket_, buf_ = o.buf_, started_ = o.started_;
+    }
+    return *this;
+  }
+  recv_request(const recv_request&) = delete;
+  recv_request& operator=(const recv_request&) = delete;
+  ~recv_request() { finish_noexcept(); }
+
+  bool test() {
+    if (!world_) return true;
+    std::vector<std::byte> m;
+    bool got = false;
+    guarded([&] { got = world_->try_take(src_, dst_, ticket_, m, started_ + world_->options().timeout); });
+    if (got) deliver(m);
+    return got;
+  }
+  void wait() {
+    if (!world_) return;
+    std::vector<std::byte> m;
+    guarded([&] { world_->take(src_, dst_, ticket_, m); });
+    deliver(m);
+  }
+  bool pending() const { return world_ != nullptr; }
+
+ private:
+  friend class ThreadComm;
+  template <class F>
+  void guarded(F&& f) {
+    try {
+      f();
+    } catch (...) {
+      world_.reset();
+      throw;
+    }
+  }
+  void deliver(std::vector<std::byte>& m) {
+    auto w = std::move(world_);
+    if (m.size() != buf_.size()) {
+      w->fail_with<mismatch_error>(
+          dst_, detail::cat("commpact::ThreadComm::irecv: rank ", dst_, " expected ", buf_.size(),
+                            " bytes from rank ", src_, " and received ", m.size(),
+                            "; sender and receiver must agree on every message's size."));
+    }
+    if (!m.empty()) std::memcpy(buf_.data(), m.data(), m.size());
+    m.clear();
+    if (m.capacity()) w->recycle(src_, dst_, std::move(m));
+  }
+  void finish_noexcept() noexcept {
+    if (!world_) return;
+    try {
+      wait();
+    } catch (...) {
+    }
+  }
+
+  std::shared_ptr<detail::thread_world> world_;
+  int src_ = 0, dst_ = 0;
+  std::uint64_t ticket_ = 0;
+  std::span<std::byte> buf_;
+  std::chrono::steady_clock::time_point started_{};
+};
+
+inline ThreadComm::recv_request ThreadComm::irecv(int peer, std::span<std::byte> buf) {
+  check_peer(peer, "irecv");
+  recv_request r;
+  r.ticket_ = world_->post_recv(peer, rank_);
+  r.world_ = world_;
+  r.src_ = peer, r.dst_ = rank_, r.buf_ = buf, r.started_ = std::chrono::steady_clock::now();
+  return r;
+}
+
 static_assert(PointToPoint<ThreadComm>);
+static_assert(AsyncPointToPoint<ThreadComm>);
 
 //! Runs fn(ThreadComm&) on P threads, one per rank, and joins them. If a rank throws,
 //! it is marked failed: ranks that wait for it raise peer_failure rather than hang,

@@ -23,6 +23,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <memory>
+#include <optional>
 #include <mutex>
 #include <span>
 #include <string>
@@ -31,6 +33,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "../detail/serial_worker.hpp"
 #include "../error.hpp"
 
 namespace commpact {
@@ -93,7 +96,18 @@ class thread_world {
       : size_(checked_world_size(P)), opt_(opt), slots_(static_cast<std::size_t>(size_)),
         scratch_(static_cast<std::size_t>(size_)), left_(static_cast<std::size_t>(size_), false),
         dead_(static_cast<std::size_t>(size_), false), arrived_(static_cast<std::size_t>(size_), false),
-        boxes_(static_cast<std::size_t>(size_) * static_cast<std::size_t>(size_)) {}
+        boxes_(static_cast<std::size_t>(size_) * static_cast<std::size_t>(size_)) {
+    workers_.reserve(static_cast<std::size_t>(size_));
+    for (int r = 0; r < size_; ++r) workers_.push_back(std::make_unique<serial_worker>());
+  }
+  thread_world(const thread_world&) = delete;
+  thread_world& operator=(const thread_world&) = delete;
+  //! Runs what the ranks' workers still hold (each task ends, at the latest, at its
+  //! deadline) before the state the tasks use goes away.
+  ~thread_world() { workers_.clear(); }
+
+  //! The worker that runs rank `rank`'s nonblocking operations, in the order started.
+  serial_worker& worker(int rank) { return *workers_[static_cast<std::size_t>(rank)]; }
 
   int size() const { return size_; }
   const thread_options& options() const { return opt_; }
@@ -150,29 +164,51 @@ class thread_world {
         box.spare.pop_back();
       }
       v.assign(msg.begin(), msg.end());
-      box.queue.push_back(std::move(v));
+      box.queue.emplace_back(std::move(v));
     }
     cv_.notify_all();
   }
 
-  void recv(int src, int dst, std::vector<std::byte>& out) {
-    std::unique_lock lk(m_);
+  //! Reserves the next message from src to dst: receives (blocking or not) match the
+  //! sender's messages in the order they were posted.
+  std::uint64_t post_recv(int src, int dst) {
+    std::lock_guard lk(m_);
     if (dead_[dst]) throw_abandoned_locked(dst, "recv");
-    auto& box = boxes_[idx(src, dst)];
+    return boxes_[idx(src, dst)].posted++;
+  }
+
+  //! Takes message `ticket` (from post_recv) when it is there: true and `out` holds it.
+  //! Raises when it can no longer come (the sender failed or returned), or, with a
+  //! deadline, when the deadline passed.
+  bool try_take(int src, int dst, std::uint64_t ticket, std::vector<std::byte>& out,
+                std::optional<std::chrono::steady_clock::time_point> deadline = {}) {
+    std::unique_lock lk(m_);
+    if (take_locked(src, dst, ticket, out)) return true;
+    give_up_if_hopeless_locked(src, dst);
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) timeout_locked(dst, cat("recv from rank ", src));
+    return false;
+  }
+
+  //! Blocks until message `ticket` is there, at most thread_options::timeout.
+  void take(int src, int dst, std::uint64_t ticket, std::vector<std::byte>& out) {
+    std::unique_lock lk(m_);
     const auto deadline = std::chrono::steady_clock::now() + opt_.timeout;
-    while (box.queue.empty()) {
-      if (dead_[src]) throw_abandoned_locked(dst, "recv");
-      if (left_[src]) {
-        mark_dead_locked(dst, cat("rank ", src, " returned while rank ", dst, " waited for a message from it"));
-        throw peer_failure(cat("commpact::ThreadComm: rank ", dst, ": rank ", src, " returned while rank ", dst,
-                               " waited for a message from it; every message a rank receives must be sent."));
-      }
-      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && box.queue.empty()) {
+    while (!take_locked(src, dst, ticket, out)) {
+      give_up_if_hopeless_locked(src, dst);
+      if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && !ready_locked(src, dst, ticket)) {
         timeout_locked(dst, cat("recv from rank ", src));
       }
     }
-    std::swap(out, box.queue.front());
-    box.queue.pop_front();
+  }
+
+  void recv(int src, int dst, std::vector<std::byte>& out) { take(src, dst, post_recv(src, dst), out); }
+
+  //! Marks `rank` dead with a reason of its own (a receive that found a message of the
+  //! wrong size) and raises it as E.
+  template <class E>
+  [[noreturn]] void fail_with(int rank, const std::string& why) {
+    fail(rank, why);
+    throw E(why);
   }
 
   //! Returns `old` storage to the pool of the (src, dst) mailbox for reuse by send.
@@ -183,9 +219,40 @@ class thread_world {
 
  private:
   struct mailbox {
-    std::deque<std::vector<std::byte>> queue;
+    std::deque<std::optional<std::vector<std::byte>>> queue;  // message head + i; taken ones are empty
+    std::uint64_t head = 0;                                   // sequence number of queue.front()
+    std::uint64_t posted = 0;                                 // receives posted so far
     std::vector<std::vector<std::byte>> spare;
   };
+
+  bool ready_locked(int src, int dst, std::uint64_t ticket) const {
+    const auto& box = boxes_[idx(src, dst)];
+    return ticket >= box.head && ticket - box.head < box.queue.size() && box.queue[ticket - box.head].has_value();
+  }
+
+  bool take_locked(int src, int dst, std::uint64_t ticket, std::vector<std::byte>& out) {
+    if (!ready_locked(src, dst, ticket)) return false;
+    auto& box = boxes_[idx(src, dst)];
+    auto& m = box.queue[ticket - box.head];
+    std::swap(out, *m);
+    m.reset();
+    while (!box.queue.empty() && !box.queue.front().has_value()) {
+      box.queue.pop_front();
+      ++box.head;
+    }
+    return true;
+  }
+
+  //! The message has not come: raise when it never can.
+  void give_up_if_hopeless_locked(int src, int dst) {
+    if (dead_[dst]) throw_abandoned_locked(dst, "recv");
+    if (dead_[src]) throw_abandoned_locked(dst, "recv");
+    if (left_[src]) {
+      mark_dead_locked(dst, cat("rank ", src, " returned while rank ", dst, " waited for a message from it"));
+      throw peer_failure(cat("commpact::ThreadComm: rank ", dst, ": rank ", src, " returned while rank ", dst,
+                             " waited for a message from it; every message a rank receives must be sent."));
+    }
+  }
   enum class verdict { ok, invalid, mismatch };
 
   std::size_t idx(int src, int dst) const { return static_cast<std::size_t>(src) * size_ + dst; }
@@ -296,6 +363,7 @@ class thread_world {
   std::vector<bool> dead_;
   std::vector<bool> arrived_;
   std::vector<mailbox> boxes_;
+  std::vector<std::unique_ptr<serial_worker>> workers_;  // last: destroyed (joined) first
 };
 
 }  // namespace detail

@@ -71,6 +71,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <exception>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -107,6 +108,13 @@ template <class U>
 concept has_optimizer_state = requires(U& u) {
   { u.state() } -> std::convertible_to<std::span<float>>;
 };
+//! A compressor that can start its reduction during backward (Bucketed).
+template <class C>
+concept overlappable = requires(C& c, std::span<float> g, std::size_t layer) {
+  c.begin(g);
+  c.ready(layer);
+  c.cancel();
+};
 template <class U>
 concept update_function = std::invocable<U&, std::span<float>, std::span<const float>, double>;
 }  // namespace req
@@ -141,6 +149,44 @@ class DataParallel {
     delta_compressor_.emplace(std::move(for_deltas));
   }
 
+  //! Overlap of the gradient reduction with backward (a Bucketed compressor): call
+  //! begin_backward(grads, lr) before backward, grad_ready(layer) as each layer's
+  //! gradient is final (last layer first), then step() with the same grads and lr; it
+  //! waits for the buckets in flight. In a step that does not reduce gradients (the local
+  //! steps of Local SGD and QSR, parameter rounds) both calls do nothing. The result is
+  //! bit for bit that of step() alone. Between begin_backward and step the
+  //! communicator belongs to the buckets in flight: do not use it.
+  void begin_backward(std::span<float> grads, double lr)
+    requires req::overlappable<Compressor>
+  {
+    require(!overlap_, "commpact::DataParallel::begin_backward: called twice before step(); call step() once per "
+                       "begin_backward().");
+    require(step_ < total_, "commpact::DataParallel::begin_backward: step ", step_, " is past the run of ", total_,
+            " steps.");
+    require(std::isfinite(lr), "commpact::DataParallel::begin_backward: the learning rate at step ", step_, " is ", lr,
+            "; pass a finite learning rate.");
+    const bool new_period = step_ == next_plan_;
+    const auto what = new_period ? detail::next_period(policy_, step_, lr, total_).what : period_.what;
+    if (what != sync_plan::mode::gradients) return;
+    overlap_snap_ = snapshot();
+    try {
+      if (new_period) begin_period(grads, lr);  // a gradient period keeps no parameters
+      compressor_.begin(grads);
+    } catch (...) {
+      restore(*overlap_snap_);
+      throw;
+    }
+    overlap_ = true;
+    overlap_lr_ = lr;
+  }
+
+  //! Layer `layer`'s gradient (forward index) is final; see begin_backward.
+  void grad_ready(std::size_t layer)
+    requires req::overlappable<Compressor>
+  {
+    if (overlap_) compressor_.ready(layer);
+  }
+
   //! One optimizer step after backward. `grads` may be overwritten (by the averaged
   //! gradient in gradient rounds). Returns true when this step ended with a
   //! synchronisation round, after which params are the same on every rank.
@@ -148,12 +194,15 @@ class DataParallel {
     requires req::update_function<Update>
   bool step(std::span<float> params, std::span<float> grads, double lr, Update&& update) {
     using U = std::remove_cvref_t<Update>;
+    overlap_guard guard{*this, std::uncaught_exceptions()};  // a step that raises ends the buckets in flight first
     require(step_ < total_, "commpact::DataParallel::step: step ", step_, " is past the run of ", total_,
             " steps; make the DataParallel with the run's full length.");
     require(params.size() == grads.size(), "commpact::DataParallel::step: ", params.size(), " parameters but ",
             grads.size(), " gradients; pass the gradient of every parameter (one flat buffer each).");
     require(std::isfinite(lr), "commpact::DataParallel::step: the learning rate at step ", step_, " is ", lr,
             "; pass a finite learning rate.");
+    require(!overlap_ || lr == overlap_lr_, "commpact::DataParallel::step: learning rate ", lr, " differs from the ",
+            overlap_lr_, " passed to begin_backward; pass the same one.");
     if (n_ < 0) {
       n_ = static_cast<std::int64_t>(params.size());
     } else {
@@ -170,14 +219,20 @@ class DataParallel {
 
     // A step that raises leaves the driver as it was (the compressors are transactional
     // themselves), so the caller may retry it; params and grads may have been written.
-    const driver_snapshot snap = snapshot();
+    const bool overlapped = overlap_;
+    const driver_snapshot snap = overlapped ? *overlap_snap_ : snapshot();
     bool synced = false;
     try {
-      if (step_ == next_plan_) begin_period(params, lr);
+      if (step_ == next_plan_ && !overlapped) begin_period(params, lr);
 
       if (period_.what == sync_plan::mode::gradients) {
-        bring_state_in_sync(update);
-        if (compressor_reduce(compressor_, grads, round_kind::gradients)) {
+        // Overlapped, the state average waits until the buckets are done (the communicator
+        // is theirs until then); its values do not depend on the order.
+        if (!overlapped) bring_state_in_sync(update);
+        const bool sent = compressor_reduce(compressor_, grads, round_kind::gradients);
+        overlap_ = false;
+        if (overlapped) bring_state_in_sync(update);
+        if (sent) {
           update(params, std::span<const float>(grads), lr);
         } else {
           ++skipped_;
@@ -207,6 +262,7 @@ class DataParallel {
         }
       }
     } catch (...) {
+      guard.end();
       restore(snap);
       throw;
     }
@@ -326,6 +382,25 @@ class DataParallel {
  private:
   enum class round_kind : std::int64_t { none, gradients, deltas };
 
+  //! Ends an overlapped step that raises: the buckets in flight are waited for and rolled
+  //! back, and the driver goes back to where begin_backward found it.
+  struct overlap_guard {
+    DataParallel& dp;
+    int uncaught = std::uncaught_exceptions();
+    void end() noexcept {
+      if constexpr (req::overlappable<Compressor>) {
+        if (dp.overlap_) {
+          dp.compressor_.cancel();
+          dp.overlap_ = false;
+          dp.restore(*dp.overlap_snap_);
+        }
+      }
+    }
+    ~overlap_guard() {
+      if (std::uncaught_exceptions() > uncaught) end();
+    }
+  };
+
   struct driver_snapshot {
     std::int64_t step, next_plan;
     sync_period period;
@@ -434,6 +509,9 @@ class DataParallel {
   std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
   std::vector<float> x0_, x0_prev_, delta_;
   bool x0_swapped_ = false;
+  bool overlap_ = false;  // begin_backward started buckets that step() has not waited for
+  double overlap_lr_ = 0;
+  std::optional<driver_snapshot> overlap_snap_;
 };
 
 }  // namespace commpact

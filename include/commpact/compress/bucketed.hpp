@@ -1,0 +1,320 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file bucketed.hpp
+//! Bucketed<C>: a Compressor that reduces a flat gradient in buckets of consecutive
+//! layers, one compressor C per bucket, and can start each bucket while backward is
+//! still computing the earlier layers: the overlap of communication with computation
+//! of PyTorch DDP's reducer (Li et al., VLDB 2020) and Horovod's tensor fusion.
+//!
+//! \code
+//! // layers in forward order: their gradients lie in this order in one flat buffer
+//! std::vector<std::size_t> layers = {784 * 256, 256, 256 * 10, 10};
+//! commpact::Bucketed<commpact::Dense<commpact::ThreadComm>> b{
+//!     layers, [&](const commpact::bucket_info&) { return commpact::Dense<commpact::ThreadComm>{comm}; },
+//!     {.cap_bytes = 1 << 20}};
+//! b.begin(grad);                         // before backward
+//! // backward, last layer first: as each layer's gradient is final
+//! b.ready(3); b.ready(2); b.ready(1); b.ready(0);
+//! b.reduce(grad);                        // waits for the buckets in flight
+//! \endcode
+//!
+//! - Buckets: from the last layer backwards, layers join the current bucket until it
+//!   holds at least `cap_bytes` (DDP's rule; its default cap is 25 MB); bucket 0 holds the
+//!   last layers. A bucket is a contiguous range of the flat buffer.
+//! - Order: a bucket starts when all its layers are ready and every bucket before it has
+//!   started, so every rank starts the same reductions in the same order whatever order
+//!   its layers became ready in.
+//! - Where it runs: started buckets run on one background thread (detail::serial_worker),
+//!   in order, through each bucket's own compressor, so this works for every Compressor
+//!   (Dense, TopK, gTopK, PowerSGD, any CodecCompressor) on every communicator usable
+//!   from a second thread: ThreadComm; MpiComm when MPI runs at MPI_THREAD_SERIALIZED or
+//!   above (checked: initialise MPI with MPI_Init_thread). While buckets are in flight
+//!   the caller must not use the communicator; reduce() (or cancel()) ends that.
+//! - Same result with or without overlap: reduce() without begin() runs the same
+//!   buckets through the same compressors in the same order on the calling thread, so
+//!   results are bit-identical (tested).
+//! - Transactional: before a bucket runs, its compressor's state is saved (one copy of
+//!   its state per step; `bucket_options::transactional = false` skips that). When a
+//!   bucket raises, the buckets after it do not run, every bucket's compressor is put back
+//!   to its state before the step, and the error is raised; when a bucket skips the step
+//!   (nonfinite::skip_step) the same rollback happens and reduce() returns false, so no
+//!   bucket's residual has consumed a gradient that was not applied.
+
+#include <algorithm>
+#include <atomic>
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <span>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../detail/serial_worker.hpp"
+#include "../error.hpp"
+#include "../state.hpp"
+
+namespace commpact {
+
+struct bucket_options {
+  //! A bucket closes once it holds at least this many bytes of gradient (DDP's
+  //! bucket_cap_mb; 25 MB there). 0 puts every layer in a bucket of its own.
+  std::size_t cap_bytes = std::size_t{25} << 20;
+  //! Save each bucket's compressor state before it runs, so an error or a skipped step
+  //! rolls every bucket back (see the file comment).
+  bool transactional = true;
+};
+
+//! One bucket: layers [first_layer, end_layer) in forward order, elements
+//! [offset, offset + size) of the flat gradient; index 0 is the last layers' bucket.
+struct bucket_info {
+  std::size_t index = 0;
+  std::size_t first_layer = 0, end_layer = 0;
+  std::size_t offset = 0, size = 0;
+};
+
+//! The buckets of layers of the given sizes (forward order) under a byte cap.
+inline std::vector<bucket_info> plan_buckets(std::span<const std::size_t> layer_sizes, std::size_t cap_bytes) {
+  require(!layer_sizes.empty(), "commpact::plan_buckets: no layers; pass the element count of every layer.");
+  std::vector<std::size_t> offset(layer_sizes.size() + 1, 0);
+  for (std::size_t l = 0; l < layer_sizes.size(); ++l) {
+    require(layer_sizes[l] > 0, "commpact::plan_buckets: layer ", l, " has 0 elements; leave it out.");
+    require(layer_sizes[l] <= (std::size_t(1) << 60) - offset[l], "commpact::plan_buckets: layer sizes overflow.");
+    offset[l + 1] = offset[l] + layer_sizes[l];
+  }
+  std::vector<bucket_info> out;
+  std::size_t end = layer_sizes.size();
+  while (end > 0) {
+    std::size_t first = end, bytes = 0;
+    do {
+      --first;
+      bytes += layer_sizes[first] * sizeof(float);
+    } while (first > 0 && bytes < cap_bytes);
+    out.push_back({out.size(), first, end, offset[first], offset[end] - offset[first]});
+    end = first;
+  }
+  return out;
+}
+
+template <class C>
+class Bucketed {
+  static_assert(diagnose_compressor<C>());
+
+ public:
+  using options = bucket_options;
+
+  //! `make(const bucket_info&)` builds the compressor of each bucket (each holds its own
+  //! error-feedback residual and, for PowerSGD, the layout of its layers).
+  template <class Make>
+    requires std::invocable<Make&, const bucket_info&> &&
+             std::convertible_to<std::invoke_result_t<Make&, const bucket_info&>, C>
+  Bucketed(std::vector<std::size_t> layer_sizes, Make make, options opt = {})
+      : layers_(std::move(layer_sizes)), opt_(opt), info_(plan_buckets(layers_, opt.cap_bytes)),
+        worker_(std::make_unique<detail::serial_worker>()) {
+    bucket_of_.resize(layers_.size());
+    for (const auto& b : info_) {
+      for (std::size_t l = b.first_layer; l < b.end_layer; ++l) bucket_of_[l] = b.index;
+      total_ += b.size;
+    }
+    comps_.reserve(info_.size());
+    for (const auto& b : info_) comps_.push_back(make(b));
+    snaps_.resize(info_.size());
+    pending_.resize(info_.size());
+  }
+  //! Movable while no step is in flight (the worker's tasks refer to this object).
+  Bucketed(Bucketed&&) noexcept = default;
+  Bucketed& operator=(Bucketed&&) = delete;
+  ~Bucketed() {
+    if (active_) cancel();
+  }
+
+  //! Before backward: the buckets of `grad` (the flat gradient, total_size() floats) will
+  //! start as their layers become ready. `grad` must outlive the step: started buckets
+  //! write into it until reduce() or cancel() (or the destructor) has waited for them.
+  void begin(std::span<float> grad) {
+    require(!active_, "commpact::Bucketed::begin: the previous step's buckets are still in flight; call reduce() "
+                      "(or cancel()) once per begin().");
+    check_size(grad, "begin");
+    if constexpr (requires { comps_[0].comm().allows_calls_from_other_threads(); }) {
+      require(comps_[0].comm().allows_calls_from_other_threads(),
+              "commpact::Bucketed: overlap runs the buckets on a second thread, and MPI was initialised below "
+              "MPI_THREAD_SERIALIZED; initialise it with MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, "
+              "&provided), or call reduce() without begin() (no overlap).");
+    }
+    grad_ = grad;
+    active_ = true;
+    started_ = 0;
+    failed_.v.store(false);
+    error_ = nullptr;
+    skipped_ = false;
+    ran_ = 0;
+    std::fill(pending_.begin(), pending_.end(), 0);
+    layer_ready_.assign(layers_.size(), 0);
+    for (std::size_t l = 0; l < layers_.size(); ++l) ++pending_[bucket_of_[l]];
+  }
+
+  //! Layer `layer`'s gradient (forward index) is final: starts every bucket that is
+  //! complete and whose predecessors have started. A no-op outside begin()..reduce().
+  void ready(std::size_t layer) {
+    if (!active_) return;
+    require(layer < layers_.size(), "commpact::Bucketed::ready: layer ", layer, " is outside [0, ", layers_.size(),
+            ").");
+    require(!layer_ready_[layer], "commpact::Bucketed::ready: layer ", layer,
+            " was already reported in this step; report each layer once per step.");
+    layer_ready_[layer] = 1;
+    --pending_[bucket_of_[layer]];
+    while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
+  }
+
+  //! Averages grad over the ranks: waits for the buckets in flight and runs the rest.
+  //! Returns false when some bucket skipped the step (then no bucket changed its state).
+  bool reduce(std::span<float> grad) {
+    check_size(grad, "reduce");
+    if (active_) {
+      require(grad.data() == grad_.data(), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
+                                           "reduce the buffer whose buckets are in flight.");
+      while (started_ < info_.size()) launch(started_++);
+      worker_->drain();
+      pending_handles_.clear();
+      active_ = false;
+    } else {
+      error_ = nullptr;
+      skipped_ = false;
+      ran_ = 0;
+      failed_.v.store(false);
+      grad_ = grad;
+      for (std::size_t b = 0; b < info_.size(); ++b) run(b);
+    }
+    if (error_ || skipped_) {
+      rollback();
+      if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      return false;
+    }
+    return true;
+  }
+
+  //! Ends a step begun with begin() without a result: waits for the buckets in flight
+  //! and rolls their compressors back. A no-op when no step is in flight.
+  void cancel() noexcept {
+    if (!active_) return;
+    failed_.v.store(true);  // buckets not yet run are skipped
+    worker_->drain();
+    pending_handles_.clear();
+    active_ = false;
+    try {
+      rollback();
+    } catch (...) {
+    }
+    error_ = nullptr;
+  }
+
+  //! Appends the state (kind "commpact.Bucketed"): the bucket plan, then each bucket's
+  //! compressor state as a nested blob.
+  void save_state(std::vector<std::byte>& out) const {
+    state::writer w{out, "commpact.Bucketed"};
+    const std::int64_t head[] = {static_cast<std::int64_t>(info_.size()), static_cast<std::int64_t>(total_)};
+    w.i64s(1, head);
+    for (std::size_t b = 0; b < comps_.size(); ++b)
+      w.nested(static_cast<std::uint32_t>(2 + b), [&](std::vector<std::byte>& o) { comps_[b].save_state(o); });
+    w.finish();
+  }
+
+  //! Restores what save_state wrote, all or nothing.
+  void load_state(std::span<const std::byte> in) {
+    require(!active_, "commpact::Bucketed::load_state: buckets are in flight; call reduce() first.");
+    state::reader r{in, "commpact.Bucketed", "Bucketed"};
+    const auto h = r.i64s(1, 2);
+    r.require_that<invalid_argument>(h[0] == static_cast<std::int64_t>(info_.size()) &&
+                                         h[1] == static_cast<std::int64_t>(total_),
+                                     "the state holds ", h[0], " buckets over ", h[1], " elements; this one has ",
+                                     info_.size(), " over ", total_, ". Make it with the same layers and cap.");
+    std::vector<std::span<const std::byte>> parts;
+    for (std::size_t b = 0; b < comps_.size(); ++b) parts.push_back(r.bytes(static_cast<std::uint32_t>(2 + b)));
+    r.done();
+    std::vector<std::vector<std::byte>> backup(comps_.size());
+    for (std::size_t b = 0; b < comps_.size(); ++b) comps_[b].save_state(backup[b]);
+    std::size_t b = 0;
+    try {
+      for (; b < comps_.size(); ++b) comps_[b].load_state(parts[b]);
+    } catch (...) {
+      for (std::size_t q = 0; q < b; ++q) comps_[q].load_state(backup[q]);
+      throw;
+    }
+  }
+
+  std::size_t buckets() const { return info_.size(); }
+  const bucket_info& bucket(std::size_t b) const { return info_.at(b); }
+  std::size_t total_size() const { return total_; }
+  //! The compressor of bucket b.
+  C& compressor(std::size_t b) { return comps_.at(b); }
+  const C& compressor(std::size_t b) const { return comps_.at(b); }
+  //! Bucket 0's communicator (DataParallel averages parameters through it).
+  decltype(auto) comm() { return comps_.front().comm(); }
+  //! True between begin() and reduce()/cancel().
+  bool in_flight() const { return active_; }
+  const options& opts() const { return opt_; }
+
+ private:
+  void check_size(std::span<float> grad, const char* who) const {
+    require(grad.size() == total_, "commpact::Bucketed::", who, ": the gradient has ", grad.size(),
+            " elements; the layers sum to ", total_, ". Pass the flat gradient of every layer, in forward order.");
+  }
+
+  void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }
+
+  // Runs bucket b (on the worker, or inline); records the first error and stops later buckets.
+  void run(std::size_t b) {
+    if (failed_.v.load()) return;
+    try {
+      if (opt_.transactional) {
+        snaps_[b].clear();
+        comps_[b].save_state(snaps_[b]);
+      }
+      ran_ = b + 1;
+      const auto& i = info_[b];
+      auto part = grad_.subspan(i.offset, i.size);
+      if constexpr (std::same_as<decltype(comps_[b].reduce(part)), bool>) {
+        if (!comps_[b].reduce(part)) skipped_ = true;
+      } else {
+        comps_[b].reduce(part);
+      }
+    } catch (...) {
+      error_ = std::current_exception();
+      failed_.v.store(true);
+    }
+  }
+
+  void rollback() {
+    if (!opt_.transactional) return;
+    for (std::size_t b = 0; b < ran_; ++b) comps_[b].load_state(snaps_[b]);
+  }
+
+  std::vector<std::size_t> layers_;
+  options opt_;
+  std::vector<bucket_info> info_;
+  std::vector<std::size_t> bucket_of_;
+  std::size_t total_ = 0;
+  std::vector<C> comps_;
+  std::vector<std::vector<std::byte>> snaps_;
+  std::vector<std::size_t> pending_;   // layers of each bucket not yet ready
+  std::vector<char> layer_ready_;
+  std::vector<detail::work_handle> pending_handles_;
+  std::unique_ptr<detail::serial_worker> worker_;
+  std::span<float> grad_;
+  bool active_ = false;
+  std::size_t started_ = 0;
+  struct flag {  // set by cancel() while the worker runs; movable for Bucketed's move
+    std::atomic<bool> v{false};
+    flag() = default;
+    flag(flag&& o) noexcept : v(o.v.load()) {}
+  } failed_;
+  std::exception_ptr error_;
+  bool skipped_ = false;
+  std::size_t ran_ = 0;
+};
+
+}  // namespace commpact
