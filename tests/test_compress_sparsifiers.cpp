@@ -23,6 +23,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/checked_runs.hpp"
+
 using namespace commpact;
 static_assert(Codec<threshold_codec> && Codec<gaussiank_codec> && Codec<dgc_codec>);
 static_assert(LinearCodec<randomk_codec>);
@@ -154,7 +156,7 @@ TEST_CASE("threshold sparsifiers reject malformed messages", "[codec][sparse][wi
 namespace {
 template <class K>
 void check_codec_compressor(const K& proto, const ref_fn& ref, std::size_t cap) {
-  using C = CountingComm<ThreadComm>;
+  using C = CountingComm<commpact_test::checked_thread_comm>;
   const std::size_t n = 300;
   const int steps = 3;
   for (int P = 1; P <= 8; ++P) {
@@ -178,7 +180,7 @@ void check_codec_compressor(const K& proto, const ref_fn& ref, std::size_t cap) 
     std::vector<std::vector<vec>> out(P);
     std::vector<vec> res(P);
     std::vector<std::uint64_t> bytes(P);
-    run_threads(P, [&](ThreadComm& comm) {
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
       C counted{comm};
       CodecCompressor<K, Allgather<C>> c{counted, proto};
       for (int s = 0; s < steps; ++s) {
@@ -241,7 +243,7 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
     CHECK(a != std::vector<std::int32_t>(other.indices(n).begin(), other.indices(n).end()));
   }
   SECTION("LinearCompressor<randomk_codec, C> for P = 1..8") {
-    using C = CountingComm<ThreadComm>;
+    using C = CountingComm<commpact_test::checked_thread_comm>;
     const std::size_t n = 401;
     const int steps = 3;
     for (int P = 1; P <= 8; ++P) {
@@ -250,7 +252,7 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
       std::vector<std::vector<vec>> out(P);
       std::vector<vec> res(P);
       std::vector<std::uint64_t> bytes(P);
-      run_threads(P, [&](ThreadComm& comm) {
+      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
         C counted{comm};
         LinearCompressor<randomk_codec, C> c{counted, randomk_codec{0.05, 11}};
         for (int s = 0; s < steps; ++s) {
