@@ -4,11 +4,13 @@
 // - Host suites: run_checked_threads(P, fn) gives each rank a CheckedComm<ThreadComm>.
 // - MPI suites: checked_mpi_world() (tests/common/checked_mpi.hpp) wraps an MpiComm whose
 //   own verification is off, so the decorator is the only check.
-// check_late_mismatch shows the decorator at work inside a compressor: after a good step
-// has cached the agreed length, one rank passes 10 floats where the others pass n. The
-// compressor does not re-agree on the ranks whose length did not change, so its own
-// agreement cannot catch this; the decorator raises mismatch_error on every rank (an
-// unchecked MpiComm would corrupt its heap), and the compressor's state is unchanged.
+// check_bucket_order shows the decorator at work inside a compressor: two compressors
+// (buckets of n and 10 floats) have agreed their lengths in good steps, then one rank
+// reduces the small bucket while the others reduce the large one (the classic bug of
+// buckets reduced in another order on one rank). Neither compressor re-agrees, so its own
+// agreement cannot catch this; over an unchecked MpiComm it is undefined behaviour (10
+// against 10000 floats corrupts OpenMPI's heap). The decorator raises mismatch_error on
+// every rank before data moves, and both compressors' states are unchanged.
 #include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/error.hpp>
@@ -34,43 +36,54 @@ void run_checked_threads(int P, F&& fn, commpact::thread_options opt = {}) {
       opt);
 }
 
-//! What one rank saw in check_late_mismatch (asserted by the caller after the ranks
+//! What one rank saw in check_bucket_order (asserted by the caller after the ranks
 //! ended: Catch2 assertions inside rank threads race).
-struct late_mismatch_outcome {
+struct bucket_order_outcome {
   bool raised_mismatch = false;  //!< the bad step raised commpact::mismatch_error
-  bool state_kept = false;       //!< save_state bytes equal before and after the bad step
-  bool grad_kept = false;        //!< the gradient passed to the bad step is untouched
-  bool next_step_ok = false;     //!< a good step afterwards gives the state of a run without the bad step
+  bool state_kept = false;       //!< save_state bytes of both buckets equal before and after it
+  bool next_step_ok = false;     //!< good steps afterwards equal those of twins that never saw it
   std::string what;              //!< the error message, or what went wrong
 };
 
-//! `make()` builds a fresh compressor (same on every rank) with reduce(span<float>) and
-//! save_state. Runs `warm` good steps of length n; then rank `odd` passes 10 floats while
-//! the others pass n; then one more good step, compared with a twin that never saw the
-//! bad step. Every rank returns its outcome; nothing is asserted here.
+//! `make(len)` builds a fresh compressor (the same on every rank) for gradients of len
+//! floats, with reduce(span<float>) and save_state. Runs `warm` good steps of a bucket of
+//! n floats and one of `small` floats; then rank `odd` reduces the small bucket while the
+//! others reduce the large one; then one more good step of each, compared with twins that
+//! never saw the bad step. Every rank returns its outcome; nothing is asserted here.
 template <class Comm, class Make>
-late_mismatch_outcome check_late_mismatch(Comm& comm, Make make, std::size_t n = 10000, int odd = 0, int warm = 2) {
-  late_mismatch_outcome out;
+bucket_order_outcome check_bucket_order(Comm& comm, Make make, std::size_t n = 10000, std::size_t small = 10,
+                                        int odd = 0, int warm = 2) {
+  bucket_order_outcome out;
   auto grad = [&](int step, std::size_t len) {
     std::vector<float> g(len);
     for (std::size_t i = 0; i < len; ++i)
-      g[i] = static_cast<float>(((i * 7919 + static_cast<std::size_t>(step) * 31 + comm.rank() * 131u) % 1999)) /
+      g[i] = static_cast<float>((i * 7919 + static_cast<std::size_t>(step) * 31 + comm.rank() * 131u) % 1999) /
                  999.5f -
              1.0f;
     return g;
   };
-  auto c = make(), twin = make();
-  for (int s = 0; s < warm; ++s) {
-    auto g = grad(s, n), h = g;
-    c.reduce(std::span<float>(g));
-    twin.reduce(std::span<float>(h));
-  }
-  std::vector<std::byte> before, after;
-  c.save_state(before);
-  auto bad = grad(warm, comm.rank() == odd ? 10 : n);
-  const auto bad_copy = bad;
+  auto a = make(n), b = make(small), ta = make(n), tb = make(small);
+  auto good_step = [&](int s) {
+    auto ga = grad(s, n), gb = grad(s, small), ha = ga, hb = gb;
+    a.reduce(std::span<float>(ga));
+    b.reduce(std::span<float>(gb));
+    ta.reduce(std::span<float>(ha));
+    tb.reduce(std::span<float>(hb));
+    return ga == ha && gb == hb;
+  };
+  auto states = [&] {
+    std::vector<std::byte> sa, sb;
+    a.save_state(sa);
+    b.save_state(sb);
+    sa.insert(sa.end(), sb.begin(), sb.end());
+    return sa;
+  };
+  for (int s = 0; s < warm; ++s) good_step(s);
+  const auto before = states();
   try {
-    c.reduce(std::span<float>(bad));
+    auto g = grad(warm, comm.rank() == odd ? small : n);
+    if (comm.rank() == odd) b.reduce(std::span<float>(g));
+    else a.reduce(std::span<float>(g));
     out.what = "the bad step returned normally";
   } catch (const commpact::mismatch_error& e) {
     out.raised_mismatch = true;
@@ -78,17 +91,12 @@ late_mismatch_outcome check_late_mismatch(Comm& comm, Make make, std::size_t n =
   } catch (const std::exception& e) {
     out.what = std::string("another error: ") + e.what();
   }
-  c.save_state(after);
-  out.state_kept = before == after;
-  out.grad_kept = bad == bad_copy;
-  auto g = grad(warm + 1, n), h = g;
+  out.state_kept = states() == before;
   try {
-    c.reduce(std::span<float>(g));
-    twin.reduce(std::span<float>(h));
-    std::vector<std::byte> sc, st;
-    c.save_state(sc);
-    twin.save_state(st);
-    out.next_step_ok = g == h && sc == st;
+    const bool same = good_step(warm + 1);
+    std::vector<std::byte> sa, sta, sb, stb;
+    a.save_state(sa), ta.save_state(sta), b.save_state(sb), tb.save_state(stb);
+    out.next_step_ok = same && sa == sta && sb == stb;
   } catch (const std::exception& e) {
     out.what += std::string("; the next good step raised: ") + e.what();
   }
