@@ -2,6 +2,7 @@
 // serial brute-force reference of the same tree semantics, conservation, exact byte
 // counts, bad input, save/load, momentum and clipping, workspace reuse. The checks live
 // in tests/common/sparse_checks.hpp and run under MPI too.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/gtopk.hpp>
 
@@ -27,8 +28,8 @@ TEST_CASE("gTopK equals the serial tree reference bit for bit, conserves, and co
   const double density = GENERATE(0.01, 0.05, 0.3);
   const int kind = GENERATE(0, 1, 2);
   CAPTURE(P, seed, density, kind);
-  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) { check_gtopk_reference(comm, seed, 1000, density, 4, kind); },
-                              quick));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_gtopk_reference(comm, seed, 1000, density, 4, kind); }, quick));
 }
 
 TEST_CASE("gTopK's residual keeps values whose index re-entered G from another subtree", "[compress][gtopk]") {
@@ -78,9 +79,8 @@ TEST_CASE("gTopK: a sum that overflows to Inf in a merge is caught on every rank
 TEST_CASE("gTopK save/load continues identically", "[compress][gtopk]") {
   const int P = GENERATE(1, 3, 4, 7);
   const float momentum = GENERATE(0.0f, 0.9f);
-  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
-    check_save_load<GT>(comm, {.density = 0.03, .momentum = momentum}, 700);
-  }));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_save_load<GT>(comm, {.density = 0.03, .momentum = momentum}, 700); }));
   // Loading a state saved by TopK is refused.
   auto comms = ThreadComm::make_world(1);
   TopK<ThreadComm> t{comms[0], {.density = 0.5}};
@@ -151,7 +151,8 @@ TEST_CASE("gTopK momentum correction and clipping", "[compress][gtopk]") {
       x[comm.rank()] = 10.0f;  // one entry per rank, norm 10, clipped to 0.5 / sqrt(P)
       g.reduce(std::span<float>(x));
       const float want = 0.5f / std::sqrt(static_cast<float>(P)) / static_cast<float>(P);
-      for (int r = 0; r < P; ++r) v.expect(std::fabs(x[r] - want) <= 1e-6f * want, "clipped value ", x[r], " vs ", want);
+      for (int r = 0; r < P; ++r)
+        v.expect(std::fabs(x[r] - want) <= 1e-6f * want, "clipped value ", x[r], " vs ", want);
       settle(comm, v, "clipping");
     }));
   }

@@ -2,6 +2,7 @@
 // the reference s * sign(sum of signs) bit for bit (ties give 0), bytes through
 // CountingComm equal (P - 1)(48 + 4 + ceil(n/8) rounded up to 4), NaN on one rank
 // reaches every rank, and the state round-trips.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -67,7 +68,8 @@ TEST_CASE("MajorityVote equals the reference vote on every rank; bytes = formula
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!c.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }

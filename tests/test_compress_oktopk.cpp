@@ -3,6 +3,7 @@
 // the threshold from every region's k largest sums, the capped selection, the
 // rebalanced regions), conservation, exact bytes per rank through CountingComm, bytes
 // flat in P (against TopK's (P - 1) 8k), NaN on one rank raising on every rank.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -135,7 +136,8 @@ TEST_CASE("OkTopK equals the serial reference bit for bit on every rank; exact b
       for (int t = 0; t < steps; ++t) {
         vec g = grad(t, comm.rank(), n);
         const auto before = counted.stats();
-        if (!ok.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!ok.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         bytes[comm.rank()].push_back((counted.stats() - before).bytes_sent);
         out[comm.rank()].push_back(g);
       }

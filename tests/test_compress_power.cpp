@@ -4,6 +4,7 @@
 // only: rank threads record what they saw, the test checks it after run_threads. The
 // checks that run on any communicator live in tests/common/lowrank_checks.hpp and run
 // under MPI too (tests/mpi/test_compress_power_mpi.cpp).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -89,34 +90,36 @@ TEST_CASE("PowerSGD recovers a mean of exact low rank to float precision", "[pow
   const int k = GENERATE(1, 2);  // true rank; Rank is 2 or 4 >= k
   CAPTURE(P, k);
   REQUIRE_NOTHROW(commpact_test::run_checked_threads(
-      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_lowrank_recovery(comm, k); }, quick));
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_lowrank_recovery(comm, k); },
+      quick));
 }
 
 TEST_CASE("PowerSGD below the true rank: lossy per step, but no mass is lost globally", "[power]") {
   const int P = GENERATE(1, 3);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_conservation(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_conservation(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD error feedback: residual = (g + e_old) - approximation, exactly as defined", "[power]") {
   const int P = GENERATE(1, 2, 3, 4);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_error_feedback(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_error_feedback(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD results are bit-identical on every rank, whatever the buffer alignment", "[power]") {
   const int P = GENERATE(2, 3, 4, 5);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bit_identical(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bit_identical(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD bytes per step: (n + m) r 4 per matrix plus the dense part, exact ring counts", "[power]") {
   const int P = GENERATE(2, 3, 4, 7);
   CAPTURE(P);
-  REQUIRE_NOTHROW(commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bytes(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bytes(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD sends dense before start_step, with zero residual", "[power]") {
@@ -266,8 +269,8 @@ TEST_CASE("PowerSGD bad input raises commpact errors that name the value and the
 TEST_CASE("PowerSGD: ranks that register different shapes all raise mismatch_error", "[power][errors]") {
   const int P = GENERATE(2, 3);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_shape_mismatch(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_shape_mismatch(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD: a non-finite gradient on one rank raises on every rank or skips everywhere", "[power][errors]") {
@@ -275,7 +278,8 @@ TEST_CASE("PowerSGD: a non-finite gradient on one rank raises on every rank or s
   const tensor_layout l = {{12, 10}, {10}};
   SECTION("raise") {
     REQUIRE_NOTHROW(commpact_test::run_checked_threads(
-        P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_nonfinite_raises(comm); }, quick));
+        P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_nonfinite_raises(comm); },
+        quick));
   }
   SECTION("skip_step keeps the residual and zeroes the gradient") {
     std::vector<int> ok(P, 0);

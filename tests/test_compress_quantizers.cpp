@@ -8,6 +8,7 @@
 //    reference bit for bit on every rank, and conserves (sum of g = P sum of outputs
 //    plus the residuals);
 //  - bytes through CountingComm equal (P - 1)(48 + the codec's formula rounded up to 4).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -414,7 +415,8 @@ void check_compressor(const K& proto, const ref_fn& ref, std::size_t payload_byt
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!c.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) second_step_bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }

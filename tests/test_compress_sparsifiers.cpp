@@ -7,6 +7,7 @@
 //  - random-k: k distinct sorted indices shared by every rank, uniform over many steps;
 //    LinearCompressor for P = 1..8: every rank the same bits, the reference mean, the
 //    residual exactly acc with the sent indices cleared, bytes = the ring allreduce of k + 1 floats.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -258,7 +259,8 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
         for (int s = 0; s < steps; ++s) {
           vec g = grad(s, comm.rank());
           const auto before = counted.stats();
-          if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+          if (!c.reduce(std::span<float>(g)))
+            throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
           if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
           out[comm.rank()].push_back(g);
         }

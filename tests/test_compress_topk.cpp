@@ -2,6 +2,7 @@
 // {1, 2, 3, 4, 5, 7, 8, 16}: bit-exact against a brute-force reference, conservation, exact
 // bytes by the ring allgather formula, bad input, save/load, workspace reuse. The checks
 // live in tests/common/sparse_checks.hpp.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/topk.hpp>
 
@@ -26,8 +27,8 @@ TEST_CASE("TopK equals the brute-force reference bit for bit, conserves, and cou
   const double density = GENERATE(0.01, 0.1);
   const int kind = GENERATE(0, 1, 2);
   CAPTURE(P, seed, density, kind);
-  REQUIRE_NOTHROW(
-      run_checked_threads(P, [&](checked_thread_comm& comm) { check_topk_reference(comm, seed, 1000, density, 3, kind); }, quick));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_topk_reference(comm, seed, 1000, density, 3, kind); }, quick));
 }
 
 TEST_CASE("TopK rejects bad options, k > n, non-finite input and length mismatch on every rank", "[compress][topk]") {
@@ -51,9 +52,8 @@ TEST_CASE("TopK rejects bad options, k > n, non-finite input and length mismatch
 TEST_CASE("TopK save/load continues identically", "[compress][topk]") {
   const int P = GENERATE(1, 3, 4);
   const float momentum = GENERATE(0.0f, 0.9f);
-  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
-    check_save_load<TK>(comm, {.density = 0.03, .momentum = momentum}, 700);
-  }));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_save_load<TK>(comm, {.density = 0.03, .momentum = momentum}, 700); }));
 }
 
 TEST_CASE("TopK allocates nothing after the first step, across warm-up changes of k", "[compress][topk]") {

@@ -5,6 +5,7 @@
 //  - GossipMixer (CHOCO-SGD with this codec).
 // Results are compared with a brute-force reference computed here from the codec's own
 // definition: the mean over ranks of decode(encode(g_r + e_r)), e_r = (g_r + e_r) - that.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>

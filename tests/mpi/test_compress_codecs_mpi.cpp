@@ -5,6 +5,7 @@
 // rank; the codecs themselves were checked against brute-force references in
 // tests/test_compress_quantizers.cpp and test_compress_sparsifiers.cpp) and must get the
 // compressor's output bit for bit; every rank's output is also compared with rank 0's.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/allgather.hpp>
 #include <commpact/compress/allreduce.hpp>

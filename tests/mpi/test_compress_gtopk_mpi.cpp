@@ -1,8 +1,9 @@
 // commpact-mpi-ranks: 1 2 3 4 5 7 8 16
-// gTopK<TreeComm<commpact_test::checked_mpi_comm>> and TopK<commpact_test::checked_mpi_comm> under mpiexec: the same checks as the
-// ThreadComm tests (tests/common/sparse_checks.hpp): bit-exact against the serial tree
-// reference on every rank, conservation, exact bytes, bad input (every rank gets an
-// error, none hangs, the communicator stays usable), save/load.
+// gTopK<TreeComm<C>> and TopK<C> under mpiexec, C = CheckedComm<MpiComm> over an unchecked
+// MpiComm (tests/common/checked_mpi.hpp): the same checks as the ThreadComm tests
+// (tests/common/sparse_checks.hpp): bit-exact against the serial tree reference on every
+// rank, conservation, exact bytes, bad input (every rank gets an error, none hangs, the
+// communicator stays usable), save/load.
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/gtopk.hpp>
 #include <commpact/compress/topk.hpp>

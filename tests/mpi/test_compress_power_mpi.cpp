@@ -3,6 +3,7 @@
 // tests (tests/common/lowrank_checks.hpp): recovery of an exact low-rank mean with results
 // bit-identical on every rank, error feedback and global conservation, exact bytes
 // through CountingComm<MpiComm>, and bad input that raises on every rank without hanging.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/power.hpp>

@@ -6,6 +6,7 @@
 // round; exact bytes per neighbour through CountingComm<MpiComm>; bad input (a
 // topology of another size, ranks that build different mixers) raises on every rank
 // without hanging.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 
@@ -54,7 +55,8 @@ TEST_CASE("MPI: one rank builds the topology for another size: every rank raises
   int ok = 0;
   try {
     mpi_guard(comm, [&] {
-      GossipMixer<Ring, power_gossip<1>, commpact_test::checked_mpi_comm> m{comm, Ring(r == bad ? P + 1 : P), kGossipLayout};
+      GossipMixer<Ring, power_gossip<1>, commpact_test::checked_mpi_comm> m{comm, Ring(r == bad ? P + 1 : P),
+                                                                            kGossipLayout};
       auto x = rank_model(r, 1);
       m.mix(std::span<float>(x));
     });

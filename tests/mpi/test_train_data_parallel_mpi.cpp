@@ -5,6 +5,7 @@
 // are identical on every rank after each round, bytes through CountingComm<MpiComm>
 // follow the ring formula, PowerSGD as the compressor keeps ranks identical, and ranks
 // that decide differently all raise, none hangs.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 
 #include "common/data_parallel_checks.hpp"
