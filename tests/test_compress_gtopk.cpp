@@ -2,17 +2,19 @@
 // serial brute-force reference of the same tree semantics, conservation, exact byte
 // counts, bad input, save/load, momentum and clipping, workspace reuse. The checks live
 // in tests/common/sparse_checks.hpp and run under MPI too.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/gtopk.hpp>
 
 #include <atomic>
 #include <chrono>
 
+#include "common/checked_runs.hpp"
 #include "common/sparse_checks.hpp"
 
 using namespace commpact;
 using namespace commpact_test;
-using GT = gTopK<TreeComm<ThreadComm>>;
+using GT = gTopK<TreeComm<checked_thread_comm>>;  // every collective checked (issue 9)
 static_assert(Compressor<GT>);
 static_assert(Compressor<gTopK<TreeComm<CountingComm<ThreadComm>>>>);
 
@@ -26,15 +28,15 @@ TEST_CASE("gTopK equals the serial tree reference bit for bit, conserves, and co
   const double density = GENERATE(0.01, 0.05, 0.3);
   const int kind = GENERATE(0, 1, 2);
   CAPTURE(P, seed, density, kind);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { check_gtopk_reference(comm, seed, 1000, density, 4, kind); },
-                              quick));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_gtopk_reference(comm, seed, 1000, density, 4, kind); }, quick));
 }
 
 TEST_CASE("gTopK's residual keeps values whose index re-entered G from another subtree", "[compress][gtopk]") {
   // The authors' rule (zero every local entry whose index is in G) would lose these
   // values; the reference counts them, and the bit-exact residual check keeps them.
   std::atomic<std::size_t> reentered{0};
-  REQUIRE_NOTHROW(run_threads(16, [&](ThreadComm& comm) {
+  REQUIRE_NOTHROW(run_checked_threads(16, [&](checked_thread_comm& comm) {
     const auto r = check_gtopk_reference(comm, 99, 4000, 0.01, 3, 0);
     if (comm.rank() == 0) reentered = r;
   }));
@@ -46,9 +48,9 @@ TEST_CASE("gTopK rejects bad options, k > n, non-finite input and length mismatc
   const int P = GENERATE(1, 2, 3, 4, 5, 7, 8, 16);
   CAPTURE(P);
   std::atomic<int> done{0};
-  REQUIRE_NOTHROW(run_threads(
+  REQUIRE_NOTHROW(run_checked_threads(
       P,
-      [&](ThreadComm& comm) {
+      [&](checked_thread_comm& comm) {
         check_bad_options<GT>(comm);
         check_k_above_n<GT>(comm);
         for (int bad = 0; bad < 3; ++bad) {
@@ -65,7 +67,7 @@ TEST_CASE("gTopK rejects bad options, k > n, non-finite input and length mismatc
 TEST_CASE("gTopK: a sum that overflows to Inf in a merge is caught on every rank", "[compress][gtopk]") {
   const int P = GENERATE(2, 3, 4, 5, 8);
   std::atomic<int> raised{0};
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
+  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
     GT g{comm, {.k = 1}};
     std::vector<float> x(8, 0.0f);
     x[3] = 3e38f;  // finite on each rank, the merged sum is not
@@ -77,9 +79,8 @@ TEST_CASE("gTopK: a sum that overflows to Inf in a merge is caught on every rank
 TEST_CASE("gTopK save/load continues identically", "[compress][gtopk]") {
   const int P = GENERATE(1, 3, 4, 7);
   const float momentum = GENERATE(0.0f, 0.9f);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
-    check_save_load<GT>(comm, {.density = 0.03, .momentum = momentum}, 700);
-  }));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_save_load<GT>(comm, {.density = 0.03, .momentum = momentum}, 700); }));
   // Loading a state saved by TopK is refused.
   auto comms = ThreadComm::make_world(1);
   TopK<ThreadComm> t{comms[0], {.density = 0.5}};
@@ -87,13 +88,13 @@ TEST_CASE("gTopK save/load continues identically", "[compress][gtopk]") {
   t.reduce(std::span<float>(g));
   std::vector<std::byte> st;
   t.save_state(st);
-  GT g2{comms[0]};
+  GT g2{checked_thread_comm{comms[0]}};
   REQUIRE_THROWS_AS(g2.load_state(st), invalid_argument);
 }
 
 TEST_CASE("gTopK density warm-up changes k on schedule on every rank", "[compress][gtopk]") {
   const int P = GENERATE(1, 3, 4);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
+  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
     verdict v;
     GT g{comm, {.density = 0.01, .density_warmup = {{1, 0.25}, {3, 0.05}}}};
     const std::int64_t want[] = {10, 250, 250, 50, 50};
@@ -109,7 +110,7 @@ TEST_CASE("gTopK density warm-up changes k on schedule on every rank", "[compres
 
 TEST_CASE("gTopK momentum correction and clipping", "[compress][gtopk]") {
   SECTION("momentum: u = m u + g, v = v + u; delivered entries of both are zeroed; density 1 is exact") {
-    REQUIRE_NOTHROW(run_threads(2, [&](ThreadComm& comm) {
+    REQUIRE_NOTHROW(run_checked_threads(2, [&](checked_thread_comm& comm) {
       verdict v;
       const float m = 0.5f;
       GT g{comm, {.density = 1.0, .momentum = m}};
@@ -132,7 +133,7 @@ TEST_CASE("gTopK momentum correction and clipping", "[compress][gtopk]") {
   }
   SECTION("momentum keeps the undelivered velocity") {
     auto comms = ThreadComm::make_world(1);
-    GT g{comms[0], {.k = 1, .momentum = 0.5f}};
+    GT g{checked_thread_comm{comms[0]}, {.k = 1, .momentum = 0.5f}};
     std::vector<float> x = {1.0f, 4.0f};
     g.reduce(std::span<float>(x));  // u = (1, 4), v = (1, 4); index 1 delivered
     REQUIRE(x == std::vector<float>{0.0f, 4.0f});
@@ -143,14 +144,15 @@ TEST_CASE("gTopK momentum correction and clipping", "[compress][gtopk]") {
   }
   SECTION("local clipping scales the gradient norm to clip_norm / sqrt(P)") {
     const int P = GENERATE(1, 4);
-    REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
+    REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
       verdict v;
       GT g{comm, {.density = 1.0, .clip_norm = 0.5f}};
       std::vector<float> x(100, 0.0f);
       x[comm.rank()] = 10.0f;  // one entry per rank, norm 10, clipped to 0.5 / sqrt(P)
       g.reduce(std::span<float>(x));
       const float want = 0.5f / std::sqrt(static_cast<float>(P)) / static_cast<float>(P);
-      for (int r = 0; r < P; ++r) v.expect(std::fabs(x[r] - want) <= 1e-6f * want, "clipped value ", x[r], " vs ", want);
+      for (int r = 0; r < P; ++r)
+        v.expect(std::fabs(x[r] - want) <= 1e-6f * want, "clipped value ", x[r], " vs ", want);
       settle(comm, v, "clipping");
     }));
   }
@@ -158,7 +160,7 @@ TEST_CASE("gTopK momentum correction and clipping", "[compress][gtopk]") {
 
 TEST_CASE("gTopK allocates nothing after the first step", "[compress][gtopk]") {
   const int P = GENERATE(1, 2, 3, 5, 8);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
+  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
     verdict v;
     GT g{comm, {.density = 0.02}};
     std::vector<std::pair<const void*, std::size_t>> sig;

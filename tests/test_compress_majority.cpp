@@ -2,6 +2,7 @@
 // the reference s * sign(sum of signs) bit for bit (ties give 0), bytes through
 // CountingComm equal (P - 1)(48 + 4 + ceil(n/8) rounded up to 4), NaN on one rank
 // reaches every rank, and the state round-trips.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -12,8 +13,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/checked_runs.hpp"
+
 using namespace commpact;
-static_assert(Compressor<MajorityVote<ThreadComm>>);
+static_assert(Compressor<MajorityVote<commpact_test::checked_thread_comm>>);
 
 namespace {
 using vec = std::vector<float>;
@@ -59,13 +62,14 @@ TEST_CASE("MajorityVote equals the reference vote on every rank; bytes = formula
     }
     std::vector<std::vector<vec>> out(P);
     std::vector<std::uint64_t> bytes(P);
-    run_threads(P, [&](ThreadComm& comm) {
-      CountingComm<ThreadComm> counted{comm};
-      MajorityVote<CountingComm<ThreadComm>> c{counted, {.momentum = beta, .scaled = scaled}};
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+      CountingComm<commpact_test::checked_thread_comm> counted{comm};
+      MajorityVote<CountingComm<commpact_test::checked_thread_comm>> c{counted, {.momentum = beta, .scaled = scaled}};
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!c.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }
@@ -82,9 +86,9 @@ TEST_CASE("MajorityVote: NaN on one rank raises on every rank or skips everywher
   const int P = 3;
   const std::size_t n = 20;
   std::vector<int> raised(P, 0), skipped(P, 0), ok(P, 1);  // Catch2 asserts on the main thread only
-  run_threads(P, [&](ThreadComm& comm) {
-    MajorityVote<ThreadComm> a{comm, {.momentum = 0.5f}};
-    MajorityVote<ThreadComm> b{comm, {.momentum = 0.5f, .on_nonfinite = nonfinite::skip_step}};
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    MajorityVote<commpact_test::checked_thread_comm> a{comm, {.momentum = 0.5f}};
+    MajorityVote<commpact_test::checked_thread_comm> b{comm, {.momentum = 0.5f, .on_nonfinite = nonfinite::skip_step}};
     vec g = normal(comm.rank(), n);
     a.reduce(std::span<float>(g));
     const vec m_before(a.momentum().begin(), a.momentum().end());
@@ -104,7 +108,7 @@ TEST_CASE("MajorityVote: NaN on one rank raises on every rank or skips everywher
     // save, load into a fresh object: the next step agrees with the original.
     std::vector<std::byte> blob;
     a.save_state(blob);
-    MajorityVote<ThreadComm> c{comm, {.momentum = 0.5f}};
+    MajorityVote<commpact_test::checked_thread_comm> c{comm, {.momentum = 0.5f}};
     c.load_state(blob);
     vec g1 = normal(20 + comm.rank(), n), g2 = g1;
     a.reduce(std::span<float>(g1));

@@ -1,8 +1,9 @@
-// OkTopK<ThreadComm> (Ok-Topk's sparse allreduce) for P = 1..8: bit-exact against a
+// OkTopK<commpact_test::checked_thread_comm> (Ok-Topk's sparse allreduce) for P = 1..8: bit-exact against a
 // serial reference of the algorithm (local top-k by a sort, region sums in rank order,
 // the threshold from every region's k largest sums, the capped selection, the
 // rebalanced regions), conservation, exact bytes per rank through CountingComm, bytes
 // flat in P (against TopK's (P - 1) 8k), NaN on one rank raising on every rank.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -15,8 +16,10 @@
 #include <stdexcept>
 #include <vector>
 
+#include "common/checked_runs.hpp"
+
 using namespace commpact;
-static_assert(Compressor<OkTopK<ThreadComm>>);
+static_assert(Compressor<OkTopK<commpact_test::checked_thread_comm>>);
 
 namespace {
 using vec = std::vector<float>;
@@ -127,13 +130,14 @@ TEST_CASE("OkTopK equals the serial reference bit for bit on every rank; exact b
     std::vector<std::vector<std::uint64_t>> bytes(P);
     std::vector<vec> res(P);
     std::vector<std::vector<std::int64_t>> bounds(P);
-    run_threads(P, [&](ThreadComm& comm) {
-      CountingComm<ThreadComm> counted{comm};
-      OkTopK<CountingComm<ThreadComm>> ok{counted, {.density = 0.02, .period = 3}};
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+      CountingComm<commpact_test::checked_thread_comm> counted{comm};
+      OkTopK<CountingComm<commpact_test::checked_thread_comm>> ok{counted, {.density = 0.02, .period = 3}};
       for (int t = 0; t < steps; ++t) {
         vec g = grad(t, comm.rank(), n);
         const auto before = counted.stats();
-        if (!ok.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!ok.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         bytes[comm.rank()].push_back((counted.stats() - before).bytes_sent);
         out[comm.rank()].push_back(g);
       }
@@ -164,9 +168,9 @@ TEST_CASE("OkTopK's bytes per rank stay flat as P grows; TopK's grow like P - 1"
   std::vector<double> per_rank;
   for (int P : {2, 4, 8}) {
     std::vector<std::uint64_t> b(P);
-    run_threads(P, [&](ThreadComm& comm) {
-      CountingComm<ThreadComm> counted{comm};
-      OkTopK<CountingComm<ThreadComm>> ok{counted, {.density = 0.01, .period = 1000}};
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+      CountingComm<commpact_test::checked_thread_comm> counted{comm};
+      OkTopK<CountingComm<commpact_test::checked_thread_comm>> ok{counted, {.density = 0.01, .period = 1000}};
       vec g = grad(0, comm.rank(), n);
       ok.reduce(std::span<float>(g));  // the threshold step
       const auto before = counted.stats();
@@ -188,8 +192,8 @@ TEST_CASE("OkTopK's bytes per rank stay flat as P grows; TopK's grow like P - 1"
 TEST_CASE("OkTopK: NaN on one rank raises on every rank and changes nothing", "[compress][oktopk]") {
   const int P = 4;
   std::vector<int> raised(P, 0), good(P, 0);  // Catch2 asserts on the main thread only
-  run_threads(P, [&](ThreadComm& comm) {
-    OkTopK<ThreadComm> ok{comm, {.density = 0.05}};
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    OkTopK<commpact_test::checked_thread_comm> ok{comm, {.density = 0.05}};
     vec g = grad(0, comm.rank(), 300);
     ok.reduce(std::span<float>(g));
     const vec before(ok.residual().begin(), ok.residual().end());

@@ -4,6 +4,7 @@
 // only: rank threads record what they saw, the test checks it after run_threads. The
 // checks that run on any communicator live in tests/common/lowrank_checks.hpp and run
 // under MPI too (tests/mpi/test_compress_power_mpi.cpp).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "common/checked_runs.hpp"
 #include "common/lowrank_checks.hpp"
 
 using commpact::PowerCompressor;
@@ -87,35 +89,37 @@ TEST_CASE("PowerSGD recovers a mean of exact low rank to float precision", "[pow
   const int P = GENERATE(1, 2, 3);
   const int k = GENERATE(1, 2);  // true rank; Rank is 2 or 4 >= k
   CAPTURE(P, k);
-  REQUIRE_NOTHROW(commpact::run_threads(
-      P, [&](ThreadComm& comm) { commpact_test::check_power_lowrank_recovery(comm, k); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_lowrank_recovery(comm, k); },
+      quick));
 }
 
 TEST_CASE("PowerSGD below the true rank: lossy per step, but no mass is lost globally", "[power]") {
   const int P = GENERATE(1, 3);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_conservation(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_conservation(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD error feedback: residual = (g + e_old) - approximation, exactly as defined", "[power]") {
   const int P = GENERATE(1, 2, 3, 4);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_error_feedback(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_error_feedback(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD results are bit-identical on every rank, whatever the buffer alignment", "[power]") {
   const int P = GENERATE(2, 3, 4, 5);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_bit_identical(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bit_identical(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD bytes per step: (n + m) r 4 per matrix plus the dense part, exact ring counts", "[power]") {
   const int P = GENERATE(2, 3, 4, 7);
   CAPTURE(P);
-  REQUIRE_NOTHROW(commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_bytes(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_bytes(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD sends dense before start_step, with zero residual", "[power]") {
@@ -124,7 +128,7 @@ TEST_CASE("PowerSGD sends dense before start_step, with zero residual", "[power]
   std::vector<int> residual_zero(P, 0), compressed_differs(P, 0);
   for (int r = 0; r < P; ++r) in[r] = normal(900 + r, numel(kLayout));
   const auto mean = rank_order_mean(in);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     PowerCompressor<1> c{comm, kLayout, {.start_step = 2}};
     for (int s = 0; s < 2; ++s) {
       auto x = in[comm.rank()];
@@ -152,7 +156,7 @@ TEST_CASE("PowerSGD on a zero gradient gives zero, no NaN, and recovers afterwar
   std::vector<std::vector<float>> zero_out(P), later(P), in(P);
   for (int r = 0; r < P; ++r) in[r] = low_rank_grad(l, 1, r, 3);
   const auto mean = rank_order_mean(in);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     PowerCompressor<2> c{comm, l};
     for (int s = 0; s < 2; ++s) {
       std::vector<float> z(static_cast<std::size_t>(l[0].numel()), 0.0f);
@@ -176,7 +180,7 @@ TEST_CASE("PowerSGD warm start: repeated input converges; state save/load contin
   const tensor_layout l = {{30, 20}, {20}};
   std::vector<std::vector<float>> a_out(P), b_out(P);
   std::vector<std::string> errors(P);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     PowerCompressor<1> a{comm, l};
     auto g = normal(31 + comm.rank(), 620);
     for (int s = 0; s < 3; ++s) {
@@ -265,20 +269,21 @@ TEST_CASE("PowerSGD bad input raises commpact errors that name the value and the
 TEST_CASE("PowerSGD: ranks that register different shapes all raise mismatch_error", "[power][errors]") {
   const int P = GENERATE(2, 3);
   CAPTURE(P);
-  REQUIRE_NOTHROW(
-      commpact::run_threads(P, [&](ThreadComm& comm) { commpact_test::check_power_shape_mismatch(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_shape_mismatch(comm); }, quick));
 }
 
 TEST_CASE("PowerSGD: a non-finite gradient on one rank raises on every rank or skips everywhere", "[power][errors]") {
   const int P = 3;
   const tensor_layout l = {{12, 10}, {10}};
   SECTION("raise") {
-    REQUIRE_NOTHROW(commpact::run_threads(
-        P, [&](ThreadComm& comm) { commpact_test::check_power_nonfinite_raises(comm); }, quick));
+    REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+        P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_power_nonfinite_raises(comm); },
+        quick));
   }
   SECTION("skip_step keeps the residual and zeroes the gradient") {
     std::vector<int> ok(P, 0);
-    commpact::run_threads(P, [&](ThreadComm& comm) {
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
       PowerCompressor<1> c{comm, l, {.on_nonfinite = commpact::nonfinite::skip_step}};
       auto g = normal(comm.rank() + 10, 130);
       c.reduce(std::span<float>(g));
@@ -304,8 +309,8 @@ TEST_CASE("PowerSGD with nothing worth compressing is a packed dense mean", "[po
   std::vector<int> state_ok(P);
   for (int r = 0; r < P; ++r) in[r] = normal(50 + r, 14);
   const auto mean = rank_order_mean(in);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
-    commpact::CountingComm<ThreadComm> counted{comm};
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    commpact::CountingComm<commpact_test::checked_thread_comm> counted{comm};
     PowerCompressor<2> c{counted, l};
     auto x = in[comm.rank()];
     c.reduce(std::span<float>(x));
@@ -344,7 +349,7 @@ TEST_CASE("PowerSGD warm start converges to the best rank-r approximation; cold 
   std::vector<double> warm_err(T), cold_err(T);
   for (bool warm : {true, false}) {
     auto& err = warm ? warm_err : cold_err;
-    commpact::run_threads(P, [&](ThreadComm& comm) {
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
       PowerCompressor<2> c{comm, {{n, m}}, {.warm_start = warm}};
       for (int t = 0; t < T; ++t) {
         std::vector<float> g(G.data(), G.data() + n * m);

@@ -8,6 +8,7 @@
 //    reference bit for bit on every rank, and conserves (sum of g = P sum of outputs
 //    plus the residuals);
 //  - bytes through CountingComm equal (P - 1)(48 + the codec's formula rounded up to 4).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -26,6 +27,8 @@
 #include <span>
 #include <stdexcept>
 #include <vector>
+
+#include "common/checked_runs.hpp"
 
 using namespace commpact;
 
@@ -381,7 +384,7 @@ namespace {
 //! the second step through CountingComm against (P - 1)(48 + payload rounded up to 4).
 template <class K>
 void check_compressor(const K& proto, const ref_fn& ref, std::size_t payload_bytes) {
-  using C = CountingComm<ThreadComm>;
+  using C = CountingComm<commpact_test::checked_thread_comm>;
   const std::size_t n = 37;
   const int steps = 3;
   for (int P = 1; P <= 8; ++P) {
@@ -406,13 +409,14 @@ void check_compressor(const K& proto, const ref_fn& ref, std::size_t payload_byt
     std::vector<std::vector<vec>> out(P);
     std::vector<vec> residual(P);
     std::vector<std::uint64_t> second_step_bytes(P);
-    run_threads(P, [&](ThreadComm& comm) {
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
       C counted{comm};
       CodecCompressor<K, Allgather<C>> c{counted, proto};
       for (int s = 0; s < steps; ++s) {
         vec g = grad(s, comm.rank());
         const auto before = counted.stats();
-        if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+        if (!c.reduce(std::span<float>(g)))
+          throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
         if (s == 1) second_step_bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
         out[comm.rank()].push_back(g);
       }
@@ -454,7 +458,7 @@ TEST_CASE("a quantiser as CHOCO-SGD's codec in GossipMixer keeps the average and
   const int P = 5;
   const std::size_t n = 64;
   std::vector<vec> start(P), end(P);
-  run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     GossipMixer mixer{comm, Ring(P), {{static_cast<std::int64_t>(n)}}, choco_gossip<qsgd_codec>{qsgd_codec{64, 3}, 0.5}};
     vec y = sample(500 + comm.rank(), n);
     for (auto& x : y) x = std::max(-10.f, std::min(10.f, x));

@@ -7,6 +7,7 @@
 //  - random-k: k distinct sorted indices shared by every rank, uniform over many steps;
 //    LinearCompressor for P = 1..8: every rank the same bits, the reference mean, the
 //    residual exactly acc with the sent indices cleared, bytes = the ring allreduce of k + 1 floats.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -22,6 +23,8 @@
 #include <random>
 #include <stdexcept>
 #include <vector>
+
+#include "common/checked_runs.hpp"
 
 using namespace commpact;
 static_assert(Codec<threshold_codec> && Codec<gaussiank_codec> && Codec<dgc_codec>);
@@ -154,7 +157,7 @@ TEST_CASE("threshold sparsifiers reject malformed messages", "[codec][sparse][wi
 namespace {
 template <class K>
 void check_codec_compressor(const K& proto, const ref_fn& ref, std::size_t cap) {
-  using C = CountingComm<ThreadComm>;
+  using C = CountingComm<commpact_test::checked_thread_comm>;
   const std::size_t n = 300;
   const int steps = 3;
   for (int P = 1; P <= 8; ++P) {
@@ -178,7 +181,7 @@ void check_codec_compressor(const K& proto, const ref_fn& ref, std::size_t cap) 
     std::vector<std::vector<vec>> out(P);
     std::vector<vec> res(P);
     std::vector<std::uint64_t> bytes(P);
-    run_threads(P, [&](ThreadComm& comm) {
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
       C counted{comm};
       CodecCompressor<K, Allgather<C>> c{counted, proto};
       for (int s = 0; s < steps; ++s) {
@@ -241,7 +244,7 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
     CHECK(a != std::vector<std::int32_t>(other.indices(n).begin(), other.indices(n).end()));
   }
   SECTION("LinearCompressor<randomk_codec, C> for P = 1..8") {
-    using C = CountingComm<ThreadComm>;
+    using C = CountingComm<commpact_test::checked_thread_comm>;
     const std::size_t n = 401;
     const int steps = 3;
     for (int P = 1; P <= 8; ++P) {
@@ -250,13 +253,14 @@ TEST_CASE("random-k: shared uniform indices; LinearCompressor allreduces k value
       std::vector<std::vector<vec>> out(P);
       std::vector<vec> res(P);
       std::vector<std::uint64_t> bytes(P);
-      run_threads(P, [&](ThreadComm& comm) {
+      commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
         C counted{comm};
         LinearCompressor<randomk_codec, C> c{counted, randomk_codec{0.05, 11}};
         for (int s = 0; s < steps; ++s) {
           vec g = grad(s, comm.rank());
           const auto before = counted.stats();
-          if (!c.reduce(std::span<float>(g))) throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
+          if (!c.reduce(std::span<float>(g)))
+            throw std::logic_error("a step was skipped");  // no Catch2 asserts in rank threads
           if (s == 1) bytes[comm.rank()] = (counted.stats() - before).bytes_sent;
           out[comm.rank()].push_back(g);
         }

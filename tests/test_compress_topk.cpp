@@ -2,17 +2,19 @@
 // {1, 2, 3, 4, 5, 7, 8, 16}: bit-exact against a brute-force reference, conservation, exact
 // bytes by the ring allgather formula, bad input, save/load, workspace reuse. The checks
 // live in tests/common/sparse_checks.hpp.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/topk.hpp>
 
 #include <atomic>
 #include <chrono>
 
+#include "common/checked_runs.hpp"
 #include "common/sparse_checks.hpp"
 
 using namespace commpact;
 using namespace commpact_test;
-using TK = TopK<ThreadComm>;
+using TK = TopK<checked_thread_comm>;  // every collective checked (issue 9)
 static_assert(Compressor<TK>);
 
 namespace {
@@ -25,17 +27,17 @@ TEST_CASE("TopK equals the brute-force reference bit for bit, conserves, and cou
   const double density = GENERATE(0.01, 0.1);
   const int kind = GENERATE(0, 1, 2);
   CAPTURE(P, seed, density, kind);
-  REQUIRE_NOTHROW(
-      run_threads(P, [&](ThreadComm& comm) { check_topk_reference(comm, seed, 1000, density, 3, kind); }, quick));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_topk_reference(comm, seed, 1000, density, 3, kind); }, quick));
 }
 
 TEST_CASE("TopK rejects bad options, k > n, non-finite input and length mismatch on every rank", "[compress][topk]") {
   const int P = GENERATE(1, 2, 3, 5, 8);
   CAPTURE(P);
   std::atomic<int> done{0};
-  REQUIRE_NOTHROW(run_threads(
+  REQUIRE_NOTHROW(run_checked_threads(
       P,
-      [&](ThreadComm& comm) {
+      [&](checked_thread_comm& comm) {
         check_bad_options<TK>(comm);
         check_k_above_n<TK>(comm);
         check_nonfinite<TK>(comm, P - 1, std::numeric_limits<float>::quiet_NaN());
@@ -50,14 +52,13 @@ TEST_CASE("TopK rejects bad options, k > n, non-finite input and length mismatch
 TEST_CASE("TopK save/load continues identically", "[compress][topk]") {
   const int P = GENERATE(1, 3, 4);
   const float momentum = GENERATE(0.0f, 0.9f);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
-    check_save_load<TK>(comm, {.density = 0.03, .momentum = momentum}, 700);
-  }));
+  REQUIRE_NOTHROW(run_checked_threads(
+      P, [&](checked_thread_comm& comm) { check_save_load<TK>(comm, {.density = 0.03, .momentum = momentum}, 700); }));
 }
 
 TEST_CASE("TopK allocates nothing after the first step, across warm-up changes of k", "[compress][topk]") {
   const int P = GENERATE(1, 2, 5);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) {
+  REQUIRE_NOTHROW(run_checked_threads(P, [&](checked_thread_comm& comm) {
     verdict v;
     TK t{comm, {.density = 0.01, .density_warmup = {{0, 0.05}, {3, 0.02}}}};
     std::vector<std::pair<const void*, std::size_t>> sig;

@@ -5,6 +5,7 @@
 //  - GossipMixer (CHOCO-SGD with this codec).
 // Results are compared with a brute-force reference computed here from the codec's own
 // definition: the mean over ranks of decode(encode(g_r + e_r)), e_r = (g_r + e_r) - that.
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -20,6 +21,7 @@
 #include <span>
 #include <vector>
 
+#include "common/checked_runs.hpp"
 #include "common/random.hpp"
 
 namespace user {
@@ -74,7 +76,7 @@ struct blockwise_sign {
 static_assert(commpact::Codec<user::blockwise_sign>);
 
 using commpact::ThreadComm;
-using Comp = commpact::CodecCompressor<user::blockwise_sign, commpact::Allgather<ThreadComm>>;
+using Comp = commpact::CodecCompressor<user::blockwise_sign, commpact::Allgather<commpact_test::checked_thread_comm>>;
 static_assert(commpact::Compressor<Comp>);
 
 namespace {
@@ -109,7 +111,7 @@ TEST_CASE("a user's codec composes with Allgather and error feedback: brute-forc
   }
   std::vector<std::vector<std::vector<float>>> out(P);
   std::vector<std::vector<float>> residual(P);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     Comp c{comm};
     for (int s = 0; s < steps; ++s) {
       auto g = normal(100 * s + comm.rank(), n);
@@ -131,7 +133,7 @@ TEST_CASE("a user's codec inside DataParallel (gradient rounds) and as CHOCO's c
   const int T = 6;
   std::vector<std::vector<float>> params(P), mixed(P), mixed_ref(P);
   std::vector<std::uint64_t> bytes(P);
-  commpact::run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     // DataParallel with the composed compressor: every rank ends with the same parameters.
     commpact::DataParallel dp{Comp{comm}, commpact::EveryStep{}, T};
     std::vector<float> x(n, 0.5f);
@@ -145,7 +147,7 @@ TEST_CASE("a user's codec inside DataParallel (gradient rounds) and as CHOCO's c
     params[comm.rank()] = x;
 
     // GossipMixer (CHOCO) with the same codec, bytes counted: 4 + 4 * blocks + n/8 per edge.
-    commpact::CountingComm<ThreadComm> counted{comm};
+    commpact::CountingComm<commpact_test::checked_thread_comm> counted{comm};
     commpact::GossipMixer mixer{counted, commpact::Ring(P), {{static_cast<std::int64_t>(n)}},
                                 commpact::choco_gossip<user::blockwise_sign>{{}, 0.4}};
     auto y = normal(1000 + comm.rank(), n);

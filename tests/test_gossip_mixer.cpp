@@ -4,6 +4,7 @@
 // they see; Catch2 assertions run on the main thread. The checks that run on any
 // communicator live in tests/common/gossip_checks.hpp and run under MPI too
 // (tests/mpi/test_gossip_mpi.cpp).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -25,6 +26,7 @@
 #include <limits>
 #include <vector>
 
+#include "common/checked_runs.hpp"
 #include "common/gossip_checks.hpp"
 
 using namespace commpact;
@@ -43,9 +45,9 @@ const thread_options quick{std::chrono::seconds(60)};
 template <class Check>
 std::array<std::vector<double>, 3> distances(int P, Check check) {
   std::array<std::vector<double>, 3> out;
-  REQUIRE_NOTHROW(run_threads(
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
       P,
-      [&](ThreadComm& comm) {
+      [&](commpact_test::checked_thread_comm& comm) {
         auto d = check(comm);
         if (comm.rank() == 0) out = d;
       },
@@ -58,16 +60,17 @@ std::array<std::vector<double>, 3> distances(int P, Check check) {
 TEST_CASE("gossip preserves the average model: D-PSGD, PowerGossip, CHOCO on ring, torus, complete", "[gossip]") {
   const int P = GENERATE(2, 3, 4, 8, 16);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(
-      P, [&](ThreadComm& comm) { commpact_test::check_average_preserved_all_modes(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_average_preserved_all_modes(comm); },
+      quick));
 }
 
 TEST_CASE("D-PSGD: consensus distance shrinks at least as fast as lambda_2^2 per step, ordered by spectral gap",
           "[gossip]") {
   const int P = 16, T = 15;
   // The lambda_2^2 bound per step and one-step averaging on Complete (any P).
-  const auto [ring, torus, comp] =
-      distances(P, [&](ThreadComm& comm) { return commpact_test::check_dpsgd_contraction(comm, T); });
+  const auto [ring, torus, comp] = distances(
+      P, [&](commpact_test::checked_thread_comm& comm) { return commpact_test::check_dpsgd_contraction(comm, T); });
   const double lr = commpact_test::lambda2(Ring(P)), lt = commpact_test::lambda2(Torus2D(P));
   // Asymptotic rates approach lambda_2^2 (the slowest mode dominates).
   const double rate_ring = ring[T] / ring[T - 1], rate_torus = torus[T] / torus[T - 1];
@@ -79,8 +82,9 @@ TEST_CASE("D-PSGD: consensus distance shrinks at least as fast as lambda_2^2 per
 TEST_CASE("PowerGossip: consensus shrinks geometrically, complete fastest, ring slowest", "[gossip]") {
   const int P = 16, T = 60;
   // Each step is a symmetric contraction on the disagreement: never increases (any P).
-  const auto [ring, torus, comp] =
-      distances(P, [&](ThreadComm& comm) { return commpact_test::check_power_gossip_contraction(comm, T); });
+  const auto [ring, torus, comp] = distances(P, [&](commpact_test::checked_thread_comm& comm) {
+    return commpact_test::check_power_gossip_contraction(comm, T);
+  });
   auto rate = [](const std::vector<double>& d, int a, int b) { return std::pow(d[b] / d[a], 1.0 / (b - a)); };
   const double r_ring = rate(ring, 0, T), r_torus = rate(torus, 0, T), r_comp = rate(comp, 0, T);
   INFO("mean per-step factor: ring " << r_ring << " torus " << r_torus << " complete " << r_comp);
@@ -110,7 +114,7 @@ TEST_CASE("PowerGossip on two ranks whose models differ by a rank-1 matrix agree
         x0[r][i * 7 + j] = 0.5f * float(i - j) + (r == 1 ? float(i + 1) * float(j % 3 - 1) : 0.0f);
   }
   const auto mean = mean_of(x0);
-  run_threads(2, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(2, [&](commpact_test::checked_thread_comm& comm) {
     GossipMixer mixer{comm, Ring(2), l, power_gossip<1>{}};
     auto x = x0[comm.rank()];
     mixer.mix(std::span<float>(x));
@@ -126,8 +130,10 @@ TEST_CASE("PowerGossip on two ranks whose models differ by a rank-1 matrix agree
 TEST_CASE("gossip bytes per step: exact message sizes per neighbour", "[gossip]") {
   const int P = 8;
   std::vector<std::size_t> degree(P);
-  REQUIRE_NOTHROW(run_threads(
-      P, [&](ThreadComm& comm) { degree[comm.rank()] = commpact_test::check_gossip_bytes(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P,
+      [&](commpact_test::checked_thread_comm& comm) { degree[comm.rank()] = commpact_test::check_gossip_bytes(comm); },
+      quick));
   // Torus2D(8) is 2 x 4: 3 neighbours each.
   for (int rk = 0; rk < P; ++rk) CHECK(degree[rk] == 3);
 }
@@ -137,8 +143,9 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
   auto comms = ThreadComm::make_world(4);
   SECTION("topology size differs from the communicator's") {
     for (int P : {1, 4})
-      REQUIRE_NOTHROW(
-          run_threads(P, [&](ThreadComm& comm) { commpact_test::check_gossip_topology_size(comm); }, quick));
+      REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+          P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_topology_size(comm); },
+          quick));
   }
   SECTION("rank above min(n, m) is clamped per matrix, as PowerCompressor does") {
     // A 3 x 50 matrix at rank 4 travels as rank-3 factors: 4 * 3 * 50 bytes in phase 0.
@@ -197,14 +204,15 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
 TEST_CASE("gossip: ranks that build different mixers all raise mismatch_error", "[gossip][errors]") {
   const int P = GENERATE(2, 4);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_gossip_mixer_mismatch(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_mixer_mismatch(comm); }, quick));
 }
 
 TEST_CASE("GossipMixer: a bare Codec means CHOCO with that codec", "[gossip]") {
   std::vector<std::vector<float>> a(3), b(3);
-  run_threads(3, [&](ThreadComm& comm) {
-    GossipMixer<Ring, sign_codec> m1{comm, Ring(3), kLayout};
-    GossipMixer<Ring, choco_gossip<sign_codec>> m2{comm, Ring(3), kLayout};
+  commpact_test::run_checked_threads(3, [&](commpact_test::checked_thread_comm& comm) {
+    GossipMixer<Ring, sign_codec, commpact_test::checked_thread_comm> m1{comm, Ring(3), kLayout};
+    GossipMixer<Ring, choco_gossip<sign_codec>, commpact_test::checked_thread_comm> m2{comm, Ring(3), kLayout};
     auto x = rank_model(comm.rank(), 9), y = x;
     for (int s = 0; s < 3; ++s) {
       m1.mix(std::span<float>(x));
@@ -220,11 +228,12 @@ TEST_CASE("GossipMixer: a bare Codec means CHOCO with that codec", "[gossip]") {
 TEST_CASE("gossip state save/load continues bit for bit (PowerGossip, CHOCO)", "[gossip]") {
   const int P = 4;
   std::vector<int> same_pg(P, 0), same_choco(P, 0), errors(P, 0);
-  run_threads(P, [&](ThreadComm& comm) {
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
     auto x = rank_model(comm.rank(), 5);
     auto y = x;
-    GossipMixer<Ring, power_gossip<2>> a{comm, Ring(P), kLayout};
-    GossipMixer<Ring, choco_gossip<topk_codec>> c{comm, Ring(P), kLayout, {topk_codec{0.1}, 0.3}};
+    GossipMixer<Ring, power_gossip<2>, commpact_test::checked_thread_comm> a{comm, Ring(P), kLayout};
+    GossipMixer<Ring, choco_gossip<topk_codec>, commpact_test::checked_thread_comm> c{
+        comm, Ring(P), kLayout, {topk_codec{0.1}, 0.3}};
     for (int s = 0; s < 3; ++s) {  // odd count: the restored mixer must resume in phase 1
       a.mix(std::span<float>(x));
       c.mix(std::span<float>(y));
@@ -232,8 +241,9 @@ TEST_CASE("gossip state save/load continues bit for bit (PowerGossip, CHOCO)", "
     std::vector<std::byte> sa, sc;
     a.save_state(sa);
     c.save_state(sc);
-    GossipMixer<Ring, power_gossip<2>> b{comm, Ring(P), kLayout};
-    GossipMixer<Ring, choco_gossip<topk_codec>> d{comm, Ring(P), kLayout, {topk_codec{0.1}, 0.3}};
+    GossipMixer<Ring, power_gossip<2>, commpact_test::checked_thread_comm> b{comm, Ring(P), kLayout};
+    GossipMixer<Ring, choco_gossip<topk_codec>, commpact_test::checked_thread_comm> d{
+        comm, Ring(P), kLayout, {topk_codec{0.1}, 0.3}};
     b.load_state(sa);
     d.load_state(sc);
     auto x2 = x, y2 = y;

@@ -7,6 +7,7 @@
 // Catch2 is not thread-safe, so ranks record what they see and the main thread checks.
 // The checks that run on any communicator live in tests/common/data_parallel_checks.hpp
 // and run under MPI too (tests/mpi/test_train_data_parallel_mpi.cpp).
+// Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -27,6 +28,7 @@
 #include <span>
 #include <vector>
 
+#include "common/checked_runs.hpp"
 #include "common/data_parallel_checks.hpp"
 #include "common/matchers.hpp"
 
@@ -47,7 +49,9 @@ const thread_options quick{std::chrono::seconds(60)};
 template <class Policy, class Lr>
 std::vector<rank_result> train(int P, const Policy& policy, const Lr& lr, const run_config& cfg) {
   std::vector<rank_result> out(P);
-  run_threads(P, [&](ThreadComm& comm) { out[comm.rank()] = commpact_test::train_rank(comm, policy, lr, cfg); });
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    out[comm.rank()] = commpact_test::train_rank(comm, policy, lr, cfg);
+  });
   return out;
 }
 
@@ -65,13 +69,15 @@ void check_consistent(const std::vector<rank_result>& rs) {
 TEST_CASE("DataParallel performs the rounds of QSR's hand-computed schedule", "[train][data_parallel][qsr]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_qsr_hand_schedule(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_qsr_hand_schedule(comm); }, quick));
 }
 
 TEST_CASE("DataParallel's rounds equal the policy's schedule", "[train][data_parallel]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_rounds_equal_schedule(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_rounds_equal_schedule(comm); }, quick));
 }
 
 TEST_CASE("LocalSgd{1} equals EveryStep with Dense bit for bit", "[train][data_parallel][bitwise]") {
@@ -79,8 +85,11 @@ TEST_CASE("LocalSgd{1} equals EveryStep with Dense bit for bit", "[train][data_p
   const bool average_state = GENERATE(false, true);
   const double momentum = GENERATE(0.0, 0.9);
   CAPTURE(P, average_state, momentum);
-  REQUIRE_NOTHROW(run_threads(
-      P, [&](ThreadComm& comm) { commpact_test::check_localsgd1_equals_everystep(comm, average_state, momentum); },
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P,
+      [&](commpact_test::checked_thread_comm& comm) {
+        commpact_test::check_localsgd1_equals_everystep(comm, average_state, momentum);
+      },
       quick));
 }
 
@@ -196,20 +205,23 @@ TEST_CASE("PostLocal switches to Local SGD exactly at its step", "[train][data_p
 TEST_CASE("Bytes counted by CountingComm follow the ring formula", "[train][data_parallel][bytes]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_data_parallel_bytes(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_data_parallel_bytes(comm); }, quick));
 }
 
 TEST_CASE("DataParallel with PowerCompressor keeps every rank identical (gradients and compressed deltas)",
           "[train][data_parallel][compress]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_data_parallel_powersgd(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_data_parallel_powersgd(comm); }, quick));
 }
 
 TEST_CASE("verify_plans catches ranks that decide differently; none hangs", "[train][data_parallel][errors]") {
   const int P = GENERATE(2, 3, 4);
   CAPTURE(P);
-  REQUIRE_NOTHROW(run_threads(P, [&](ThreadComm& comm) { commpact_test::check_verify_plans_mismatch(comm); }, quick));
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_verify_plans_mismatch(comm); }, quick));
 }
 
 TEST_CASE("DataParallel rejects bad input", "[train][data_parallel][errors]") {

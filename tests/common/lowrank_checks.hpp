@@ -9,6 +9,7 @@
 // throws check_failed together (see tests/common/sparse_checks.hpp). Wrap a check in
 // REQUIRE_NOTHROW(run_threads(...)) or REQUIRE_NOTHROW(mpi_guard(comm, ...)).
 #include <catch2/catch.hpp>
+#include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/wire_model.hpp>
@@ -37,7 +38,9 @@ using PowerRowMat = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::
 //! serial rank-order sum is a bit-exact reference); MPI's order is its own.
 template <class Comm>
 inline constexpr bool sums_in_rank_order =
-    std::is_same_v<Comm, commpact::ThreadComm> || std::is_same_v<Comm, commpact::CountingComm<commpact::ThreadComm>>;
+    std::is_same_v<Comm, commpact::ThreadComm> || std::is_same_v<Comm, commpact::CountingComm<commpact::ThreadComm>> ||
+    std::is_same_v<Comm, commpact::CheckedComm<commpact::ThreadComm>> ||
+    std::is_same_v<Comm, commpact::CountingComm<commpact::CheckedComm<commpact::ThreadComm>>>;
 
 inline std::size_t numel(const commpact::tensor_layout& l) {
   std::size_t n = 0;

@@ -1,10 +1,11 @@
 // commpact-mpi-ranks: 1 2 3 5 8
-// The survey's compressors under mpiexec: CodecCompressor<codec, Allgather<MpiComm>> for
+// The survey's compressors under mpiexec: CodecCompressor<codec, Allgather<commpact_test::checked_mpi_comm>> for
 // the quantisers, EF-SignSGD and the threshold sparsifiers, LinearCompressor<randomk>
 // and MajorityVote. Each rank replays every rank's codec serially (gradients seeded by
 // rank; the codecs themselves were checked against brute-force references in
 // tests/test_compress_quantizers.cpp and test_compress_sparsifiers.cpp) and must get the
 // compressor's output bit for bit; every rank's output is also compared with rank 0's.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/allgather.hpp>
 #include <commpact/compress/allreduce.hpp>
@@ -20,6 +21,8 @@
 #include <random>
 #include <vector>
 
+#include "common/checked_mpi.hpp"
+
 using namespace commpact;
 using namespace std::chrono_literals;
 
@@ -34,18 +37,18 @@ vec grad(int s, int r, std::size_t n) {
 }
 
 //! The same output bits on every rank (rank 0's, broadcast).
-void same_everywhere(MpiComm& comm, const vec& v) {
+void same_everywhere(commpact_test::checked_mpi_comm& comm, const vec& v) {
   vec root = v;
   comm.broadcast(std::span<float>(root), 0);
   CHECK(root == v);
 }
 
 template <class K>
-void check_codec(MpiComm& comm, const K& proto) {
+void check_codec(commpact_test::checked_mpi_comm& comm, const K& proto) {
   const int P = comm.size();
   const std::size_t n = 333;
   const int steps = 3;
-  CodecCompressor<K, Allgather<MpiComm>> c{comm, proto};
+  CodecCompressor<K, Allgather<commpact_test::checked_mpi_comm>> c{comm, proto};
   std::vector<vec> e(P, vec(n, 0.0f));
   for (int s = 0; s < steps; ++s) {
     vec g = grad(s, comm.rank(), n);
@@ -70,7 +73,7 @@ void check_codec(MpiComm& comm, const K& proto) {
 }  // namespace
 
 TEST_CASE("MPI: CodecCompressor with each new codec equals the serial replay on every rank", "[mpi][codec]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     check_codec(comm, qsgd_codec{16, 5});
     check_codec(comm, terngrad_codec{5});
@@ -86,11 +89,11 @@ TEST_CASE("MPI: CodecCompressor with each new codec equals the serial replay on 
 }
 
 TEST_CASE("MPI: random-k's allreduce and the majority vote give every rank the same bits", "[mpi][randomk][majority]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     const std::size_t n = 500;
-    LinearCompressor<randomk_codec, MpiComm> rk{comm, randomk_codec{0.05, 3}};
-    MajorityVote<MpiComm> mv{comm, {.momentum = 0.9f}};
+    LinearCompressor<randomk_codec, commpact_test::checked_mpi_comm> rk{comm, randomk_codec{0.05, 3}};
+    MajorityVote<commpact_test::checked_mpi_comm> mv{comm, {.momentum = 0.9f}};
     for (int s = 0; s < 3; ++s) {
       vec g = grad(s, comm.rank(), n), h = g;
       REQUIRE(rk.reduce(std::span<float>(g)));
@@ -103,10 +106,10 @@ TEST_CASE("MPI: random-k's allreduce and the majority vote give every rank the s
 }
 
 TEST_CASE("MPI: OkTopK gives every rank the same bits and conserves", "[mpi][oktopk]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     const std::size_t n = 3000;
-    OkTopK<MpiComm> ok{comm, {.density = 0.02, .period = 2}};
+    OkTopK<commpact_test::checked_mpi_comm> ok{comm, {.density = 0.02, .period = 2}};
     double in = 0, out = 0;
     for (int s = 0; s < 4; ++s) {
       vec g = grad(s, comm.rank(), n);

@@ -3,11 +3,13 @@
 // tests (tests/common/lowrank_checks.hpp): recovery of an exact low-rank mean with results
 // bit-identical on every rank, error feedback and global conservation, exact bytes
 // through CountingComm<MpiComm>, and bad input that raises on every rank without hanging.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/power.hpp>
 
 #include "common/lowrank_checks.hpp"
+#include "common/checked_mpi.hpp"
 
 using namespace commpact;
 using namespace commpact_test;
@@ -16,7 +18,7 @@ static_assert(Compressor<PowerCompressor<2>>);
 static_assert(Compressor<PowerCompressor<2>>);
 
 TEST_CASE("MPI: PowerSGD recovers an exact low-rank mean, bit-identical on every rank", "[mpi][power]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   for (int k : {1, 2}) {
     CAPTURE(k);
     REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_lowrank_recovery(comm, k); }));
@@ -25,18 +27,18 @@ TEST_CASE("MPI: PowerSGD recovers an exact low-rank mean, bit-identical on every
 }
 
 TEST_CASE("MPI: PowerSGD error feedback is exact and conserves the mean", "[mpi][power]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_error_feedback(comm); }));
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_conservation(comm); }));
 }
 
 TEST_CASE("MPI: PowerSGD bytes through CountingComm<MpiComm> follow the ring formula", "[mpi][power]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_power_bytes(comm); }));
 }
 
 TEST_CASE("MPI: PowerSGD bad input raises on every rank and leaves the communicator usable", "[mpi][power][errors]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     check_power_shape_mismatch(comm);
     check_power_nonfinite_raises(comm);
@@ -47,7 +49,7 @@ TEST_CASE("MPI: PowerSGD bad input raises on every rank and leaves the communica
 TEST_CASE("MPI: one rank passes a buffer that does not fit the layout: every rank raises, none hangs",
           "[mpi][power][errors][failure]") {
   // Its own MpiComm: mpi_guard marks it failed, and the next test must not meet it.
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  auto comm = commpact_test::checked_mpi_world(20s);
   const int P = comm.size(), r = comm.rank(), bad = P - 1;
   const auto t0 = std::chrono::steady_clock::now();
   int ok = 0;

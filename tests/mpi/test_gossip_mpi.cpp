@@ -6,10 +6,12 @@
 // round; exact bytes per neighbour through CountingComm<MpiComm>; bad input (a
 // topology of another size, ranks that build different mixers) raises on every rank
 // without hanging.
+// The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 
 #include "common/gossip_checks.hpp"
+#include "common/checked_mpi.hpp"
 
 using namespace commpact;
 using namespace commpact_test;
@@ -17,12 +19,12 @@ using namespace std::chrono_literals;
 
 TEST_CASE("MPI: gossip preserves the average model: D-PSGD, PowerGossip, CHOCO on ring, torus, complete",
           "[mpi][gossip]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_average_preserved_all_modes(comm); }));
 }
 
 TEST_CASE("MPI: D-PSGD and PowerGossip shrink the consensus distance", "[mpi][gossip]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   // 6 rounds: on Ring(4) every disagreement mode has |lambda| = 1/3, so the bound holds
   // with equality in exact arithmetic, and after ~9 rounds the disagreement is so small
   // that float rounding of the models exceeds the bound's 1e-6 relative slack.
@@ -31,12 +33,12 @@ TEST_CASE("MPI: D-PSGD and PowerGossip shrink the consensus distance", "[mpi][go
 }
 
 TEST_CASE("MPI: gossip bytes through CountingComm<MpiComm>: exact message sizes per neighbour", "[mpi][gossip]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] { check_gossip_bytes(comm); }));
 }
 
 TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicator usable", "[mpi][gossip][errors]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  auto comm = commpact_test::checked_mpi_world(60s);
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     check_gossip_topology_size(comm);
     check_gossip_mixer_mismatch(comm);
@@ -47,13 +49,14 @@ TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicato
 TEST_CASE("MPI: one rank builds the topology for another size: every rank raises, none hangs",
           "[mpi][gossip][errors][failure]") {
   // Its own MpiComm: mpi_guard marks it failed, and the next test must not meet it.
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  auto comm = commpact_test::checked_mpi_world(20s);
   const int P = comm.size(), r = comm.rank(), bad = 1 % P;
   const auto t0 = std::chrono::steady_clock::now();
   int ok = 0;
   try {
     mpi_guard(comm, [&] {
-      GossipMixer<Ring, power_gossip<1>, MpiComm> m{comm, Ring(r == bad ? P + 1 : P), kGossipLayout};
+      GossipMixer<Ring, power_gossip<1>, commpact_test::checked_mpi_comm> m{comm, Ring(r == bad ? P + 1 : P),
+                                                                            kGossipLayout};
       auto x = rank_model(r, 1);
       m.mix(std::span<float>(x));
     });
