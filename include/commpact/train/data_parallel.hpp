@@ -2,7 +2,7 @@
 #pragma once
 //! \file data_parallel.hpp
 //! (Over 400 lines on purpose: one class, a third of it the contract written below, and
-//! its transactional step and state loading, which belong together.)
+//! its transactional step, overlap entry points and state loading, which belong together.)
 //! DataParallel<Compressor, SyncPolicy>: the piece a training loop calls after backward.
 //! It asks the SyncPolicy when to synchronise and what, moves the bytes through the
 //! Compressor (and the Compressor's communicator), and leaves the optimizer to the user.
@@ -47,6 +47,10 @@
 //! parameter rounds (PostLocal) raises invalid_argument at the first round of the other
 //! kind; give the deltas a compressor of their own with the constructor
 //! DataParallel{for_gradients, for_deltas, policy, total_steps, options}.
+//!
+//! Overlap: with a Bucketed compressor (compress/bucketed.hpp), begin_backward(grads, lr)
+//! before backward and grad_ready(layer) during it start each bucket's reduction while
+//! backward goes on; step() then waits for them. Bit for bit the same as step() alone.
 //!
 //! save_state / load_state checkpoint the driver (position, current period, the
 //! parameters at its start, counters) and its compressors; the optimizer is the user's.
