@@ -38,11 +38,14 @@
 #include <commpact/sync/policies.hpp>
 #include <commpact/sync/schedule.hpp>
 #include <commpact/topology/ring.hpp>
+#include <commpact/train/cost_fit.hpp>
 #include <commpact/train/cost_model.hpp>
 #include <commpact/train/data_parallel.hpp>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -125,6 +128,7 @@ struct cfg {
   int iters = 5;
   std::string csv, fit, plot, plot_dir = "docs/img";
   bool model_table = false;
+  double cores = 2;
 };
 
 std::uint64_t parse_size(const std::string& s) {
@@ -296,32 +300,68 @@ double rate_bits(const std::string& r) {
 
 // ---- --fit, --model-table and --plot (no MPI) ----------------------------------------------
 
+//! scripts/cluster's tbf burst at a rate: 256 KiB, or 2 ms of traffic at high rates.
+double emulated_burst(double bits_per_second) { return std::max(262144.0, std::floor(bits_per_second / 8 / 500)); }
+
+//! Below this, measured communication times are mostly scheduling noise of the loaded
+//! machine (P ranks and other jobs on 2 cores): the alpha-beta fit weighs them as absolute
+//! errors.
+constexpr double fit_floor_s = 0.02;
+
+//! A fitted model: plain alpha-beta (`host` false, as before), or alpha-beta plus the host
+//! terms of cost_fit.hpp (the tbf burst, host work per byte, scheduling of P / cores ranks
+//! per core), fitted on relative errors of every flat run.
 struct fitted {
+  bool host = false;
+  double cores = 2;                         // cores of the machine the runs shared
   std::map<std::string, cost::link> links;  // per rate, from the flat runs
-  double alpha = 0;                         // mean alpha (links of rates without a fit)
+  double alpha = 0, wire = 0, host_beta = 0, sched = 0;  // means, for rates without a fit
   cost::link get(const std::string& rate) const {
     auto it = links.find(rate);
-    return it != links.end() ? it->second : cost::link_from_rate(rate_bits(rate), alpha);
+    if (it != links.end()) return it->second;
+    cost::link l = cost::link_from_rate(rate_bits(rate), alpha);
+    if (host) {  // the fitted rates' wire efficiency and host terms, this rate's burst
+      l.beta *= wire, l.host_beta = host_beta, l.sched = sched;
+      l.burst = emulated_burst(rate_bits(rate));
+    }
+    return l;
   }
+  double rho(const row& r) const { return host ? r.P / cores : 1.0; }
   double predict(const row& r) const {
-    if (r.method == "hierarchical") return cost::comm_time(r.model, get(r.rate)) + cost::comm_time(r.model_inter, get(r.inter_rate));
+    if (r.method == "hierarchical")
+      return cost::comm_time(r.model, get(r.rate), rho(r)) + cost::comm_time(r.model_inter, get(r.inter_rate), rho(r));
     // a flat algorithm on the two-level cluster is paced by the slow uplinks
-    return cost::comm_time(r.model, get(r.network == "two-level" ? r.inter_rate : r.rate));
+    return cost::comm_time(r.model, get(r.network == "two-level" ? r.inter_rate : r.rate), rho(r));
   }
 };
 
-//! Below this, measured communication times are mostly scheduling noise of the loaded
-//! machine (P ranks and other jobs on 2 cores): the fit weighs them as absolute errors.
-constexpr double fit_floor_s = 0.02;
+bool fit_row(const row& r) { return r.network == "flat" && r.comm > 0 && r.P > 1; }
 
-fitted fit_rows(const std::vector<row>& rows) {
-  std::map<std::string, std::vector<cost::comm_sample>> by_rate;
-  for (const auto& r : rows)
-    if (r.network == "flat" && r.comm > 0 && r.P > 1) by_rate[r.rate].push_back({r.model, r.comm});
+//! The same configuration: repeated runs of one point.
+bool same_point(const row& a, const row& b) {
+  return std::tie(a.network, a.rate, a.inter_rate, a.P, a.method, a.n, a.density, a.sim) ==
+         std::tie(b.network, b.rate, b.inter_rate, b.P, b.method, b.n, b.density, b.sim);
+}
+
+//! The fit over the flat rows i with !skip(i) (leave-one-out validation skips one).
+template <class Skip>
+fitted fit_rows(const std::vector<row>& rows, bool host, double cores, Skip skip) {
   fitted f;
-  for (auto& [rate, s] : by_rate) f.links[rate] = cost::fit_link(s, fit_floor_s);
-  for (auto& [rate, l] : f.links) f.alpha += l.alpha / static_cast<double>(f.links.size());
+  f.host = host, f.cores = cores;
+  std::map<std::string, std::vector<cost::comm_sample>> by_rate;
+  for (std::size_t i = 0; i < rows.size(); ++i)
+    if (fit_row(rows[i]) && !skip(i)) by_rate[rows[i].rate].push_back({rows[i].model, rows[i].comm, f.rho(rows[i])});
+  for (auto& [rate, s] : by_rate)
+    f.links[rate] = host ? cost::fit_host_link(s, emulated_burst(rate_bits(rate))) : cost::fit_link(s, fit_floor_s);
+  const double m = static_cast<double>(std::max<std::size_t>(1, f.links.size()));
+  for (auto& [rate, l] : f.links) {
+    f.alpha += l.alpha / m, f.host_beta += l.host_beta / m, f.sched += l.sched / m;
+    f.wire += l.beta * rate_bits(rate) / 8 / m;
+  }
   return f;
+}
+fitted fit_rows(const std::vector<row>& rows, bool host = false, double cores = 2) {
+  return fit_rows(rows, host, cores, [](std::size_t) { return false; });
 }
 
 struct paper_model {
@@ -379,11 +419,17 @@ void model_table(const fitted& f) {
 
 int report_fit(const cfg& c) {
   const auto rows = read_csv(c.fit);
-  const auto f = fit_rows(rows);
+  const auto f = fit_rows(rows), h = fit_rows(rows, true, c.cores);
   std::printf("## Fitted links (least squares of errors relative to max(t, 20 ms), flat runs)\n\n| rate | alpha (us) | beta (ns/byte) | "
               "effective Gbit/s |\n|---|---|---|---|\n");
   for (const auto& [rate, l] : f.links)
     std::printf("| %s | %.1f | %.4f | %.3f |\n", rate.c_str(), l.alpha * 1e6, l.beta * 1e9, 8 / l.beta / 1e9);
+  std::printf("\n## Host-aware links (cost_fit.hpp: least squares of relative errors, flat runs, rho = P / %g cores)\n\n"
+              "| rate | alpha (us) | beta (ns/byte beyond the burst) | host_beta (ns/byte) | burst (bytes, tbf) | "
+              "sched (us per round per extra rank per core) |\n|---|---|---|---|---|---|\n", c.cores);
+  for (const auto& [rate, l] : h.links)
+    std::printf("| %s | %.1f | %.4f | %.4f | %.0f | %.1f |\n", rate.c_str(), l.alpha * 1e6, l.beta * 1e9,
+                l.host_beta * 1e9, l.burst, l.sched * 1e6);
   std::map<std::string, std::vector<cost::comm_sample>> by_method;
   for (const auto& r : rows) {
     cost::step_cost e;
@@ -393,28 +439,53 @@ int report_fit(const cfg& c) {
   std::printf("\n## Compressor compute per element (gamma, all ranks sharing the machine's cores)\n\n| method | gamma "
               "(ns/element) |\n|---|---|\n");
   for (auto& [m, s] : by_method) std::printf("| %s | %.3f |\n", m.c_str(), cost::fit_gamma(s) * 1e9);
-  std::printf("\n## Model error against every measured communication time\n\n| network | rate | inter | P | method | n | "
-              "measured ms | model ms | error |\n|---|---|---|---|---|---|---|---|---|\n");
-  double worst = 0;
-  int ok = 0, total = 0, ok_big = 0, total_big = 0;
-  for (const auto& r : rows) {
+  std::printf("\n## Model error against every measured communication time\n\nIn-sample: the fit over every flat run; "
+              "LOO: refitted without the row itself; LOPO: refitted without every run of the row's point (same "
+              "network, rates, P, method, n). Two-level rows are never fitted: LOO = LOPO = in-sample.\n\n"
+              "| network | rate | inter | P | method | n | measured ms | alpha-beta ms | error | LOO | LOPO | host-aware ms | "
+              "error | LOO | LOPO |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  struct tally {
+    int ok = 0, total = 0, ok_big = 0, total_big = 0;
+    double worst = 0;
+    void add(double e, bool big) {
+      worst = std::max(worst, std::abs(e)), ++total, ok += std::abs(e) <= 0.25;
+      if (big) ++total_big, ok_big += std::abs(e) <= 0.25;
+    }
+  } t[6];  // alpha-beta in-sample, LOO, LOPO; host-aware in-sample, LOO, LOPO
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& r = rows[i];
     if (r.P < 2 || r.comm <= 0) continue;
-    const double p = f.predict(r), e = cost::relative_error(p, r.comm);
-    worst = std::max(worst, std::abs(e));
-    ++total, ok += std::abs(e) <= 0.25;
-    if (r.comm >= fit_floor_s) ++total_big, ok_big += std::abs(e) <= 0.25;
-    std::printf("| %s | %s | %s | %d | %s | %llu | %.3f | %.3f | %+.1f%% |\n", r.network.c_str(), r.rate.c_str(),
-                r.inter_rate.c_str(), r.P, r.method.c_str(), (unsigned long long)r.n, r.comm * 1e3, p * 1e3, 100 * e);
+    const auto one = [&](std::size_t j) { return j == i; };
+    const auto point = [&](std::size_t j) { return same_point(rows[j], r); };
+    double p[6];
+    for (int m = 0; m < 2; ++m) {
+      const bool host = m == 1;
+      p[3 * m] = (host ? h : f).predict(r);
+      p[3 * m + 1] = fit_row(r) ? fit_rows(rows, host, c.cores, one).predict(r) : p[3 * m];
+      p[3 * m + 2] = fit_row(r) ? fit_rows(rows, host, c.cores, point).predict(r) : p[3 * m];
+    }
+    double e[6];
+    for (int j = 0; j < 6; ++j) e[j] = cost::relative_error(p[j], r.comm), t[j].add(e[j], r.comm >= fit_floor_s);
+    std::printf("| %s | %s | %s | %d | %s | %llu | %.3f | %.3f | %+.1f%% | %+.1f%% | %+.1f%% | %.3f | %+.1f%% | %+.1f%% | "
+                "%+.1f%% |\n",
+                r.network.c_str(), r.rate.c_str(), r.inter_rate.c_str(), r.P, r.method.c_str(), (unsigned long long)r.n,
+                r.comm * 1e3, p[0] * 1e3, 100 * e[0], 100 * e[1], 100 * e[2], p[3] * 1e3, 100 * e[3], 100 * e[4],
+                100 * e[5]);
   }
-  std::printf("\nlargest |error|: %.1f%%; within 25%%: %d of %d points, %d of %d points at or above %g ms\n",
-              100 * worst, ok, total, ok_big, total_big, fit_floor_s * 1e3);
+  std::printf("\n| model | within 25%% | largest abs error | within 25%%, points >= %g ms |\n|---|---|---|---|\n",
+              fit_floor_s * 1e3);
+  const char* names[6] = {"alpha-beta, in-sample",        "alpha-beta, leave-one-out", "alpha-beta, leave-point-out",
+                          "host-aware, in-sample",        "host-aware, leave-one-out", "host-aware, leave-point-out"};
+  for (int j = 0; j < 6; ++j)
+    std::printf("| %s | %d of %d | %.1f%% | %d of %d |\n", names[j], t[j].ok, t[j].total, 100 * t[j].worst, t[j].ok_big,
+                t[j].total_big);
   if (c.model_table) model_table(f);
   return 0;
 }
 
 int report_plots(const cfg& c) {
   const auto rows = read_csv(c.plot);
-  const auto f = fit_rows(rows);
+  const auto f = fit_rows(rows), h = fit_rows(rows, true, c.cores);
   const std::string dir = c.plot_dir;
   // the largest size measured at more than one P
   std::map<std::uint64_t, std::set<int>> ps;
@@ -454,7 +525,7 @@ int report_plots(const cfg& c) {
   {
     std::ofstream d(dir + "/scaling_model.dat");
     for (const auto& r : rows)
-      if (r.P > 1 && r.comm > 0) d << r.comm * 1e3 << " " << f.predict(r) * 1e3 << "\n";
+      if (r.P > 1 && r.comm > 0) d << r.comm * 1e3 << " " << f.predict(r) * 1e3 << " " << h.predict(r) * 1e3 << "\n";
   }
   std::ofstream g(dir + "/scaling_plots.gp");
   g << "set terminal pngcairo size 900,600 noenhanced\nset grid\n"
@@ -473,9 +544,9 @@ int report_plots(const cfg& c) {
     << ", 1 Gbit/s: compressor compute and communication'\n"
     << "plot 'scaling_methods.dat' using 2:xtic(1) title 'compute', '' using 3 title 'communication'\n"
     << "set style data points\nunset xtics\nset xtics\nset output 'scaling_model.png'\nset logscale xy\n"
-    << "set xlabel 'measured communication ms'\nset ylabel 'model ms'\nset title 'alpha-beta model against every "
-       "measured point'\nplot 'scaling_model.dat' using 1:2 pt 7 title 'runs', x title 'exact', 1.25*x dt 2 title "
-       "'+25%', 0.8*x dt 2 title '-20%'\n";
+    << "set xlabel 'measured communication ms'\nset ylabel 'model ms'\nset title 'models against every "
+       "measured point'\nplot 'scaling_model.dat' using 1:2 pt 7 title 'alpha-beta', '' using 1:3 pt 5 title "
+       "'host-aware', x title 'exact', 1.25*x dt 2 title '+25%', 0.75*x dt 2 title '-25%'\n";
   g.close();
   const std::string cmd = "cd '" + dir + "' && gnuplot scaling_plots.gp";
   return std::system(cmd.c_str()) == 0 ? 0 : 1;
@@ -600,6 +671,8 @@ int main(int argc, char** argv) {
   app.add_option("--csv", c.csv, "append one row per method and size to this CSV (rank 0)");
   app.add_option("--fit", c.fit, "no MPI: fit alpha and beta per link rate from this CSV and print the model's error");
   app.add_flag("--model-table", c.model_table, "with --fit: the model's table for P up to 1024");
+  app.add_option("--cores", c.cores, "with --fit / --plot: cores of the machine the CSV was measured on (rho = P / cores)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--plot", c.plot, "no MPI: write gnuplot PNGs of this CSV to --plot-dir");
   app.add_option("--plot-dir", c.plot_dir, "where --plot writes scaling_*.png");
   CLI11_PARSE(app, argc, argv);

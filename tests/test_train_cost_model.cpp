@@ -11,6 +11,7 @@
 #include <commpact/compress/topk.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
+#include <commpact/train/cost_fit.hpp>
 #include <commpact/train/cost_model.hpp>
 
 #include <algorithm>
@@ -166,4 +167,91 @@ TEST_CASE("cost model: fits recover known alpha, beta and gamma", "[cost_model]"
   for (const auto& s : comm)
     CHECK(std::abs(cost::relative_error(cost::comm_time(s.cost, fit), s.seconds)) < (noise == 0 ? 1e-6 : 0.05));
   CHECK_THROWS_AS(cost::fit_link(std::span<const cost::comm_sample>{}), invalid_argument);
+}
+
+TEST_CASE("cost model: the host terms against a hand computation", "[cost_model]") {
+  const std::uint64_t n = 1 << 24, k = 16777;
+  const std::uint64_t msg = cost::sparse_header_bytes + cost::sparse_entry_bytes * k;  // 134264 bytes
+  // bursts: one stream for the ring and the allgather, one per dependent round otherwise
+  CHECK(cost::allreduce(8, n, 4, cost::allreduce_algorithm::ring).bursts == 1);
+  CHECK(cost::allreduce(8, n, 4, cost::allreduce_algorithm::binomial).bursts == 6);
+  CHECK(cost::topk(8, n, k).bursts == 1);
+  CHECK(cost::gtopk(8, n, k).bursts == 3);
+  CHECK(cost::gtopk(12, n, k).bursts == 5);
+  CHECK(cost::local_sgd(8, n, 4).bursts == Approx(0.25));
+  // A plain link (host terms 0) is the alpha-beta model, whatever the ranks per core.
+  const auto g = cost::gtopk(8, n, k), t = cost::topk(8, n, k);
+  const cost::link plain{2e-4, 8e-9};
+  CHECK(cost::comm_time(g, plain) == Approx(3 * 2e-4 + 3.0 * msg * 8e-9));
+  CHECK(cost::comm_time(g, plain, 4.0) == cost::comm_time(g, plain));
+  // Host-aware: alpha L + beta max(0, B - bursts burst) + host_beta B + sched L max(0, rho - 1)
+  const cost::link h{.alpha = 1e-5, .beta = 8e-9, .host_beta = 2e-9, .burst = 262144, .sched = 9e-4};
+  // gTop-k at P = 8: three rounds of 134264 bytes, each inside the 256 KiB burst
+  CHECK(cost::comm_time(g, h, 4.0) == Approx(3 * 1e-5 + 0 + 2e-9 * 3 * msg + 9e-4 * 3 * 3));
+  // Top-k at P = 8: one allgather of 7 x 134264 bytes, 262144 of them in the burst
+  CHECK(cost::comm_time(t, h, 4.0) == Approx(1e-5 + 8e-9 * (7.0 * msg - 262144) + 2e-9 * 7 * msg + 9e-4 * 3));
+  CHECK(cost::comm_time(t, h, 1.0) == Approx(1e-5 + 8e-9 * (7.0 * msg - 262144) + 2e-9 * 7 * msg));
+  CHECK(cost::comm_time(t, h, 0.5) == cost::comm_time(t, h, 1.0));  // fewer ranks than cores: no delay
+  CHECK(cost::rate_bytes(g, 262144) == 0);
+  CHECK(cost::rate_bytes(t, 0) == 7.0 * msg);
+  const auto hc = cost::hierarchical(2, 4, n, cost::allreduce_algorithm::ring);
+  CHECK(hc.time(h, h, 4.0) == Approx(cost::comm_time(hc.intra, h, 4.0) + cost::comm_time(hc.inter, h, 4.0)));
+  CHECK_THROWS_AS(cost::comm_time(g, h, 0.0), invalid_argument);
+}
+
+TEST_CASE("cost model: fit_host_link recovers known coefficients", "[cost_model]") {
+  const std::uint64_t seed = GENERATE(1u, 2u, 3u);
+  const double noise = GENERATE(0.0, 0.01);
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> u(-1, 1);
+  auto in = [&](double lo, double hi) { return std::uniform_real_distribution<double>(lo, hi)(rng); };
+  const double burst = 262144;
+  const cost::link truth{.alpha = in(1e-5, 1e-4), .beta = in(7e-9, 1e-8), .host_beta = in(1e-9, 3e-9), .burst = burst,
+                         .sched = in(1e-4, 2e-3)};
+  std::vector<cost::comm_sample> s;
+  for (int P : {2, 4, 8, 16})
+    for (double cores : {2.0, 4.0, 16.0})
+      for (std::uint64_t n : {1u << 16, 1u << 20, 1u << 24})
+        for (const auto& c : {cost::dense(P, n), cost::topk(P, n, n / 1000), cost::gtopk(P, n, n / 1000)})
+          s.push_back({c, cost::comm_time(c, truth, P / cores) * (1 + noise * u(rng)), P / cores});
+  const auto fit = cost::fit_host_link(s, burst);
+  CHECK(fit.burst == burst);
+  if (noise == 0) {
+    CHECK(fit.alpha == Approx(truth.alpha).epsilon(1e-6));
+    CHECK(fit.beta == Approx(truth.beta).epsilon(1e-6));
+    CHECK(fit.host_beta == Approx(truth.host_beta).epsilon(1e-6));
+    CHECK(fit.sched == Approx(truth.sched).epsilon(1e-6));
+  } else {  // the large terms are well determined; alpha is small beside sched
+    CHECK(fit.beta == Approx(truth.beta).epsilon(0.1));
+    CHECK(fit.host_beta == Approx(truth.host_beta).epsilon(0.3));
+    CHECK(fit.sched == Approx(truth.sched).epsilon(0.1));
+  }
+  for (const auto& x : s)
+    CHECK(std::abs(cost::relative_error(cost::comm_time(x.cost, fit, x.ranks_per_core), x.seconds)) <
+          (noise == 0 ? 1e-6 : 0.05));
+  // Without a burst beta and host_beta multiply the same bytes: one of them carries both.
+  std::vector<cost::comm_sample> plain;
+  const cost::link ab{3e-5, 9e-9};
+  for (int P : {2, 4, 8})
+    for (std::uint64_t n : {1u << 16, 1u << 24}) {
+      const auto c = cost::dense(P, n);
+      plain.push_back({c, cost::comm_time(c, ab)});
+    }
+  const auto f0 = cost::fit_host_link(plain, 0);
+  CHECK(f0.alpha == Approx(ab.alpha).epsilon(1e-6));
+  CHECK(f0.beta + f0.host_beta == Approx(ab.beta).epsilon(1e-6));
+  CHECK(f0.beta * f0.host_beta == 0);
+  CHECK(f0.sched == 0);
+  // No negative coefficient, even where data would prefer one.
+  std::vector<cost::comm_sample> odd = {{cost::gtopk(8, 1 << 20, 1000), 1e-3, 4.0},
+                                        {cost::gtopk(2, 1 << 20, 1000), 5e-3, 1.0}};
+  const auto fn = cost::fit_host_link(odd, burst);
+  CHECK(fn.alpha >= 0);
+  CHECK(fn.beta >= 0);
+  CHECK(fn.host_beta >= 0);
+  CHECK(fn.sched >= 0);
+  CHECK_THROWS_AS(cost::fit_host_link(std::span<const cost::comm_sample>{}, burst), invalid_argument);
+  CHECK_THROWS_AS(cost::fit_host_link(s, -1.0), invalid_argument);
+  const std::vector<cost::comm_sample> empty_cost = {{cost::step_cost{}, 1e-3, 1.0}};
+  CHECK_THROWS_AS(cost::fit_host_link(empty_cost, burst), invalid_argument);
 }

@@ -25,7 +25,18 @@
 //!
 //! The parameters come from measurements: fit_link() solves the least-squares problem
 //! t = alpha * rounds + beta * bytes over measured communication times, fit_gamma() the
-//! per-element compute cost. scaling_efficiency() is the gTop-k paper's definition:
+//! per-element compute cost.
+//!
+//! A link may carry three more terms, all zero by default (then comm_time is alpha-beta):
+//! - `burst`: a token-bucket link (tc tbf, as scripts/cluster builds) lets `burst` bytes
+//!   through without waiting for its rate each time the path starts sending after a wait
+//!   (`step_cost::bursts` such starts), so beta applies to max(0, path_bytes - bursts burst);
+//! - `host_beta`: seconds per byte of host work on the critical path (copies, the TCP
+//!   stack between namespaces), paid by every byte, inside the burst too;
+//! - `sched`: seconds of scheduling delay per latency round and per extra rank sharing a
+//!   core: with rho ranks per core, a round's partner waits on average for its turn behind
+//!   rho - 1 others, so each round adds sched * max(0, rho - 1) (comm_time's third argument).
+//! fit_host_link() (cost_fit.hpp) fits alpha, beta, host_beta and sched together. scaling_efficiency() is the gTop-k paper's definition:
 //! throughput of P workers over P times the throughput of one, that is
 //! t_compute / (t_compute + t_comm) when every worker keeps its batch size.
 
@@ -48,6 +59,8 @@ struct step_cost {
   double latency_rounds = 0;        //!< sequential message latencies on the critical path
   double path_bytes = 0;            //!< bytes serialised on one link along the critical path
   double compute_elements = 0;      //!< elements of local O(n) passes (gamma's unit)
+  //! times the critical path starts sending after a wait (a token bucket is full again)
+  double bursts = 0;
 
   step_cost& operator+=(const step_cost& o) {
     bytes_sent += o.bytes_sent;
@@ -55,6 +68,7 @@ struct step_cost {
     latency_rounds += o.latency_rounds;
     path_bytes += o.path_bytes;
     compute_elements += o.compute_elements;
+    bursts += o.bursts;
     return *this;
   }
   friend step_cost operator+(step_cost a, const step_cost& b) { return a += b; }
@@ -68,14 +82,19 @@ struct step_cost {
     c.latency_rounds /= steps;
     c.path_bytes /= steps;
     c.compute_elements /= steps;
+    c.bursts /= steps;
     return c;
   }
 };
 
-//! A link: alpha seconds per message, beta seconds per byte.
+//! A link: alpha seconds per latency round, beta seconds per byte at the link's rate; the
+//! host terms (file comment) are zero unless fitted.
 struct link {
-  double alpha = 0;
-  double beta = 0;
+  double alpha = 0;      //!< seconds per latency round
+  double beta = 0;       //!< seconds per byte beyond the burst (the link's rate)
+  double host_beta = 0;  //!< seconds per byte of host work, every byte
+  double burst = 0;      //!< bytes a token bucket passes at once after a wait (0: none)
+  double sched = 0;      //!< seconds per latency round per extra rank sharing a core
 };
 
 //! The link of a given rate in bit/s and latency alpha.
@@ -85,7 +104,18 @@ inline link link_from_rate(double bits_per_second, double alpha) {
   return {alpha, 8.0 / bits_per_second};
 }
 
-inline double comm_time(const step_cost& c, const link& l) { return c.latency_rounds * l.alpha + c.path_bytes * l.beta; }
+//! Bytes of the critical path that wait for the link's rate: those beyond the bursts.
+inline double rate_bytes(const step_cost& c, double burst) { return std::max(0.0, c.path_bytes - c.bursts * burst); }
+
+//! Communication time of a step on a link, with `ranks_per_core` ranks sharing each core
+//! (1: a core per rank, no scheduling delay):
+//! alpha L + beta max(0, B - bursts burst) + host_beta B + sched L max(0, rho - 1).
+inline double comm_time(const step_cost& c, const link& l, double ranks_per_core = 1) {
+  require(ranks_per_core > 0, "commpact::cost::comm_time: ranks_per_core = ", ranks_per_core,
+          " must be > 0 (ranks divided by cores).");
+  return c.latency_rounds * (l.alpha + l.sched * std::max(0.0, ranks_per_core - 1)) +
+         rate_bytes(c, l.burst) * l.beta + c.path_bytes * l.host_beta;
+}
 inline double compute_time(const step_cost& c, double gamma) { return c.compute_elements * gamma; }
 
 //! The gTop-k paper's scaling efficiency (throughput of P workers / (P x one worker's)).
@@ -121,12 +151,14 @@ inline step_cost allreduce(int P, std::uint64_t n, std::uint64_t elem_bytes = 4,
   }
   if (algo == allreduce_algorithm::openmpi)
     algo = (P < 4 || n * elem_bytes < 65536) ? allreduce_algorithm::binomial : allreduce_algorithm::ring;
-  if (algo == allreduce_algorithm::ring) {
+  if (algo == allreduce_algorithm::ring) {  // one stream: each step's chunk follows the last
     c.latency_rounds = 2.0 * (P - 1);
     c.path_bytes = c.latency_rounds * static_cast<double>(wire::ring_chunk(n, P, 0) * elem_bytes);
-  } else {
+    c.bursts = 1;
+  } else {  // each round waits for the previous one to arrive whole
     c.latency_rounds = 2.0 * detail::ceil_log2(P);
     c.path_bytes = c.latency_rounds * static_cast<double>(n * elem_bytes);
+    c.bursts = c.latency_rounds;
   }
   return c;
 }
@@ -142,6 +174,7 @@ inline step_cost allgather(int P, std::uint64_t block_bytes) {
   c.messages_sent = static_cast<std::uint64_t>(P - 1);
   c.latency_rounds = 1;
   c.path_bytes = static_cast<double>(c.bytes_sent);
+  c.bursts = 1;
   return c;
 }
 
@@ -155,6 +188,7 @@ inline step_cost broadcast(int P, std::uint64_t bytes) {
   c.messages_sent = w.messages_sent;
   c.latency_rounds = detail::ceil_log2(P);
   c.path_bytes = c.latency_rounds * static_cast<double>(bytes);
+  c.bursts = c.latency_rounds;
   return c;
 }
 
@@ -196,6 +230,7 @@ inline step_cost gtopk(int P, std::uint64_t n, std::uint64_t k) {
   c.messages_sent = static_cast<std::uint64_t>(rounds) + (P > p2 ? 1 : 0);
   c.latency_rounds = rounds + (P > p2 ? 2 : 0);
   c.path_bytes = static_cast<double>(rounds * msg + (P > p2 ? msg + unfold : 0));
+  c.bursts = c.latency_rounds;  // every exchange waits for the partner's set
   return c;
 }
 
@@ -244,6 +279,7 @@ inline step_cost dpsgd(int degree, std::uint64_t n) {
   c.messages_sent = static_cast<std::uint64_t>(degree);
   c.latency_rounds = degree > 0 ? 1 : 0;
   c.path_bytes = static_cast<double>(c.bytes_sent);
+  c.bursts = c.latency_rounds;
   c.compute_elements = static_cast<double>(n);
   return c;
 }
@@ -261,6 +297,7 @@ inline step_cost power_gossip(int degree, std::span<const shape> layout, int r, 
   c.messages_sent = static_cast<std::uint64_t>(degree);
   c.latency_rounds = degree > 0 ? 1 : 0;
   c.path_bytes = static_cast<double>(c.bytes_sent);
+  c.bursts = c.latency_rounds;
   c.compute_elements = static_cast<double>(n);
   return c;
 }
@@ -275,7 +312,9 @@ inline step_cost local_sgd(int P, std::uint64_t n, double H) { return dense(P, n
 struct hierarchical_cost {
   step_cost intra;  //!< on the fast links
   step_cost inter;  //!< on the slow links
-  double time(const link& fast, const link& slow) const { return comm_time(intra, fast) + comm_time(inter, slow); }
+  double time(const link& fast, const link& slow, double ranks_per_core = 1) const {
+    return comm_time(intra, fast, ranks_per_core) + comm_time(inter, slow, ranks_per_core);
+  }
 };
 
 inline hierarchical_cost hierarchical(int N, int M, std::uint64_t n,
@@ -290,10 +329,12 @@ inline hierarchical_cost hierarchical(int N, int M, std::uint64_t n,
   return h;
 }
 
-//! A measured communication time and the model's step cost of that run.
+//! A measured communication time and the model's step cost of that run (with the run's
+//! ranks per core, for fit_host_link; fit_link ignores it).
 struct comm_sample {
   step_cost cost;
   double seconds = 0;
+  double ranks_per_core = 1;
 };
 
 //! Alpha and beta (both >= 0) of t = alpha * latency_rounds + beta * path_bytes that
