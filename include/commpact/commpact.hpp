@@ -50,6 +50,7 @@
 #include "sync/policies.hpp"
 #include "sync/schedule.hpp"
 
+#include "train/cost_fit.hpp"
 #include "train/cost_model.hpp"
 #include "train/data_parallel.hpp"
 #include "train/sgd.hpp"
