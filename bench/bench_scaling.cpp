@@ -129,6 +129,7 @@ struct cfg {
   std::string csv, fit, plot, plot_dir = "docs/img";
   bool model_table = false;
   double cores = 2;
+  std::string predict;
 };
 
 std::uint64_t parse_size(const std::string& s) {
@@ -479,6 +480,23 @@ int report_fit(const cfg& c) {
   for (int j = 0; j < 6; ++j)
     std::printf("| %s | %d of %d | %.1f%% | %d of %d |\n", names[j], t[j].ok, t[j].total, 100 * t[j].worst, t[j].ok_big,
                 t[j].total_big);
+  if (!c.predict.empty()) {  // out of sample: rows the fits never saw
+    std::printf("\n## Out of sample: the fits above against every row of %s\n\n| network | rate | inter | P | method | n | "
+                "measured ms | alpha-beta ms | error | host-aware ms | error |\n|---|---|---|---|---|---|---|---|---|---|---|\n",
+                c.predict.c_str());
+    tally o[2];
+    for (const auto& r : read_csv(c.predict)) {
+      if (r.P < 2 || r.comm <= 0) continue;
+      const double pf = f.predict(r), ph = h.predict(r);
+      const double ef = cost::relative_error(pf, r.comm), eh = cost::relative_error(ph, r.comm);
+      o[0].add(ef, r.comm >= fit_floor_s), o[1].add(eh, r.comm >= fit_floor_s);
+      std::printf("| %s | %s | %s | %d | %s | %llu | %.3f | %.3f | %+.1f%% | %.3f | %+.1f%% |\n", r.network.c_str(),
+                  r.rate.c_str(), r.inter_rate.c_str(), r.P, r.method.c_str(), (unsigned long long)r.n, r.comm * 1e3,
+                  pf * 1e3, 100 * ef, ph * 1e3, 100 * eh);
+    }
+    std::printf("\nout of sample, within 25%%: alpha-beta %d of %d (largest %.1f%%), host-aware %d of %d (largest %.1f%%)\n",
+                o[0].ok, o[0].total, 100 * o[0].worst, o[1].ok, o[1].total, 100 * o[1].worst);
+  }
   if (c.model_table) model_table(f);
   return 0;
 }
@@ -673,6 +691,7 @@ int main(int argc, char** argv) {
   app.add_flag("--model-table", c.model_table, "with --fit: the model's table for P up to 1024");
   app.add_option("--cores", c.cores, "with --fit / --plot: cores of the machine the CSV was measured on (rho = P / cores)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--predict", c.predict, "with --fit: the fitted models' error on every row of this CSV (out of sample)");
   app.add_option("--plot", c.plot, "no MPI: write gnuplot PNGs of this CSV to --plot-dir");
   app.add_option("--plot-dir", c.plot_dir, "where --plot writes scaling_*.png");
   CLI11_PARSE(app, argc, argv);
