@@ -4,7 +4,9 @@
 //   scripts/cluster --ranks 8 --rate 1gbit -- build/bench/bench_scaling --n 16M --csv scaling.csv
 //   scripts/cluster --nodes 2 --per-node 4 --rate 1gbit --inter-rate 100mbit --
 //     build/bench/bench_scaling --n 16M --methods dense,hierarchical --csv scaling.csv
-//   build/bench/bench_scaling --fit scaling.csv            # fit alpha, beta; model error per row
+//   build/bench/bench_scaling --fit scaling.csv            # alpha-beta and host-aware fits (cost_fit.hpp),
+//                                                          # error per row: in-sample, leave-one-out, leave-point-out
+//   build/bench/bench_scaling --fit a.csv --predict b.csv  # the fits of a.csv against b.csv's rows
 //   build/bench/bench_scaling --fit scaling.csv --model-table   # table for P up to 1024
 //   build/bench/bench_scaling --plot scaling.csv --plot-dir docs/img
 //
