@@ -310,6 +310,8 @@ TEST_CASE("Bucketed and DataParallel reject misuse with clear errors", "[train][
     b.ready(5);
     REQUIRE_THROWS_AS(b.ready(5), invalid_argument);
     REQUIRE_THROWS_AS(b.reduce(other), invalid_argument);
+    std::vector<std::byte> blob;
+    REQUIRE_THROWS_AS(b.save_state(blob), invalid_argument);  // the worker may be writing the state
     REQUIRE(b.in_flight());
     b.cancel();
     REQUIRE(!b.in_flight());

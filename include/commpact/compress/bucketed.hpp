@@ -215,6 +215,7 @@ class Bucketed {
   //! Appends the state (kind "commpact.Bucketed"): the bucket plan, then each bucket's
   //! compressor state as a nested blob.
   void save_state(std::vector<std::byte>& out) const {
+    require(!active_, "commpact::Bucketed::save_state: buckets are in flight; call reduce() first.");
     state::writer w{out, "commpact.Bucketed"};
     const std::int64_t head[] = {static_cast<std::int64_t>(info_.size()), static_cast<std::int64_t>(total_)};
     w.i64s(1, head);
