@@ -445,3 +445,57 @@ TEST_CASE("MpiComm min and max of signed zeros give the same bits on every rank"
     }
   });
 }
+
+TEST_CASE("MpiComm sendrecv delivers every byte whichever form the peer receives with", "[comm][mpi]") {
+  MpiComm def{MPI_COMM_WORLD, {.timeout = 60s}};
+  MpiComm bare{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
+  const int P = def.size(), r = def.rank(), peer = r ^ 1;
+  const bool paired = peer < P;  // an odd last rank has no partner
+  // The bytes rank `from` sends in round k: a pattern no other (rank, round) repeats.
+  auto fill = [](std::vector<std::byte>& v, std::size_t n, int from, int k) {
+    v.resize(n);
+    std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(from * 131 + k + 1);
+    for (auto& b : v) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      b = static_cast<std::byte>(x >> 24);
+    }
+  };
+  // Sizes on both sides of the eager limit, different on the two ranks; the receive
+  // buffer is reused across rounds, growing and shrinking.
+  const std::size_t sizes[] = {0, 1, 4096 + 7, (1u << 20) + 3, 200000, 64u << 10, 12};
+  for (MpiComm* c : {&def, &bare}) {
+    on_all_ranks(*c, [&] {
+      std::vector<std::byte> msg, buf, want, got;
+      for (int form = 0; form < 3 && paired; ++form) {
+        for (int k = 0; k < int(std::size(sizes)); ++k) {
+          const std::size_t mine = sizes[k] + std::size_t(r % 2) * 5, theirs = sizes[k] + std::size_t(peer % 2) * 5;
+          fill(msg, mine, r, k + 10 * form);
+          const bool lower = r < peer;
+          if (form == 0 || lower) {
+            c->sendrecv(peer, std::span<const std::byte>(msg), buf);
+          } else if (form == 1) {  // the peer: send() then recv()
+            c->send(peer, std::span<const std::byte>(msg));
+            c->recv(peer, buf);
+          } else {  // the peer: irecv() of the known size, then isend()
+            buf.resize(theirs);
+            auto rq = c->irecv(peer, std::span<std::byte>(buf));
+            auto sq = c->isend(peer, std::span<const std::byte>(msg));
+            rq.wait();
+            sq.wait();
+          }
+          // msg is free once the exchange returned (the peer has taken it): scribbling
+          // on it must not change what the peer got.
+          std::fill(msg.begin(), msg.end(), std::byte{0xEE});
+          fill(want, theirs, peer, k + 10 * form);
+          REQUIRE(buf.size() == theirs);
+          REQUIRE(buf == want);
+        }
+      }
+      c->flush();
+      // Both ranks of every pair agree they finished (a late byte would still be in flight).
+      std::int64_t pend = static_cast<std::int64_t>(c->pending_sends());
+      c->allreduce(std::span<std::int64_t>(&pend, 1), reduce_op::max);
+      REQUIRE(pend == 0);
+    });
+  }
+}

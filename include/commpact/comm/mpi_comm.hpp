@@ -49,7 +49,9 @@
 //!   abandoned after a failure (MPI cannot cancel collectives) never writes into user
 //!   memory later.
 //! - Point to point: send() copies the message into a pooled buffer and returns;
-//!   recv() receives a message of any length (MPI_Improbe + MPI_Imrecv). isend()/irecv()
+//!   recv() receives a message of any length (MPI_Improbe + MPI_Imrecv) into a pooled
+//!   buffer swapped into the caller's vector (no copy). sendrecv() sends without a copy
+//!   and, like MPI_Sendrecv, returns once the peer has taken the message. isend()/irecv()
 //!   move messages of a size both sides know, without a copy on the sending side.
 //! - Handles are cheap to copy (shared state); use one handle per thread
 //!   (MPI_THREAD_FUNNELED suffices).
@@ -248,10 +250,26 @@ class MpiComm {
     detail::mpi_recv_any(*state_, peer, buf);
   }
 
-  //! Pairwise exchange: sends msg to peer and receives peer's message into buf.
+  //! Pairwise exchange: sends msg to peer and receives peer's message into buf. Like
+  //! MPI_Sendrecv, and unlike send() then recv(), msg goes out without a copy and the
+  //! call returns once peer's message arrived and peer has taken msg: peer must receive
+  //! from this rank (recv, sendrecv or irecv) without first waiting for this rank to do
+  //! something else, or the exchange ends at the deadline (timeout_error).
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
-    send(peer, msg);
-    recv(peer, buf);
+    check_message(peer, msg.size(), "sendrecv");
+    auto& s = *state_;
+    s.enter("sendrecv");
+    MPI_Request sq = MPI_REQUEST_NULL;
+    s.check(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, detail::mpi_send_queue::tag,
+                      s.native(), &sq),
+            "MPI_Isend", "sendrecv");
+    try {
+      detail::mpi_recv_any(s, peer, buf, "sendrecv");
+    } catch (...) {
+      s.abandon(sq);  // it only reads msg; kept, never freed, like every request given up on
+      throw;
+    }
+    s.wait(sq, "sendrecv");
   }
 
   //! Nonblocking send of msg to peer, without a copy: msg must stay alive and unchanged
