@@ -39,10 +39,11 @@
 //!   undefined behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces up to 1 MiB, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
-//!   as fast as OpenMPI's blocking collectives; larger ones use MPI_Iallreduce,
-//!   MPI_Iallgather and MPI_Ibcast (libnbc).
+//!   as fast as OpenMPI's blocking collectives. Larger blocking allreduces run a ring
+//!   over point to point (mpi/ring_allreduce.hpp); the nonblocking forms and larger
+//!   broadcasts and allgathers use MPI_Iallreduce, MPI_Iallgather and MPI_Ibcast (libnbc).
 //! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
-//!   both partners, and OpenMPI's nonblocking algorithms compute each element's final
+//!   both partners, the ring computes each chunk's final value on one rank, and OpenMPI's nonblocking algorithms compute each element's final
 //!   value on one rank and copy it, so every rank gets the same bits (tests check it).
 //! - Memory safety after a failure: with `mpi_options::isolate_buffers` (the default)
 //!   operations write into pooled staging memory copied out on success, so an operation
@@ -116,16 +117,21 @@ class MpiComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    if (data.size_bytes() > detail::mpi_rd_allreduce_bytes) return iallreduce(data, op).wait();
-    // Small: recursive doubling over point to point (mpi/small_collectives.hpp), with
-    // the latency of a blocking MPI_Allreduce; it receives only into internal scratch.
     static_assert(detail::mpi_reducible<T>,
                   "commpact::MpiComm::allreduce supports float, double and 32- or 64-bit integers; convert other "
                   "element types first.");
+    const bool small = data.size_bytes() <= detail::mpi_rd_allreduce_bytes;
+    // A ring step moves one chunk of about size / P bytes; MPI counts are int.
+    if (!small && data.size_bytes() / static_cast<std::size_t>(size()) + 2 * sizeof(T) > INT_MAX)
+      return iallreduce(data, op).wait();
     auto& s = *state_;
     s.enter("allreduce");
     if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return;
-    s.small_allreduce(data, op, "allreduce");
+    // Small: recursive doubling (mpi/small_collectives.hpp), with the latency of a
+    // blocking MPI_Allreduce; large: a ring (mpi/ring_allreduce.hpp). Both run over
+    // point to point and receive only into internal memory when buffers are isolated.
+    if (small) s.small_allreduce(data, op, "allreduce");
+    else s.ring_allreduce(data, op, "allreduce");
   }
   //! Nonblocking allreduce; `data` must stay alive until the handle completed. With
   //! verify_collectives the signature check runs before this returns (one round trip).

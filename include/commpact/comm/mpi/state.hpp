@@ -27,6 +27,7 @@
 #include "datatype.hpp"
 #include "failure.hpp"
 #include "point_to_point.hpp"
+#include "ring_allreduce.hpp"
 
 namespace commpact {
 
@@ -255,6 +256,11 @@ class mpi_state {
   template <class T>
   void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
     mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
+  }
+  //! The ring allreduce (mpi/ring_allreduce.hpp), for large allreduces.
+  template <class T>
+  void ring_allreduce(std::span<T> data, reduce_op op, const char* what) {
+    mpi_ring_allreduce(*this, data, op, opt_.isolate_buffers, rd_scratch_, what);
   }
   void small_broadcast(std::span<std::byte> data, int root) {
     mpi_tree_broadcast(*this, data, root, opt_.isolate_buffers, rd_scratch_, "broadcast");
