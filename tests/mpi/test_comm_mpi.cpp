@@ -62,8 +62,8 @@ TEST_CASE("MpiComm collectives match the serial reference", "[comm][mpi]") {
 TEST_CASE("MpiComm large allreduces (the ring) match the reference, staged or not", "[comm][mpi]") {
   MpiComm def{MPI_COMM_WORLD, {.timeout = 60s}};
   MpiComm bare{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
-  // 262145 floats: just above the 1 MiB switch; 300001: chunks of unequal length.
-  for (std::size_t n : {std::size_t{262145}, std::size_t{300001}}) {
+  // 16385 floats: just above the 64 KiB switch; 300001: chunks of unequal length.
+  for (std::size_t n : {std::size_t{16385}, std::size_t{300001}}) {
     on_all_ranks(def, [&] { commpact_test::check_allreduce(def, 5 + n, n, /*rank_order_bitwise=*/false); });
     on_all_ranks(bare, [&] { commpact_test::check_allreduce(bare, 6 + n, n, /*rank_order_bitwise=*/false); });
   }
@@ -103,7 +103,7 @@ TEMPLATE_TEST_CASE("MpiComm allreduce over every supported element type", "[comm
 TEST_CASE("MpiComm real-valued sums are bit-identical on every rank", "[comm][mpi]") {
   MpiComm comm{MPI_COMM_WORLD};
   on_all_ranks(comm, [&] {
-    // Sizes on both sides of MpiComm's switch (recursive doubling up to 1 MiB, then a
+    // Sizes on both sides of MpiComm's switch (recursive doubling up to 64 KiB, then a
     // ring over point to point), with chunks of unequal length (n not a multiple of P).
     for (std::size_t n : {3u, 1000u, 16383u, 16384u, 100000u, 262145u, 1u << 20, (1u << 20) + 3}) {
       auto f = commpact_test::rank_floats(n, comm.rank(), n);

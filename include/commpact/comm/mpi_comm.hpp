@@ -37,14 +37,15 @@
 //!   argument on one rank: invalid_argument on all) before data moves, and the
 //!   communicator stays usable. With it off (the unchecked mode) a disagreement is
 //!   undefined behaviour, as in MPI and NCCL.
-//! - Latency path: allreduces up to 1 MiB, broadcasts and allgathers up to 64 KiB, and
+//! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
 //!   as fast as OpenMPI's blocking collectives. Larger blocking allreduces run a ring
 //!   over point to point (mpi/ring_allreduce.hpp); the nonblocking forms and larger
 //!   broadcasts and allgathers use MPI_Iallreduce, MPI_Iallgather and MPI_Ibcast (libnbc).
 //! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
-//!   both partners, the ring computes each chunk's final value on one rank, and OpenMPI's nonblocking algorithms compute each element's final
-//!   value on one rank and copy it, so every rank gets the same bits (tests check it).
+//!   both partners; the ring, and OpenMPI's nonblocking algorithms, compute each
+//!   element's final value on one rank and copy it, so every rank gets the same bits
+//!   (tests check it).
 //! - Memory safety after a failure: with `mpi_options::isolate_buffers` (the default)
 //!   operations write into pooled staging memory copied out on success, so an operation
 //!   abandoned after a failure (MPI cannot cancel collectives) never writes into user
