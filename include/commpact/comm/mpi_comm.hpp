@@ -266,17 +266,7 @@ class MpiComm {
     check_message(peer, msg.size(), "sendrecv");
     auto& s = *state_;
     s.enter("sendrecv");
-    MPI_Request sq = MPI_REQUEST_NULL;
-    s.check(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, detail::mpi_send_queue::tag,
-                      s.native(), &sq),
-            "MPI_Isend", "sendrecv");
-    try {
-      detail::mpi_recv_any(s, peer, buf, "sendrecv");
-    } catch (...) {
-      s.abandon(sq);  // it only reads msg; kept, never freed, like every request given up on
-      throw;
-    }
-    s.wait(sq, "sendrecv");
+    detail::mpi_sendrecv(s, peer, msg, buf);
   }
 
   //! Nonblocking send of msg to peer, without a copy: msg must stay alive and unchanged

@@ -3,8 +3,8 @@
 //! \file mpi/point_to_point.hpp
 //! MpiComm's point to point: the pool of send buffers (send() copies the message and
 //! returns without waiting for the receiver; completed sends are reclaimed lazily, so
-//! the steady state allocates nothing) and the receives. Part of MpiComm (include
-//! commpact/comm/mpi_comm.hpp).
+//! the steady state allocates nothing), the receives and sendrecv. Part of MpiComm
+//! (include commpact/comm/mpi_comm.hpp).
 
 #include <mpi.h>
 
@@ -148,6 +148,22 @@ void mpi_recv_any(State& s, int peer, std::vector<std::byte>& out, const char* w
     s.check(MPI_Imrecv(out.data(), count, MPI_BYTE, &msg, &req), "MPI_Imrecv", what);
     s.wait(req, what);
   }
+}
+
+//! Sends `msg` to `peer` in place and receives peer's next message into `out` (as
+//! mpi_recv_any); returns once both completed, like MPI_Sendrecv.
+template <class State>
+void mpi_sendrecv(State& s, int peer, std::span<const std::byte> msg, std::vector<std::byte>& out) {
+  MPI_Request sq = MPI_REQUEST_NULL;
+  s.check(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, mpi_send_queue::tag, s.native(), &sq),
+          "MPI_Isend", "sendrecv");
+  try {
+    mpi_recv_any(s, peer, out, "sendrecv");
+  } catch (...) {
+    s.abandon(sq);  // it only reads msg; kept, never freed, like every request given up on
+    throw;
+  }
+  s.wait(sq, "sendrecv");
 }
 
 }  // namespace commpact::detail
