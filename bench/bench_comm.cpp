@@ -5,7 +5,9 @@
 //   mpiexec --allow-run-as-root --oversubscribe -n 2 build/bench/bench_comm
 //
 // One benchmark per operation and size; each iteration runs every variant once, in a
-// rotating order, so all variants see the same machine load. Counters: `<variant>` is
+// rotating order, so all variants see the same machine load, each call after an untimed
+// MPI_Barrier (a rank that left the previous call early would otherwise charge its wait
+// for the peer to whichever variant came next). Counters: `<variant>` is
 // the median time of one call in microseconds, `<variant>_x` that median over raw's
 // (medians, because a loaded machine preempts ranks now and then), `<variant>_xmin`
 // the ratio of the fastest calls (the cost without interference). Variants:
@@ -83,6 +85,7 @@ void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std
     double raw = 0;
     for (std::size_t k = 0; k < vs.size(); ++k) {
       const std::size_t i = (k + turn) % vs.size();
+      MPI_Barrier(MPI_COMM_WORLD);  // untimed: every call starts together, so none pays for the last one's skew
       const auto t0 = std::chrono::steady_clock::now();
       vs[i].second();
       const double sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -59,6 +59,16 @@ TEST_CASE("MpiComm collectives match the serial reference", "[comm][mpi]") {
   }
 }
 
+TEST_CASE("MpiComm large allreduces (the ring) match the reference, staged or not", "[comm][mpi]") {
+  MpiComm def{MPI_COMM_WORLD, {.timeout = 60s}};
+  MpiComm bare{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
+  // 16385 floats: just above the 64 KiB switch; 300001: chunks of unequal length.
+  for (std::size_t n : {std::size_t{16385}, std::size_t{300001}}) {
+    on_all_ranks(def, [&] { commpact_test::check_allreduce(def, 5 + n, n, /*rank_order_bitwise=*/false); });
+    on_all_ranks(bare, [&] { commpact_test::check_allreduce(bare, 6 + n, n, /*rank_order_bitwise=*/false); });
+  }
+}
+
 TEST_CASE("MpiComm without verification or staging still matches the reference", "[comm][mpi]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
   on_all_ranks(comm, [&] { commpact_test::check_all_collectives(comm, 77, /*rank_order_bitwise=*/false); });
@@ -93,9 +103,9 @@ TEMPLATE_TEST_CASE("MpiComm allreduce over every supported element type", "[comm
 TEST_CASE("MpiComm real-valued sums are bit-identical on every rank", "[comm][mpi]") {
   MpiComm comm{MPI_COMM_WORLD};
   on_all_ranks(comm, [&] {
-    // Sizes on both sides of MpiComm's switch (recursive doubling up to 1 MiB, then
-    // MPI_Iallreduce) and of OpenMPI's (binomial below 64 KiB, ring above).
-    for (std::size_t n : {3u, 1000u, 16383u, 16384u, 100000u, 1u << 20}) {
+    // Sizes on both sides of MpiComm's switch (recursive doubling up to 64 KiB, then a
+    // ring over point to point), with chunks of unequal length (n not a multiple of P).
+    for (std::size_t n : {3u, 1000u, 16383u, 16384u, 100000u, 262145u, 1u << 20, (1u << 20) + 3}) {
       auto f = commpact_test::rank_floats(n, comm.rank(), n);
       std::vector<double> d(f.begin(), f.end());
       for (auto& x : d) x = x * 1e-3 + 1.0 / (comm.rank() + 3);
@@ -413,14 +423,17 @@ TEMPLATE_TEST_CASE("MpiComm integer sums wrap like MPI_SUM on both paths", "[com
   const int P = comm.size(), r = comm.rank();
   using U = std::make_unsigned_t<TestType>;
   on_all_ranks(comm, [&] {
-    // 5 elements: recursive doubling over point to point; 300000: MPI_Iallreduce.
-    for (std::size_t n : {std::size_t{5}, std::size_t{300000}}) {
+    // 5 elements: recursive doubling over point to point; 300000: the ring (blocking)
+    // and MPI_Iallreduce (nonblocking).
+    for (std::size_t n : {std::size_t{5}, std::size_t{300000}})
+     for (bool nonblocking : {false, true}) {
       auto value = [](std::size_t i, int q) {
         return static_cast<TestType>(std::numeric_limits<TestType>::max() - static_cast<TestType>(i % 7 + q));
       };
       std::vector<TestType> x(n);
       for (std::size_t i = 0; i < n; ++i) x[i] = value(i, r);
-      comm.allreduce(std::span<TestType>(x));
+      if (nonblocking) comm.iallreduce(std::span<TestType>(x)).wait();
+      else comm.allreduce(std::span<TestType>(x));
       for (std::size_t i = 0; i < n; i += 997) {
         U want = 0;
         for (int q = 0; q < P; ++q) want = static_cast<U>(want + static_cast<U>(value(i, q)));
@@ -434,14 +447,74 @@ TEST_CASE("MpiComm min and max of signed zeros give the same bits on every rank"
   MpiComm comm{MPI_COMM_WORLD};
   const int r = comm.rank();
   on_all_ranks(comm, [&] {
-    for (std::size_t n : {std::size_t{9}, std::size_t{300000}}) {  // point-to-point path, then MPI_Iallreduce
+    // Recursive doubling, then the ring (blocking) and MPI_Iallreduce (nonblocking).
+    for (std::size_t n : {std::size_t{9}, std::size_t{300000}, std::size_t{300001}}) {
       std::vector<float> mn(n), mx(n);
       for (std::size_t i = 0; i < n; ++i) mn[i] = mx[i] = ((i + static_cast<std::size_t>(r)) % 2) ? 0.f : -0.f;
-      comm.allreduce(std::span<float>(mn), reduce_op::min);
-      comm.allreduce(std::span<float>(mx), reduce_op::max);
+      if (n % 2) {
+        comm.iallreduce(std::span<float>(mn), reduce_op::min).wait();
+        comm.iallreduce(std::span<float>(mx), reduce_op::max).wait();
+      } else {
+        comm.allreduce(std::span<float>(mn), reduce_op::min);
+        comm.allreduce(std::span<float>(mx), reduce_op::max);
+      }
       commpact_test::require_identical_on_all_ranks(comm, std::span<const float>(mn));
       commpact_test::require_identical_on_all_ranks(comm, std::span<const float>(mx));
       for (std::size_t i = 0; i < n; ++i) REQUIRE((mn[i] == 0.f && mx[i] == 0.f));
     }
   });
+}
+
+TEST_CASE("MpiComm sendrecv delivers every byte whichever form the peer receives with", "[comm][mpi]") {
+  MpiComm def{MPI_COMM_WORLD, {.timeout = 60s}};
+  MpiComm bare{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
+  const int P = def.size(), r = def.rank(), peer = r ^ 1;
+  const bool paired = peer < P;  // an odd last rank has no partner
+  // The bytes rank `from` sends in round k: a pattern no other (rank, round) repeats.
+  auto fill = [](std::vector<std::byte>& v, std::size_t n, int from, int k) {
+    v.resize(n);
+    std::uint32_t x = 0x9e3779b9u * static_cast<std::uint32_t>(from * 131 + k + 1);
+    for (auto& b : v) {
+      x ^= x << 13, x ^= x >> 17, x ^= x << 5;
+      b = static_cast<std::byte>(x >> 24);
+    }
+  };
+  // Sizes on both sides of the eager limit, different on the two ranks; the receive
+  // buffer is reused across rounds, growing and shrinking.
+  const std::size_t sizes[] = {0, 1, 4096 + 7, (1u << 20) + 3, 200000, 64u << 10, 12};
+  for (MpiComm* c : {&def, &bare}) {
+    on_all_ranks(*c, [&] {
+      std::vector<std::byte> msg, buf, want, got;
+      for (int form = 0; form < 3 && paired; ++form) {
+        for (int k = 0; k < int(std::size(sizes)); ++k) {
+          const std::size_t mine = sizes[k] + std::size_t(r % 2) * 5, theirs = sizes[k] + std::size_t(peer % 2) * 5;
+          fill(msg, mine, r, k + 10 * form);
+          const bool lower = r < peer;
+          if (form == 0 || lower) {
+            c->sendrecv(peer, std::span<const std::byte>(msg), buf);
+          } else if (form == 1) {  // the peer: send() then recv()
+            c->send(peer, std::span<const std::byte>(msg));
+            c->recv(peer, buf);
+          } else {  // the peer: irecv() of the known size, then isend()
+            buf.resize(theirs);
+            auto rq = c->irecv(peer, std::span<std::byte>(buf));
+            auto sq = c->isend(peer, std::span<const std::byte>(msg));
+            rq.wait();
+            sq.wait();
+          }
+          // msg is free once the exchange returned (the peer has taken it): scribbling
+          // on it must not change what the peer got.
+          std::fill(msg.begin(), msg.end(), std::byte{0xEE});
+          fill(want, theirs, peer, k + 10 * form);
+          REQUIRE(buf.size() == theirs);
+          REQUIRE(buf == want);
+        }
+      }
+      c->flush();
+      // Both ranks of every pair agree they finished (a late byte would still be in flight).
+      std::int64_t pend = static_cast<std::int64_t>(c->pending_sends());
+      c->allreduce(std::span<std::int64_t>(&pend, 1), reduce_op::max);
+      REQUIRE(pend == 0);
+    });
+  }
 }

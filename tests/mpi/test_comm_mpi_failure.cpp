@@ -1,7 +1,8 @@
 // MpiComm failure and deadline semantics: a rank that aborts (or throws inside
 // mpi_guard, or never joins) mid-operation makes every other rank raise within the
 // deadline, with the remote reason; a failed communicator refuses further work at once;
-// a disagreement under CheckedComm raises mismatch_error on every rank. Each scenario
+// a disagreement under CheckedComm raises mismatch_error on every rank; a sendrecv
+// whose peer sends but never receives ends at the deadline. Each scenario
 // runs on its own MpiComm (its own duplicated communicators), so the abandoned
 // operations of a failed one never meet the next test, and the process still reaches
 // MPI_Finalize and exits cleanly.
@@ -121,6 +122,59 @@ TEST_CASE("MpiComm: a receive from a rank that aborts raises peer_failure", "[co
     } catch (const peer_failure& e) {
       ok = std::string(e.what()).find("preempted by the scheduler") != std::string::npos && seconds_since(t0) < 5.0;
     }
+  }
+  REQUIRE(count_on_all_ranks(ok) == P);
+}
+
+TEST_CASE("MpiComm: a sendrecv whose peer aborts raises peer_failure", "[comm][mpi][failure]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  const int P = comm.size(), r = comm.rank();
+  // Rendezvous-sized, and kept alive past the test: an abandoned send may still read it.
+  static std::vector<std::byte> msg(1 << 20, std::byte{3});
+  bool ok = false;
+  if (r == 0) {
+    std::this_thread::sleep_for(200ms);
+    comm.abort("lost its GPU");
+    ok = true;
+  } else {
+    std::vector<std::byte> buf;
+    const auto t0 = clk::now();
+    try {
+      comm.sendrecv(0, std::span<const std::byte>(msg), buf);
+    } catch (const peer_failure& e) {
+      ok = std::string(e.what()).find("lost its GPU") != std::string::npos && seconds_since(t0) < 5.0;
+    }
+  }
+  REQUIRE(count_on_all_ranks(ok) == P);
+}
+
+TEST_CASE("MpiComm: a sendrecv whose peer sends but does not receive ends at the deadline",
+          "[comm][mpi][failure][timeout]") {
+  // Like MPI_Sendrecv, sendrecv returns only once the peer has taken the message: a peer
+  // that sends and then waits elsewhere makes it time out (and every rank learns it).
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 300ms}};
+  const int P = comm.size(), r = comm.rank();
+  static std::vector<std::byte> msg(1 << 20, std::byte{4});
+  bool ok = false;
+  if (r == 0) {
+    comm.send(1, std::span<const std::byte>(msg.data(), 100));  // eager: arrives without rank 0's help
+    std::this_thread::sleep_for(2s);                              // far past rank 1's deadline
+    std::vector<std::byte> buf;
+    try {
+      comm.recv(1, buf);
+    } catch (const peer_failure& e) {
+      ok = std::string(e.what()).find("waited more than 300 ms in sendrecv") != std::string::npos;
+    }
+  } else if (r == 1) {
+    std::vector<std::byte> buf;
+    const auto t0 = clk::now();
+    try {
+      comm.sendrecv(0, std::span<const std::byte>(msg), buf);
+    } catch (const timeout_error&) {
+      ok = buf.size() == 100 && seconds_since(t0) < 1.5;  // rank 0's message did arrive
+    }
+  } else {
+    ok = true;
   }
   REQUIRE(count_on_all_ranks(ok) == P);
 }

@@ -37,19 +37,23 @@
 //!   argument on one rank: invalid_argument on all) before data moves, and the
 //!   communicator stays usable. With it off (the unchecked mode) a disagreement is
 //!   undefined behaviour, as in MPI and NCCL.
-//! - Latency path: allreduces up to 1 MiB, broadcasts and allgathers up to 64 KiB, and
+//! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
-//!   as fast as OpenMPI's blocking collectives; larger ones use MPI_Iallreduce,
-//!   MPI_Iallgather and MPI_Ibcast (libnbc).
+//!   as fast as OpenMPI's blocking collectives. Larger blocking allreduces run a ring
+//!   over point to point (mpi/ring_allreduce.hpp); the nonblocking forms and larger
+//!   broadcasts and allgathers use MPI_Iallreduce, MPI_Iallgather and MPI_Ibcast (libnbc).
 //! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
-//!   both partners, and OpenMPI's nonblocking algorithms compute each element's final
-//!   value on one rank and copy it, so every rank gets the same bits (tests check it).
+//!   both partners; the ring, and OpenMPI's nonblocking algorithms, compute each
+//!   element's final value on one rank and copy it, so every rank gets the same bits
+//!   (tests check it).
 //! - Memory safety after a failure: with `mpi_options::isolate_buffers` (the default)
 //!   operations write into pooled staging memory copied out on success, so an operation
 //!   abandoned after a failure (MPI cannot cancel collectives) never writes into user
 //!   memory later.
 //! - Point to point: send() copies the message into a pooled buffer and returns;
-//!   recv() receives a message of any length (MPI_Improbe + MPI_Imrecv). isend()/irecv()
+//!   recv() receives a message of any length (MPI_Improbe + MPI_Imrecv) into a pooled
+//!   buffer swapped into the caller's vector (no copy). sendrecv() sends without a copy
+//!   and, like MPI_Sendrecv, returns once the peer has taken the message. isend()/irecv()
 //!   move messages of a size both sides know, without a copy on the sending side.
 //! - Handles are cheap to copy (shared state); use one handle per thread
 //!   (MPI_THREAD_FUNNELED suffices).
@@ -114,16 +118,21 @@ class MpiComm {
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    if (data.size_bytes() > detail::mpi_rd_allreduce_bytes) return iallreduce(data, op).wait();
-    // Small: recursive doubling over point to point (mpi/small_collectives.hpp), with
-    // the latency of a blocking MPI_Allreduce; it receives only into internal scratch.
     static_assert(detail::mpi_reducible<T>,
                   "commpact::MpiComm::allreduce supports float, double and 32- or 64-bit integers; convert other "
                   "element types first.");
+    const bool small = data.size_bytes() <= detail::mpi_rd_allreduce_bytes;
+    // A ring step moves one chunk of about size / P bytes; MPI counts are int.
+    if (!small && data.size_bytes() / static_cast<std::size_t>(size()) + 2 * sizeof(T) > INT_MAX)
+      return iallreduce(data, op).wait();
     auto& s = *state_;
     s.enter("allreduce");
     if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return;
-    s.small_allreduce(data, op, "allreduce");
+    // Small: recursive doubling (mpi/small_collectives.hpp), with the latency of a
+    // blocking MPI_Allreduce; large: a ring (mpi/ring_allreduce.hpp). Both run over
+    // point to point and receive only into internal memory when buffers are isolated.
+    if (small) s.small_allreduce(data, op, "allreduce");
+    else s.ring_allreduce(data, op, "allreduce");
   }
   //! Nonblocking allreduce; `data` must stay alive until the handle completed. With
   //! verify_collectives the signature check runs before this returns (one round trip).
@@ -248,10 +257,16 @@ class MpiComm {
     detail::mpi_recv_any(*state_, peer, buf);
   }
 
-  //! Pairwise exchange: sends msg to peer and receives peer's message into buf.
+  //! Pairwise exchange: sends msg to peer and receives peer's message into buf. Like
+  //! MPI_Sendrecv, and unlike send() then recv(), msg goes out without a copy and the
+  //! call returns once peer's message arrived and peer has taken msg: peer must receive
+  //! from this rank (recv, sendrecv or irecv) without first waiting for this rank to do
+  //! something else, or the exchange ends at the deadline (timeout_error).
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
-    send(peer, msg);
-    recv(peer, buf);
+    check_message(peer, msg.size(), "sendrecv");
+    auto& s = *state_;
+    s.enter("sendrecv");
+    detail::mpi_sendrecv(s, peer, msg, buf);
   }
 
   //! Nonblocking send of msg to peer, without a copy: msg must stay alive and unchanged

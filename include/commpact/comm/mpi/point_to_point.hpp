@@ -3,8 +3,8 @@
 //! \file mpi/point_to_point.hpp
 //! MpiComm's point to point: the pool of send buffers (send() copies the message and
 //! returns without waiting for the receiver; completed sends are reclaimed lazily, so
-//! the steady state allocates nothing) and the receives. Part of MpiComm (include
-//! commpact/comm/mpi_comm.hpp).
+//! the steady state allocates nothing), the receives and sendrecv. Part of MpiComm
+//! (include commpact/comm/mpi_comm.hpp).
 
 #include <mpi.h>
 
@@ -115,32 +115,55 @@ class mpi_send_queue {
 };
 
 //! Receives the next message from `peer` into `out`, resized to its length: polls
-//! MPI_Improbe under the state's deadline, then MPI_Imrecv (into staging when the
-//! state isolates buffers, so an abandoned receive never writes into `out`).
+//! MPI_Improbe under the state's deadline, then MPI_Imrecv. When the state isolates
+//! buffers, the message lands in a pooled buffer that is swapped into `out` on success
+//! (no copy; `out`'s old storage returns to the pool) and leaked if the wait is given
+//! up, so an abandoned receive never writes into memory the caller still owns.
 template <class State>
-void mpi_recv_any(State& s, int peer, std::vector<std::byte>& out) {
+void mpi_recv_any(State& s, int peer, std::vector<std::byte>& out, const char* what = "recv") {
   MPI_Message msg = MPI_MESSAGE_NULL;
   MPI_Status st;
-  s.poll("recv", [&] {
+  s.poll(what, [&] {
     int flag = 0;
-    s.check(MPI_Improbe(peer, mpi_send_queue::tag, s.native(), &flag, &msg, &st), "MPI_Improbe", "recv");
+    s.check(MPI_Improbe(peer, mpi_send_queue::tag, s.native(), &flag, &msg, &st), "MPI_Improbe", what);
     return flag != 0;
   });
   int count = 0;
-  s.check(MPI_Get_count(&st, MPI_BYTE, &count), "MPI_Get_count", "recv");
+  s.check(MPI_Get_count(&st, MPI_BYTE, &count), "MPI_Get_count", what);
   if (s.options().isolate_buffers && count > 0) {
-    auto* p = s.staging(static_cast<std::size_t>(count));
-    MPI_Request req = MPI_REQUEST_NULL;
-    s.check(MPI_Imrecv(p, count, MPI_BYTE, &msg, &req), "MPI_Imrecv", "recv");
-    s.wait(req, "recv");
-    out.resize(static_cast<std::size_t>(count));
-    std::memcpy(out.data(), p, static_cast<std::size_t>(count));
+    auto in = s.take_buffer(static_cast<std::size_t>(count));
+    try {
+      MPI_Request req = MPI_REQUEST_NULL;
+      s.check(MPI_Imrecv(in.data(), count, MPI_BYTE, &msg, &req), "MPI_Imrecv", what);
+      s.wait(req, what);
+    } catch (...) {
+      new std::vector<std::byte>(std::move(in));  // intentionally never freed: MPI may still write there
+      throw;
+    }
+    std::swap(out, in);
+    if (in.capacity() > 0) s.recycle(std::move(in));
   } else {
     out.resize(static_cast<std::size_t>(count));
     MPI_Request req = MPI_REQUEST_NULL;
-    s.check(MPI_Imrecv(out.data(), count, MPI_BYTE, &msg, &req), "MPI_Imrecv", "recv");
-    s.wait(req, "recv");
+    s.check(MPI_Imrecv(out.data(), count, MPI_BYTE, &msg, &req), "MPI_Imrecv", what);
+    s.wait(req, what);
   }
+}
+
+//! Sends `msg` to `peer` in place and receives peer's next message into `out` (as
+//! mpi_recv_any); returns once both completed, like MPI_Sendrecv.
+template <class State>
+void mpi_sendrecv(State& s, int peer, std::span<const std::byte> msg, std::vector<std::byte>& out) {
+  MPI_Request sq = MPI_REQUEST_NULL;
+  s.check(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, mpi_send_queue::tag, s.native(), &sq),
+          "MPI_Isend", "sendrecv");
+  try {
+    mpi_recv_any(s, peer, out, "sendrecv");
+  } catch (...) {
+    s.abandon(sq);  // it only reads msg; kept, never freed, like every request given up on
+    throw;
+  }
+  s.wait(sq, "sendrecv");
 }
 
 }  // namespace commpact::detail

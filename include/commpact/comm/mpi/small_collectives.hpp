@@ -32,10 +32,12 @@ namespace commpact::detail {
 //! Broadcasts and allgathers moving at most this many bytes (broadcast: the data;
 //! allgather: the whole output) take the point-to-point path.
 inline constexpr std::size_t mpi_small_collective_bytes = 64 * 1024;
-//! Allreduces of at most this many bytes take recursive doubling. It needs no staging
-//! copy (MPI only ever receives into scratch), and OpenMPI's nonblocking allreduce is
-//! slowest against its blocking one around 1 MiB.
-inline constexpr std::size_t mpi_rd_allreduce_bytes = 1024 * 1024;
+//! Allreduces of at most this many bytes take recursive doubling (the latency of a
+//! blocking MPI_Allreduce; MPI only ever receives into scratch); larger ones take the
+//! ring (mpi/ring_allreduce.hpp), which moves 2 (P-1)/P of the data instead of
+//! log2(P) times all of it: at 256 KiB - 4 MiB recursive doubling costs 2-3.8x a
+//! blocking MPI_Allreduce on shared memory, the ring 1-2x.
+inline constexpr std::size_t mpi_rd_allreduce_bytes = 64 * 1024;
 inline constexpr int mpi_rd_tag = 19;
 
 //! Waits for `reqs` under the state's deadline and failure notices. On an error the

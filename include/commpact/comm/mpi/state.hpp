@@ -27,6 +27,7 @@
 #include "datatype.hpp"
 #include "failure.hpp"
 #include "point_to_point.hpp"
+#include "ring_allreduce.hpp"
 
 namespace commpact {
 
@@ -256,6 +257,11 @@ class mpi_state {
   void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
     mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
   }
+  //! The ring allreduce (mpi/ring_allreduce.hpp), for large allreduces.
+  template <class T>
+  void ring_allreduce(std::span<T> data, reduce_op op, const char* what) {
+    mpi_ring_allreduce(*this, data, op, opt_.isolate_buffers, rd_scratch_, what);
+  }
   void small_broadcast(std::span<std::byte> data, int root) {
     mpi_tree_broadcast(*this, data, root, opt_.isolate_buffers, rd_scratch_, "broadcast");
   }
@@ -263,18 +269,19 @@ class mpi_state {
     mpi_direct_allgather(*this, in, out, opt_.isolate_buffers, rd_scratch_, rd_reqs_, "allgather");
   }
 
-  //! A staging buffer of at least n bytes (reused; grows only).
-  std::byte* staging(std::size_t n) {
-    if (staging_.size() < n) staging_.resize(n);
-    return staging_.data();
-  }
-
-  //! A pooled buffer of n bytes for one nonblocking operation; give it back with
-  //! recycle() when the operation completed, or leak it when it was abandoned.
+  //! A pooled buffer of n bytes for one operation (the best fit: the smallest that holds
+  //! n, else the largest, so mixed sizes rarely reallocate); give it back with recycle()
+  //! when the operation completed, or leak it when it was abandoned.
   std::vector<std::byte> take_buffer(std::size_t n) {
     std::vector<std::byte> b;
     if (!pool_.empty()) {
-      b = std::move(pool_.back());
+      std::size_t pick = 0;
+      for (std::size_t i = 1; i < pool_.size(); ++i) {
+        const auto c = pool_[i].capacity(), best = pool_[pick].capacity();
+        if (best >= n ? (c >= n && c < best) : c > best) pick = i;
+      }
+      b = std::move(pool_[pick]);
+      pool_[pick] = std::move(pool_.back());
       pool_.pop_back();
     }
     b.resize(n);
@@ -336,7 +343,6 @@ class mpi_state {
   }
 
   void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
-    new std::vector<std::byte>(std::move(staging_));
     new std::vector<std::vector<std::byte>>(std::move(pool_));
     new std::vector<std::byte>(std::move(rd_scratch_));
     (void)sig_.release();
@@ -350,7 +356,6 @@ class mpi_state {
   std::string failure_;
   std::unique_ptr<std::int64_t[]> sig_ = std::make_unique<std::int64_t[]>(signature_words);
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
-  std::vector<std::byte> staging_;
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
