@@ -89,8 +89,10 @@ concept Communicator = req::has_rank_and_size<C> && req::has_allreduce<C> && req
                        req::has_broadcast<C> && req::has_barrier<C> && req::has_abort<C>;
 
 //! A Communicator that also exchanges variable-length byte messages with one peer:
-//! `send(peer, bytes)`, `recv(peer, buffer)` (buffer is resized to the message) and
-//! `sendrecv(peer, bytes, buffer)`.
+//! `send(peer, bytes)` (does not wait for the receiver), `recv(peer, buffer)` (buffer is
+//! resized to the message) and `sendrecv(peer, bytes, buffer)`, a pairwise exchange that
+//! may wait until the peer has taken the message (MpiComm does, like MPI_Sendrecv): the
+//! peer must be in a matching sendrecv or receive without first waiting on another rank.
 template <class C>
 concept PointToPoint = Communicator<C> && req::has_send_recv<C>;
 
