@@ -18,6 +18,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/random.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -43,11 +45,7 @@ std::size_t model_size() {
 }
 
 std::vector<float> gradient(int rank, int step, std::size_t n) {
-  std::mt19937 g(static_cast<unsigned>(rank * 7919 + step * 104729 + 1));
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
+  return commpact_test::normal(static_cast<std::uint64_t>(rank * 7919 + step * 104729 + 1), n);
 }
 
 // The PowerSGD layout of the layers in one bucket.

@@ -16,10 +16,11 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/random.hpp"
+
 #include <chrono>
 #include <limits>
 #include <numeric>
-#include <random>
 #include <thread>
 #include <vector>
 
@@ -36,11 +37,7 @@ std::vector<std::size_t> sizes() {
 }
 
 std::vector<float> gradient(int rank, int step, std::size_t n) {
-  std::mt19937 g(static_cast<unsigned>(rank * 7919 + step * 104729 + 3));
-  std::normal_distribution<float> d(0.f, 1.f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
+  return commpact_test::normal(static_cast<std::uint64_t>(rank * 7919 + step * 104729 + 3), n);
 }
 
 template <class C, class Make>

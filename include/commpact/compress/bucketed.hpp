@@ -145,13 +145,9 @@ class Bucketed {
               "MPI_THREAD_SERIALIZED; initialise it with MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, "
               "&provided), or call reduce() without begin() (no overlap).");
     }
-    grad_ = grad;
+    new_step(grad);
     active_ = true;
     started_ = 0;
-    failed_.v.store(false);
-    error_ = nullptr;
-    skipped_ = false;
-    ran_ = 0;
     std::fill(pending_.begin(), pending_.end(), 0);
     layer_ready_.assign(layers_.size(), 0);
     for (std::size_t l = 0; l < layers_.size(); ++l) ++pending_[bucket_of_[l]];
@@ -182,11 +178,7 @@ class Bucketed {
       pending_handles_.clear();
       active_ = false;
     } else {
-      error_ = nullptr;
-      skipped_ = false;
-      ran_ = 0;
-      failed_.v.store(false);
-      grad_ = grad;
+      new_step(grad);
       for (std::size_t b = 0; b < info_.size(); ++b) run(b);
     }
     if (error_ || skipped_) {
@@ -263,6 +255,15 @@ class Bucketed {
   void check_size(std::span<float> grad, const char* who) const {
     require(grad.size() == total_, "commpact::Bucketed::", who, ": the gradient has ", grad.size(),
             " elements; the layers sum to ", total_, ". Pass the flat gradient of every layer, in forward order.");
+  }
+
+  // The outcome of a new step: nothing run, no error, no skip.
+  void new_step(std::span<float> grad) {
+    grad_ = grad;
+    failed_.v.store(false);
+    error_ = nullptr;
+    skipped_ = false;
+    ran_ = 0;
   }
 
   void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }

@@ -132,12 +132,6 @@ class serial_worker {
     idle_cv_.wait(lk, [&] { return q_.empty() && !busy_; });
   }
 
-  //! True when called from the worker's thread.
-  bool on_worker_thread() {
-    std::lock_guard lk(m_);
-    return t_.joinable() && std::this_thread::get_id() == t_.get_id();
-  }
-
  private:
   void loop() {
     std::unique_lock lk(m_);

@@ -387,21 +387,24 @@ class DataParallel {
   enum class round_kind : std::int64_t { none, gradients, deltas };
 
   //! Ends an overlapped step that raises: the buckets in flight are waited for and rolled
-  //! back, and the driver goes back to where begin_backward found it.
+  //! back; raised before step()'s own snapshot, it also puts the driver back to where
+  //! begin_backward found it.
   struct overlap_guard {
     DataParallel& dp;
     int uncaught = std::uncaught_exceptions();
-    void end() noexcept {
+    //! Cancels the buckets in flight; true when there were some.
+    bool end() noexcept {
       if constexpr (req::overlappable<Compressor>) {
         if (dp.overlap_) {
           dp.compressor_.cancel();
           dp.overlap_ = false;
-          dp.restore(*dp.overlap_snap_);
+          return true;
         }
       }
+      return false;
     }
     ~overlap_guard() {
-      if (std::uncaught_exceptions() > uncaught) end();
+      if (std::uncaught_exceptions() > uncaught && end()) dp.restore(*dp.overlap_snap_);
     }
   };
 
