@@ -13,7 +13,9 @@
 #include "comm/any_comm.hpp"
 #include "comm/checked_comm.hpp"
 #include "comm/counting_comm.hpp"
+#include "comm/deferred_comm.hpp"
 #include "comm/hierarchical_comm.hpp"
+#include "comm/known_size.hpp"
 #include "comm/thread_comm.hpp"
 #include "comm/tree_comm.hpp"
 #include "comm/wire_model.hpp"
@@ -43,8 +45,14 @@
 #include "compress/sparsifiers.hpp"
 #include "compress/tensor_layout.hpp"
 #include "compress/topk.hpp"
+#include "compress/transaction.hpp"
 
 #include "gossip/gossip_mixer.hpp"
+
+#include "kernels/deferred/ops.hpp"
+#include "kernels/host/ops.hpp"
+#include "space/deferred.hpp"
+#include "space/host.hpp"
 
 #include "sync/lr_schedule.hpp"
 #include "sync/policies.hpp"

@@ -259,11 +259,16 @@ inline void write_counters(writer& w, std::int64_t steps, std::int64_t skipped) 
   const std::int64_t c[2] = {steps, skipped};
   w.i64s(1, c);
 }
-//! Reads section 1 and checks 0 <= skipped <= steps (wire_error otherwise).
+//! The largest step counter a loaded state may hold: 2^62, so that every step after a
+//! load (and every counter derived from it, such as a step plus a period) stays far
+//! from signed overflow.
+inline constexpr std::int64_t max_counter = std::int64_t{1} << 62;
+
+//! Reads section 1 and checks 0 <= skipped <= steps <= max_counter (wire_error otherwise).
 inline std::pair<std::int64_t, std::int64_t> read_counters(reader& r) {
   const auto c = r.i64s(1, 2);
-  r.fail_unless(c[0] >= 0 && c[1] >= 0 && c[1] <= c[0], "counters steps = ", c[0], ", skipped = ", c[1],
-                " are out of range; the state is corrupted.");
+  r.fail_unless(c[0] >= 0 && c[1] >= 0 && c[1] <= c[0] && c[0] <= max_counter, "counters steps = ", c[0],
+                ", skipped = ", c[1], " are out of range (0 <= skipped <= steps <= 2^62); the state is corrupted.");
   return {c[0], c[1]};
 }
 

@@ -210,8 +210,10 @@ struct ref_gtopk_step {
       alive[r].assign(local[r].idx.size(), 1);
       holder[r] = r < p2 ? r : r - p2;
     }
-    auto sent = [&](int r, std::size_t count, std::size_t mask_bits) {
-      bytes_sent[r] += wire_header + 8 * count + (mask_bits + 7) / 8;
+    // Every tree message is a fixed-capacity frame of k entries (fewer entries leave zero
+    // padding), plus ceil(k / 8) mask bytes on an unfold: exact, whatever the counts.
+    auto sent = [&](int r, std::size_t /*count*/, std::size_t mask_bits) {
+      bytes_sent[r] += wire_header + 8 * k + (mask_bits ? (k + 7) / 8 : 0);
       messages_sent[r] += 1;
     };
     auto update_alive = [&]() {
@@ -347,20 +349,24 @@ std::size_t check_gtopk_reference(Comm& comm, std::uint64_t seed, std::size_t n,
     const auto want_res = ref.residual(acc[me], me);
     v.expect(same_bits(gt.residual(), want_res), "P=", P, " seed=", seed, " step ", step,
              ": residual differs from the reference");
-    v.expect(d.bytes_sent == ref.bytes_sent[me], "step ", step, ": sent ", d.bytes_sent, " bytes, the counts give ",
-             ref.bytes_sent[me]);
-    v.expect(d.messages_sent == ref.messages_sent[me], "step ", step, ": sent ", d.messages_sent,
-             " messages, expected ", ref.messages_sent[me]);
-    v.expect(d.collectives == 0, "step ", step, ": gTopK used ", d.collectives, " collectives");
+    // The first step also agrees on (n, largest k, step count, residual length, rejected)
+    // with one allreduce of 9 int64; later steps use no collective.
+    const auto agree_cost = step == 0 ? commpact::wire::ring_allreduce(me, P, 9, 8) : commpact::wire_cost{};
+    const std::uint64_t agreement = agree_cost.bytes_sent;
+    v.expect(d.bytes_sent == ref.bytes_sent[me] + agreement, "step ", step, ": sent ", d.bytes_sent,
+             " bytes, the frames give ", ref.bytes_sent[me], " + ", agreement, " of agreement");
+    v.expect(d.messages_sent == ref.messages_sent[me] + agree_cost.messages_sent, "step ", step, ": sent ",
+             d.messages_sent, " messages, expected ", ref.messages_sent[me], " + ", agree_cost.messages_sent);
+    v.expect(d.collectives == (step == 0 ? 1u : 0u), "step ", step, ": gTopK used ", d.collectives, " collectives");
     const auto& cube = gt.comm().schedule();
     if (!cube.is_extra(me) && cube.fold_partner(me) < 0)
-      v.expect(d.bytes_sent <= (wire_header + 8 * k) * static_cast<std::uint64_t>(cube.rounds()), "step ", step,
-               ": ", d.bytes_sent, " bytes above the (48 + 8k) log2 P bound");
+      v.expect(d.bytes_sent - agreement == (wire_header + 8 * k) * static_cast<std::uint64_t>(cube.rounds()), "step ",
+               step, ": ", d.bytes_sent - agreement, " bytes of frames, not (48 + 8k) log2 P");
     {  // every rank: at most ceil(log2 P) messages of <= 8k payload bytes, plus headers and the unfold's mask
       int cl = 0;
       while ((1 << cl) < P) ++cl;
-      v.expect(d.bytes_sent <= (wire_header + 8 * k) * static_cast<std::uint64_t>(cl) + (k + 7) / 8 &&
-                   d.messages_sent <= static_cast<std::uint64_t>(cl),
+      v.expect(d.bytes_sent - agreement <= (wire_header + 8 * k) * static_cast<std::uint64_t>(cl) + (k + 7) / 8 &&
+                   d.messages_sent - agree_cost.messages_sent <= static_cast<std::uint64_t>(cl),
                "step ", step, ": ", d.bytes_sent, " bytes in ", d.messages_sent, " messages, above the ceil(log2 P) bound");
     }
     check_conservation(comm, v, g, old_all, gt.residual(), grad, "gTopK");

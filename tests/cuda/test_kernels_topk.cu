@@ -1,4 +1,4 @@
-// commpact::cuda::topk_abs against a brute-force reference (stable sort by (abs_key desc,
+// commpact::cuda_kernels::topk_abs against a brute-force reference (stable sort by (abs_key desc,
 // index asc)) and against its host twin commpact::host::topk_abs, on the same random and
 // tied inputs: indices and value bits must be identical. Exits 77 (CTest: skipped) when
 // no GPU is present. CUDA code is always built as C++20 (the commpact::cuda target and
@@ -56,14 +56,14 @@ template <class T>
 struct device_buffer {
   T* p = nullptr;
   explicit device_buffer(std::size_t n) {
-    commpact::cuda::detail::check(cudaMalloc(&p, (n == 0 ? 1 : n) * sizeof(T)), "cudaMalloc");
+    commpact::cuda_kernels::detail::check(cudaMalloc(&p, (n == 0 ? 1 : n) * sizeof(T)), "cudaMalloc");
   }
   ~device_buffer() { cudaFree(p); }
   device_buffer(const device_buffer&) = delete;
   device_buffer& operator=(const device_buffer&) = delete;
 };
 
-void compare(const char* what, const std::vector<float>& x, std::size_t k, commpact::cuda::topk_workspace& dws) {
+void compare(const char* what, const std::vector<float>& x, std::size_t k, commpact::cuda_kernels::topk_workspace& dws) {
   const std::size_t n = x.size();
   std::vector<std::int32_t> ridx;
   std::vector<float> rval;
@@ -71,14 +71,14 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
 
   device_buffer<float> dx(n), dval(k);
   device_buffer<std::int32_t> didx(k);
-  commpact::cuda::detail::check(cudaMemcpy(dx.p, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
+  commpact::cuda_kernels::detail::check(cudaMemcpy(dx.p, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
   dws.run(dx.p, n, k, didx.p, dval.p);
-  commpact::cuda::detail::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  commpact::cuda_kernels::detail::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   std::vector<std::int32_t> gidx(k);
   std::vector<float> gval(k);
-  commpact::cuda::detail::check(cudaMemcpy(gidx.data(), didx.p, k * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
+  commpact::cuda_kernels::detail::check(cudaMemcpy(gidx.data(), didx.p, k * sizeof(std::int32_t), cudaMemcpyDeviceToHost),
                                 "cudaMemcpy");
-  commpact::cuda::detail::check(cudaMemcpy(gval.data(), dval.p, k * sizeof(float), cudaMemcpyDeviceToHost),
+  commpact::cuda_kernels::detail::check(cudaMemcpy(gval.data(), dval.p, k * sizeof(float), cudaMemcpyDeviceToHost),
                                 "cudaMemcpy");
   const std::size_t bad = count_diff(gidx, gval, ridx, rval);
   EXPECT(bad == 0, "%s: n=%zu k=%zu: %zu of %zu entries differ from the reference", what, n, k, bad, k);
@@ -95,7 +95,7 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
 int main() {
   if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
   try {
-    commpact::cuda::topk_workspace dws;
+    commpact::cuda_kernels::topk_workspace dws;
     for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20,
                           std::size_t{3000017}}) {
       for (std::uint64_t seed : {1u, 2u}) {

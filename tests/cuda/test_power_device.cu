@@ -1,4 +1,4 @@
-// commpact::cuda PowerSGD kernels (kernels/cuda/power.cuh) against a host reference on
+// commpact::cuda_kernels PowerSGD kernels (kernels/cuda/power.cuh) against a host reference on
 // the same random inputs: one full local step per matrix (M += e, P = M Q,
 // orthonormalise P, Q = M^T P, e = M - P Q^T, M = P Q^T) for several shapes and ranks,
 // and the orthonormalisation on degenerate input (zero matrix, duplicate columns).
@@ -120,11 +120,11 @@ void check_step(int n, int m, int r, std::uint64_t seed) {
     }
   // Device.
   dev_buf dM(M), de(e), dQ(Q), dP(std::vector<float>(std::size_t(n) * r, 0.f));
-  commpact::cuda::power_handle h;
-  commpact::cuda::power_compensate_project(h, dM.p, de.p, dQ.p, dP.p, n, m, r);
-  commpact::cuda::orthonormalize_columns(h, dP.p, n, r);
-  commpact::cuda::power_project_back(h, dM.p, dP.p, dQ.p, n, m, r);
-  commpact::cuda::power_decompress(h, dM.p, de.p, dP.p, dQ.p, n, m, r);
+  commpact::cuda_kernels::power_handle h;
+  commpact::cuda_kernels::power_compensate_project(h, dM.p, de.p, dQ.p, dP.p, n, m, r);
+  commpact::cuda_kernels::orthonormalize_columns(h, dP.p, n, r);
+  commpact::cuda_kernels::power_project_back(h, dM.p, dP.p, dQ.p, n, m, r);
+  commpact::cuda_kernels::power_decompress(h, dM.p, de.p, dP.p, dQ.p, n, m, r);
   ok(cudaDeviceSynchronize(), "sync");
   const auto Pd = dP.get(), Qd = dQ.get(), Ad = dM.get(), ed = de.get();
   EXPECT(rel(Pd, P) < 1e-4, "n=%d m=%d r=%d: P differs from the host by %g", n, m, r, rel(Pd, P));
@@ -156,8 +156,8 @@ void check_degenerate() {
   dev_buf dz(z);
   int* dk = nullptr;
   ok(cudaMalloc(&dk, sizeof(int)), "cudaMalloc");
-  commpact::cuda::power_handle h;
-  commpact::cuda::orthonormalize_columns(h, dz.p, 50, 3, dk);
+  commpact::cuda_kernels::power_handle h;
+  commpact::cuda_kernels::orthonormalize_columns(h, dz.p, 50, 3, dk);
   int kept = -1;
   ok(cudaMemcpy(&kept, dk, sizeof(int), cudaMemcpyDeviceToHost), "D2H");
   const auto zr = dz.get();
@@ -170,7 +170,7 @@ void check_degenerate() {
   a[4] = 2;
   a[9] = 3;
   dev_buf da(a);
-  commpact::cuda::orthonormalize_columns(h, da.p, 4, 3, dk);
+  commpact::cuda_kernels::orthonormalize_columns(h, da.p, 4, 3, dk);
   ok(cudaMemcpy(&kept, dk, sizeof(int), cudaMemcpyDeviceToHost), "D2H");
   const std::vector<float> want = {1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0};
   EXPECT(da.get() == want && kept == 2, "dependent columns: kept %d", kept);
@@ -186,8 +186,8 @@ int main() {
   for (const auto& s : shapes) check_step(s[0], s[1], s[2], seed += 10);
   check_degenerate();
   try {
-    commpact::cuda::power_handle h;
-    commpact::cuda::power_project_back(h, nullptr, nullptr, nullptr, 4, 3, 4);  // r > min(n, m)
+    commpact::cuda_kernels::power_handle h;
+    commpact::cuda_kernels::power_project_back(h, nullptr, nullptr, nullptr, 4, 3, 4);  // r > min(n, m)
     EXPECT(false, "r > min(n, m) did not raise");
   } catch (const commpact::invalid_argument&) {
   }

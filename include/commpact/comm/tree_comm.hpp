@@ -43,6 +43,7 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../topology/hypercube.hpp"
+#include "known_size.hpp"
 
 namespace commpact {
 
@@ -133,17 +134,48 @@ class TreeComm {
     }
   }
 
+  //! Walks this rank's steps with fixed-capacity frames (known-size point-to-point, so
+  //! no probe is needed: NCCL has none), in the space of C. For a step that sends,
+  //! `r.payload(step)` fills (or queues the filling of) `r.frame_out(step)`; for a step
+  //! that receives, exactly `r.frame_in(step).size()` bytes arrive there, then
+  //! `r.absorb(step)` merges them (or queues the merge). Both sides of a step must agree
+  //! on the frame size; a receiver that gets another size raises mismatch_error.
+  template <class Reducer>
+  void reduce_frames(Reducer& r) {
+    for (const auto& s : steps_) {
+      switch (s.stage) {
+        case tree_stage::fold_send:
+        case tree_stage::unfold_send:
+          r.payload(s);
+          commpact::send_known(comm_, s.peer, r.frame_out(s));
+          break;
+        case tree_stage::fold_recv:
+        case tree_stage::unfold_recv:
+          commpact::recv_known(comm_, s.peer, r.frame_in(s));
+          r.absorb(s);
+          break;
+        case tree_stage::exchange:
+          r.payload(s);
+          commpact::exchange(comm_, s.peer, r.frame_out(s), r.frame_in(s));
+          r.absorb(s);
+          break;
+      }
+    }
+  }
+
   // ---- the Communicator interface, forwarded ---------------------------------
-  template <class T>
-  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+  using space_type = comm_space_t<C>;
+  auto exec() { return comm_exec(comm_); }
+  template <class Span>
+  void allreduce(Span data, reduce_op op = reduce_op::sum) {
     comm_.allreduce(data, op);
   }
-  template <class T>
-  void allgather(std::span<const T> in, std::span<T> out) {
+  template <class In, class Out>
+  void allgather(In in, Out out) {
     comm_.allgather(in, out);
   }
-  template <class T>
-  void broadcast(std::span<T> data, int root) {
+  template <class Span>
+  void broadcast(Span data, int root) {
     comm_.broadcast(data, root);
   }
   void barrier() { comm_.barrier(); }

@@ -40,6 +40,7 @@
 #include <utility>
 #include <vector>
 
+#include "../comm/agree.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
@@ -172,18 +173,31 @@ class CodecCompressor {
   }
 
   //! Replaces grad by the mean over the ranks of what their codecs delivered, the same
-  //! bits on every rank. Returns false when the step was skipped (NaN/Inf under
-  //! nonfinite::skip_step: grad zeroed, state kept). A step that raises changes nothing.
+  //! bits on every rank: start + finish + commit. Returns false when the step was
+  //! skipped (NaN/Inf in an input or in the mean under nonfinite::skip_step: grad zeroed,
+  //! state kept). A step that raises changes nothing, grad included.
   bool reduce(std::span<float> grad) {
+    start(grad);
+    const bool ok = finish();
+    commit();
+    return ok;
+  }
+
+  //! Encodes this rank's gradient (with its residual) and exchanges the blocks. grad is
+  //! read here and written by finish().
+  void start(std::span<float> grad) {
+    require(phase_ == phase::idle, "commpact::", name_, "::start: the previous step was started and not ",
+            phase_ == phase::started ? "finished" : "committed",
+            "; call finish() and commit() (or cancel()) before starting another.");
     const int P = agg_.sources();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
-    std::string problem = check(grad.size());
-    if (problem.empty()) problem = detail::length_problem(name_.c_str(), n, ef_.size());
-    const std::int64_t agreement = problem.empty() ? agreement_of(grad.size()) : -1;
-    const std::size_t cap = problem.empty() ? capacity(grad.size()) : cap_;
+    problem_ = check(grad.size());
+    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_.size());
+    const std::int64_t agreement = problem_.empty() ? agreement_of(grad.size()) : -1;
+    const std::size_t cap = problem_.empty() ? capacity(grad.size()) : cap_;
 
-    if (!agreed_ || cap != cap_) agree(n, cap, problem);
+    if (!agreed_ || cap != cap_) agree(n, cap, problem_);
     frame::header h;
     h.n = n;
     h.agreement = agreement;
@@ -191,7 +205,7 @@ class CodecCompressor {
     h.capacity = static_cast<std::int64_t>(cap_);
     auto block = agg_.block(cap_);
     const auto payload = block.subspan(frame::header_bytes);
-    if (!problem.empty()) {
+    if (!problem_.empty()) {
       h.flags = frame::rejected_input;
     } else if (!ef_.accumulate(grad, opt_.momentum, detail::clip_scale(grad, opt_.clip_norm, P))) {
       h.flags = frame::nonfinite_input;
@@ -204,39 +218,73 @@ class CodecCompressor {
     std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
     frame::write(block, h);
     agg_.exchange();
+    grad_ = grad;
+    phase_ = phase::started;
+  }
 
-    // Every rank reads the same headers, so every rank takes the same decision.
+  //! Reads every rank's header (the same on every rank, so every rank takes the same
+  //! decision), decodes the blocks in rank order into a sum, and writes the mean into
+  //! grad. Raises alike on every rank, in this order: ranks that disagree
+  //! (mismatch_error), a rejected input (invalid_argument on its rank, peer_failure on
+  //! the others), a malformed block (wire_error), a non-finite input or mean
+  //! (numeric_error; under skip_step grad is zeroed and false returned). grad is
+  //! untouched when it raises.
+  bool finish() {
+    require(phase_ == phase::started, "commpact::", name_, "::finish: no step was started; call start(grad) first.");
+    phase_ = phase::idle;
+    const int P = agg_.sources();
+    const auto n = static_cast<std::int64_t>(grad_.size());
     std::uint16_t flags = 0;
-    std::int64_t lo[4] = {n, agreement, steps_, h.capacity}, hi[4] = {n, agreement, steps_, h.capacity};
+    const auto mine = frame::read(agg_.received(agg_.comm().rank()), agg_.comm().rank());
+    std::int64_t lo[4] = {mine.n, mine.agreement, mine.step, mine.capacity};
+    std::int64_t hi[4] = {mine.n, mine.agreement, mine.step, mine.capacity};
     for (int r = 0; r < P; ++r) {
       const auto hr = frame::read(agg_.received(r), r);
       flags = static_cast<std::uint16_t>(flags | hr.flags);
       const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
       for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
     }
-    if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem, steps_);
+    // A rank that rejected its input sends agreement -1: compare the lengths first, then
+    // the rest only among ranks that did not reject.
     static constexpr const char* what[4] = {"the gradient length", "the codec's parameter (such as k)",
                                             "the step count", "the block capacity"};
-    for (int j = 0; j < 4; ++j)
+    for (int j = 0; j < 4; ++j) {
+      if (j == 1 && (flags & frame::rejected_input)) continue;
       if (lo[j] != hi[j])
         throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on ", what[j],
                                          ": the values range over [", lo[j], ", ", hi[j],
                                          "]; every rank must pass the same lengths and use the same options and "
                                          "step count."));
-    if (flags & frame::nonfinite_input) {
-      detail::end_nonfinite_step(opt_.on_nonfinite, name_ + "::reduce", "gradient (with its residual) of some rank",
-                                 static_cast<std::size_t>(-1), steps_, grad);
-      ++steps_, ++skipped_;
-      return false;
     }
-    std::fill(grad.begin(), grad.end(), 0.0f);
+    if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
+    if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
+    sum_.assign(grad_.size(), 0.0f);
     for (int r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
       const auto blk = agg_.received(r);
       const auto hr = frame::read(blk, r);
-      codec_.decode_add(blk.subspan(frame::header_bytes, hr.payload), grad);
+      codec_.decode_add(blk.subspan(frame::header_bytes, hr.payload), std::span<float>(sum_));
     }
-    const auto fP = static_cast<float>(P);
-    for (auto& x : grad) x = x / fP;
+    (void)n;
+    // Every rank decoded the same blocks into the same sum, so every rank decides alike;
+    // a sum of finite values that overflowed is caught here (dividing by P keeps the
+    // rest finite), before grad is written.
+    if (host::first_nonfinite(sum_) != sum_.size()) return skip("sum of the delivered gradients (it overflowed)");
+    (void)host::mean_checked(std::span<const float>(sum_), grad_, P);
+    phase_ = phase::finished;
+    outcome_ = outcome::delivered;
+    return true;
+  }
+
+  //! Installs a finished step: the candidate residual (what the codec did not deliver)
+  //! becomes the residual, the counters advance.
+  void commit() {
+    require(phase_ == phase::finished, "commpact::", name_, "::commit: no finished step to commit; call start(grad) "
+                                       "and finish() first.");
+    phase_ = phase::idle;
+    if (outcome_ == outcome::skipped) {
+      ++steps_, ++skipped_;
+      return;
+    }
     if constexpr (req::codec_has_delivered<Codec>) {
       ef_.commit();
       ef_.clear_delivered(codec_.delivered());
@@ -245,8 +293,10 @@ class CodecCompressor {
       ef_.commit();
     }
     ++steps_;
-    return true;
   }
+
+  //! Drops a started or finished step: residual, velocity and counters as before start().
+  void cancel() noexcept { phase_ = phase::idle; }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, kind(), ef_, steps_, skipped_); }
@@ -280,6 +330,7 @@ class CodecCompressor {
     ef_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
     s.emplace_back(static_cast<const void*>(approx_.data()), approx_.capacity());
+    s.emplace_back(static_cast<const void*>(sum_.data()), sum_.capacity());
     std::sort(s.begin(), s.end());
     return s;
   }
@@ -300,20 +351,24 @@ class CodecCompressor {
   }
   std::size_t capacity(std::size_t n) const { return (frame::header_bytes + codec_.max_encoded_bytes(n) + 3) / 4 * 4; }
 
-  //! One allreduce: the same n and capacity on every rank, and no rank rejected its input.
+  //! A step that met a non-finite value, alike on every rank: raises under
+  //! nonfinite::raise (grad untouched), else zeroes grad and leaves a
+  //! skipped step to commit.
+  bool skip(const char* what) {
+    if (opt_.on_nonfinite == nonfinite::raise)
+      detail::raise_nonfinite(name_ + "::reduce", what, static_cast<std::size_t>(-1), steps_);
+    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    phase_ = phase::finished;
+    outcome_ = outcome::skipped;
+    return false;
+  }
+
+  //! One allreduce (comm/agree.hpp): the same n and capacity on every rank, and no rank
+  //! rejected its input.
   void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
-    const auto c = static_cast<std::int64_t>(cap);
-    std::int64_t v[5] = {n, -n, c, -c, problem.empty() ? 0 : 1};
-    agg_.comm().allreduce(std::span<std::int64_t>(v, 5), reduce_op::max);
-    if (v[4]) detail::raise_rejected(name_.c_str(), problem, steps_);
-    if (v[0] != -v[1])
-      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the gradient length: this "
-                                       "rank has n = ", n, ", the lengths range over [", -v[1], ", ", v[0],
-                                       "]; every rank must pass gradients of the same length."));
-    if (v[2] != -v[3])
-      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the message capacity (",
-                                       cap, " bytes here, [", -v[3], ", ", v[2],
-                                       "] over the ranks); every rank must use the same codec options."));
+    commpact::agree(agg_.comm(), name_.c_str(),
+                    {{"the gradient length", n}, {"the message capacity in bytes", static_cast<std::int64_t>(cap)}},
+                    problem, steps_);
     if constexpr (requires { agg_.reserve(cap); }) agg_.reserve(cap);
     cap_ = cap;
     n_ = n;
@@ -324,8 +379,14 @@ class CodecCompressor {
   Codec codec_;
   options opt_;
   std::string name_;
+  enum class phase { idle, started, finished };
+  enum class outcome { delivered, skipped };
   error_feedback ef_;
-  std::vector<float> approx_;
+  std::vector<float> approx_, sum_;
+  std::span<float> grad_;
+  std::string problem_;
+  phase phase_ = phase::idle;
+  outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;
   std::int64_t n_ = -1;

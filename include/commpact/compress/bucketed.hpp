@@ -33,12 +33,17 @@
 //! - Same result with or without overlap: reduce() without begin() runs the same
 //!   buckets through the same compressors in the same order on the calling thread, so
 //!   results are bit-identical (tested).
-//! - Transactional: before a bucket runs, its compressor's state is saved (one copy of
-//!   its state per step; `bucket_options::transactional = false` skips that). When a
-//!   bucket raises, the buckets after it do not run, every bucket's compressor is put back
-//!   to its state before the step, and the error is raised; when a bucket skips the step
-//!   (nonfinite::skip_step) the same rollback happens and reduce() returns false, so no
-//!   bucket's residual has consumed a gradient that was not applied.
+//! - Transactional (compress/transaction.hpp): each bucket's step stays open until the
+//!   whole step is kept. A two-phase compressor (Dense, gTopK, CodecCompressor) holds its
+//!   step itself; any other is snapshotted before it runs (one copy of its state per
+//!   step; `bucket_options::transactional = false` skips that). When a bucket raises,
+//!   the buckets after it do not run, every bucket's step is cancelled, and the error is
+//!   raised; when a bucket skips the step (nonfinite::skip_step) the same happens and
+//!   finish() returns false, so no bucket's residual has consumed a gradient that was not
+//!   applied. Bucketed is itself two-phase: `start(grad)` (or begin + ready) runs the
+//!   buckets, `finish()` waits for them, `commit()` keeps every bucket's step, `cancel()`
+//!   drops them all; `reduce` = start + finish + commit. DataParallel commits only after
+//!   the user's update has returned.
 
 #include <algorithm>
 #include <atomic>
@@ -57,6 +62,7 @@
 #include "../detail/serial_worker.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
+#include "transaction.hpp"
 
 namespace commpact {
 
@@ -122,22 +128,23 @@ class Bucketed {
     }
     comps_.reserve(info_.size());
     for (const auto& b : info_) comps_.push_back(make(b));
-    snaps_.resize(info_.size());
+    txs_.resize(info_.size());
     pending_.resize(info_.size());
   }
   //! Movable while no step is in flight (the worker's tasks refer to this object).
   Bucketed(Bucketed&&) noexcept = default;
   Bucketed& operator=(Bucketed&&) = delete;
   ~Bucketed() {
-    if (active_) cancel();
+    if (active_ || open_ || inline_) cancel();
   }
 
   //! Before backward: the buckets of `grad` (the flat gradient, total_size() floats) will
   //! start as their layers become ready. `grad` must outlive the step: started buckets
   //! write into it until reduce() or cancel() (or the destructor) has waited for them.
   void begin(std::span<float> grad) {
-    require(!active_, "commpact::Bucketed::begin: the previous step's buckets are still in flight; call reduce() "
-                      "(or cancel()) once per begin().");
+    require(!active_ && !open_ && !inline_, "commpact::Bucketed::begin: the previous step's buckets are still in "
+                                           "flight or open; call reduce() (or finish() and commit(), or cancel()) "
+                                           "once per begin().");
     check_size(grad, "begin");
     if constexpr (requires { comps_[0].comm().allows_calls_from_other_threads(); }) {
       require(comps_[0].comm().allows_calls_from_other_threads(),
@@ -166,37 +173,72 @@ class Bucketed {
     while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
   }
 
-  //! Averages grad over the ranks: waits for the buckets in flight and runs the rest.
-  //! Returns false when some bucket skipped the step (then no bucket changed its state).
+  //! Averages grad over the ranks: start + finish + commit. Returns false when some
+  //! bucket skipped the step (then no bucket changed its state).
   bool reduce(std::span<float> grad) {
-    check_size(grad, "reduce");
+    start(grad);
+    const bool ok = finish();
+    commit();
+    return ok;
+  }
+
+  //! Runs the buckets not started yet: after begin(), the rest of that step's buckets
+  //! (on the worker); else every bucket, in order, on the calling thread.
+  void start(std::span<float> grad) {
+    check_size(grad, "start");
+    require(!open_, "commpact::Bucketed::start: the previous step is finished but neither committed nor cancelled; "
+                    "call commit() or cancel() first.");
     if (active_) {
       require(grad.data() == grad_.data(), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
                                            "reduce the buffer whose buckets are in flight.");
       while (started_ < info_.size()) launch(started_++);
-      worker_->drain();
-      pending_handles_.clear();
-      active_ = false;
     } else {
       new_step(grad);
       for (std::size_t b = 0; b < info_.size(); ++b) run(b);
+      inline_ = true;
     }
+  }
+
+  //! Waits for every bucket. On an error: every bucket's step is cancelled and the error
+  //! raised. On a skipped bucket: every bucket's step is cancelled and false returned.
+  //! Otherwise the step stays open for commit() or cancel().
+  bool finish() {
+    require(active_ || inline_, "commpact::Bucketed::finish: no step was started; call start(grad) (or begin()).");
+    if (active_) {
+      worker_->drain();
+      pending_handles_.clear();
+      active_ = false;
+    }
+    inline_ = false;
     if (error_ || skipped_) {
       rollback();
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
       return false;
     }
+    open_ = true;
     return true;
   }
 
-  //! Ends a step begun with begin() without a result: waits for the buckets in flight
-  //! and rolls their compressors back. A no-op when no step is in flight.
+  //! Keeps every bucket's step of a finished step.
+  void commit() {
+    if (!open_) return;
+    open_ = false;
+    for (std::size_t b = 0; b < ran_; ++b) txs_[b].commit(comps_[b]);
+  }
+
+  //! Ends the current step without a result: waits for the buckets in flight and puts
+  //! every bucket's compressor back. A no-op when no step is in flight or open. Every
+  //! bucket already started runs to its end first, so every rank that started the same
+  //! buckets (the same ready() calls) exchanges the same messages before rolling back:
+  //! call cancel() at the same point on every rank.
   void cancel() noexcept {
-    if (!active_) return;
-    failed_.v.store(true);  // buckets not yet run are skipped
-    worker_->drain();
-    pending_handles_.clear();
-    active_ = false;
+    if (active_) {
+      worker_->drain();
+      pending_handles_.clear();
+      active_ = false;
+    }
+    inline_ = false;
+    open_ = false;
     try {
       rollback();
     } catch (...) {
@@ -268,22 +310,16 @@ class Bucketed {
 
   void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }
 
-  // Runs bucket b (on the worker, or inline); records the first error and stops later buckets.
+  // Runs bucket b (on the worker, or inline) and leaves its step open; records the first
+  // error and stops later buckets.
   void run(std::size_t b) {
     if (failed_.v.load()) return;
     try {
-      if (opt_.transactional) {
-        snaps_[b].clear();
-        comps_[b].save_state(snaps_[b]);
-      }
-      ran_ = b + 1;
       const auto& i = info_[b];
       auto part = grad_.subspan(i.offset, i.size);
-      if constexpr (std::same_as<decltype(comps_[b].reduce(part)), bool>) {
-        if (!comps_[b].reduce(part)) skipped_ = true;
-      } else {
-        comps_[b].reduce(part);
-      }
+      const bool ok = txs_[b].run(comps_[b], part, opt_.transactional);
+      ran_ = b + 1;
+      if (!ok) skipped_ = true;
     } catch (...) {
       error_ = std::current_exception();
       failed_.v.store(true);
@@ -291,8 +327,7 @@ class Bucketed {
   }
 
   void rollback() {
-    if (!opt_.transactional) return;
-    for (std::size_t b = 0; b < ran_; ++b) comps_[b].load_state(snaps_[b]);
+    for (std::size_t b = 0; b < ran_; ++b) txs_[b].cancel(comps_[b]);
   }
 
   std::vector<std::size_t> layers_;
@@ -301,13 +336,15 @@ class Bucketed {
   std::vector<std::size_t> bucket_of_;
   std::size_t total_ = 0;
   std::vector<C> comps_;
-  std::vector<std::vector<std::byte>> snaps_;
+  std::vector<pending_step<C>> txs_;
   std::vector<std::size_t> pending_;   // layers of each bucket not yet ready
   std::vector<char> layer_ready_;
   std::vector<detail::work_handle> pending_handles_;
   std::unique_ptr<detail::serial_worker> worker_;
   std::span<float> grad_;
-  bool active_ = false;
+  bool active_ = false;   // begin() started buckets that finish() has not waited for
+  bool inline_ = false;   // start() ran every bucket inline; finish() not called yet
+  bool open_ = false;     // finished, neither committed nor cancelled
   std::size_t started_ = 0;
   struct flag {  // set by cancel() while the worker runs; movable for Bucketed's move
     std::atomic<bool> v{false};

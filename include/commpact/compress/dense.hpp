@@ -13,16 +13,24 @@
 //! Non-finite values are detected after the reduction, where every rank sees the same
 //! numbers, so every rank takes the same decision (nonfinite.hpp): raise numeric_error
 //! (the default) or, with `nonfinite::skip_step`, zero the gradient and count the step.
+//!
+//! Space (v3): the allreduce and the mean run in the communicator's space (host_space
+//! for ThreadComm and MpiComm, deferred_space for DeferredComm<C>); `start(grad)` queues
+//! them, `finish()` fences once and reads the status, `commit()` counts the step,
+//! `cancel()` drops it. `reduce` = start + finish + commit. The first step (and a
+//! length change, on every rank) agrees on the length with one small allreduce.
 
-#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "../comm/agree.hpp"
+#include "../comm/known_size.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/host/ops.hpp"
+#include "../kernels/status.hpp"
 #include "../state.hpp"
 #include "nonfinite.hpp"
 
@@ -38,19 +46,76 @@ class Dense {
 
  public:
   using options = dense_options;
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
 
   explicit Dense(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {}
 
   //! Averages grad over the ranks in place. Returns false when the step was skipped.
-  bool reduce(std::span<float> grad) {
-    if (static_cast<std::int64_t>(grad.size()) != checked_size_) {
-      require_same(comm_, static_cast<std::int64_t>(grad.size()), "gradient length (Dense::reduce)");
-      checked_size_ = static_cast<std::int64_t>(grad.size());
-    }
-    const bool ok = mean_allreduce(comm_, grad, opt_.on_nonfinite, "Dense::reduce", "summed gradient", steps_);
-    ++steps_;
-    if (!ok) ++skipped_;
+  bool reduce(span<float> grad) {
+    start(grad);
+    const bool ok = finish();
+    commit();
     return ok;
+  }
+
+  //! Queues the sum over the ranks and the mean on grad (host_space: runs them).
+  void start(span<float> grad) {
+    require(phase_ == phase::idle, "commpact::Dense::start: the previous step was started and not ",
+            phase_ == phase::started ? "finished" : "committed",
+            "; call finish() and commit() (or cancel()) before starting another.");
+    const auto n = static_cast<std::int64_t>(grad.size());
+    if (n != checked_size_) {
+      agree(comm_, "Dense", {{"the gradient length", n}}, "", steps_);
+      checked_size_ = n;
+    }
+    const auto e = comm_exec(comm_);
+    status_.resize(1);
+    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    comm_.allreduce(grad, reduce_op::sum);
+    ops<space_type>::mean(e, grad, comm_.size(), status_.view());
+    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    grad_ = grad;
+    phase_ = phase::started;
+  }
+
+  //! Fences, then raises numeric_error on every rank for a non-finite mean (grad holds
+  //! it), or under skip_step zeroes grad and returns false.
+  bool finish() {
+    require(phase_ == phase::started, "commpact::Dense::finish: no step was started; call start(grad) first.");
+    phase_ = phase::idle;
+    const auto e = comm_exec(comm_);
+    space_type::fence(e, no_deadline());
+    skipped_step_ = (status_host_ & status_nonfinite) != 0;
+    if (skipped_step_) {
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite("Dense::reduce", "summed gradient", static_cast<std::size_t>(-1), steps_);
+      ops<space_type>::fill(e, grad_, 0.0f);
+      space_type::fence(e, no_deadline());
+    }
+    phase_ = phase::finished;
+    return !skipped_step_;
+  }
+
+  //! Counts a finished step.
+  void commit() {
+    require(phase_ == phase::finished, "commpact::Dense::commit: no finished step to commit; call start(grad) and "
+                                       "finish() first.");
+    ++steps_;
+    if (skipped_step_) ++skipped_;
+    phase_ = phase::idle;
+  }
+
+  //! Drops a started or finished step (queued work is completed first).
+  void cancel() noexcept {
+    if (phase_ == phase::started) {
+      try {
+        space_type::fence(comm_exec(comm_), no_deadline());
+      } catch (...) {
+      }
+    }
+    phase_ = phase::idle;
   }
 
   void save_state(std::vector<std::byte>& out) const {
@@ -73,8 +138,14 @@ class Dense {
   Comm& comm() { return comm_; }
 
  private:
+  enum class phase { idle, started, finished };
   Comm comm_;
   options opt_;
+  typename space_type::template buffer<std::uint32_t> status_;
+  std::uint32_t status_host_ = 0;
+  span<float> grad_{};
+  phase phase_ = phase::idle;
+  bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;
 };

@@ -32,9 +32,24 @@
 //!    sum_p residual_new_p + P * result == sum_p (g_p + residual_old_p) up to rounding.
 //!
 //! Traffic per rank per step: ceil(log2 P) messages or fewer (plus the fold or unfold
-//! for P not a power of two), each 48 + 8 * count bytes, count <= k; an unfold adds
-//! ceil(k / 8) bytes of survival mask. So at most (48 + 8k) log2(p2) bytes for a core
-//! rank without an extra partner.
+//! for P not a power of two), each a fixed-capacity frame of exactly 48 + 8k bytes
+//! (fewer entries leave zero padding, so the receiver knows the size without a probe);
+//! an unfold adds ceil(k / 8) bytes of survival mask. So (48 + 8k) log2(p2) bytes for a
+//! core rank without an extra partner. The first step (and the first after reset() or
+//! load_state()) adds one allreduce of 7 int64 that agrees on n, the largest k and the
+//! step count.
+//!
+//! Space (v3). The data plane runs in the space of the tree's communicator
+//! (comm_space_t: host_space for ThreadComm and MpiComm, deferred_space for
+//! DeferredComm<C>, the CUDA space with NcclComm): every kernel is a row of ops<Space>,
+//! and the step is transactional in two phases:
+//! - `start(grad)` queues the step (local accumulate + select, the tree's frames and
+//!   merges, the scatter of the result into grad); host_space runs it at once;
+//! - `finish()` fences once, reads the step's status (kernels/status.hpp) and raises
+//!   the same error on every rank, leaving grad untouched (zeroed under skip_step);
+//! - `commit()` installs the residual (a swap of buffers) and advances the counters;
+//!   `cancel()` drops the step: residual, velocity and counters stay as before it.
+//! `reduce(grad)` is start + finish + commit.
 //!
 //! Errors reach every rank without extra messages: each header carries the subtree's
 //! flags (non-finite value seen, input rejected) and the ranges of n and k; merged at
@@ -42,7 +57,8 @@
 //! (mismatch_error for different lengths or k, numeric_error for NaN/Inf unless
 //! skip_step, invalid_argument on the rank whose input was bad and peer_failure on the
 //! others). A malformed message (detectable by its receiver only) makes the receiver
-//! call comm.abort() and raise wire_error; the others raise peer_failure.
+//! call comm.abort() and raise wire_error (at its finish()); the others raise
+//! peer_failure at their next communication.
 
 #include <algorithm>
 #include <concepts>
@@ -54,19 +70,20 @@
 #include <utility>
 #include <vector>
 
+#include "../comm/agree.hpp"
+#include "../comm/known_size.hpp"
 #include "../comm/tree_comm.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
-#include "../kernels/host/commit.hpp"
-#include "../kernels/host/sparse_merge.hpp"
-#include "../kernels/host/topk.hpp"
-#include "error_feedback.hpp"
+#include "../kernels/host/ops.hpp"
+#include "../kernels/host/sparse_tree.hpp"
+#include "../state.hpp"
 #include "sparse_options.hpp"
 #include "sparse_wire.hpp"
 
 namespace commpact {
 
-//! gTop-k over any TreeSchedule (TreeComm<C> is one).
+//! gTop-k over any TreeSchedule (TreeComm<C> is one), in the space of its communicator.
 template <class Tree>
 class gTopK {
   static_assert(diagnose_tree_schedule<Tree>());
@@ -74,6 +91,11 @@ class gTopK {
  public:
   using options = sparse_options;
   using tree_type = Tree;
+  using space_type = comm_space_t<Tree>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
 
   explicit gTopK(tree_type tree, options opt = {}) : tree_(std::move(tree)), opt_(std::move(opt)) {
     detail::validate_sparse_options(opt_, "gTopK");
@@ -83,82 +105,175 @@ class gTopK {
     requires(!std::same_as<std::remove_cvref_t<C>, tree_type> && std::constructible_from<tree_type, C>)
   explicit gTopK(C comm, options opt = {}) : gTopK(tree_type(std::move(comm)), std::move(opt)) {}
 
-  //! Replaces grad by G / P, identical on every rank. Returns false when the step was
-  //! skipped (non-finite gradient with nonfinite::skip_step; grad zeroed, state kept).
-  bool reduce(std::span<float> grad) {
+  //! Replaces grad by G / P, identical on every rank: start + finish + commit. Returns
+  //! false when the step was skipped (non-finite gradient with nonfinite::skip_step;
+  //! grad zeroed, state kept). A step that raises changes nothing, grad included.
+  bool reduce(span<float> grad) {
+    start(grad);
+    const bool ok = finish();
+    commit();
+    return ok;
+  }
+
+  //! Queues a step on grad (read now or later, written by the step): the local phase,
+  //! the tree exchange and the scatter of the result. On host_space it runs at once.
+  //! grad must stay alive and untouched until finish().
+  void start(span<float> grad) {
+    require(phase_ == phase::idle, "commpact::gTopK::start: the previous step was started and not ",
+            phase_ == phase::started ? "finished" : "committed",
+            "; call finish() and commit() (or cancel()) before starting another.");
+    const auto e = exec();
     const int P = tree_.size();
     const auto n = static_cast<std::int64_t>(grad.size());
+    if (!agreed_) agree(n);
     k_ = detail::k_at(opt_, steps_, n);
-    std::string problem = detail::sparse_problem("gTopK", n, k_);
-    if (problem.empty()) problem = detail::length_problem("gTopK", n, ef_.size());
+    problem_ = detail::sparse_problem("gTopK", n, k_);
+    if (problem_.empty()) problem_ = detail::length_problem("gTopK", n, n_);
+    // Frames are sized from what every rank agreed (n_ and the step count), so that a
+    // rank whose own n or k is wrong still sends a frame of the right size, flagged.
+    frame_k_ = static_cast<std::size_t>(std::clamp<std::int64_t>(detail::k_at(opt_, steps_, n_), 1, kmax_));
+    grad_ = grad;
+    const bool ok = problem_.empty();
+    const std::uint16_t flags = ok ? 0 : sparse_wire::flag_failed;
+    if (ok) {
+      acc_.resize(grad.size());
+      if (opt_.momentum > 0.0f) u_next_.resize(grad.size());
+      if (opt_.clip_norm > 0.0f) ops<space_type>::clip_scale(e, cview(grad), opt_.clip_norm, P, scale_.view());
+    }
+    const auto none = span<float>{};
+    ops<space_type>::tree_local(e, meta_.view(), n, k_, flags, ok ? acc_.view() : none,
+                                ok && opt_.momentum > 0.0f ? u_next_.view() : none, residual_.cview(),
+                                velocity_.cview(), cview(grad), opt_.momentum,
+                                opt_.clip_norm > 0.0f && ok ? scale_.cview() : span<const float>{}, views_, ws_);
+    phase_ = phase::started;
+    try {
+      stepper s{*this};
+      tree_.reduce_frames(s);
+      ops<space_type>::tree_scatter(e, meta_.cview(), grad, views_, P);
+      ops<space_type>::to_host(e, meta_.cview(), std::span<sparse_tree_meta>(&meta_host_, 1));
+    } catch (...) {
+      phase_ = phase::idle;
+      throw;
+    }
+  }
 
-    cur_ = {};
-    cur_.n_min = cur_.n_max = n;
-    cur_.k_min = cur_.k_max = k_;
-    cur_count_ = 0;
-    mine_count_ = 0;
-    extra_count_ = 0;
-    if (!problem.empty()) {
-      cur_.flags = sparse_wire::flag_failed;
+  //! Waits for the step (one fence), then raises the same error on every rank or
+  //! returns: true with grad = G / P, false for a skipped step (grad zeroed). After a
+  //! raise, grad is as it was before start() and the step is over (nothing to commit).
+  bool finish() {
+    require(phase_ == phase::started, "commpact::gTopK::finish: no step was started; call start(grad) first.");
+    const auto e = exec();
+    try {
+      space_type::fence(e, no_deadline());
+    } catch (...) {
+      phase_ = phase::idle;
+      throw;
+    }
+    phase_ = phase::idle;
+    const sparse_tree_meta& m = meta_host_;
+    if (m.status & status_wire) {
+      const auto why = detail::cat("gTopK: rank ", tree_.rank(), " received a malformed frame from rank ", m.wire_peer,
+                                   " at step ", steps_, ".");
+      tree_.abort(why);
+      throw wire_error(detail::cat("commpact::", why, " The step is abandoned on every rank."));
+    }
+    if (m.cur.n_min != m.cur.n_max)
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the gradient length: rank ",
+                                       tree_.rank(), " has n = ", m.n, ", the lengths range over [", m.cur.n_min, ", ",
+                                       m.cur.n_max, "]; every rank must pass gradients of the same length."));
+    if (m.cur.k_min != m.cur.k_max)
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", tree_.rank(), " has k = ",
+                                       m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
+                                       "]; every rank must use the same options and step count."));
+    if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
+    if (m.cur.flags & sparse_wire::flag_nonfinite) {
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite("gTopK::reduce", "gradient (with its residual) of some rank, or a merged sum,",
+                                static_cast<std::size_t>(-1), steps_);
+      ops<space_type>::fill(e, grad_, 0.0f);
+      space_type::fence(e, no_deadline());
+      outcome_ = outcome::skipped;
     } else {
-      setup(n);
-      if (!ef_.accumulate(grad, opt_.momentum, detail::clip_scale(grad, opt_.clip_norm, P))) {
-        cur_.flags = sparse_wire::flag_nonfinite;
-      } else {
-        const auto k = static_cast<std::size_t>(k_);
-        host::topk_abs(ef_.acc(), k, std::span(mine_idx_).first(k), std::span(cur_val_).first(k), ws_);
-        std::copy_n(mine_idx_.begin(), k, cur_idx_.begin());
-        std::fill_n(mine_alive_.begin(), k, std::uint8_t{1});
-        mine_count_ = cur_count_ = k;
+      outcome_ = outcome::delivered;
+    }
+    phase_ = phase::finished;
+    return outcome_ == outcome::delivered;
+  }
+
+  //! Installs a finished step: the candidate becomes the residual (a swap), the
+  //! delivered entries leave it, the counters advance.
+  void commit() {
+    require(phase_ == phase::finished, "commpact::gTopK::commit: no finished step to commit; call start(grad) and "
+                                       "finish() first.");
+    if (outcome_ == outcome::delivered) {
+      residual_.swap(acc_);
+      if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
+      ops<space_type>::tree_zero_delivered(exec(), meta_.cview(), residual_.view(), velocity_.view(), views_);
+      last_count_ = meta_host_.cur_count;
+    } else {
+      ++skipped_;
+    }
+    ++steps_;
+    phase_ = phase::idle;
+  }
+
+  //! Drops a started or finished step: the residual, the velocity and the counters stay
+  //! as before start(). (grad holds the step's result if it finished.) Every rank that
+  //! started the step must cancel it; queued communication is completed first.
+  void cancel() noexcept {
+    if (phase_ == phase::started) {
+      try {
+        space_type::fence(exec(), no_deadline());
+      } catch (...) {  // the step is dropped anyway; the communicator reports its failure next time
       }
     }
-
-    stepper s{*this};
-    tree_.reduce(s, recv_);
-
-    // cur_ now holds the same flags and ranges on every rank.
-    if (cur_.n_min != cur_.n_max)
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the gradient length: rank ",
-                                       tree_.rank(), " has n = ", n, ", the lengths range over [", cur_.n_min, ", ",
-                                       cur_.n_max, "]; every rank must pass gradients of the same length."));
-    if (cur_.k_min != cur_.k_max)
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", tree_.rank(), " has k = ",
-                                       k_, ", k ranges over [", cur_.k_min, ", ", cur_.k_max,
-                                       "]; every rank must use the same options and step count."));
-    if (cur_.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem, steps_);
-    if (cur_.flags & sparse_wire::flag_nonfinite) {
-      detail::end_nonfinite_step(opt_.on_nonfinite, "gTopK::reduce",
-                                 "gradient (with its residual) of some rank, or a merged sum,", static_cast<std::size_t>(-1),
-                                 steps_, grad);
-      ++steps_, ++skipped_;
-      return false;
-    }
-
-    host::scatter_into_zeroed(grad, std::span<const std::int32_t>(cur_idx_).first(cur_count_),
-                              std::span<const float>(cur_val_).first(cur_count_), static_cast<float>(P));
-    ef_.commit();
-    ef_.clear_delivered(std::span<const std::int32_t>(mine_idx_).first(mine_count_),
-                        std::span<const std::uint8_t>(mine_alive_).first(mine_count_));
-    last_count_ = cur_count_;
-    ++steps_;
-    return true;
+    phase_ = phase::idle;
   }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
   void save_state(std::vector<std::byte>& out) const {
-    save_feedback_state(out, "commpact.gTopK", ef_, steps_, skipped_);
+    require(phase_ == phase::idle, "commpact::gTopK::save_state: a step is in flight; finish and commit it first.");
+    state::writer w{out, "commpact.gTopK"};
+    state::write_counters(w, steps_, skipped_);
+    w.f32s(10, to_host(residual_));
+    w.f32s(11, to_host(velocity_));
+    w.finish();
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f, ef_, steps_, skipped_);
+    require(phase_ == phase::idle, "commpact::gTopK::load_state: a step is in flight; finish and commit it first.");
+    state::reader r{in, "commpact.gTopK", "gTopK"};
+    const auto [s, k] = state::read_counters(r);
+    auto res = r.f32s(10);
+    auto vel = r.f32s(11);
+    const bool momentum = opt_.momentum > 0.0f;
+    r.require_that<invalid_argument>(
+        vel.size() == (momentum ? res.size() : 0), "the state was saved ", vel.empty() ? "without" : "with",
+        " momentum correction but this compressor has it ", momentum ? "on" : "off",
+        "; load it into a compressor with the same options.");
+    r.fail_unless(res.size() < (std::size_t{1} << 31), "a residual of ", res.size(),
+                  " values is longer than sparse indices allow.");
+    r.done();
+    from_host(res, residual_);
+    from_host(vel, velocity_);
+    steps_ = s;
+    skipped_ = k;
+    n_ = static_cast<std::int64_t>(res.size());
+    agreed_ = false;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
-  void reset() { ef_.clear(); }
+  void reset() {
+    residual_.clear();
+    velocity_.clear();
+    n_ = 0;
+    agreed_ = false;
+  }
 
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
-  std::span<const float> residual() const { return ef_.residual(); }
-  std::span<const float> velocity() const { return ef_.velocity(); }
+  //! The residual and the velocity, in the space's memory.
+  span<const float> residual() const { return residual_.view(); }
+  span<const float> velocity() const { return velocity_.view(); }
   //! k of the last step.
   std::int64_t k() const { return k_; }
   //! Entries of the global set G of the last completed step (<= k).
@@ -170,148 +285,110 @@ class gTopK {
   //! first allocate nothing (tests compare it across steps).
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
-    auto add = [&](const auto& v) { s.emplace_back(static_cast<const void*>(v.data()), v.capacity()); };
-    add(mine_idx_), add(cur_idx_), add(cur_val_), add(oth_idx_), add(oth_val_), add(out_idx_), add(out_val_);
-    add(mine_alive_), add(extra_idx_), add(extra_alive_), add(send_);
+    auto add = [&](const auto& b) { s.emplace_back(b.data(), b.capacity()); };
+    add(mine_idx_), add(cur_idx_), add(oth_idx_), add(out_idx_), add(extra_idx_);
+    add(cur_val_), add(oth_val_), add(out_val_), add(mine_alive_), add(extra_alive_), add(mask_in_);
+    add(send_), add(recv_), add(meta_), add(scale_);
+    add(residual_), add(acc_), add(velocity_), add(u_next_);
     s.emplace_back(ws_.data(), ws_.capacity_bytes());
     s.emplace_back(mws_.data(), mws_.capacity_bytes());
-    ef_.add_signature(s);
-    std::sort(s.begin(), s.end());  // cur/out buffers swap roles at every merge
+    std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
   }
 
  private:
-  //! TreeComm's reducer: encodes the current set and merges what arrives.
+  enum class phase { idle, started, finished };
+  enum class outcome { delivered, skipped };
+
+  //! TreeComm's reducer: queues the frame of each step and the merge of what arrives.
   struct stepper {
     gTopK& g;
-    std::span<const std::byte> payload(const tree_step& s) { return g.payload(s); }
-    void absorb(const tree_step& s, std::span<const std::byte> m) { g.absorb(s, m); }
+    span<const std::byte> frame_out(const tree_step& s) { return g.send_.view().first(g.frame_bytes(s)); }
+    span<std::byte> frame_in(const tree_step& s) { return g.recv_.view().first(g.frame_bytes(s)); }
+    void payload(const tree_step& s) {
+      ops<space_type>::tree_payload(g.exec(), g.meta_.cview(), s.stage, g.send_.view().first(g.frame_bytes(s)),
+                                    g.views_);
+    }
+    void absorb(const tree_step& s) {
+      ops<space_type>::tree_absorb(g.exec(), g.meta_.view(), s.stage, g.tree_.rank() < s.peer, s.peer,
+                                   span<const std::byte>(g.recv_.view().first(g.frame_bytes(s))), g.views_, g.mws_);
+    }
   };
 
-  bool healthy() const { return cur_.healthy_for(static_cast<std::int64_t>(n_), k_); }
-
-  void poison() {
-    cur_count_ = 0;
-    mine_count_ = 0;  // no entry is delivered on a step that does not complete
-    extra_count_ = 0;
+  std::size_t frame_bytes(const tree_step& s) const {
+    const bool unfold = s.stage == tree_stage::unfold_send || s.stage == tree_stage::unfold_recv;
+    return sparse_tree_frame_bytes(frame_k_, unfold);
   }
 
-  std::span<const std::byte> payload(const tree_step& s) {
-    sparse_wire::header h = cur_;
-    const std::size_t c = healthy() ? cur_count_ : 0;
-    std::span<const std::uint8_t> mask{};
-    if (s.stage == tree_stage::unfold_send && healthy()) mask = std::span(extra_alive_).first(extra_count_);
-    h.mask_bits = static_cast<std::uint32_t>(mask.size());
-    sparse_wire::encode(send_, h, std::span<const std::int32_t>(cur_idx_).first(c),
-                        std::span<const float>(cur_val_).first(c), mask);
-    return send_;
+  auto exec() const { return comm_exec(const_cast<tree_type&>(tree_)); }
+
+  template <class T>
+  static span<const T> cview(span<T> s) {
+    return span<const T>(s);
   }
 
-  [[noreturn]] void fail_wire(const tree_step& s, const wire_error& e) {
-    const auto why = detail::cat("gTopK: rank ", tree_.rank(), " received a malformed message from rank ", s.peer, ": ",
-                                 e.what());
-    tree_.abort(why);
-    throw wire_error(detail::cat("commpact::", why, " The step is abandoned on every rank."));
+  //! Agrees with every rank on n, the largest k, the step count and the state, then
+  //! sizes every buffer once for the largest k of the schedule.
+  void agree(std::int64_t n) {
+    const auto km = detail::k_max(opt_, n);
+    std::string problem = detail::sparse_problem("gTopK", n, std::max<std::int64_t>(detail::k_at(opt_, steps_, n), 0));
+    if (problem.empty()) problem = detail::length_problem("gTopK", n, n_);
+    commpact::agree(tree_, "gTopK",
+                    {{"the gradient length", n}, {"the largest k", km}, {"the step count", steps_},
+                     {"the residual length", static_cast<std::int64_t>(residual_.size())}},
+                    problem, steps_);
+    n_ = n;
+    kmax_ = std::max<std::int64_t>(km, 1);
+    const auto kc = static_cast<std::size_t>(kmax_);
+    for (auto* b : {&mine_idx_, &cur_idx_, &oth_idx_, &out_idx_, &extra_idx_}) b->resize(kc);
+    for (auto* b : {&cur_val_, &oth_val_, &out_val_}) b->resize(kc);
+    for (auto* b : {&mine_alive_, &extra_alive_, &mask_in_}) b->resize(kc);
+    const std::size_t fb = sparse_tree_frame_bytes(kc, true);
+    send_.resize(fb);
+    recv_.resize(fb);
+    meta_.resize(1);
+    scale_.resize(1);
+    const auto un = static_cast<std::size_t>(n);
+    for (auto* b : {&acc_, &residual_}) b->reserve(un);
+    if (opt_.momentum > 0.0f)
+      for (auto* b : {&u_next_, &velocity_}) b->reserve(un);
+    views_ = {mine_idx_.view(),   cur_idx_.view(),     oth_idx_.view(), out_idx_.view(),
+              extra_idx_.view(),  cur_val_.view(),     oth_val_.view(), out_val_.view(),
+              mine_alive_.view(), extra_alive_.view(), mask_in_.view()};
+    agreed_ = true;
   }
 
-  void absorb(const tree_step& s, std::span<const std::byte> msg) {
-    sparse_wire::header h;
-    try {
-      h = sparse_wire::decode_header(msg);
-    } catch (const wire_error& e) {
-      fail_wire(s, e);
-    }
-    cur_.merge_meta(h);  // at unfold_recv: the final, global flags and ranges
-    if (!healthy()) {
-      poison();
-      return;
-    }
-    const auto k = static_cast<std::size_t>(k_);
-    const std::size_t want_mask = s.stage == tree_stage::unfold_recv ? mine_count_ : 0;
-    sparse_wire::header got;
-    try {
-      got = sparse_wire::decode(msg, {static_cast<std::int64_t>(n_), k, want_mask}, std::span(oth_idx_),
-                                std::span(oth_val_), std::span(mask_in_));
-    } catch (const wire_error& e) {
-      fail_wire(s, e);
-    }
-    const std::size_t m = got.count;
-    auto oi = std::span<const std::int32_t>(oth_idx_).first(m);
-    auto ov = std::span<const float>(oth_val_).first(m);
-    auto ci = std::span<const std::int32_t>(cur_idx_).first(cur_count_);
-    auto cv = std::span<const float>(cur_val_).first(cur_count_);
-    switch (s.stage) {
-      case tree_stage::unfold_recv:
-        std::copy(oi.begin(), oi.end(), cur_idx_.begin());
-        std::copy(ov.begin(), ov.end(), cur_val_.begin());
-        cur_count_ = m;
-        std::copy_n(mask_in_.begin(), mine_count_, mine_alive_.begin());
-        return;
-      case tree_stage::fold_recv:  // the extra rank is the higher one
-        std::copy(oi.begin(), oi.end(), extra_idx_.begin());
-        std::fill_n(extra_alive_.begin(), m, std::uint8_t{1});
-        extra_count_ = m;
-        merge_into_out(ci, cv, oi, ov);
-        break;
-      case tree_stage::exchange:
-        if (tree_.rank() < s.peer) merge_into_out(ci, cv, oi, ov);
-        else merge_into_out(oi, ov, ci, cv);
-        break;
-      default: return;
-    }
-    std::swap(cur_idx_, out_idx_);
-    std::swap(cur_val_, out_val_);
-    // Alive tracking: an original entry stays alive while its index is in the merged set.
-    keep_alive(std::span<const std::int32_t>(mine_idx_).first(mine_count_), mine_alive_);
-    keep_alive(std::span<const std::int32_t>(extra_idx_).first(extra_count_), extra_alive_);
-    // Both partners (and their whole block) hold this merged set, so a sum that
-    // overflowed is seen by all of them and spreads to every rank with the flags.
-    for (std::size_t j = 0; j < cur_count_; ++j)
-      if (!std::isfinite(cur_val_[j])) {
-        cur_.flags |= sparse_wire::flag_nonfinite;
-        poison();
-        break;
-      }
+  std::vector<float> to_host(const buffer<float>& b) const {
+    std::vector<float> h(b.size());
+    ops<space_type>::to_host(exec(), b.view(), std::span<float>(h));
+    space_type::fence(exec(), no_deadline());
+    return h;
   }
-
-  void merge_into_out(std::span<const std::int32_t> ia, std::span<const float> va, std::span<const std::int32_t> ib,
-                      std::span<const float> vb) {
-    cur_count_ = host::sparse_merge_topk(ia, va, ib, vb, static_cast<std::size_t>(k_), std::span(out_idx_),
-                                         std::span(out_val_), mws_);
-  }
-
-  void keep_alive(std::span<const std::int32_t> orig, std::vector<std::uint8_t>& alive) const {
-    std::size_t q = 0;
-    for (std::size_t j = 0; j < orig.size(); ++j) {
-      while (q < cur_count_ && cur_idx_[q] < orig[j]) ++q;
-      if (!(q < cur_count_ && cur_idx_[q] == orig[j])) alive[j] = 0;
-    }
-  }
-
-  //! Sizes every buffer once for the largest k of the schedule.
-  void setup(std::int64_t n) {
-    n_ = static_cast<std::size_t>(n);
-    const auto kmax = static_cast<std::size_t>(std::max(k_, detail::k_max(opt_, n)));
-    if (mine_idx_.size() >= kmax) return;
-    for (auto* v : {&mine_idx_, &cur_idx_, &oth_idx_, &out_idx_, &extra_idx_}) v->assign(kmax, 0);
-    for (auto* v : {&cur_val_, &oth_val_, &out_val_}) v->assign(kmax, 0.0f);
-    for (auto* v : {&mine_alive_, &extra_alive_, &mask_in_}) v->assign(kmax, 0);
-    send_.reserve(sparse_wire::encoded_size(kmax, kmax));
+  void from_host(const std::vector<float>& h, buffer<float>& b) {
+    b.resize(h.size());
+    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
+    space_type::fence(exec(), no_deadline());
   }
 
   tree_type tree_;
   options opt_;
-  error_feedback ef_;
-  host::topk_workspace ws_;
-  host::merge_workspace mws_;
-  sparse_wire::header cur_{};  // flags and ranges of the current (subtree) set
-  std::size_t n_ = 0;
-  std::int64_t k_ = 0;
-  std::vector<std::int32_t> mine_idx_, cur_idx_, oth_idx_, out_idx_, extra_idx_;
-  std::vector<float> cur_val_, oth_val_, out_val_;
-  std::vector<std::uint8_t> mine_alive_, extra_alive_, mask_in_;
-  std::size_t cur_count_ = 0, mine_count_ = 0, extra_count_ = 0, last_count_ = 0;
-  std::vector<std::byte> send_, recv_;
+  typename ops<space_type>::topk_workspace ws_;
+  typename ops<space_type>::merge_workspace mws_;
+  buffer<float> residual_, acc_, velocity_, u_next_, scale_;
+  buffer<std::int32_t> mine_idx_, cur_idx_, oth_idx_, out_idx_, extra_idx_;
+  buffer<float> cur_val_, oth_val_, out_val_;
+  buffer<std::uint8_t> mine_alive_, extra_alive_, mask_in_;
+  buffer<std::byte> send_, recv_;
+  buffer<sparse_tree_meta> meta_;
+  typename ops<space_type>::tree_views views_{};
+  sparse_tree_meta meta_host_{};
+  span<float> grad_{};
+  std::string problem_;
+  bool agreed_ = false;
+  phase phase_ = phase::idle;
+  outcome outcome_ = outcome::delivered;
+  std::int64_t n_ = 0, kmax_ = 1, k_ = 0;
+  std::size_t frame_k_ = 1, last_count_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

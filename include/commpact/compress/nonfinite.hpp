@@ -4,7 +4,7 @@
 //! What every compressor, the gossip mixers and DataParallel do with NaN or Inf, written
 //! once: the `nonfinite` policy, a finiteness scan, the end of a step that met a
 //! non-finite value, and the mean allreduce (sum in the communicator's fixed order, then
-//! times 1/P) with its check.
+//! mean_of, kernels/mean.hpp) with its check.
 //!
 //! Non-finite values are detected where every rank sees the same numbers (after a
 //! reduction, or through a flag every rank receives), so every rank takes the same
@@ -53,23 +53,18 @@ inline bool end_nonfinite_step(nonfinite policy, std::string_view who, std::stri
   return false;
 }
 
-//! v *= s (0 < s <= 1, e.g. 1/P) in one vectorised pass; returns the first index whose
-//! value was not finite (v.size() if none). s == 1 only checks (x * 1 == x).
-inline std::size_t scale_and_check(std::span<float> v, float s) {
-  return s == 1.0f ? host::first_nonfinite(v) : host::scale_checked(v, s);
-}
-
 }  // namespace detail
 
-//! v = (sum over the ranks in the communicator's fixed order) * (1/P as float), the same
-//! bits on every rank. On a non-finite sum: raises numeric_error on every rank
+//! v = mean_of(sum over the ranks in the communicator's fixed order, P) (kernels/mean.hpp:
+//! the sum divided by float(P), the one definition of the mean), the same bits on every
+//! rank. On a non-finite sum: raises numeric_error on every rank
 //! (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what` name
 //! the caller and the buffer in the message.
 template <Communicator C>
 bool mean_allreduce(C& comm, std::span<float> v, nonfinite policy, std::string_view who, std::string_view what,
                     std::int64_t step) {
   comm.allreduce(v, reduce_op::sum);
-  const std::size_t bad = detail::scale_and_check(v, 1.0f / static_cast<float>(comm.size()));
+  const std::size_t bad = host::mean_checked(v, comm.size());
   if (bad == v.size()) return true;
   return detail::end_nonfinite_step(policy, who, what, bad, step, v);
 }

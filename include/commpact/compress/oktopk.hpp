@@ -144,7 +144,6 @@ class OkTopK {
     ring_allgather(P, me, cap);
     // Output and error feedback.
     std::fill(grad.begin(), grad.end(), 0.0f);
-    const auto fP = static_cast<float>(P);
     gsel_.clear();
     for (int o = 0; o < P; ++o) {
       const auto& b = blocks_[static_cast<std::size_t>(o)];
@@ -152,7 +151,7 @@ class OkTopK {
       const auto body = std::span<const std::byte>(b).subspan(8);
       for (std::size_t e = 0; e < c; ++e) {
         const auto i = get<std::int32_t>(body, e);
-        grad[static_cast<std::size_t>(i)] = get<float>(body, c + e) / fP;
+        grad[static_cast<std::size_t>(i)] = mean_of(get<float>(body, c + e), P);
         gsel_.push_back(i);
       }
     }

@@ -342,15 +342,15 @@ class PowerCompressor {
       q_ready_ = false;  // redraw Q from the seed at the next step (the same on every rank)
       return false;
     }
-    const float inv = 1.0f / static_cast<float>(comm_.size());
-    host::scale(std::span<float>(q_next_.data(), q_next_.size()), inv);
+    const int P = comm_.size();
+    for (auto& q : q_next_) q = mean_of(q, P);
     // 5. g = A = P Q^T and the candidate residual M - A (one pass); dense tensors get the mean.
     for (const auto& en : entries_) {
       const std::size_t nm = en.rows * en.cols;
       const std::span<float> g(grad.data() + en.offset, nm);
       if (!en.compressed) {
         const float* d = dense_.data() + en.d_off;
-        for (std::size_t i = 0; i < nm; ++i) g[i] = d[i] * inv;
+        for (std::size_t i = 0; i < nm; ++i) g[i] = mean_of(d[i], P);
         continue;
       }
       host::lowrank_approx_residual(g, ef_.acc_segment(en.e_off, nm), en.rows, en.cols,

@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "../comm/agree.hpp"
 #include "../error.hpp"
 #include "nonfinite.hpp"
 
@@ -130,14 +131,6 @@ inline std::optional<float> clip_scale(std::span<const float> g, float clip_norm
   const double bound = static_cast<double>(clip_norm) / std::sqrt(static_cast<double>(P));
   if (!std::isfinite(norm) || norm <= bound) return std::nullopt;
   return static_cast<float>(bound / norm);
-}
-
-//! One rank rejected its input (the flag reached every rank): that rank raises its own
-//! error `mine`, every other rank peer_failure.
-[[noreturn]] inline void raise_rejected(const char* who, const std::string& mine, std::int64_t step) {
-  if (!mine.empty()) throw invalid_argument(mine);
-  throw peer_failure(cat("commpact::", who, "::reduce: another rank rejected its input at step ", step,
-                         " (its own error says why); every rank abandons the step."));
 }
 
 }  // namespace detail

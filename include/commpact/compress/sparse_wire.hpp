@@ -127,6 +127,18 @@ inline void encode_into(std::span<std::byte> out, header h, std::span<const std:
     if (mask[e]) p[e / 8] |= static_cast<std::byte>(1u << (e % 8));
 }
 
+//! Encodes into the front of a fixed-capacity frame (`out` holds at least
+//! encoded_size(idx.size(), h.mask_bits) bytes) and zeroes the rest: the frames of
+//! known-size point-to-point messages (no probe needed, as over NCCL).
+inline void encode_frame(std::span<std::byte> out, const header& h, std::span<const std::int32_t> idx,
+                         std::span<const float> val, std::span<const std::uint8_t> mask = {}) {
+  const std::size_t used = encoded_size(idx.size(), h.mask_bits);
+  require(used <= out.size(), "commpact::sparse_wire::encode_frame: the message needs ", used,
+          " bytes; the frame holds ", out.size(), ".");
+  encode_into(out.first(used), h, idx, val, mask);
+  if (out.size() > used) std::memset(out.data() + used, 0, out.size() - used);
+}
+
 //! Resizes `out` (no allocation once its capacity suffices) and encodes into it.
 inline void encode(std::vector<std::byte>& out, const header& h, std::span<const std::int32_t> idx,
                    std::span<const float> val, std::span<const std::uint8_t> mask = {}) {
@@ -136,7 +148,7 @@ inline void encode(std::vector<std::byte>& out, const header& h, std::span<const
 
 //! Reads and checks the header: size, magic, version, known flags, ordered non-negative
 //! ranges, and that the message is exactly encoded_size(count, mask_bits) bytes.
-inline header decode_header(std::span<const std::byte> msg) {
+inline header decode_header(std::span<const std::byte> msg, bool framed = false) {
   require<wire_error>(msg.size() >= header_bytes, "commpact::sparse_wire: a message of ", msg.size(),
                       " bytes is shorter than the ", header_bytes,
                       "-byte header; the sender is not speaking this format or the message was truncated.");
@@ -163,9 +175,18 @@ inline header decode_header(std::span<const std::byte> msg) {
   // Compute the expected size without overflow: count and mask_bits are 32-bit.
   const std::uint64_t expect = header_bytes + entry_bytes * static_cast<std::uint64_t>(h.count) +
                                (static_cast<std::uint64_t>(h.mask_bits) + 7) / 8;
-  require<wire_error>(expect == msg.size(), "commpact::sparse_wire: the header announces ", h.count, " entries and ",
-                      h.mask_bits, " mask bits (", expect, " bytes) but the message has ", msg.size(),
-                      " bytes; it was truncated or padded.");
+  if (!framed) {
+    require<wire_error>(expect == msg.size(), "commpact::sparse_wire: the header announces ", h.count, " entries and ",
+                        h.mask_bits, " mask bits (", expect, " bytes) but the message has ", msg.size(),
+                        " bytes; it was truncated or padded.");
+    return h;
+  }
+  require<wire_error>(expect <= msg.size(), "commpact::sparse_wire: the header announces ", h.count, " entries and ",
+                      h.mask_bits, " mask bits (", expect, " bytes) but the frame holds only ", msg.size(),
+                      " bytes; it was truncated or the sender uses a larger k.");
+  for (std::size_t i = static_cast<std::size_t>(expect); i < msg.size(); ++i)
+    require<wire_error>(msg[i] == std::byte{0}, "commpact::sparse_wire: byte ", i, " of the frame's padding (after ",
+                        expect, " bytes of message) is not zero; the frame is corrupt.");
   return h;
 }
 
@@ -182,8 +203,8 @@ struct expect {
 //! indices not strictly increasing (unsorted or duplicate), a non-finite value, a mask
 //! of the wrong length or with stray bits. Outputs are written only after validation.
 inline header decode(std::span<const std::byte> msg, const expect& e, std::span<std::int32_t> idx,
-                     std::span<float> val, std::span<std::uint8_t> mask = {}) {
-  const header h = decode_header(msg);
+                     std::span<float> val, std::span<std::uint8_t> mask = {}, bool framed = false) {
+  const header h = decode_header(msg, framed);
   require<wire_error>(h.n_min == e.n && h.n_max == e.n, "commpact::sparse_wire: the sender's gradient length is n = [",
                       h.n_min, ", ", h.n_max, "] but ours is ", e.n,
                       "; ranks disagree on the gradient length: every rank must pass gradients of the same length.");

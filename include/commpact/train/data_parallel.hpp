@@ -84,6 +84,7 @@
 
 #include "../comm/agree.hpp"
 #include "../compress/nonfinite.hpp"
+#include "../compress/transaction.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
@@ -267,11 +268,29 @@ class DataParallel {
       }
     } catch (...) {
       guard.end();
+      tx_.cancel(compressor_);
+      if (delta_compressor_) delta_tx_.cancel(*delta_compressor_);
       restore(snap);
       throw;
     }
+    // Everything that could raise has run: the compressors keep their steps.
+    tx_.commit(compressor_);
+    if (delta_compressor_) delta_tx_.commit(*delta_compressor_);
     ++step_;
     return synced;
+  }
+
+  //! Abandons a step begun with begin_backward (backward raised after some grad_ready
+  //! calls, say): waits for the buckets in flight, puts every bucket's compressor and
+  //! the driver back as before begin_backward, so the step can begin again. A no-op when
+  //! no step is in flight.
+  void cancel_backward() noexcept
+    requires req::overlappable<Compressor>
+  {
+    if (!overlap_) return;
+    compressor_.cancel();
+    overlap_ = false;
+    restore(*overlap_snap_);
   }
 
   //! Appends the driver's state (state.hpp format, kind "commpact.DataParallel"): position
@@ -326,6 +345,18 @@ class DataParallel {
     auto x0 = r.f32s(2);
     r.require_that<wire_error>(x0.empty() || static_cast<std::int64_t>(x0.size()) == n, "the state holds ", x0.size(),
                                " saved parameters for a model of ", n, "; the state is corrupted.");
+    // Consistent with itself: a run that has stepped knows its model size; inside a
+    // parameter period (not a one-step shortcut) the parameters at the period's start are
+    // there. And with this object: a model size it already knows.
+    const bool in_param_period = what == 1 && step > start && step < next;
+    r.require_that<wire_error>((step == 0 || n >= 0) && (n != -1 || x0.empty()) &&
+                                   (!in_param_period || (n > 0 && static_cast<std::int64_t>(x0.size()) == n)),
+                               "inconsistent state: step ", step, " of a parameter period [", start, ", ", next,
+                               ") with ", x0.size(), " saved parameters for a model of ", n,
+                               "; the state is corrupted.");
+    r.require_that<invalid_argument>(n_ < 0 || n < 0 || n == n_, "the state is of a model of ", n,
+                                     " parameters; this DataParallel has stepped with ", n_,
+                                     ". Load it into a driver of the same model.");
     const auto main = r.bytes(3);
     const auto delta = delta_compressor_ ? r.bytes(4) : std::span<const std::byte>{};
     r.done();
@@ -482,12 +513,9 @@ class DataParallel {
               "(compress_deltas = false).");
       shared_kind_ = kind;
     }
-    if constexpr (std::same_as<decltype(c.reduce(v)), bool>) {
-      return c.reduce(v);
-    } else {
-      c.reduce(v);
-      return true;
-    }
+    // The step stays open until step() has run everything that could raise (the user's
+    // update included): then it is committed, else cancelled (compress/transaction.hpp).
+    return (&c == &compressor_ ? tx_ : delta_tx_).run(c, v);
   }
 
   //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic
@@ -504,6 +532,7 @@ class DataParallel {
 
   Compressor compressor_;
   std::optional<Compressor> delta_compressor_;
+  pending_step<Compressor> tx_, delta_tx_;
   round_kind shared_kind_ = round_kind::none;
   Policy policy_;
   std::int64_t total_;

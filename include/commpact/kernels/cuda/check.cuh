@@ -5,8 +5,8 @@
 //! names the caller (`who`), the call, the status and the way out:
 //!
 //! \code
-//! commpact::cuda::detail::check(cudaMalloc(&p, bytes), "cudaMalloc");
-//! // commpact::cuda: cudaMalloc failed with cudaErrorMemoryAllocation (out of memory);
+//! commpact::cuda_kernels::detail::check(cudaMalloc(&p, bytes), "cudaMalloc");
+//! // commpact::cuda_kernels: cudaMalloc failed with cudaErrorMemoryAllocation (out of memory);
 //! // check the device, the pointers and the sizes passed.
 //! \endcode
 //!
@@ -21,11 +21,11 @@
 
 #include "../../error.hpp"
 
-namespace commpact::cuda::detail {
+namespace commpact::cuda_kernels::detail {
 
 //! Throws commpact::device_error naming `who`, the call and CUDA's message when e is not
 //! cudaSuccess.
-inline void check(cudaError_t e, const char* what, const char* who = "commpact::cuda") {
+inline void check(cudaError_t e, const char* what, const char* who = "commpact::cuda_kernels") {
   if (e != cudaSuccess)
     throw commpact::device_error(commpact::detail::cat(who, ": ", what, " failed with ", cudaGetErrorName(e), " (",
                                                        cudaGetErrorString(e),
@@ -34,11 +34,11 @@ inline void check(cudaError_t e, const char* what, const char* who = "commpact::
 
 //! Throws commpact::device_error naming `who`, the call and cuBLAS's message when s is not
 //! CUBLAS_STATUS_SUCCESS.
-inline void check(cublasStatus_t s, const char* what, const char* who = "commpact::cuda") {
+inline void check(cublasStatus_t s, const char* what, const char* who = "commpact::cuda_kernels") {
   if (s != CUBLAS_STATUS_SUCCESS)
     throw commpact::device_error(commpact::detail::cat(who, ": ", what, " failed with cuBLAS status ",
                                                        static_cast<int>(s), " (", cublasGetStatusString(s),
                                                        "); check the handle, the pointers and the sizes passed."));
 }
 
-}  // namespace commpact::cuda::detail
+}  // namespace commpact::cuda_kernels::detail

@@ -8,13 +8,13 @@
 //!
 //! \code
 //! // M: n x m row-major gradient (in place), e: its residual, Q: m x r, P: n x r (column-major)
-//! commpact::cuda::power_handle h{stream};
-//! commpact::cuda::power_compensate_project(h, M, e, Q, P, n, m, r);   // M += e; P = M Q
+//! commpact::cuda_kernels::power_handle h{stream};
+//! commpact::cuda_kernels::power_compensate_project(h, M, e, Q, P, n, m, r);   // M += e; P = M Q
 //! allreduce_sum(P, n * r);
-//! commpact::cuda::orthonormalize_columns(h, P, n, r);                  // Gram-Schmidt twice
-//! commpact::cuda::power_project_back(h, M, P, Q, n, m, r);             // Q = M^T P
-//! allreduce_sum(Q, m * r); commpact::cuda::scale(h, Q, m * r, 1.0f / ranks);
-//! commpact::cuda::power_decompress(h, M, e, P, Q, n, m, r);            // e = M; M = P Q^T; e -= M
+//! commpact::cuda_kernels::orthonormalize_columns(h, P, n, r);                  // Gram-Schmidt twice
+//! commpact::cuda_kernels::power_project_back(h, M, P, Q, n, m, r);             // Q = M^T P
+//! allreduce_sum(Q, m * r); commpact::cuda_kernels::scale(h, Q, m * r, 1.0f / ranks);
+//! commpact::cuda_kernels::power_decompress(h, M, e, P, Q, n, m, r);            // e = M; M = P Q^T; e -= M
 //! \endcode
 //!
 //! Layouts are the host path's: M row-major (n x m), P (n x r) and Q (m x r)
@@ -39,18 +39,18 @@
 #include "../../error.hpp"
 #include "check.cuh"
 
-namespace commpact::cuda {
+namespace commpact::cuda_kernels {
 
 namespace power_detail {
 
 //! The CUDA and cuBLAS checks of kernels/cuda/check.cuh, naming PowerSGD in the message.
 template <class Status>
 inline void check(Status s, const char* what) {
-  detail::check(s, what, "commpact::cuda (PowerSGD)");
+  detail::check(s, what, "commpact::cuda_kernels (PowerSGD)");
 }
 
 inline void check_dims(int n, int m, int r, const char* who) {
-  commpact::require(n >= 1 && m >= 1 && r >= 1 && r <= (n < m ? n : m), "commpact::cuda::", who, ": n = ", n,
+  commpact::require(n >= 1 && m >= 1 && r >= 1 && r <= (n < m ? n : m), "commpact::cuda_kernels::", who, ": n = ", n,
                     ", m = ", m, ", r = ", r, "; need n, m >= 1 and 1 <= r <= min(n, m).");
 }
 
@@ -152,7 +152,7 @@ class power_handle {
 //! Orthonormalises the r columns of P (n x r, column-major) in place; zero columns stay
 //! zero. If d_kept is not null, the number of unit columns is written there (device int).
 inline void orthonormalize_columns(const power_handle& h, float* P, int n, int r, int* d_kept = nullptr) {
-  commpact::require(n >= 1 && r >= 1, "commpact::cuda::orthonormalize_columns: n = ", n, ", r = ", r,
+  commpact::require(n >= 1 && r >= 1, "commpact::cuda_kernels::orthonormalize_columns: n = ", n, ", r = ", r,
                     "; both must be >= 1.");
   power_detail::orthonormalize_kernel<<<1, power_detail::threads, 0, h.stream()>>>(P, n, r, n, d_kept);
   power_detail::check(cudaGetLastError(), "orthonormalize_kernel launch");
@@ -205,4 +205,4 @@ inline void power_decompress(const power_handle& h, float* M, float* e, const fl
   power_detail::check(cudaGetLastError(), "sub_kernel launch");
 }
 
-}  // namespace commpact::cuda
+}  // namespace commpact::cuda_kernels

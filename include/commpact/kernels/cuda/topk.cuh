@@ -15,11 +15,11 @@
 //!
 //! \code
 //! std::size_t bytes = 0;
-//! commpact::cuda::topk_abs(nullptr, bytes, d_x, n, k, d_idx, d_val, stream);
+//! commpact::cuda_kernels::topk_abs(nullptr, bytes, d_x, n, k, d_idx, d_val, stream);
 //! cudaMalloc(&d_temp, bytes);
-//! commpact::cuda::topk_abs(d_temp, bytes, d_x, n, k, d_idx, d_val, stream);
+//! commpact::cuda_kernels::topk_abs(d_temp, bytes, d_x, n, k, d_idx, d_val, stream);
 //! // or, owning and reusing the temporary storage:
-//! commpact::cuda::topk_workspace ws;
+//! commpact::cuda_kernels::topk_workspace ws;
 //! ws.run(d_x, n, k, d_idx, d_val, stream);
 //! \endcode
 //!
@@ -38,7 +38,7 @@
 #include "../../error.hpp"
 #include "check.cuh"
 
-namespace commpact::cuda {
+namespace commpact::cuda_kernels {
 
 namespace detail {
 
@@ -66,9 +66,9 @@ inline int bits_for(std::size_t n) {  // bits needed for the values 0 .. n-1
 }
 
 inline void check_args(std::size_t n, std::size_t k) {
-  require(n < (std::size_t{1} << 31), "commpact::cuda::topk_abs: x has ", n,
+  require(n < (std::size_t{1} << 31), "commpact::cuda_kernels::topk_abs: x has ", n,
           " entries, but indices are int32, so n must be below 2^31; split the tensor into buckets.");
-  require(k <= n, "commpact::cuda::topk_abs: k = ", k, " is larger than n = ", n,
+  require(k <= n, "commpact::cuda_kernels::topk_abs: k = ", k, " is larger than n = ", n,
           "; k must be in [0, n]: pass a smaller k or check the density.");
 }
 
@@ -171,4 +171,4 @@ class topk_workspace {
   std::size_t allocations_ = 0;
 };
 
-}  // namespace commpact::cuda
+}  // namespace commpact::cuda_kernels

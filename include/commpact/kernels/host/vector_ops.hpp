@@ -29,6 +29,7 @@
 
 #include "../../error.hpp"
 #include "commit.hpp"
+#include "../mean.hpp"
 #include "simd.hpp"
 
 namespace commpact::host {
@@ -247,6 +248,44 @@ inline void scale(std::span<float> x, float s) noexcept {
   }
   for (; i < n; ++i) p[i] = p[i] * s;
   return bad;
+}
+
+//! dst[i] = mean_of(src[i], P) (kernels/mean.hpp: src[i] / float(P)) for every i, in
+//! one pass (src and dst equally long; the same span or disjoint); returns the index of
+//! the first non-finite result, or dst.size(). Dividing by P >= 1 keeps a finite value
+//! finite, so the bits of each quotient are tested as it is stored.
+[[nodiscard]] inline std::size_t mean_checked(std::span<const float> src, std::span<float> dst, int P) {
+  detail::check_same_length("mean_checked", "src", src.size(), "dst", dst.size());
+  const float* q = src.data();
+  float* p = dst.data();
+  const std::size_t n = dst.size();
+  const float d = static_cast<float>(P);
+  std::size_t bad = n, i = 0;
+#if COMMPACT_HOST_SIMD
+  using simd::vf;
+  using simd::vu;
+  const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+  for (; i + detail::vec_block <= n; i += detail::vec_block) {
+    vu bits{};
+    for (std::size_t j = i; j < i + detail::vec_block; j += simd::lanes) {
+      const vf v = simd::load<vf>(q + j) / d;
+      simd::store(p + j, v);
+      bits |= ((vu)v & mag) + carry;
+    }
+    std::uint32_t any = 0;
+    for (std::size_t l = 0; l < simd::lanes; ++l) any |= bits[l];
+    if ((any >> 31) && bad == n) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
+  }
+#endif
+  for (; i < n; ++i) {
+    p[i] = mean_of(q[i], P);
+    if (simd::nonfinite_bit(p[i]) && bad == n) bad = i;
+  }
+  return bad;
+}
+//! x[i] = mean_of(x[i], P) in place (see above).
+[[nodiscard]] inline std::size_t mean_checked(std::span<float> x, int P) {
+  return mean_checked(std::span<const float>(x), x, P);
 }
 
 //! y[i] = y[i] + x[i]. y and x have equal lengths; they may be the same span.

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file known_size.hpp
+//! Known-size point-to-point over any communicator, and the space a communicator's data
+//! lives in.
+//!
+//! v3 moves every variable-length message into a fixed-capacity frame whose header
+//! carries the count, so the receiver always knows the size (NCCL has no probe).
+//! `exchange(comm, peer, out, in)` sends out and receives exactly in.size() bytes;
+//! `send_known` / `recv_known` are the one-way forms. A communicator may provide them as
+//! members (DeferredComm queues them); otherwise they are built from isend/irecv
+//! (AsyncPointToPoint) or from send/recv with a size check.
+//!
+//! `comm_space_t<C>` is C::space_type when C names one, else host_space; `comm_exec(c)`
+//! is c.exec() when C has one, else the host executor.
+
+#include <algorithm>
+#include <cstddef>
+#include <span>
+#include <type_traits>
+#include <vector>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../space/host.hpp"
+
+namespace commpact {
+
+namespace detail {
+template <class C>
+struct comm_space {
+  using type = host_space;
+};
+template <class C>
+  requires requires { typename C::space_type; }
+struct comm_space<C> {
+  using type = typename C::space_type;
+};
+}  // namespace detail
+
+//! The space whose spans a communicator's data-plane calls take.
+template <class C>
+using comm_space_t = typename detail::comm_space<std::remove_cvref_t<C>>::type;
+
+//! The executor a communicator queues its data-plane work on.
+template <class C>
+auto comm_exec(C& c) {
+  if constexpr (requires { c.exec(); }) return c.exec();
+  else return typename comm_space_t<C>::exec{};
+}
+
+namespace detail {
+template <class C>
+void check_received(C& c, int peer, std::size_t got, std::size_t want, const char* who) {
+  if (got == want) return;
+  const auto why = cat(who, ": rank ", c.rank(), " expected a ", want, "-byte message from rank ", peer, " and got ",
+                       got, " bytes; ranks disagree on the message size.");
+  c.abort(why);
+  throw mismatch_error(cat("commpact::", why, " Every rank must use the same options."));
+}
+}  // namespace detail
+
+//! Sends `out` to peer and receives exactly in.size() bytes from it.
+template <class C, class Out, class In>
+void exchange(C& c, int peer, Out out, In in) {
+  if constexpr (requires { c.exchange(peer, out, in); }) {
+    c.exchange(peer, out, in);
+  } else if constexpr (req::has_nonblocking_send_recv<C>) {
+    auto r = c.irecv(peer, in);
+    auto s = c.isend(peer, out);
+    s.wait();
+    r.wait();
+  } else {
+    thread_local std::vector<std::byte> buf;
+    c.sendrecv(peer, out, buf);
+    detail::check_received(c, peer, buf.size(), in.size(), "exchange");
+    std::copy(buf.begin(), buf.end(), in.begin());
+  }
+}
+
+//! Sends `out` to peer (the peer calls recv_known with the same size).
+template <class C, class Out>
+void send_known(C& c, int peer, Out out) {
+  if constexpr (requires { c.send_known(peer, out); }) c.send_known(peer, out);
+  else c.send(peer, out);
+}
+
+//! Receives exactly in.size() bytes from peer.
+template <class C, class In>
+void recv_known(C& c, int peer, In in) {
+  if constexpr (requires { c.recv_known(peer, in); }) {
+    c.recv_known(peer, in);
+  } else if constexpr (req::has_nonblocking_send_recv<C>) {
+    c.irecv(peer, in).wait();
+  } else {
+    thread_local std::vector<std::byte> buf;
+    c.recv(peer, buf);
+    detail::check_received(c, peer, buf.size(), in.size(), "recv_known");
+    std::copy(buf.begin(), buf.end(), in.begin());
+  }
+}
+
+}  // namespace commpact

@@ -1,0 +1,103 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file ops.hpp
+//! ops<deferred_space>: every row of the kernel table (kernels/ops.hpp) queued on the
+//! executor and run by the next fence, as the host kernel on the spans' host storage.
+//! So the deferred space computes exactly the host's bits, only later: a result read
+//! before the fence is stale.
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <type_traits>
+
+#include "../../space/deferred.hpp"
+#include "../host/ops.hpp"
+
+namespace commpact {
+
+namespace detail::deferred {
+// What a queued kernel captures: spans and scalars by value, workspaces by reference
+// (they outlive the fence, as device workspaces do), views as views.
+template <class T>
+deferred_span<T> cap(deferred_span<T> s) {
+  return s;
+}
+template <class T>
+std::span<T> cap(std::span<T> s) {
+  return s;
+}
+template <class T>
+  requires(std::is_arithmetic_v<T> || std::is_enum_v<T>)
+T cap(T v) {
+  return v;
+}
+inline sparse_tree_views<deferred_span> cap(const sparse_tree_views<deferred_span>& v) { return v; }
+template <class T>
+  requires(!std::is_arithmetic_v<T> && !std::is_enum_v<T> &&
+           !std::is_same_v<std::remove_const_t<T>, sparse_tree_views<deferred_span>>)
+std::reference_wrapper<T> cap(T& v) {
+  return std::ref(v);
+}
+
+template <class T>
+std::span<T> un(deferred_span<T> s) {
+  return deferred_access::host(s);
+}
+template <class T>
+std::span<T> un(std::span<T> s) {
+  return s;
+}
+template <class T>
+T un(T v) {
+  return v;
+}
+template <class T>
+T& un(std::reference_wrapper<T> r) {
+  return r.get();
+}
+inline host_tree_views un(const sparse_tree_views<deferred_span>& v) {
+  return v.map<std::span>([](auto s) { return deferred_access::host(s); });
+}
+
+//! Queues f(host storage of args...) on e.
+template <class F, class... A>
+void queue(const deferred_space::exec& e, F f, A&&... a) {
+  e.enqueue([f, ... c = cap(a)]() mutable { f(un(c)...); });
+}
+}  // namespace detail::deferred
+
+template <>
+struct ops<deferred_space> {
+  using exec = deferred_space::exec;
+  template <class T>
+  using span = deferred_span<T>;
+  using tree_views = sparse_tree_views<deferred_span>;
+  using H = ops<host_space>;
+  using topk_workspace = host::topk_workspace;
+  using merge_workspace = host::merge_workspace;
+
+#define COMMPACT_DEFERRED_OP(name)                                                               \
+  template <class... A>                                                                          \
+  static void name(const exec& e, A&&... a) {                                                    \
+    detail::deferred::queue(e, [](auto&&... x) { H::name({}, x...); }, std::forward<A>(a)...);   \
+  }
+  COMMPACT_DEFERRED_OP(fill)
+  COMMPACT_DEFERRED_OP(copy)
+  COMMPACT_DEFERRED_OP(to_host)
+  COMMPACT_DEFERRED_OP(from_host)
+  COMMPACT_DEFERRED_OP(mean)
+  COMMPACT_DEFERRED_OP(clip_scale)
+  COMMPACT_DEFERRED_OP(topk_abs)
+  COMMPACT_DEFERRED_OP(scatter_mean)
+  COMMPACT_DEFERRED_OP(zero_delivered)
+  COMMPACT_DEFERRED_OP(tree_local)
+  COMMPACT_DEFERRED_OP(tree_payload)
+  COMMPACT_DEFERRED_OP(tree_absorb)
+  COMMPACT_DEFERRED_OP(tree_scatter)
+  COMMPACT_DEFERRED_OP(tree_zero_delivered)
+#undef COMMPACT_DEFERRED_OP
+};
+
+}  // namespace commpact

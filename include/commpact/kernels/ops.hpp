@@ -1,0 +1,38 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file ops.hpp
+//! ops<Space>: the leaf kernels of commpact, one specification each, as a table per
+//! execution space. Algorithms (compressors, aggregations) call the table; a space adds
+//! kernels, not a second copy of any algorithm. Every operation takes the space's
+//! executor first and the space's spans; it is queued on the executor (it has run by
+//! the next fence), never throws on data (it sets bits in a status in the space's
+//! memory, kernels/status.hpp) and allocates nothing once its workspace has grown.
+//!
+//! | operation | specification (host_space is the reference) |
+//! |---|---|
+//! | `fill(e, v, x)` | v[i] = x |
+//! | `copy(e, src, dst)` | dst[i] = src[i] (equal lengths) |
+//! | `to_host(e, src, host)` / `from_host(e, host, dst)` | copies between the space and host memory; the host side is read or written when the work runs (after the fence) |
+//! | `mean(e, v, P, status)` | v[i] = mean_of(v[i], P) (kernels/mean.hpp); status \|= nonfinite when a result is not finite |
+//! | `clip_scale(e, g, clip_norm, P, scale)` | scale[0] = DGC's clipping factor of g (1 when no clipping applies) |
+//! | `topk_abs(e, v, k, idx, val, ws)` | the k largest \|v\|, index-sorted, ties to the smaller index (host::topk_abs) |
+//! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
+//! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
+//! | `tree_local / tree_payload / tree_absorb / tree_scatter / tree_zero_delivered` | gTop-k's data plane (kernels/host/sparse_tree.hpp) |
+//!
+//! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
+//! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the
+//! fence; ops<cuda_space> (the CUDA-space issue) implements each row with CUB/cuBLAS.
+
+namespace commpact {
+
+//! The kernel table of execution space S. A space without one fails to compile where
+//! an algorithm first calls it.
+template <class S>
+struct ops {
+  static_assert(sizeof(S) == 0,
+                "commpact: there is no kernel table ops<Space> for this space: include kernels/host/ops.hpp for "
+                "host_space, kernels/deferred/ops.hpp for deferred_space, or specialise commpact::ops for yours.");
+};
+
+}  // namespace commpact

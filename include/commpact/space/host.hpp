@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file host.hpp
+//! host_space: data in host memory, work run at once on the calling thread. The
+//! reference model of the Space concept (concepts/space.hpp): its spans are std::span,
+//! its executor is empty, its fence returns at once. Code written over a space costs
+//! nothing here: every ops<host_space> call is the host kernel itself.
+//!
+//! \code
+//! commpact::host_space::buffer<float> b;           // grow-only storage
+//! b.resize(n);
+//! std::span<float> v = b.view();                   // host code may index it
+//! commpact::host_space::fence({}, commpact::no_deadline());
+//! \endcode
+
+#include <chrono>
+#include <cstddef>
+#include <span>
+#include <vector>
+
+namespace commpact {
+
+//! When a fence stops waiting (fence never waits past it).
+using deadline = std::chrono::steady_clock::time_point;
+//! A deadline that never comes.
+inline deadline no_deadline() { return deadline::max(); }
+
+//! Grow-only storage of trivially copyable T in host memory: resize() never gives
+//! capacity back, so a buffer sized at the first step allocates nothing later.
+template <class T>
+class host_buffer {
+ public:
+  void resize(std::size_t n) { v_.resize(n); }
+  void reserve(std::size_t n) { v_.reserve(n); }
+  std::size_t size() const { return v_.size(); }
+  std::size_t capacity() const { return v_.capacity(); }
+  bool empty() const { return v_.empty(); }
+  void clear() { v_.clear(); }
+  std::span<T> view() { return v_; }
+  std::span<const T> view() const { return v_; }
+  std::span<const T> cview() const { return v_; }
+  const void* data() const { return v_.data(); }
+  void swap(host_buffer& o) noexcept { v_.swap(o.v_); }
+
+ private:
+  std::vector<T> v_;
+};
+
+struct host_space {
+  static constexpr const char* name = "host_space";
+  //! Host code may read and write this space's spans directly.
+  static constexpr bool host_accessible = true;
+  template <class T>
+  using span = std::span<T>;
+  template <class T>
+  using buffer = host_buffer<T>;
+  //! Nothing to carry: work runs at once on the calling thread.
+  struct exec {};
+  //! Queued work has already run.
+  static void fence(exec, deadline) {}
+};
+
+}  // namespace commpact
