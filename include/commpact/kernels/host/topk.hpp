@@ -412,15 +412,97 @@ inline void check_topk_args(std::span<const float> x, std::size_t k, std::size_t
 
 namespace detail {
 struct topk_impl {
+  //! The sampled path's plan for (n, k): chunks sampled, sample size s, rank j of the
+  //! bound in the sample, candidate capacity cap.
+  struct sample_plan {
+    std::size_t chunks, s, j, cap;
+  };
+
+  //! The plan of the sampled path, or false when it does not apply (n < sampled_min_n, or
+  //! k too large for the sample to bracket it). 1 <= k < n.
+  static bool plan_sampled(std::size_t n, std::size_t k, sample_plan& p) {
+    if (n < topk_workspace::sampled_min_n) return false;
+    const std::size_t chunks = topk_workspace::sample_chunks_for(n, k);
+    const std::size_t s = chunks * topk_workspace::sample_chunk_len;
+    const double e = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
+    const auto j = static_cast<std::size_t>(std::ceil(e + 4.0 * std::sqrt(e) + 4.0));
+    if (2 * j > s) return false;
+    const double dj = static_cast<double>(j);
+    std::size_t cap = std::min(n, static_cast<std::size_t>(std::ceil((dj + 6.0 * std::sqrt(dj) + 16.0) *
+                                                                      static_cast<double>(n) / static_cast<double>(s))));
+    p = {chunks, s, j, std::max(cap, k)};
+    return true;
+  }
+
+  //! Reserves the buffers of the sampled path, fills the sample with key_at(i) (the key of
+  //! entry i) at the plan's positions and returns the bound L: the sample's j-th largest.
+  template <class KeyAt>
+  static std::uint32_t sample_bound(topk_workspace& ws, std::size_t n, const sample_plan& p, KeyAt key_at) {
+    ws.reserve(ws.sample_, 2 * topk_workspace::sample_chunks * topk_workspace::sample_chunk_len);
+    ws.reserve(ws.cand_idx_, p.cap + detail::filter_block);
+    ws.reserve(ws.cand_bits_, p.cap + detail::filter_block);
+    ws.reserve(ws.scratch_, p.cap + detail::filter_block);
+    std::uint32_t* smp = ws.sample_.data();
+    // Chunk c starts at floor(c * span / (chunks - 1)), stepped without a division.
+    const std::size_t chunks = p.chunks;
+    const std::size_t span = n - topk_workspace::sample_chunk_len;
+    const std::size_t step = span / (chunks - 1), carry = span % (chunks - 1);
+    std::size_t start = 0, rem = 0;
+    for (std::size_t c = 0; c < chunks; ++c) {
+      for (std::size_t q = 0; q < topk_workspace::sample_chunk_len; ++q)
+        smp[c * topk_workspace::sample_chunk_len + q] = key_at(start + q);
+      start += step;
+      rem += carry;
+      if (rem >= chunks - 1) {
+        ++start;
+        rem -= chunks - 1;
+      }
+    }
+    return detail::kth_largest_key(smp, p.s, p.j, smp + p.s).key;
+  }
+
+  //! The candidate buffers (room: the plan's cap + filter_block) after sample_bound.
+  static std::int32_t* cand_idx(topk_workspace& ws) noexcept { return ws.cand_idx_.data(); }
+  static std::uint32_t* cand_bits(topk_workspace& ws) noexcept { return ws.cand_bits_.data(); }
+  static void set_path(topk_workspace& ws, topk_path p) noexcept { ws.path_ = p; }
+
+  static topk_threshold make_threshold(detail::kth_key t, std::size_t k) noexcept {
+    return topk_threshold{t.key, std::bit_cast<float>(t.key), t.above, k - t.above};
+  }
+
+  //! Finishes from the candidate list (index order, m entries) that holds every entry with
+  //! key >= some bound, and at least k of them: the threshold, and the selection when idx
+  //! and val are not null.
+  static topk_threshold finish_from_candidates(topk_workspace& ws, std::size_t m, std::size_t k, std::int32_t* idx,
+                                               float* val) {
+    const detail::kth_key t = detail::kth_largest_key(ws.cand_bits_.data(), m, k, ws.scratch_.data());
+    if (idx) {
+      std::size_t ties = k - t.above;
+      std::size_t c = 0;
+      const std::int32_t* ci = ws.cand_idx_.data();
+      const std::uint32_t* cb = ws.cand_bits_.data();
+      // Branch-free: every step writes slot c (< k, so in bounds) and advances c when the
+      // entry is taken; the loop ends once k are taken.
+      for (std::size_t j = 0; j < m && c < k; ++j) {
+        const std::uint32_t v = cb[j] & 0x7fffffffu;
+        const bool eq = v == t.key;
+        const bool take = (v > t.key) | (eq & (ties > 0));
+        idx[c] = ci[j];
+        val[c] = std::bit_cast<float>(cb[j]);
+        c += take;
+        ties -= eq & take;
+      }
+    }
+    return make_threshold(t, k);
+  }
+
   //! Computes the threshold and, when idx/val are not null, writes the selection.
   //! Arguments are checked by the callers.
   static topk_threshold run(std::span<const float> xs, std::size_t k, topk_workspace& ws, std::int32_t* idx,
                             float* val) {
     const float* x = xs.data();
     const std::size_t n = xs.size();
-    auto make = [&](detail::kth_key t) {
-      return topk_threshold{t.key, std::bit_cast<float>(t.key), t.above, k - t.above};
-    };
+    auto make = [&](detail::kth_key t) { return make_threshold(t, k); };
     if (k == 0) {
       ws.path_ = topk_path::trivial;
       return {0xffffffffu, std::numeric_limits<float>::infinity(), 0, 0};
@@ -444,85 +526,38 @@ struct topk_impl {
       return make({mn, n - eq});
     }
 
-    // Finishes from a candidate list (index order) that holds every entry with key >= some
-    // bound, and at least k of them.
-    auto finish_from_candidates = [&](std::size_t m) {
-      const detail::kth_key t = detail::kth_largest_key(ws.cand_bits_.data(), m, k, ws.scratch_.data());
-      if (idx) {
-        std::size_t ties = k - t.above;
-        std::size_t c = 0;
-        const std::int32_t* ci = ws.cand_idx_.data();
-        const std::uint32_t* cb = ws.cand_bits_.data();
-        // Branch-free: every step writes slot c (< k, so in bounds) and advances c when the
-        // entry is taken; the loop ends once k are taken.
-        for (std::size_t j = 0; j < m && c < k; ++j) {
-          const std::uint32_t v = cb[j] & 0x7fffffffu;
-          const bool eq = v == t.key;
-          const bool take = (v > t.key) | (eq & (ties > 0));
-          idx[c] = ci[j];
-          val[c] = std::bit_cast<float>(cb[j]);
-          c += take;
-          ties -= eq & take;
-        }
-      }
-      return make(t);
-    };
+    auto finish = [&](std::size_t m) { return finish_from_candidates(ws, m, k, idx, val); };
 
     // --- sampled path ---------------------------------------------------------------
     std::size_t cap = 0;
-    if (n >= topk_workspace::sampled_min_n) {
-      const std::size_t chunks = topk_workspace::sample_chunks_for(n, k);
-      const std::size_t s = chunks * topk_workspace::sample_chunk_len;
-      const double e = static_cast<double>(k) * static_cast<double>(s) / static_cast<double>(n);
-      const auto j = static_cast<std::size_t>(std::ceil(e + 4.0 * std::sqrt(e) + 4.0));
-      if (2 * j <= s) {
-        const double dj = static_cast<double>(j);
-        cap = std::min(n, static_cast<std::size_t>(std::ceil((dj + 6.0 * std::sqrt(dj) + 16.0) *
-                                                             static_cast<double>(n) / static_cast<double>(s))));
-        cap = std::max(cap, k);
-        ws.reserve(ws.sample_, 2 * topk_workspace::sample_chunks * topk_workspace::sample_chunk_len);
-        ws.reserve(ws.cand_idx_, cap + detail::filter_block);
-        ws.reserve(ws.cand_bits_, cap + detail::filter_block);
-        ws.reserve(ws.scratch_, cap + detail::filter_block);
-        std::uint32_t* smp = ws.sample_.data();
-        // Chunk c starts at floor(c * span / (chunks - 1)), stepped without a division.
-        const std::size_t span = n - topk_workspace::sample_chunk_len;
-        const std::size_t step = span / (chunks - 1), carry = span % (chunks - 1);
-        std::size_t start = 0, rem = 0;
-        for (std::size_t c = 0; c < chunks; ++c) {
-          for (std::size_t q = 0; q < topk_workspace::sample_chunk_len; ++q)
-            smp[c * topk_workspace::sample_chunk_len + q] = abs_key(x[start + q]);
-          start += step;
-          rem += carry;
-          if (rem >= chunks - 1) {
-            ++start;
-            rem -= chunks - 1;
-          }
-        }
-        const std::uint32_t lo = detail::kth_largest_key(smp, s, j, smp + s).key;
-        const std::size_t m = detail::collect_keys_geq(x, n, lo, ws.cand_idx_.data(), ws.cand_bits_.data(), cap);
-        if (m >= k && m <= cap) {
-          ws.path_ = topk_path::sampled;
-          return finish_from_candidates(m);
-        }
-        // One more try with a second bound from the same sample: when too many entries
-        // passed (a large group of ties at lo), the smallest sample key above lo; when too
-        // few (the sample overestimated), a deeper sample rank, and below lo.
-        std::uint32_t lo2 = lo;
-        if (m > cap) {
-          std::uint32_t next = 0xffffffffu;
-          for (std::size_t q = 0; q < s; ++q)
-            if (smp[q] > lo && smp[q] < next) next = smp[q];
-          lo2 = next;
-        } else if (4 * j + 16 <= s) {
-          lo2 = detail::kth_largest_key(smp, s, 4 * j + 16, smp + s).key;
-        }
-        if (lo2 != lo && lo2 != 0xffffffffu) {
-          const std::size_t m2 = detail::collect_keys_geq(x, n, lo2, ws.cand_idx_.data(), ws.cand_bits_.data(), cap);
-          if (m2 >= k && m2 <= cap) {
-            ws.path_ = topk_path::sampled_second_bound;
-            return finish_from_candidates(m2);
-          }
+    sample_plan plan{};
+    if (plan_sampled(n, k, plan)) {
+      cap = plan.cap;
+      const std::size_t s = plan.s, j = plan.j;
+      const std::uint32_t lo = sample_bound(ws, n, plan, [x](std::size_t i) { return abs_key(x[i]); });
+      const std::uint32_t* smp = ws.sample_.data();
+      const std::size_t m = detail::collect_keys_geq(x, n, lo, ws.cand_idx_.data(), ws.cand_bits_.data(), cap);
+      if (m >= k && m <= cap) {
+        ws.path_ = topk_path::sampled;
+        return finish(m);
+      }
+      // One more try with a second bound from the same sample: when too many entries
+      // passed (a large group of ties at lo), the smallest sample key above lo; when too
+      // few (the sample overestimated), a deeper sample rank, and below lo.
+      std::uint32_t lo2 = lo;
+      if (m > cap) {
+        std::uint32_t next = 0xffffffffu;
+        for (std::size_t q = 0; q < s; ++q)
+          if (smp[q] > lo && smp[q] < next) next = smp[q];
+        lo2 = next;
+      } else if (4 * j + 16 <= s) {
+        lo2 = detail::kth_largest_key(ws.sample_.data(), s, 4 * j + 16, ws.sample_.data() + s).key;
+      }
+      if (lo2 != lo && lo2 != 0xffffffffu) {
+        const std::size_t m2 = detail::collect_keys_geq(x, n, lo2, ws.cand_idx_.data(), ws.cand_bits_.data(), cap);
+        if (m2 >= k && m2 <= cap) {
+          ws.path_ = topk_path::sampled_second_bound;
+          return finish(m2);
         }
       }
     }
@@ -539,7 +574,7 @@ struct topk_impl {
             detail::collect_keys_geq(x, n, b1 << 20, ws.cand_idx_.data(), ws.cand_bits_.data(), cap);
         (void)got;  // == m by construction
         ws.path_ = topk_path::sampled_retry;
-        return finish_from_candidates(m);
+        return finish(m);
       }
       ws.path_ = topk_path::sampled_fallback;
     } else {
