@@ -60,12 +60,10 @@ struct ref_result {
 inline ref_result gaussian_ref(const vec& v, double density, int loops_max = 3, std::size_t cap = 0) {
   const std::size_t n = v.size(), k = k_ref(density, n);
   if (cap == 0) cap = std::min(n, std::max<std::size_t>(1, 4 * k / 3));
-  double s = 0;
-  for (float x : v) s += x;
+  double s = 0, ss = 0;  // torch.std (n - 1), in one pass: (sum x^2 - n mean^2) / (n - 1)
+  for (float x : v) s += x, ss += double(x) * x;
   const double mean = s / double(n);
-  double ss = 0;
-  for (float x : v) ss += (x - mean) * (x - mean);
-  const double sd = n > 1 ? std::sqrt(ss / double(n - 1)) : 0.0;
+  const double sd = n > 1 ? std::sqrt(std::max(0.0, (ss - s * mean) / double(n - 1))) : 0.0;
   const double z = commpact::detail::normal_two_sided_quantile(density);  // checked by the caller
   double right = mean + sd * z;
   double counted_at = right;

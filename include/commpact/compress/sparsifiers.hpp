@@ -211,15 +211,14 @@ class gaussiank_codec : public detail::threshold_base {
     require(rounds >= 1 && rounds <= 64, "commpact::gaussiank_codec: rounds = ", rounds,
             " is outside [1, 64]; it counts the passes over the gradient (the authors' code: 3).");
   }
-  //! The first estimate for v: mean + sd z, sd with n - 1 (0 for n = 1), 2 (1 - Phi(z)) = density.
+  //! The first estimate for v: mean + sd z, sd with n - 1 (0 for n = 1), 2 (1 - Phi(z)) =
+  //! density. One pass in double: sd^2 = (sum x^2 - n mean^2) / (n - 1), at least 0.
   double estimate(std::span<const float> v) const {
     const auto n = static_cast<double>(v.size());
-    double s = 0.0;
-    for (float x : v) s += x;
+    double s = 0.0, ss = 0.0;
+    for (float x : v) s += x, ss += static_cast<double>(x) * x;
     const double mean = s / n;
-    double ss = 0.0;
-    for (float x : v) ss += (x - mean) * (x - mean);
-    const double sd = v.size() > 1 ? std::sqrt(ss / (n - 1.0)) : 0.0;
+    const double sd = v.size() > 1 ? std::sqrt(std::max(0.0, (ss - s * mean) / (n - 1.0))) : 0.0;
     return mean + sd * detail::normal_two_sided_quantile(density_);
   }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
