@@ -82,7 +82,7 @@ std::size_t nnz(const vec& v) {
 
 TEST_CASE("one density -> k rule: floor(density n) clamped to [1, n], as GRACE, everywhere", "[sparse][k]") {
   // Exact: density m / 1000, k = floor(m n / 1000) in integers (no floating point).
-  const std::int64_t sizes[] = {1, 2, 3, 7, 10, 99, 100, 101, 333, 1000, 1001, 4099, 101770};
+  const std::int64_t sizes[] = {1, 2, 3, 7, 10, 99, 100, 101, 333, 1000, 1001, 4099, 101770, 1999999999, 2147483647};
   std::size_t bad = 0;
   std::string first;
   for (std::int64_t n : sizes)
@@ -90,6 +90,12 @@ TEST_CASE("one density -> k rule: floor(density n) clamped to [1, n], as GRACE, 
       const double d = double(m) / 1000.0;
       const std::int64_t want = std::clamp<std::int64_t>(m * n / 1000, 1, n);
       const auto un = std::size_t(n);
+      // Gaussian-k's cap floor(4k/3), also in integers.
+      const std::int64_t want_cap = std::clamp<std::int64_t>(4 * want / 3, 1, n);
+      if (std::int64_t(gaussiank_codec{d}.max_encoded_bytes(un) / 8) != want_cap && bad++ == 0)
+        first = "n = " + std::to_string(n) + ", density " + std::to_string(m) + "/1000: Gaussian-k's cap is " +
+                std::to_string(gaussiank_codec{d}.max_encoded_bytes(un) / 8) + ", floor(4k/3) is " +
+                std::to_string(want_cap);
       const std::int64_t got[] = {
           detail::k_of_density(d, n),
           detail::k_at(sparse_options{.density = d}, 0, n),

@@ -79,7 +79,7 @@ class threshold_base {
   std::size_t capacity(std::size_t n) const {
     if (n == 0) return 0;
     const double c = cap_factor_ * static_cast<double>(k(n));
-    return std::clamp<std::size_t>(static_cast<std::size_t>(std::floor(c + 1e-9 * c)), 1, n);
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::floor(c + 1e-14 * c)), 1, n);  // as k_of_density
   }
   //! The indices the last encode() delivered (ascending).
   std::span<const std::int32_t> delivered() const { return idx_; }
