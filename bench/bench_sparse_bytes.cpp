@@ -88,7 +88,7 @@ row measure(int P, std::size_t n, double density) {
 
 void print_table() {
   const std::size_t n = g_n;
-  const auto k = static_cast<double>(std::clamp<long long>(std::llround(g_density * n), 1, (long long)n));
+  const auto k = static_cast<double>(commpact::detail::k_of_density(g_density, static_cast<std::int64_t>(n)));
   std::printf("# bytes and messages per rank per step (max over ranks), ThreadComm + CountingComm\n");
   std::printf("# n = %zu, density = %g, k = %.0f; formulas without the 48-byte headers; alpha = %g us\n", n, g_density,
               k, g_alpha * 1e6);

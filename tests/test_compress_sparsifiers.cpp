@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "common/checked_runs.hpp"
+#include "common/threshold_refs.hpp"
 
 using namespace commpact;
 static_assert(Codec<threshold_codec> && Codec<gaussiank_codec> && Codec<dgc_codec>);
@@ -41,45 +42,14 @@ vec normal(std::uint64_t seed, std::size_t n, float sd = 1.0f) {
   return v;
 }
 
-//! The entries with |v_i| >= t, at most cap: the largest |v| (ties: smaller index).
-vec select_ref(const vec& v, float t, std::size_t cap) {
-  std::vector<std::size_t> pass;
-  for (std::size_t i = 0; i < v.size(); ++i)
-    if (std::abs(v[i]) >= t) pass.push_back(i);
-  std::stable_sort(pass.begin(), pass.end(), [&](auto a, auto b) { return std::abs(v[a]) > std::abs(v[b]); });
-  if (pass.size() > cap) pass.resize(cap);
-  vec q(v.size(), 0.0f);
-  for (auto i : pass) q[i] = v[i];
-  return q;
-}
-std::size_t cap_of(double density, std::size_t n) {
-  return std::clamp<std::size_t>(std::size_t(std::llround(density * double(n))), 1, n);
-}
-float gaussian_ref(const vec& v, double density, int rounds) {
-  const double n = double(v.size());
-  double s = 0, ss = 0;
-  for (float x : v) s += x, ss += double(x) * x;
-  const double mean = s / n, sd = std::sqrt(std::max(0.0, ss / n - mean * mean));
-  const double k = double(cap_of(density, v.size())), q = std::min(1.0, k / n);
-  const double z = detail::normal_two_sided_quantile(q);
-  CHECK(std::abs(std::erfc(z / std::sqrt(2.0)) - q) < 1e-9);  // 2 (1 - Phi(z)) = k / n
-  float t = float(std::abs(mean) + sd * z);
-  for (int r = 0; r < rounds; ++r) {
-    const auto c = double(std::count_if(v.begin(), v.end(), [&](float x) { return std::abs(x) >= t; }));
-    if (c < 0.5 * k) t *= 0.5f;
-    else if (c > 2 * k) t *= 1.5f;
-    else break;
-  }
-  return t;
-}
-float dgc_ref(const vec& v, double density, double sample, std::uint64_t seed, std::int64_t step, int rank) {
-  const std::size_t n = v.size(), m = std::max<std::size_t>(1, std::size_t(std::llround(sample * double(n))));
-  const random_stream u(seed, step, rank);
-  vec smp;
-  for (std::size_t j = 0; j < m; ++j) smp.push_back(std::abs(v[std::min(n - 1, std::size_t(u.uniform(j) * double(n)))]));
-  std::sort(smp.rbegin(), smp.rend());
-  return smp[std::size_t(std::ceil(density * double(m))) - 1];
-}
+// The references: tests/common/threshold_refs.hpp (GRACE's k, the authors' Gaussian-k and
+// DGC rules, the selection under a cap by a sort).
+using commpact_test::refs::k_ref;
+vec select_ref(const vec& v, float t, std::size_t cap) { return commpact_test::refs::select_ref(v, t, false, cap); }
+//! The cap k_of_density(density, n) of threshold_codec and dgc_codec (floor, GRACE's rule).
+std::size_t cap_of(double density, std::size_t n) { return k_ref(density, n); }
+//! Gaussian-k's cap: floor(4k/3).
+std::size_t gk_cap(double density, std::size_t n) { return std::min(n, std::max<std::size_t>(1, 4 * k_ref(density, n) / 3)); }
 
 using ref_fn = std::function<vec(const vec&, std::int64_t, int)>;
 
@@ -107,26 +77,29 @@ TEST_CASE("threshold sparsifiers equal brute-force references", "[codec][sparse]
         for (std::size_t i = 0; i < n; i += 3) v[i] = 0.02f;  // many ties at one magnitude
       threshold_codec th{0.015f, 0.05};
       CHECK(round_trip(th, v, 0, 0) == select_ref(v, 0.015f, cap_of(0.05, n)));
+      threshold_codec all{0.015f};  // the default: no cap
+      CHECK(round_trip(all, v, 0, 0) == select_ref(v, 0.015f, n));
       gaussiank_codec gk{0.01};
-      CHECK(round_trip(gk, v, 0, 0) == select_ref(v, gaussian_ref(v, 0.01, 3), cap_of(0.01, n)));
-      CHECK(gk.last_threshold() == gaussian_ref(v, 0.01, 3));
+      const auto gr = commpact_test::refs::gaussian_ref(v, 0.01);
+      CHECK(round_trip(gk, v, 0, 0) == gr.sent);
+      CHECK(gk.last_threshold() == gr.t);
       dgc_codec dg{0.01, 0.05, 9};
-      const float td = dgc_ref(v, 0.01, 0.05, 9, 4, 2);
-      CHECK(round_trip(dg, v, 4, 2) == select_ref(v, td, cap_of(0.01, n)));
-      CHECK(dg.last_threshold() == td);
+      const auto dr = commpact_test::refs::dgc_ref(v, 0.01, 0.05, 9, 4, 2);
+      CHECK(round_trip(dg, v, 4, 2) == dr.sent);
+      CHECK(dg.last_threshold() == dr.t);
     }
   }
-  // On normal data Gaussian-k's refined threshold passes about k entries.
+  // On normal data Gaussian-k's refined threshold passes between 2k/3 and 4k/3 entries.
   const vec v = normal(3, 100000);
   gaussiank_codec gk{0.01};
   round_trip(gk, v, 0, 0);
-  CHECK(gk.last_passed() >= 500);
-  CHECK(gk.last_passed() <= 2000);
+  CHECK(3 * gk.last_passed() >= 2 * 1000);
+  CHECK(3 * gk.last_passed() <= 4 * 1000);
 }
 
 TEST_CASE("threshold sparsifiers reject malformed messages", "[codec][sparse][wire]") {
   const std::size_t n = 100;
-  const gaussiank_codec k{0.05};  // cap 5
+  const gaussiank_codec k{0.05, 3, 1.0};  // cap 5 (cap_factor 1: k)
   auto msg_of = [](std::vector<std::pair<std::int32_t, float>> e) {
     std::vector<std::byte> m(8 * e.size());
     for (std::size_t j = 0; j < e.size(); ++j) {
@@ -208,12 +181,14 @@ TEST_CASE("CodecCompressor with threshold sparsifiers: every rank equals the ref
   check_codec_compressor(threshold_codec{0.012f, 0.03},
                          [](const vec& v, std::int64_t, int) { return select_ref(v, 0.012f, cap_of(0.03, 300)); },
                          cap_of(0.03, n));
+  check_codec_compressor(threshold_codec{0.02f},  // no cap: blocks of 8n bytes
+                         [](const vec& v, std::int64_t, int) { return select_ref(v, 0.02f, 300); }, n);
   check_codec_compressor(gaussiank_codec{0.02},
-                         [](const vec& v, std::int64_t, int) { return select_ref(v, gaussian_ref(v, 0.02, 3), 6); },
-                         cap_of(0.02, n));
+                         [](const vec& v, std::int64_t, int) { return commpact_test::refs::gaussian_ref(v, 0.02).sent; },
+                         gk_cap(0.02, n));
   check_codec_compressor(dgc_codec{0.02, 0.2, 5},
                          [](const vec& v, std::int64_t s, int r) {
-                           return select_ref(v, dgc_ref(v, 0.02, 0.2, 5, s, r), 6);
+                           return commpact_test::refs::dgc_ref(v, 0.02, 0.2, 5, s, r).sent;
                          },
                          cap_of(0.02, n));
 }

@@ -315,7 +315,7 @@ template <class Comm>
 std::size_t check_gtopk_reference(Comm& comm, std::uint64_t seed, std::size_t n, double density, int steps, int kind) {
   const int P = comm.size(), me = comm.rank();
   counted_gtopk<Comm> gt{commpact::CountingComm<Comm>(comm), {.density = density}};
-  const std::size_t k = static_cast<std::size_t>(std::clamp<long long>(std::llround(density * n), 1, (long long)n));
+  const std::size_t k = static_cast<std::size_t>(commpact::detail::k_of_density(density, static_cast<std::int64_t>(n)));
   std::vector<std::vector<float>> res(P, std::vector<float>(n, 0.0f));  // reference residuals
   std::size_t reentered = 0;
   verdict v;
@@ -383,7 +383,7 @@ template <class Comm>
 void check_topk_reference(Comm& comm, std::uint64_t seed, std::size_t n, double density, int steps, int kind) {
   const int P = comm.size(), me = comm.rank();
   commpact::TopK<commpact::CountingComm<Comm>> tk{commpact::CountingComm<Comm>(comm), {.density = density}};
-  const std::size_t k = static_cast<std::size_t>(std::clamp<long long>(std::llround(density * n), 1, (long long)n));
+  const std::size_t k = static_cast<std::size_t>(commpact::detail::k_of_density(density, static_cast<std::int64_t>(n)));
   std::vector<std::vector<float>> res(P, std::vector<float>(n, 0.0f));
   verdict v;
   for (int step = 0; step < steps; ++step) {

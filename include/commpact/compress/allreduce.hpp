@@ -9,12 +9,17 @@
 //! A `LinearCodec` has `size(n)` (m, the floats of the compressed form, the same on
 //! every rank), `compress(v, out)` (out = A v, A depending on the step but not on the
 //! rank) and `decompress_add(in, acc) const` (acc += B in); optional: `begin_step(step)`,
-//! `delivered()` (the indices A keeps, when B A is a projection onto them).
+//! `delivered()` (the indices A keeps, when B A is a projection onto them),
+//! `keeps_residual()` (false: B A is an unbiased estimate, E[B A v] = v, and the
+//! compressor keeps no residual; true when absent).
 //!
 //! `LinearCompressor<K, C>` per step: acc = g + residual; m floats of A acc and one flag
 //! float (non-finite input) are summed by one ring allreduce; every rank
 //! sees the same flags (so raises or skips alike), scales the sum by 1/P, decompresses
-//! it into the zeroed gradient and keeps acc - B A acc as its residual.
+//! it into the zeroed gradient and keeps acc - B A acc as its residual (error feedback),
+//! or, for a codec whose keeps_residual() is false, nothing: acc = g and the residual
+//! stays empty (an unbiased estimate with a residual would deliver the same gradient
+//! again and again: about n/k times for scaled random-k).
 //! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
 //! (wire::ring_allreduce gives it exactly). n is agreed by one small allreduce of int64
 //! on the first step and whenever it changes.
@@ -26,6 +31,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "../concepts.hpp"
@@ -46,10 +52,14 @@ concept LinearCodec = std::move_constructible<K> && requires(K& k, const K& ck, 
   ck.decompress_add(v, out);
 };
 
-//! Random-k (Stich et al., NeurIPS 2018): the k = round(density n) indices drawn without
-//! replacement (Floyd's algorithm on random_stream{seed, step, 0}), the same on every
-//! rank; `scaled` multiplies the kept values by n / k (unbiased, for use without error
-//! feedback).
+//! Random-k (Stich et al., NeurIPS 2018; GRACE's `randomk`): the k =
+//! detail::k_of_density(density, n) = clamp(floor(density n), 1, n) indices drawn
+//! without replacement (Floyd's algorithm on random_stream{seed, step, 0}), the same on
+//! every rank. Two modes, never mixed (ALGORITHMS.md):
+//! - unscaled (default, GRACE's randomk): the kept values as they are, with error
+//!   feedback (LinearCompressor keeps acc minus the sent entries);
+//! - `scaled`: the kept values times n / k, an unbiased estimate (E = v), and no error
+//!   feedback: keeps_residual() is false, so LinearCompressor keeps no residual.
 class randomk_codec {
  public:
   explicit randomk_codec(double density = 0.01, std::uint64_t seed = 0, bool scaled = false)
@@ -59,7 +69,7 @@ class randomk_codec {
   }
   void begin_step(std::int64_t step) { step_ = step; }
   std::size_t size(std::size_t n) const {
-    return n ? std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(density_ * static_cast<double>(n))), 1, n) : 0;
+    return static_cast<std::size_t>(detail::k_of_density(density_, static_cast<std::int64_t>(n)));
   }
   //! The indices of step `step` for length n (ascending).
   std::span<const std::int32_t> indices(std::size_t n) {
@@ -78,6 +88,8 @@ class randomk_codec {
     for (std::size_t j = 0; j < idx_.size(); ++j) acc[static_cast<std::size_t>(idx_[j])] += in[j];
   }
   bool scaled() const { return scaled_; }
+  //! Scaled random-k is unbiased and runs without error feedback; unscaled keeps a residual.
+  bool keeps_residual() const { return !scaled_; }
 
  private:
   void draw(std::size_t n) {
@@ -140,7 +152,9 @@ class LinearCompressor {
     for (std::size_t j = 0; j < m; ++j) buf_[j] = buf_[j] / fP;
     std::fill(grad.begin(), grad.end(), 0.0f);
     codec_.decompress_add(std::span<const float>(buf_).first(m), grad);
-    if constexpr (requires { codec_.delivered(); }) {
+    if (!keeps_residual()) {
+      // No error feedback (an unbiased codec): the residual stays empty, acc was g.
+    } else if constexpr (requires { codec_.delivered(); }) {
       ef_.commit();
       ef_.clear_delivered(codec_.delivered());
     } else {
@@ -157,13 +171,30 @@ class LinearCompressor {
 
   void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, "commpact." + name_, ef_, steps_, skipped_); }
   void load_state(std::span<const std::byte> in) {
-    load_feedback_state(in, "commpact." + name_, name_, false, ef_, steps_, skipped_);
+    error_feedback ef;
+    std::int64_t steps = 0, skipped = 0;
+    load_feedback_state(in, "commpact." + name_, name_, false, ef, steps, skipped);
+    require(keeps_residual() || ef.size() == 0, "commpact::", name_, "::load_state: the state holds a residual of ",
+            ef.size(), " values, but this codec runs without error feedback (scaled random-k keeps none); load it "
+            "into a compressor whose codec keeps a residual (unscaled random-k), or start this one without a state.");
+    ef_ = std::move(ef);
+    steps_ = steps, skipped_ = skipped;
     agreed_ = false;
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   std::span<const float> residual() const { return ef_.residual(); }
   K& codec() { return codec_; }
+  //! Whether this compressor keeps error feedback (the codec's keeps_residual(), true
+  //! when it has none); without it residual() stays empty.
+  bool keeps_residual() const {
+    if constexpr (requires(const K& k) {
+                    { k.keeps_residual() } -> std::convertible_to<bool>;
+                  })
+      return codec_.keeps_residual();
+    else
+      return true;
+  }
   C& comm() { return comm_; }
 
  private:

@@ -24,7 +24,8 @@ namespace commpact {
 
 //! Options of TopK and gTopK (topk_codec reads density, k and density_warmup).
 struct sparse_options {
-  //! Fraction of the entries each rank selects, in (0, 1]: k = clamp(round(density * n), 1, n).
+  //! Fraction of the entries each rank selects, in (0, 1]: k = clamp(floor(density * n), 1, n)
+  //! (detail::k_of_density, GRACE's rule).
   double density = 0.001;
   //! An explicit k (1 <= k <= n) instead of the density; not combined with a warm-up.
   std::optional<std::size_t> k{};
@@ -71,9 +72,20 @@ inline void validate_sparse_options(const sparse_options& o, const char* who) {
           " must be finite and >= 0; use 0 to turn clipping off.");
 }
 
+//! THE density -> k rule of every sparsifier (TopK, gTopK, topk_codec, random-k, the
+//! threshold codecs' caps): k = clamp(floor(d n), 1, n), as GRACE (`max(1, int(n *
+//! ratio))`) and Shi et al.'s gTop-k and Gaussian-k code compute it. A product within a
+//! relative 1e-14 below an integer counts as that integer (d n in double is off by at
+//! most about 2.2e-16 relative), so that 0.29 x 100 (28.999999999999996 in binary
+//! floating point) gives 29, not 28; the margin stays below 2.2e-5 for n < 2^31, so a
+//! density with up to four significant decimals is floored exactly. n <= 0 gives 0; d is
+//! checked by the caller (a NaN d gives 1).
 inline std::int64_t k_of_density(double d, std::int64_t n) {
   if (n <= 0) return 0;
-  const auto k = static_cast<std::int64_t>(std::llround(d * static_cast<double>(n)));
+  const double x = d * static_cast<double>(n);
+  if (!(x >= 1.0)) return 1;  // also NaN
+  if (x >= static_cast<double>(n)) return n;
+  const auto k = static_cast<std::int64_t>(std::floor(x + 1e-14 * x));
   return std::clamp<std::int64_t>(k, 1, n);
 }
 

@@ -3,18 +3,21 @@
 //! \file sparsifiers.hpp
 //! Threshold sparsifiers (the `Codec` concept): they pick the entries to send by a
 //! threshold instead of an exact top-k, which is cheaper to find (one or a few passes).
+//! Each default follows the reference a user compares against (docs/compressors.md has
+//! the table with the measured differences); k = detail::k_of_density(density, n) =
+//! clamp(floor(density n), 1, n), GRACE's rule.
 //!
-//! | codec | paper | threshold t | at most |
+//! | codec | reference | threshold t, passing entries | cap (the most sent) |
 //! |---|---|---|---|
-//! | `threshold_codec{lambda, max_density}` | hard threshold (Strom, Interspeech 2015) | lambda | round(max_density n) |
-//! | `gaussiank_codec{density}` | Gaussian-k, Shi et al., 2019 | |mean| + std z, 2(1 - Phi(z)) = k/n, then up to 3 refinements: t /= 2 while fewer than k/2 pass, t *= 1.5 while more than 2k | k = round(density n) |
-//! | `dgc_codec{density, sample, seed}` | DGC, Lin et al., ICLR 2018 | the ceil(density m)-th largest |v| of m = max(1, round(sample n)) entries drawn with replacement (random_stream{seed, step, rank}) | k |
+//! | `threshold_codec{lambda, max_density = 1}` | hard threshold (Strom 2015; GRACE's `threshold`) | lambda, |v_i| >= t | k_of_density(max_density, n): n by default (no cap, as GRACE) |
+//! | `gaussiank_codec{density, rounds = 3, cap_factor = 4/3}` | Gaussian-k (Shi et al. 2019; hclhkbu/GaussianK-SGD) | mean + sd z (sd with n - 1), 2 (1 - Phi(z)) = density; counted (|v_i| > t) at most `rounds` times, t *= 0.5 after a count below 2k/3, t *= 1.5 after one above 4k/3, the last count's entries sent | floor(cap_factor k) |
+//! | `dgc_codec{density, sample, seed, lower = 0.8, iters = 10}` | DGC (Lin et al. 2018; synxlin/deep-gradient-compression) | the ceil(density m)-th largest of m = max(ceil(sample n), ceil(2/density)) |v_i| drawn with replacement (random_stream{seed, step, rank}; every entry once when m >= n), |v_i| >= t; t *= lower while fewer than lower k pass, at most `iters` times | k |
 //!
-//! Every codec sends the entries with |v_i| >= t; when more pass than the cap, the cap's
-//! largest |v| (ties: smaller index; host::topk_abs's order). Message: c int32 indices
-//! (strictly ascending), then c float32 values, c <= cap: 8c bytes, the format of
-//! topk_codec. max_encoded_bytes is 8 cap, which is what an Allgather block carries.
-//! Indices are int32, so n < 2^31.
+//! When more entries pass than the cap, the cap's largest |v| are sent (ties: smaller
+//! index; host::topk_abs's order). Message: c int32 indices (strictly ascending), then
+//! c float32 values, c <= cap: 8c bytes, the format of topk_codec. max_encoded_bytes is
+//! 8 cap, which is what an Allgather block carries (so an uncapped threshold_codec's
+//! block is 8n bytes: pass max_density to bound it). Indices are int32, so n < 2^31.
 
 #include <algorithm>
 #include <cmath>
@@ -28,6 +31,7 @@
 #include "../error.hpp"
 #include "../kernels/host/topk.hpp"
 #include "bits.hpp"
+#include "sparse_options.hpp"
 
 namespace commpact {
 
@@ -53,11 +57,13 @@ struct copyable_workspace {
   copyable_workspace& operator=(copyable_workspace&&) noexcept = default;
 };
 
-//! Shared part of the threshold codecs: selection under a cap, the wire format, decode.
+
+//! Shared part of the threshold codecs: k and the cap, selection under the cap, the
+//! wire format, decode.
 class threshold_base {
  public:
-  std::size_t max_encoded_bytes(std::size_t n) const { return 8 * cap(n); }
-  std::int64_t agreement(std::size_t n) const { return static_cast<std::int64_t>(cap(n)); }
+  std::size_t max_encoded_bytes(std::size_t n) const { return 8 * capacity(n); }
+  std::int64_t agreement(std::size_t n) const { return static_cast<std::int64_t>(capacity(n)); }
   std::string check(std::size_t n) const {
     if (n == 0) return cat("commpact::", who_, ": the gradient is empty; pass at least one entry.");
     if (n >= (std::size_t{1} << 31)) return cat("commpact::", who_, ": n = ", n, " needs indices above int32; split the tensor.");
@@ -65,19 +71,31 @@ class threshold_base {
   }
   void begin_step(std::int64_t step) { step_ = step; }
   void bind_rank(int rank) { rank_ = rank; }
+  //! k for length n: detail::k_of_density(density, n) (the cap's density for threshold_codec).
+  std::size_t k(std::size_t n) const {
+    return static_cast<std::size_t>(k_of_density(density_, static_cast<std::int64_t>(n)));
+  }
+  //! The most entries one message carries for length n: floor(cap_factor k), in [1, n].
+  std::size_t capacity(std::size_t n) const {
+    if (n == 0) return 0;
+    const double c = cap_factor_ * static_cast<double>(k(n));
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::floor(c + 1e-14 * c)), 1, n);  // as k_of_density
+  }
   //! The indices the last encode() delivered (ascending).
   std::span<const std::int32_t> delivered() const { return idx_; }
-  //! The threshold and the count that passed it at the last encode().
+  //! The threshold, the count that passed it (before the cap) and how many times the
+  //! first estimate was adjusted, at the last encode().
   float last_threshold() const { return t_; }
   std::size_t last_passed() const { return passed_; }
+  int last_adjustments() const { return adjustments_; }
 
   void decode_add(std::span<const std::byte> msg, std::span<float> acc) const {
     const std::size_t n = acc.size();
     require<wire_error>(msg.size() % 8 == 0, "commpact::", who_, ": a message of ", msg.size(),
                         " bytes is not a whole number of 8-byte entries; it is truncated or corrupt.");
     const std::size_t c = msg.size() / 8;
-    require<wire_error>(c <= cap(n), "commpact::", who_, ": the message holds ", c, " entries, above the cap ", cap(n),
-                        " for n = ", n, "; the sender uses other options or the message is corrupt.");
+    require<wire_error>(c <= capacity(n), "commpact::", who_, ": the message holds ", c, " entries, above the cap ",
+                        capacity(n), " for n = ", n, "; the sender uses other options or the message is corrupt.");
     std::int64_t prev = -1;
     for (std::size_t i = 0; i < c; ++i) {
       std::int32_t j;
@@ -99,22 +117,34 @@ class threshold_base {
   }
 
  protected:
-  threshold_base(const char* who, double density) : who_(who), density_(density) {
+  threshold_base(const char* who, double density, double cap_factor = 1.0)
+      : who_(who), density_(density), cap_factor_(cap_factor) {
     require(density > 0.0 && density <= 1.0, "commpact::", who, ": density = ", density,
             " is outside (0, 1]; pass the fraction of entries to send, such as 0.01.");
+    require(cap_factor >= 1.0 && cap_factor <= 1e6, "commpact::", who, ": cap_factor = ", cap_factor,
+            " is outside [1, 1e6]; the cap is floor(cap_factor k), at least k.");
   }
-  std::size_t cap(std::size_t n) const {
-    return std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(density_ * static_cast<double>(n))), 1, std::max<std::size_t>(n, 1));
+  //! The number of entries with |v_i| > t (strict) or >= t.
+  static std::size_t count_passing(std::span<const float> v, float t, bool strict) {
+    std::size_t c = 0;
+    if (strict)
+      for (float x : v) c += std::abs(x) > t;
+    else
+      for (float x : v) c += std::abs(x) >= t;
+    return c;
   }
-  //! Sends the entries of v with |v_i| >= t, at most cap(n) of them (the largest).
-  std::size_t select(std::span<const float> v, float t, std::span<std::byte> msg, std::span<float> approx) {
-    const std::size_t n = v.size(), kmax = cap(n);
+  //! Sends the entries of v with |v_i| > t (strict) or >= t, at most capacity(n) of them
+  //! (the largest); `adjustments` is recorded for last_adjustments().
+  std::size_t select(std::span<const float> v, float t, bool strict, int adjustments, std::span<std::byte> msg,
+                     std::span<float> approx) {
+    const std::size_t n = v.size(), kmax = capacity(n);
     require(msg.size() >= 8 * kmax, "commpact::", who_, "::encode: the message buffer holds ", msg.size(),
             " bytes; the cap of ", kmax, " entries needs ", 8 * kmax, ".");
     t_ = t;
+    adjustments_ = adjustments;
     cand_.clear();
     for (std::size_t i = 0; i < n; ++i)
-      if (std::abs(v[i]) >= t) cand_.push_back(static_cast<std::int32_t>(i));
+      if (strict ? std::abs(v[i]) > t : std::abs(v[i]) >= t) cand_.push_back(static_cast<std::int32_t>(i));
     passed_ = cand_.size();
     if (cand_.size() > kmax) {  // keep the cap's largest, in host::topk_abs's order
       mag_.resize(cand_.size());
@@ -141,92 +171,128 @@ class threshold_base {
 
   const char* who_;
   double density_;
+  double cap_factor_;
   std::int64_t step_ = 0;
   int rank_ = 0;
 
  private:
   float t_ = 0.0f;
   std::size_t passed_ = 0;
+  int adjustments_ = 0;
   std::vector<std::int32_t> cand_, sel_, idx_;
   std::vector<float> mag_, val_;
   copyable_workspace ws_;
 };
 }  // namespace detail
 
-//! Hard threshold: the entries with |v_i| >= lambda, at most round(max_density n).
+//! Hard threshold: every entry with |v_i| >= lambda (GRACE's `threshold`); with
+//! max_density < 1, at most k_of_density(max_density, n) of them, the largest.
 class threshold_codec : public detail::threshold_base {
  public:
-  explicit threshold_codec(float lambda, double max_density = 0.01) : threshold_base("threshold_codec", max_density), lambda_(lambda) {
+  explicit threshold_codec(float lambda, double max_density = 1.0)
+      : threshold_base("threshold_codec", max_density), lambda_(lambda) {
     require(std::isfinite(lambda) && lambda > 0.0f, "commpact::threshold_codec: lambda = ", lambda,
             " must be finite and > 0.");
   }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
-    return select(v, lambda_, msg, approx);
+    return select(v, lambda_, false, 0, msg, approx);
   }
 
  private:
   float lambda_;
 };
 
-//! Gaussian-k: the threshold of a normal fit, refined at most `rounds` times towards k.
+//! Gaussian-k (Shi et al.'s rule, see the file comment): the threshold of a normal fit,
+//! moved towards [2k/3, 4k/3] passing entries, counted at most `rounds` times.
 class gaussiank_codec : public detail::threshold_base {
  public:
-  explicit gaussiank_codec(double density = 0.01, int rounds = 3) : threshold_base("gaussiank_codec", density), rounds_(rounds) {
-    require(rounds >= 0 && rounds <= 64, "commpact::gaussiank_codec: rounds = ", rounds, " is outside [0, 64].");
+  explicit gaussiank_codec(double density = 0.01, int rounds = 3, double cap_factor = 4.0 / 3.0)
+      : threshold_base("gaussiank_codec", density, cap_factor), rounds_(rounds) {
+    require(rounds >= 1 && rounds <= 64, "commpact::gaussiank_codec: rounds = ", rounds,
+            " is outside [1, 64]; it counts the passes over the gradient (the authors' code: 3).");
   }
-  //! The first estimate for v: |mean| + std z, 2 (1 - Phi(z)) = k / n.
-  float estimate(std::span<const float> v) const {
+  //! The first estimate for v: mean + sd z, sd with n - 1 (0 for n = 1), 2 (1 - Phi(z)) =
+  //! density. One pass in double: sd^2 = (sum x^2 - n mean^2) / (n - 1), at least 0.
+  double estimate(std::span<const float> v) const {
     const auto n = static_cast<double>(v.size());
     double s = 0.0, ss = 0.0;
     for (float x : v) s += x, ss += static_cast<double>(x) * x;
-    const double mean = s / n, sd = std::sqrt(std::max(0.0, ss / n - mean * mean));
-    const double q = std::min(1.0, static_cast<double>(cap(v.size())) / n);
-    return static_cast<float>(std::abs(mean) + sd * detail::normal_two_sided_quantile(q));
+    const double mean = s / n;
+    const double sd = v.size() > 1 ? std::sqrt(std::max(0.0, (ss - s * mean) / (n - 1.0))) : 0.0;
+    return mean + sd * detail::normal_two_sided_quantile(density_);
   }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
-    const double k = static_cast<double>(cap(v.size()));
-    float t = estimate(v);
-    for (int r = 0; r < rounds_; ++r) {
-      std::size_t c = 0;
-      for (float x : v) c += std::abs(x) >= t;
-      if (static_cast<double>(c) < 0.5 * k) t *= 0.5f;
-      else if (static_cast<double>(c) > 2.0 * k) t *= 1.5f;
-      else break;
+    if (v.empty()) return select(v, 0.0f, true, 0, msg, approx);
+    const std::size_t k = this->k(v.size());  // the bounds 2k/3 and 4k/3: 3c against 2k and 4k
+    double t = estimate(v);
+    int adjusted = 0;
+    for (int r = 1;; ++r) {
+      const std::size_t c = count_passing(v, static_cast<float>(t), true);
+      if (r >= rounds_ || (3 * c >= 2 * k && 3 * c <= 4 * k)) break;
+      t *= 3 * c < 2 * k ? 0.5 : 1.5;
+      ++adjusted;
     }
-    return select(v, t, msg, approx);
+    return select(v, static_cast<float>(t), true, adjusted, msg, approx);
   }
 
  private:
   int rounds_;
 };
 
-//! DGC's sampled threshold: the top ceil(density m) of m sampled |v_i| set t.
+//! DGC's sampled threshold (the authors' rule, see the file comment): the top
+//! ceil(density m) of m sampled |v_i| set t, lowered while too few entries pass.
 class dgc_codec : public detail::threshold_base {
  public:
-  explicit dgc_codec(double density = 0.01, double sample = 0.01, std::uint64_t seed = 0)
-      : threshold_base("dgc_codec", density), sample_(sample), seed_(seed) {
+  explicit dgc_codec(double density = 0.01, double sample = 0.01, std::uint64_t seed = 0, double lower = 0.8,
+                     int iters = 10)
+      : threshold_base("dgc_codec", density), sample_(sample), seed_(seed), lower_(lower), iters_(iters) {
     require(sample > 0.0 && sample <= 1.0, "commpact::dgc_codec: sample = ", sample,
             " is outside (0, 1]; DGC samples 0.1% to 1% of the entries.");
+    require(lower > 0.0 && lower < 1.0, "commpact::dgc_codec: lower = ", lower,
+            " is outside (0, 1); the authors lower the threshold by 0.8 while fewer than 0.8 k entries pass.");
+    require(iters >= 0 && iters <= 64, "commpact::dgc_codec: iters = ", iters,
+            " is outside [0, 64]; 0 keeps the sampled threshold (the authors allow 10 lowerings).");
   }
-  //! The sampled threshold for v at this step and rank.
+  //! The number of samples for length n: min(n, max(ceil(sample n), ceil(2 / density))).
+  std::size_t samples(std::size_t n) const {
+    const auto a = static_cast<std::size_t>(std::ceil(sample_ * static_cast<double>(n)));
+    const auto b = static_cast<std::size_t>(std::ceil(2.0 / density_));
+    return std::min(n, std::max<std::size_t>({1, a, b}));
+  }
+  //! The sampled threshold for v at this step and rank (before any lowering); 0 for an empty v.
   float estimate(std::span<const float> v) {
-    const std::size_t n = v.size();
-    const std::size_t m = std::max<std::size_t>(1, static_cast<std::size_t>(std::llround(sample_ * static_cast<double>(n))));
-    const random_stream rng(seed_, step_, rank_);
+    const std::size_t n = v.size(), m = samples(n);
+    if (n == 0) return 0.0f;
     smp_.resize(m);
-    for (std::size_t j = 0; j < m; ++j)
-      smp_[j] = std::abs(v[std::min(n - 1, static_cast<std::size_t>(rng.uniform(j) * static_cast<double>(n)))]);
-    const auto ks = std::min(m, static_cast<std::size_t>(std::ceil(density_ * static_cast<double>(m))));
+    if (m == n) {
+      for (std::size_t j = 0; j < n; ++j) smp_[j] = std::abs(v[j]);
+    } else {
+      const random_stream rng(seed_, step_, rank_);
+      for (std::size_t j = 0; j < m; ++j)
+        smp_[j] = std::abs(v[std::min(n - 1, static_cast<std::size_t>(rng.uniform(j) * static_cast<double>(n)))]);
+    }
+    const auto ks = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density_ * static_cast<double>(m))), 1, m);
     std::nth_element(smp_.begin(), smp_.begin() + static_cast<std::ptrdiff_t>(ks - 1), smp_.end(), std::greater<>());
     return smp_[ks - 1];
   }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
-    return select(v, estimate(v), msg, approx);
+    if (v.empty()) return select(v, 0.0f, false, 0, msg, approx);
+    float t = estimate(v);
+    const double floor_count = lower_ * static_cast<double>(k(v.size()));
+    const auto lower = static_cast<float>(lower_);
+    int i = 0;
+    for (; i < iters_; ++i) {
+      if (!(static_cast<double>(count_passing(v, t, false)) < floor_count)) break;
+      t *= lower;
+    }
+    return select(v, t, false, i, msg, approx);
   }
 
  private:
   double sample_;
   std::uint64_t seed_;
+  double lower_;
+  int iters_;
   std::vector<float> smp_;
 };
 
