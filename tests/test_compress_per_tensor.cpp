@@ -431,3 +431,20 @@ TEST_CASE("CodecCompressor<per_tensor<topk_codec>> allocates nothing after the f
   });
   CHECK(same == std::vector<char>{1, 1});
 }
+
+TEST_CASE("split_rows gives every row of a matrix its own tensor; vectors stay whole", "[codec][per_tensor]") {
+  const tensor_layout l = {{3, 4}, {1, 5}, {6}, {2, 2}};
+  const tensor_layout want = {{1, 4}, {1, 4}, {1, 4}, {1, 5}, {6}, {1, 2}, {1, 2}};
+  CHECK(commpact::split_rows(l) == want);
+  CHECK_THROWS_AS(commpact::split_rows(tensor_layout{}), commpact::invalid_argument);
+  // A scale per row: a row of scale 1e-3 in a matrix of scale 1 keeps its own scale.
+  per_tensor pt{commpact::split_rows({{2, 64}}), commpact::sign_codec{}};
+  auto v = commpact_test::normal(8, 128);
+  for (std::size_t i = 64; i < 128; ++i) v[i] *= 1e-3f;
+  std::vector<std::byte> msg(pt.max_encoded_bytes(128));
+  std::vector<float> approx(128);
+  CHECK(pt.encode(v, msg, approx) == 2 * (4 + 4 + 8));
+  double a = 0;
+  for (std::size_t i = 64; i < 128; ++i) a += std::abs(v[i]);
+  CHECK(std::abs(approx[64]) == static_cast<float>(a / 64));
+}

@@ -16,6 +16,8 @@
 //! the flat vector of a whole model mixes layers of very different magnitudes. With
 //! two layers of gradient scales 1 and 1e-3, EF-SignSGD over the flat vector sends the
 //! small layer about 400 times its own size; scaled per tensor, about 0.6 of it.
+//! `split_rows(layout)` refines a layout to one tensor per matrix row (a scale per output
+//! unit), which the Fashion-MNIST demo uses for EF-SignSGD, TernGrad and 1-bit SGD.
 //!
 //! Wire (for a vector of n = the layout's total): for each tensor t in layout order, a
 //! u32 length L_t (little-endian, as the host writes it) then tensor t's message of
@@ -57,6 +59,20 @@
 #include "tensor_layout.hpp"
 
 namespace commpact {
+
+//! The layout with every matrix split into its rows (`{r, c}` with r, c > 1 becomes r
+//! tensors `{1, c}`; vectors stay whole), for a scale per row: per_tensor{split_rows(l), K}
+//! gives each output unit's weights their own scale (1-bit SGD's paper quantises per matrix column).
+//! Each row then costs 4 bytes of length and K's header (a scale) on the wire.
+inline tensor_layout split_rows(const tensor_layout& l) {
+  detail::check_layout(l, "commpact::split_rows");
+  tensor_layout out;
+  for (const auto& s : l) {
+    if (s.is_vector()) out.push_back(s);
+    else out.insert(out.end(), static_cast<std::size_t>(s.rows), tensor_shape{1, s.cols});
+  }
+  return out;
+}
 
 //! K applied tensor by tensor over a tensor_layout; a Codec itself (see the file comment).
 template <class K>
@@ -163,8 +179,8 @@ class per_tensor {
   //! Encodes each tensor's segment of v with its codec behind its u32 length; writes each
   //! segment of `approx` (unless empty). Returns the bytes written.
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
-    require(v.size() == size(), "commpact::per_tensor::encode: the vector has ", v.size(), " values but the layout holds ",
-            size(), "; pass the layout of this gradient.");
+    require(v.size() == size(), "commpact::per_tensor::encode: the vector has ", v.size(),
+            " values but the layout holds ", size(), "; pass the layout of this gradient.");
     require(approx.empty() || approx.size() == v.size(), "commpact::per_tensor::encode: approx has ", approx.size(),
             " values for a vector of ", v.size(), "; pass an empty span or one of the vector's length.");
     const std::size_t cap = max_encoded_bytes(v.size());
@@ -223,13 +239,13 @@ class per_tensor {
     try {
       for (; t < T; ++t) {
         const std::size_t o = offset(t), m = numel(t), len = read_length(msg, at);
-        if (t + 1 < T) std::copy_n(acc.begin() + static_cast<std::ptrdiff_t>(o), m, backup_.begin() + static_cast<std::ptrdiff_t>(o));
+        if (t + 1 < T) std::copy_n(acc.data() + o, m, backup_.data() + o);
         codecs_[t].decode_add(msg.subspan(at + length_bytes, len), acc.subspan(o, m));
         at += length_bytes + len;
       }
     } catch (...) {
       const std::size_t restored = std::min(t + 1, T - 1);  // the segments copied so far
-      std::copy_n(backup_.begin(), offset(restored), acc.begin());
+      std::copy_n(backup_.data(), offset(restored), acc.data());
       throw;
     }
   }
