@@ -41,7 +41,8 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--limit", o.limit, "use only the first N training images (0: all)");
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST *.gz files");
-  app.add_option("--methods", o.methods, "comma-separated methods to compare")->delimiter(',');
+  app.add_option("--methods", o.methods,
+                 "comma-separated methods to compare (efsign, terngrad, onebit: a scale per row)")->delimiter(',');
   app.add_option("--out", out_dir, "folder for the CSV and the plot");
   app.add_option("--expect-accuracy", expect_accuracy,
                  "exit with status 2 if any method ends below this test accuracy (0..1); used by the tests")
