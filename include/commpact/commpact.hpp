@@ -38,6 +38,7 @@
 #include "compress/majority.hpp"
 #include "compress/nonfinite.hpp"
 #include "compress/oktopk.hpp"
+#include "compress/per_tensor.hpp"
 #include "compress/power.hpp"
 #include "compress/quantizers.hpp"
 #include "compress/sparse_options.hpp"

@@ -148,8 +148,7 @@ class LinearCompressor {
       ++steps_, ++skipped_;
       return false;
     }
-    const auto fP = static_cast<float>(P);
-    for (std::size_t j = 0; j < m; ++j) buf_[j] = buf_[j] / fP;
+    for (std::size_t j = 0; j < m; ++j) buf_[j] = mean_of(buf_[j], P);
     std::fill(grad.begin(), grad.end(), 0.0f);
     codec_.decompress_add(std::span<const float>(buf_).first(m), grad);
     if (!keeps_residual()) {

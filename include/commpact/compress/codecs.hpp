@@ -36,7 +36,7 @@ namespace commpact {
 //! (begin_step). Indices are int32, so n < 2^31.
 class topk_codec {
  public:
-  //! Keeps round(density * n) entries (at least 1).
+  //! Keeps clamp(floor(density * n), 1, n) entries (detail::k_of_density, the one rule).
   explicit topk_codec(double density = 0.01) { opt_.density = density, validate(); }
   //! Reads density, k and density_warmup of the options.
   //! `who` names the owner in error messages (TopK passes "TopK").

@@ -54,7 +54,7 @@
 namespace commpact {
 
 struct oktopk_options {
-  double density = 0.01;       //!< k = round(density n), at least 1
+  double density = 0.01;       //!< k = clamp(floor(density n), 1, n): the one rule (sparse_options.hpp)
   std::int64_t period = 32;    //!< steps between threshold re-estimations
   nonfinite on_nonfinite = nonfinite::raise;
 };
@@ -76,8 +76,7 @@ class OkTopK {
     return std::min(kk, (2 * kk + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P));
   }
   std::size_t k(std::size_t n) const {
-    return std::clamp<std::size_t>(static_cast<std::size_t>(std::llround(opt_.density * static_cast<double>(n))), 1,
-                                   std::max<std::size_t>(n, 1));
+    return static_cast<std::size_t>(std::max<std::int64_t>(detail::k_of_density(opt_.density, static_cast<std::int64_t>(n)), 1));
   }
 
   bool reduce(std::span<float> grad) {

@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <span>
 
 #include "../../compress/sparse_wire.hpp"
@@ -25,6 +26,7 @@
 #include "commit.hpp"
 #include "sparse_merge.hpp"
 #include "topk.hpp"
+#include "topk_fused.hpp"
 #include "vector_ops.hpp"
 
 namespace commpact {
@@ -80,14 +82,23 @@ inline void local(sparse_tree_meta& m, std::int64_t n, std::int64_t k, std::uint
   if (flags) return;
   const float s = scale.empty() ? 1.0f : scale[0];
   const bool have_r = residual.size() == acc.size(), have_u = velocity.size() == acc.size();
+  const auto kk = static_cast<std::size_t>(k);
   std::size_t bad;
   if (u_next.empty()) {
-    bad = have_r ? (s == 1.0f ? host::ef_accumulate(acc, residual, g) : host::ef_accumulate(acc, residual, g, s))
-                 : acc.size();
-    if (!have_r) {
-      for (std::size_t i = 0; i < g.size(); ++i) acc[i] = 0.0f + (s == 1.0f ? g[i] : g[i] * s);
-      bad = host::first_nonfinite(acc);
+    // The fused local phase (topk_fused.hpp): acc = residual + g and the top k of |acc|
+    // in one pass over residual and g (an empty residual counts as zeros).
+    bad = host::ef_accumulate_topk_abs(acc, have_r ? residual : std::span<const float>{}, g,
+                                       s == 1.0f ? std::optional<float>{} : std::optional<float>{s}, kk,
+                                       b.mine_idx.first(kk), b.cur_val.first(kk), ws);
+    if (bad != acc.size()) {
+      m.cur.flags |= sparse_wire::flag_nonfinite;
+      m.status |= status_nonfinite;
+      return;
     }
+    std::copy_n(b.mine_idx.begin(), kk, b.cur_idx.begin());
+    std::fill_n(b.mine_alive.begin(), kk, std::uint8_t{1});
+    m.mine_count = m.cur_count = static_cast<std::uint32_t>(kk);
+    return;
   } else if (have_r && have_u) {
     bad = s == 1.0f ? host::ef_accumulate_momentum(acc, u_next, velocity, residual, g, momentum)
                     : host::ef_accumulate_momentum(acc, u_next, velocity, residual, g, momentum, s);
@@ -104,7 +115,6 @@ inline void local(sparse_tree_meta& m, std::int64_t n, std::int64_t k, std::uint
     m.status |= status_nonfinite;
     return;
   }
-  const auto kk = static_cast<std::size_t>(k);
   host::topk_abs(acc, kk, b.mine_idx.first(kk), b.cur_val.first(kk), ws);
   std::copy_n(b.mine_idx.begin(), kk, b.cur_idx.begin());
   std::fill_n(b.mine_alive.begin(), kk, std::uint8_t{1});
