@@ -29,25 +29,10 @@
 
 namespace commpact::detail {
 
-//! out[i] = op(recv[i], mine[i]) (out may alias mine).
+//! out[i] = op(recv[i], mine[i]) (out may alias mine), vectorised (mpi/combine.hpp).
 template <class T>
 void combine_ring(T* out, const T* recv, const T* mine, std::size_t n, reduce_op op) {
-  switch (op) {
-    case reduce_op::sum:
-      if constexpr (std::is_integral_v<T>) {  // wraps like MPI_SUM, without signed overflow
-        using U = std::make_unsigned_t<T>;
-        for (std::size_t i = 0; i < n; ++i) out[i] = static_cast<T>(static_cast<U>(recv[i]) + static_cast<U>(mine[i]));
-      } else {
-        for (std::size_t i = 0; i < n; ++i) out[i] = recv[i] + mine[i];
-      }
-      break;
-    case reduce_op::min:
-      for (std::size_t i = 0; i < n; ++i) out[i] = std::min(recv[i], mine[i]);
-      break;
-    case reduce_op::max:
-      for (std::size_t i = 0; i < n; ++i) out[i] = std::max(recv[i], mine[i]);
-      break;
-  }
+  mpi_combine(out, recv, mine, n, op);
 }
 
 //! Ring allreduce of `data`, in place. With `isolate`, MPI only ever receives into
