@@ -39,9 +39,9 @@
 //!   undefined behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
-//!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring over point
-//!   to point (mpi/ring_allreduce.hpp); larger broadcasts and allgathers use
-//!   MPI_Iallgather and MPI_Ibcast (libnbc).
+//!   as fast as OpenMPI's blocking collectives. Larger allreduces and allgathers run a
+//!   ring over point to point (mpi/ring_allreduce.hpp); larger broadcasts use
+//!   MPI_Ibcast (libnbc).
 //! - One path per size: a blocking collective runs exactly what its nonblocking form
 //!   then wait() runs, so ranks may mix the forms (as on ThreadComm). Up to 64 KiB the
 //!   nonblocking form completes before it returns; a ring advances in every wait of the
@@ -181,7 +181,8 @@ class MpiComm {
     iallgather(in, out).wait();
   }
   //! Nonblocking allgather (see iallreduce): an output of up to 64 KiB is exchanged
-  //! directly over point to point before this returns; a larger one is MPI_Iallgather.
+  //! directly over point to point before this returns; a larger one goes round a ring
+  //! (mpi/ring_allreduce.hpp) that every wait of this communicator advances.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
@@ -192,16 +193,8 @@ class MpiComm {
       s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
       return {};
     }
-    const int n = static_cast<int>(in.size_bytes());
     mpi_request r(state_, "allgather", true);
-    void* dst = out.data();
-    if (s.options().isolate_buffers) {
-      r.stage_ = s.take_buffer(out.size_bytes());
-      r.out_ = out.data();
-      r.out_bytes_ = out.size_bytes();
-      dst = r.stage_.data();
-    }
-    r.started(MPI_Iallgather(in.data(), n, MPI_BYTE, dst, n, MPI_BYTE, s.native(), &r.req_), "MPI_Iallgather");
+    r.ring_ = s.start_ring_gather(std::as_bytes(in), std::as_writable_bytes(out));
     return r;
   }
 

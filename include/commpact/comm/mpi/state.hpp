@@ -267,15 +267,26 @@ class mpi_state {
   //! the pool is warm.
   template <class T>
   std::unique_ptr<mpi_ring_op> start_ring(std::span<T> data, reduce_op op, const char* what) {
-    std::unique_ptr<mpi_ring_op> ring;
-    if (!ring_pool_.empty()) {
-      ring = std::move(ring_pool_.back());
-      ring_pool_.pop_back();
-    } else {
-      ring = std::make_unique<mpi_ring_op>();
-    }
-    const int tag = mpi_ring_tag0 + static_cast<int>(ring_seq_++ % static_cast<unsigned>(mpi_ring_tags));
-    ring->reset(data, op, rank_, size_, tag, opt_.isolate_buffers, what);
+    auto ring = pooled_ring();
+    ring->reset(data, op, rank_, size_, next_ring_tag(), opt_.isolate_buffers, what);
+    return launch(std::move(ring));
+  }
+  //! Starts a ring allgather (the allgather half alone; mpi/ring_allreduce.hpp).
+  std::unique_ptr<mpi_ring_op> start_ring_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+    auto ring = pooled_ring();
+    ring->reset_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, "allgather");
+    return launch(std::move(ring));
+  }
+  std::unique_ptr<mpi_ring_op> pooled_ring() {
+    if (ring_pool_.empty()) return std::make_unique<mpi_ring_op>();
+    auto ring = std::move(ring_pool_.back());
+    ring_pool_.pop_back();
+    return ring;
+  }
+  int next_ring_tag() {
+    return mpi_ring_tag0 + static_cast<int>(ring_seq_++ % static_cast<unsigned>(mpi_ring_tags));
+  }
+  std::unique_ptr<mpi_ring_op> launch(std::unique_ptr<mpi_ring_op> ring) {
     active_.push_back(ring.get());
     try {
       ring->advance(*this);  // posts the first step
