@@ -39,9 +39,9 @@
 //!   undefined behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
-//!   as fast as OpenMPI's blocking collectives. Larger allreduces and allgathers run a
-//!   ring over point to point (mpi/ring_allreduce.hpp); larger broadcasts use
-//!   MPI_Ibcast (libnbc).
+//!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
+//!   allgathers a direct exchange over point to point, both advanced by every wait
+//!   (mpi/ring_allreduce.hpp); larger broadcasts use MPI_Ibcast (libnbc).
 //! - One path per size: a blocking collective runs exactly what its nonblocking form
 //!   then wait() runs, so ranks may mix the forms (as on ThreadComm). Up to 64 KiB the
 //!   nonblocking form completes before it returns; a ring advances in every wait of the
@@ -181,8 +181,9 @@ class MpiComm {
     iallgather(in, out).wait();
   }
   //! Nonblocking allgather (see iallreduce): an output of up to 64 KiB is exchanged
-  //! directly over point to point before this returns; a larger one goes round a ring
-  //! (mpi/ring_allreduce.hpp) that every wait of this communicator advances.
+  //! directly over point to point before this returns; a larger one is a direct
+  //! exchange too, advanced by every wait of this communicator like a ring
+  //! (mpi/ring_allreduce.hpp), each block copied out as it arrives.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
@@ -194,7 +195,7 @@ class MpiComm {
       return {};
     }
     mpi_request r(state_, "allgather", true);
-    r.ring_ = s.start_ring_gather(std::as_bytes(in), std::as_writable_bytes(out));
+    r.ring_ = s.start_direct_gather(std::as_bytes(in), std::as_writable_bytes(out));
     return r;
   }
 

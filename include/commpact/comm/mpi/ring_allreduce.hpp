@@ -7,10 +7,14 @@
 //! and it avoids OpenMPI's nonblocking allreduce (libnbc), which is 2-2.7x slower than
 //! the blocking one from 1 MiB up on shared memory.
 //!
-//! Allgathers above 64 KiB run the allgather half alone (P-1 steps): each rank's block
-//! goes from `in` straight into `out`, and with isolated buffers only the P-1 received
-//! blocks are copied out of scratch, one per step (MPI_Iallgather into staging, used
-//! before, copied the whole output once more, and its own block twice).
+//! Allgathers above 64 KiB are a direct exchange run by the same object (every rank
+//! sends its block to every other rank at once, as libnbc's MPI_Iallgather, used
+//! before, does): each rank's block goes from `in` straight into `out`, and with
+//! isolated buffers each received block is copied out of its slot of scratch as soon
+//! as it arrived (MPI_Iallgather into staging copied the whole output once more, and
+//! its own block twice). The ring's allgather half alone (reset_gather) was no better
+//! within the noise at P = 4 on 2 cores, where each of its P-1 dependent steps waits
+//! for a neighbour to be scheduled.
 //!
 //! One operation is an mpi_ring_op: a state machine of 2 (P-1) steps (one send to the
 //! right, one receive from the left, then a fold or a copy). `allreduce` starts one and
@@ -94,6 +98,20 @@ class mpi_ring_op {
     start(r, P, tag, isolate, what, P - 1, (r + P - 1) % P);
   }
 
+  //! Prepares a direct allgather: every rank sends its block to every other rank at
+  //! once (no chain of steps, which costs a scheduling round per step when ranks share
+  //! cores); with `isolate` each block arrives in its own slot of scratch and is copied
+  //! out as soon as it arrived.
+  void reset_direct_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
+                           bool isolate, const char* what) {
+    reset_gather(in, out, r, P, tag, isolate, what);
+    direct_ = true;
+    in_ = in.data();
+    block_ = in.size();
+    const std::size_t need = isolate ? block_ * static_cast<std::size_t>(P - 1) : 0;
+    if (scratch_.size() < need) scratch_.resize(need);
+  }
+
   //! True once the ring completed or failed (then error() holds why).
   bool finished() const { return done_ || error_ != nullptr; }
   const std::exception_ptr& error() const { return error_; }
@@ -104,6 +122,7 @@ class mpi_ring_op {
   template <class State>
   bool advance(State& s) {
     if (finished()) return true;
+    if (direct_) return advance_direct(s);
     for (;;) {
       if (posted_) {
         int flag = 0;
@@ -137,6 +156,11 @@ class mpi_ring_op {
   void give_up(State& s) noexcept {
     s.abandon(q_[0]);
     if (q_[1] != MPI_REQUEST_NULL) MPI_Request_free(&q_[1]);
+    const std::size_t m = static_cast<std::size_t>(P_ - 1);
+    for (std::size_t i = 0; i < dq_.size(); ++i) {
+      if (i < m) s.abandon(dq_[i]);
+      else if (dq_[i] != MPI_REQUEST_NULL) MPI_Request_free(&dq_[i]);
+    }
     posted_ = false;
   }
 
@@ -153,6 +177,49 @@ class mpi_ring_op {
   int recv_chunk(int k) const {
     return k < P_ - 1 ? (r_ - k - 1 + 2 * P_) % P_ : (c0_ - (k - P_ + 1) + P_) % P_;
   }
+  // The direct allgather: slot i (of P - 1) is rank r + 1 + i; requests dq_[0, P-1) are
+  // the receives, dq_[P-1, 2P-2) the sends; pending_ receives are outstanding.
+  int slot_rank(int i) const { return (r_ + 1 + i) % P_; }
+  template <class State>
+  bool advance_direct(State& s) {
+    const int m = P_ - 1;
+    if (!posted_) {
+      dq_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
+      idx_.resize(static_cast<std::size_t>(m));
+      posted_ = true;  // from here on give_up() must abandon the receives
+      const int b = static_cast<int>(block_);
+      for (int i = 0; i < m; ++i) {
+        const int q = slot_rank(i);
+        std::byte* into = isolate_ ? scratch_.data() + block_ * static_cast<std::size_t>(i)
+                                   : d_ + block_ * static_cast<std::size_t>(q);
+        s.check(MPI_Irecv(into, b, MPI_BYTE, q, tag_, s.native(), &dq_[static_cast<std::size_t>(i)]), "MPI_Irecv",
+                what_);
+      }
+      for (int i = 0; i < m; ++i)
+        s.check(MPI_Isend(in_, b, MPI_BYTE, slot_rank(i), tag_, s.native(), &dq_[static_cast<std::size_t>(m + i)]),
+                "MPI_Isend", what_);
+      pending_ = m;
+    }
+    while (pending_ > 0) {
+      int count = 0;
+      s.check(MPI_Testsome(m, dq_.data(), &count, idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome", what_);
+      if (count == MPI_UNDEFINED || count == 0) return false;
+      for (int j = 0; j < count; ++j) {
+        const int i = idx_[static_cast<std::size_t>(j)];
+        if (isolate_)
+          std::memcpy(d_ + block_ * static_cast<std::size_t>(slot_rank(i)),
+                      scratch_.data() + block_ * static_cast<std::size_t>(i), block_);
+      }
+      pending_ -= count;
+    }
+    int flag = 0;
+    s.check(MPI_Testall(m, dq_.data() + m, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", what_);
+    if (!flag) return false;
+    posted_ = false;
+    done_ = true;
+    return true;
+  }
+
   void start(int r, int P, int tag, bool isolate, const char* what, int k0, int c0) {
     r_ = r;
     P_ = P;
@@ -162,9 +229,11 @@ class mpi_ring_op {
     k_ = k0;
     c0_ = c0;
     posted_ = false;
+    direct_ = false;
     done_ = P == 1 || n_ == 0;
     error_ = nullptr;
     q_[0] = q_[1] = MPI_REQUEST_NULL;
+    dq_.clear();
     const std::size_t most = (n_ + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
     if (scratch_.size() < most * elem_) scratch_.resize(most * elem_);
   }
@@ -192,6 +261,12 @@ class mpi_ring_op {
   bool isolate_ = true, posted_ = false, done_ = true;
   const char* what_ = "allreduce";
   MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  bool direct_ = false;                // a direct allgather (advance_direct)
+  const std::byte* in_ = nullptr;      // its block
+  std::size_t block_ = 0;
+  int pending_ = 0;
+  std::vector<MPI_Request> dq_;        // its requests (kept: no allocation once warm)
+  std::vector<int> idx_;
   std::vector<std::byte> scratch_;  // one chunk: the receive target of the reduce-scatter
   std::exception_ptr error_;
 };

@@ -271,10 +271,10 @@ class mpi_state {
     ring->reset(data, op, rank_, size_, next_ring_tag(), opt_.isolate_buffers, what);
     return launch(std::move(ring));
   }
-  //! Starts a ring allgather (the allgather half alone; mpi/ring_allreduce.hpp).
-  std::unique_ptr<mpi_ring_op> start_ring_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+  //! Starts a direct allgather (every block to every rank at once; mpi/ring_allreduce.hpp).
+  std::unique_ptr<mpi_ring_op> start_direct_gather(std::span<const std::byte> in, std::span<std::byte> out) {
     auto ring = pooled_ring();
-    ring->reset_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, "allgather");
+    ring->reset_direct_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, "allgather");
     return launch(std::move(ring));
   }
   std::unique_ptr<mpi_ring_op> pooled_ring() {
