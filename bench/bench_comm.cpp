@@ -1,8 +1,15 @@
-// MpiComm against raw MPI, side by side in one run: allreduce, allgather, broadcast and
-// a pairwise send/recv exchange from 1 KiB to 64 MiB. Run under mpiexec (every rank runs
-// every benchmark with a fixed iteration count; rank 0 reports):
+// MpiComm against raw MPI, side by side in one run: allreduce (sum of floats),
+// allgather, broadcast and a pairwise send/recv exchange from 1 KiB to 64 MiB. Run under
+// mpiexec (every rank runs every benchmark with a fixed iteration count; rank 0 reports):
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 2 build/bench/bench_comm
+//
+// Build it at the flags users build with (-O2; CMake's Release default is -O3), and
+// summarise several runs (median and spread of each ratio) with bench_comm_table.py:
+//
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
+//   mpiexec ... build/bench/bench_comm --benchmark_format=json --benchmark_out=p2_1.json
+//   python3 bench/bench_comm_table.py p2_*.json
 //
 // One benchmark per operation and size; each iteration runs every variant once, in a
 // rotating order, so all variants see the same machine load, each call after an untimed
