@@ -2,9 +2,9 @@
 #pragma once
 //! \file mpi/request.hpp
 //! mpi_request: the handle of one nonblocking MpiComm operation (iallreduce,
-//! iallgather, ibroadcast, isend, irecv): an MPI request, or a ring allreduce that
-//! every wait of the communicator advances (mpi/ring_allreduce.hpp). Part of MpiComm (include
-//! commpact/comm/mpi_comm.hpp).
+//! iallgather, ibroadcast, isend, irecv): an MPI request, or a ring allreduce or
+//! large allgather that every wait of the communicator advances
+//! (mpi/ring_allreduce.hpp). Part of MpiComm (include commpact/comm/mpi_comm.hpp).
 
 #include <mpi.h>
 
@@ -172,7 +172,7 @@ class mpi_request {
   void* out_ = nullptr;
   std::size_t out_bytes_ = 0;
   long long expect_bytes_ = -1;  // >= 0: a receive of exactly this many bytes
-  std::unique_ptr<detail::mpi_ring_op> ring_;  // a ring allreduce (then req_ is unused)
+  std::unique_ptr<detail::mpi_ring_op> ring_;  // a ring or large allgather (then req_ is unused)
 };
 
 }  // namespace commpact
