@@ -1,8 +1,15 @@
-// MpiComm against raw MPI, side by side in one run: allreduce, allgather, broadcast and
-// a pairwise send/recv exchange from 1 KiB to 64 MiB. Run under mpiexec (every rank runs
-// every benchmark with a fixed iteration count; rank 0 reports):
+// MpiComm against raw MPI, side by side in one run: allreduce (sum of floats),
+// allgather, broadcast and a pairwise send/recv exchange from 1 KiB to 64 MiB. Run under
+// mpiexec (every rank runs every benchmark with a fixed iteration count; rank 0 reports):
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 2 build/bench/bench_comm
+//
+// Build it at the flags users build with (-O2; CMake's Release default is -O3), and
+// summarise several runs (median and spread of each ratio) with bench_comm_table.py:
+//
+//   cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_FLAGS_RELEASE="-O2 -DNDEBUG"
+//   mpiexec ... build/bench/bench_comm --benchmark_format=json --benchmark_out=p2_1.json
+//   python3 bench/bench_comm_table.py p2_*.json
 //
 // One benchmark per operation and size; each iteration runs every variant once, in a
 // rotating order, so all variants see the same machine load, each call after an untimed
@@ -64,6 +71,7 @@ int iterations_for(std::size_t bytes) {
   if (bytes <= (4u << 10)) return 2000;
   if (bytes <= (64u << 10)) return 300;
   if (bytes <= (1u << 20)) return 40;
+  if (bytes <= (4u << 20)) return 20;
   if (bytes <= (16u << 20)) return 8;
   return 5;
 }
@@ -113,17 +121,17 @@ void bench_allreduce(benchmark::State& st, std::size_t bytes) {
   std::span<float> s(g);
   const int n = static_cast<int>(g.size());
   run_variants(st, bytes,
-               {{"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw); }},
+               {{"raw", [&] { MPI_Allreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_SUM, w.raw); }},
                 {"raw_nb",
                  [&] {
                    MPI_Request q;
-                   MPI_Iallreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_MAX, w.raw, &q);
+                   MPI_Iallreduce(MPI_IN_PLACE, g.data(), n, MPI_FLOAT, MPI_SUM, w.raw, &q);
                    MPI_Wait(&q, MPI_STATUS_IGNORE);
                  }},
-                {"default", [&] { w.def.allreduce(s, reduce_op::max); }},
-                {"checked", [&] { w.checked.allreduce(s, reduce_op::max); }},
-                {"unchecked", [&] { w.unchecked.allreduce(s, reduce_op::max); }},
-                {"unchecked_nostage", [&] { w.nostage.allreduce(s, reduce_op::max); }}});
+                {"default", [&] { w.def.allreduce(s, reduce_op::sum); }},
+                {"checked", [&] { w.checked.allreduce(s, reduce_op::sum); }},
+                {"unchecked", [&] { w.unchecked.allreduce(s, reduce_op::sum); }},
+                {"unchecked_nostage", [&] { w.nostage.allreduce(s, reduce_op::sum); }}});
 }
 
 void bench_allgather(benchmark::State& st, std::size_t bytes) {
@@ -212,7 +220,7 @@ int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   g_world = std::make_unique<world_t>();
   const int P = size_of_world();
-  const std::vector<std::size_t> sizes = {1u << 10, 64u << 10, 1u << 20, 16u << 20, 64u << 20};
+  const std::vector<std::size_t> sizes = {1u << 10, 64u << 10, 1u << 20, 4u << 20, 16u << 20, 64u << 20};
   auto add = [&](const char* op, void (*fn)(benchmark::State&, std::size_t)) {
     for (auto bytes : sizes)
       benchmark::RegisterBenchmark((std::string(op) + "/P" + std::to_string(P) + "/" + std::to_string(bytes >> 10) +

@@ -359,12 +359,14 @@ TEST_CASE("MpiComm steady state does not allocate", "[comm][mpi]") {
   MpiComm comm{MPI_COMM_WORLD};
   const int P = comm.size(), r = comm.rank();
   on_all_ranks(comm, [&] {
-    std::vector<float> g(5000, 1.f);
+    std::vector<float> g(5000, 1.f), big(40000, 1.f);  // 20 KB: recursive doubling; 160 KB: the ring
     std::vector<std::byte> msg(3000, std::byte{1}), buf;
     buf.reserve(4000);
     const int next = (r + 1) % P, prev = (r + P - 1) % P;
     auto step = [&] {
       comm.allreduce(std::span<float>(g), reduce_op::max);
+      comm.allreduce(std::span<float>(big), reduce_op::max);
+      comm.iallreduce(std::span<float>(big), reduce_op::min).wait();
       if (P > 1) {
         comm.send(next, std::span<const std::byte>(msg));
         comm.send(next, std::span<const std::byte>(msg.data(), 100));

@@ -39,11 +39,16 @@
 //!   undefined behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
-//!   as fast as OpenMPI's blocking collectives. Larger blocking allreduces run a ring
-//!   over point to point (mpi/ring_allreduce.hpp); the nonblocking forms and larger
-//!   broadcasts and allgathers use MPI_Iallreduce, MPI_Iallgather and MPI_Ibcast (libnbc).
+//!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
+//!   allgathers a direct exchange over point to point, both advanced by every wait
+//!   (mpi/ring_allreduce.hpp); larger broadcasts use MPI_Ibcast (libnbc).
+//! - One path per size: a blocking collective runs exactly what its nonblocking form
+//!   then wait() runs, so ranks may mix the forms (as on ThreadComm). Up to 64 KiB the
+//!   nonblocking form completes before it returns; a ring advances in every wait of the
+//!   communicator, so rings in flight complete in any wait order.
 //! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
-//!   both partners; the ring, and OpenMPI's nonblocking algorithms, compute each
+//!   both partners (one vectorised fold, mpi/combine.hpp); the ring, and OpenMPI's
+//!   nonblocking algorithms, compute each
 //!   element's final value on one rank and copy it, so every rank gets the same bits
 //!   (tests check it).
 //! - Memory safety after a failure: with `mpi_options::isolate_buffers` (the default)
@@ -114,28 +119,20 @@ class MpiComm {
   const std::string& failure() const { return state_->failure(); }
 
   //! In-place element-wise reduction over all ranks, bit-identical on every rank.
-  //! T: float, double, or a 32- or 64-bit integer.
+  //! T: float, double, or a 32- or 64-bit integer. Runs exactly what iallreduce(data,
+  //! op).wait() runs, so ranks may mix the two forms for one collective.
   template <class T>
     requires std::is_arithmetic_v<T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    static_assert(detail::mpi_reducible<T>,
-                  "commpact::MpiComm::allreduce supports float, double and 32- or 64-bit integers; convert other "
-                  "element types first.");
-    const bool small = data.size_bytes() <= detail::mpi_rd_allreduce_bytes;
-    // A ring step moves one chunk of about size / P bytes; MPI counts are int.
-    if (!small && data.size_bytes() / static_cast<std::size_t>(size()) + 2 * sizeof(T) > INT_MAX)
-      return iallreduce(data, op).wait();
-    auto& s = *state_;
-    s.enter("allreduce");
-    if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return;
-    // Small: recursive doubling (mpi/small_collectives.hpp), with the latency of a
-    // blocking MPI_Allreduce; large: a ring (mpi/ring_allreduce.hpp). Both run over
-    // point to point and receive only into internal memory when buffers are isolated.
-    if (small) s.small_allreduce(data, op, "allreduce");
-    else s.ring_allreduce(data, op, "allreduce");
+    iallreduce(data, op).wait();
   }
   //! Nonblocking allreduce; `data` must stay alive until the handle completed. With
   //! verify_collectives the signature check runs before this returns (one round trip).
+  //! The path depends on the size only, the same as allreduce's: up to 64 KiB the
+  //! recursive doubling runs before this returns (the check already waited for every
+  //! rank; the handle is complete); above, a ring (mpi/ring_allreduce.hpp) that every
+  //! wait of this communicator advances; where one ring step would pass MPI's int count,
+  //! MPI_Iallreduce.
   template <class T>
     requires std::is_arithmetic_v<T>
   mpi_request iallreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
@@ -145,13 +142,26 @@ class MpiComm {
     auto& s = *state_;
     s.enter("allreduce");
     if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) return {};
+    const auto path =
+        detail::allreduce_path_for(data.size_bytes(), sizeof(T), size(), detail::mpi_rd_allreduce_bytes);
+    // Small: recursive doubling (mpi/small_collectives.hpp), with the latency of a
+    // blocking MPI_Allreduce; large: a ring (mpi/ring_allreduce.hpp). Both run over
+    // point to point and receive only into internal memory when buffers are isolated.
+    if (path == detail::mpi_allreduce_path::small) {
+      s.small_allreduce(data, op, "allreduce");
+      return {};
+    }
+    mpi_request r(state_, "allreduce", true);
+    if (path == detail::mpi_allreduce_path::ring) {
+      r.ring_ = s.start_ring(data, op, "allreduce");
+      return r;
+    }
     const MPI_Op mop = op == reduce_op::sum ? MPI_SUM : op == reduce_op::min ? MPI_MIN : MPI_MAX;
     // Isolated: MPI reads `data` and writes staging (out of place, which also lets
     // OpenMPI pick its bandwidth-optimal algorithms). Otherwise in place on `data`.
-    mpi_request r(state_, "allreduce", true);
     const void* src = MPI_IN_PLACE;
     void* dst = data.data();
-    if (s.options().isolate_buffers && !data.empty()) {
+    if (s.options().isolate_buffers) {
       r.stage_ = s.take_buffer(data.size_bytes());
       r.out_ = data.data();
       r.out_bytes_ = data.size_bytes();
@@ -163,56 +173,54 @@ class MpiComm {
     return r;
   }
 
-  //! Concatenates every rank's `in` (all the same size) into `out` in rank order.
+  //! Concatenates every rank's `in` (all the same size) into `out` in rank order. Runs
+  //! exactly what iallgather(in, out).wait() runs (ranks may mix the forms).
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void allgather(std::span<const T> in, std::span<T> out) {
-    if (out.size_bytes() > detail::mpi_small_collective_bytes) return iallgather(in, out).wait();
-    auto& s = *state_;
-    s.enter("allgather");
-    if (!verified(allgather_signature(in), allgather_error(in, out))) return;
-    s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
+    iallgather(in, out).wait();
   }
-  //! Nonblocking allgather (see iallreduce).
+  //! Nonblocking allgather (see iallreduce): an output of up to 64 KiB is exchanged
+  //! directly over point to point before this returns; a larger one is a direct
+  //! exchange too, advanced by every wait of this communicator like a ring
+  //! (mpi/ring_allreduce.hpp), each block copied out as it arrives.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     s.enter("allgather");
     if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
-    const int n = static_cast<int>(in.size_bytes());
-    mpi_request r(state_, "allgather", true);
-    void* dst = out.data();
-    if (s.options().isolate_buffers && n > 0) {
-      r.stage_ = s.take_buffer(out.size_bytes());
-      r.out_ = out.data();
-      r.out_bytes_ = out.size_bytes();
-      dst = r.stage_.data();
+    if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
+      s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
+      return {};
     }
-    r.started(MPI_Iallgather(in.data(), n, MPI_BYTE, dst, n, MPI_BYTE, s.native(), &r.req_), "MPI_Iallgather");
+    mpi_request r(state_, "allgather", true);
+    r.ring_ = s.start_direct_gather(std::as_bytes(in), std::as_writable_bytes(out));
     return r;
   }
 
-  //! Copies root's data to every rank.
+  //! Copies root's data to every rank. Runs exactly what ibroadcast(data, root).wait()
+  //! runs (ranks may mix the forms).
   template <class T>
     requires std::is_trivially_copyable_v<T>
   void broadcast(std::span<T> data, int root) {
-    if (data.size_bytes() > detail::mpi_small_collective_bytes) return ibroadcast(data, root).wait();
-    auto& s = *state_;
-    s.enter("broadcast");
-    if (!verified(broadcast_signature(data, root), broadcast_error(data, root))) return;
-    s.small_broadcast(std::as_writable_bytes(data), root);
+    ibroadcast(data, root).wait();
   }
-  //! Nonblocking broadcast (see iallreduce).
+  //! Nonblocking broadcast (see iallreduce): up to 64 KiB a binomial tree over point to
+  //! point before this returns; larger, MPI_Ibcast.
   template <class T>
     requires std::is_trivially_copyable_v<T>
   mpi_request ibroadcast(std::span<T> data, int root) {
     auto& s = *state_;
     s.enter("broadcast");
     if (!verified(broadcast_signature(data, root), broadcast_error(data, root))) return {};
+    if (data.size_bytes() <= detail::mpi_small_collective_bytes) {
+      s.small_broadcast(std::as_writable_bytes(data), root);
+      return {};
+    }
     mpi_request r(state_, "broadcast", true);
     void* buf = data.data();  // the root's buffer is only read
-    if (s.options().isolate_buffers && !data.empty() && rank() != root) {
+    if (s.options().isolate_buffers && rank() != root) {
       r.stage_ = s.take_buffer(data.size_bytes());
       r.out_ = data.data();
       r.out_bytes_ = data.size_bytes();

@@ -2,8 +2,9 @@
 #pragma once
 //! \file mpi/request.hpp
 //! mpi_request: the handle of one nonblocking MpiComm operation (iallreduce,
-//! iallgather, ibroadcast, isend, irecv). Part of MpiComm (include
-//! commpact/comm/mpi_comm.hpp).
+//! iallgather, ibroadcast, isend, irecv): an MPI request, or a ring allreduce or
+//! large allgather that every wait of the communicator advances
+//! (mpi/ring_allreduce.hpp). Part of MpiComm (include commpact/comm/mpi_comm.hpp).
 
 #include <mpi.h>
 
@@ -45,6 +46,7 @@ class mpi_request {
       out_ = std::exchange(o.out_, nullptr);
       out_bytes_ = o.out_bytes_;
       expect_bytes_ = o.expect_bytes_;
+      ring_ = std::move(o.ring_);
     }
     return *this;
   }
@@ -70,7 +72,7 @@ class mpi_request {
     if (!s_) return;
     std::optional<detail::world_errors_return> guard;
     if (collective_) guard.emplace();
-    guarded([&] { s_->poll(what_, [&] { return step_raw(); }); });
+    guarded([&] { s_->poll(what_, [&] { return ring_ ? ring_->finished() : step_raw(); }); });  // poll advances rings
     complete();
   }
 
@@ -92,8 +94,13 @@ class mpi_request {
     s->check(rc, call, what_);
   }
 
-  // One MPI_Test; true when the request completed (result not yet copied out).
+  // One MPI_Test (a ring: one advance of every ring in flight); true when the request
+  // completed (result not yet copied out).
   bool step_raw() {
+    if (ring_) {
+      s_->progress_rings();
+      return ring_->finished();
+    }
     int flag = 0;
     s_->check(MPI_Test(&req_, &flag, &status_), "MPI_Test", what_);
     return flag != 0;
@@ -107,6 +114,10 @@ class mpi_request {
 
   void complete() {
     auto s = std::move(s_);
+    if (ring_) {
+      s->finish_ring(ring_);  // raises the ring's error, if a wait elsewhere met one
+      return;
+    }
     if (expect_bytes_ >= 0) {  // a receive of a known size: the message must have exactly that size
       int count = 0;
       MPI_Get_count(&status_, MPI_BYTE, &count);
@@ -128,6 +139,7 @@ class mpi_request {
       f();
     } catch (...) {
       s_->abandon(req_);
+      s_->drop_ring(ring_);
       if (!stage_.empty()) new std::vector<std::byte>(std::move(stage_));  // MPI may still write there
       s_.reset();
       throw;
@@ -160,6 +172,7 @@ class mpi_request {
   void* out_ = nullptr;
   std::size_t out_bytes_ = 0;
   long long expect_bytes_ = -1;  // >= 0: a receive of exactly this many bytes
+  std::unique_ptr<detail::mpi_ring_op> ring_;  // a ring or large allgather (then req_ is unused)
 };
 
 }  // namespace commpact

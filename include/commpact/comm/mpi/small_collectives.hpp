@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "../../concepts.hpp"
+#include "combine.hpp"
 
 namespace commpact::detail {
 
@@ -61,27 +62,12 @@ void mpi_wait_all(State& s, std::span<MPI_Request> reqs, std::size_t first_send,
   }
 }
 
+//! acc = op(low, high), identical on both partners (the same call with the same
+//! operand order); vectorised at every optimisation level (mpi/combine.hpp).
 template <class T>
 void combine_low_high(T* acc, const T* other, std::size_t n, reduce_op op, bool acc_is_low) {
-  // result = op(low, high), identical on both partners
-  switch (op) {
-    case reduce_op::sum:
-      if constexpr (std::is_integral_v<T>) {  // wraps like MPI_SUM, without signed overflow
-        using U = std::make_unsigned_t<T>;
-        for (std::size_t i = 0; i < n; ++i) acc[i] = static_cast<T>(static_cast<U>(acc[i]) + static_cast<U>(other[i]));
-      } else {
-        for (std::size_t i = 0; i < n; ++i) acc[i] = acc_is_low ? acc[i] + other[i] : other[i] + acc[i];
-      }
-      break;
-    case reduce_op::min:
-      for (std::size_t i = 0; i < n; ++i)
-        acc[i] = acc_is_low ? std::min(acc[i], other[i]) : std::min(other[i], acc[i]);
-      break;
-    case reduce_op::max:
-      for (std::size_t i = 0; i < n; ++i)
-        acc[i] = acc_is_low ? std::max(acc[i], other[i]) : std::max(other[i], acc[i]);
-      break;
-  }
+  if (acc_is_low) mpi_combine(acc, acc, other, n, op);
+  else mpi_combine(acc, other, acc, n, op);
 }
 
 //! In-place allreduce of `data` by recursive doubling; `scratch` is an internal buffer

@@ -208,13 +208,18 @@ class mpi_state {
   //! on an oversubscribed node OpenMPI's progress engine yields inside MPI_Test
   //! itself (mpi_yield_when_idle). After 10 ms it yields, and after a second, when a
   //! peer is late rather than data slow, it sleeps 50 us between polls.
+  //! Every poll also advances the rings in flight (progress_rings), so a rank waiting
+  //! for anything keeps the rings other ranks wait for moving.
   template <class Done>
   void poll(const char* what, Done&& done) {
-    for (int i = 0; i < 64; ++i)
+    for (int i = 0; i < 64; ++i) {
+      if (!active_.empty()) progress_rings();
       if (done()) return;
+    }
     const auto start = std::chrono::steady_clock::now();
     const auto deadline = start + opt_.timeout;
     for (unsigned spin = 0;; ++spin) {
+      if (!active_.empty()) progress_rings();
       if (done()) return;
       if ((spin & 15) != 0) continue;
       throw_if_told(what);
@@ -257,10 +262,71 @@ class mpi_state {
   void small_allreduce(std::span<T> data, reduce_op op, const char* what) {
     mpi_rd_allreduce(*this, data, op, rd_scratch_, what);
   }
-  //! The ring allreduce (mpi/ring_allreduce.hpp), for large allreduces.
+  //! Starts a ring allreduce (mpi/ring_allreduce.hpp) and returns it; it advances in
+  //! every poll until finish_ring() or drop_ring() takes it back. Allocates nothing once
+  //! the pool is warm.
   template <class T>
-  void ring_allreduce(std::span<T> data, reduce_op op, const char* what) {
-    mpi_ring_allreduce(*this, data, op, opt_.isolate_buffers, rd_scratch_, what);
+  std::unique_ptr<mpi_ring_op> start_ring(std::span<T> data, reduce_op op, const char* what) {
+    auto ring = pooled_ring();
+    ring->reset(data, op, rank_, size_, next_ring_tag(), opt_.isolate_buffers, what);
+    return launch(std::move(ring));
+  }
+  //! Starts a direct allgather (every block to every rank at once; mpi/ring_allreduce.hpp).
+  std::unique_ptr<mpi_ring_op> start_direct_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+    auto ring = pooled_ring();
+    ring->reset_direct_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, "allgather");
+    return launch(std::move(ring));
+  }
+  std::unique_ptr<mpi_ring_op> pooled_ring() {
+    if (ring_pool_.empty()) return std::make_unique<mpi_ring_op>();
+    auto ring = std::move(ring_pool_.back());
+    ring_pool_.pop_back();
+    return ring;
+  }
+  int next_ring_tag() {
+    return mpi_ring_tag0 + static_cast<int>(ring_seq_++ % static_cast<unsigned>(mpi_ring_tags));
+  }
+  std::unique_ptr<mpi_ring_op> launch(std::unique_ptr<mpi_ring_op> ring) {
+    active_.push_back(ring.get());
+    try {
+      ring->advance(*this);  // posts the first step
+    } catch (...) {
+      drop_ring(ring);
+      throw;
+    }
+    return ring;
+  }
+  //! Takes a finished ring back: raises its error (the ring is then leaked) or pools it.
+  void finish_ring(std::unique_ptr<mpi_ring_op>& ring) {
+    unlist(ring.get());
+    if (ring->error()) {
+      const auto e = ring->error();
+      (void)ring.release();  // its scratch may still be a receive target
+      std::rethrow_exception(e);
+    }
+    if (ring_pool_.size() < 16) ring_pool_.push_back(std::move(ring));
+    else ring.reset();
+  }
+  //! Gives up on a ring (a wait for it failed): its requests are kept, it is leaked.
+  void drop_ring(std::unique_ptr<mpi_ring_op>& ring) noexcept {
+    if (!ring) return;
+    unlist(ring.get());
+    ring->give_up(*this);
+    (void)ring.release();
+  }
+  //! Advances every ring in flight, oldest first. A ring that fails here keeps its
+  //! error for its own wait (the group is failed already, so the caller's wait raises).
+  void progress_rings() noexcept {
+    for (std::size_t i = 0; i < active_.size();) {
+      mpi_ring_op* ring = active_[i];
+      try {
+        ring->advance(*this);
+      } catch (...) {
+        ring->fail(*this, std::current_exception());
+      }
+      if (ring->finished()) active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+      else ++i;
+    }
   }
   void small_broadcast(std::span<std::byte> data, int root) {
     mpi_tree_broadcast(*this, data, root, opt_.isolate_buffers, rd_scratch_, "broadcast");
@@ -342,6 +408,14 @@ class mpi_state {
     return out;
   }
 
+  void unlist(mpi_ring_op* ring) noexcept {
+    for (std::size_t i = 0; i < active_.size(); ++i)
+      if (active_[i] == ring) {
+        active_.erase(active_.begin() + static_cast<std::ptrdiff_t>(i));
+        return;
+      }
+  }
+
   void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
     new std::vector<std::vector<std::byte>>(std::move(pool_));
     new std::vector<std::byte>(std::move(rd_scratch_));
@@ -359,6 +433,9 @@ class mpi_state {
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
+  std::vector<mpi_ring_op*> active_;           // rings in flight, oldest first (owned by their callers)
+  std::vector<std::unique_ptr<mpi_ring_op>> ring_pool_;  // finished rings, reused
+  unsigned ring_seq_ = 0;                      // rings started; every rank counts alike
   mpi_send_queue sends_;
 };
 
