@@ -8,6 +8,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
+#include <limits>
+#include <span>
+#include <vector>
 #include <random>
 
 #include "common/sparse_checks.hpp"
@@ -199,8 +203,12 @@ TEST_CASE("gTopK: a malformed message raises wire_error at its receiver and an e
         const int me = comm.rank();
         try {
           if (me == 1) {
-            // Hostile rank: answers round 0 with garbage, then waits in a barrier.
-            std::vector<std::byte> junk(60, std::byte{0x5a}), buf;
+            // Hostile rank: takes part in the first step's agreement (contributing the
+            // smallest values, so the others' agree), answers round 0 with a garbage frame
+            // of the right size (48 + 8k bytes, k = 10), then waits in a barrier.
+            std::vector<std::int64_t> agree(9, std::numeric_limits<std::int64_t>::min());
+            comm.allreduce(std::span<std::int64_t>(agree), reduce_op::max);
+            std::vector<std::byte> junk(sparse_tree_frame_bytes(10, false), std::byte{0x5a}), buf;
             comm.sendrecv(0, junk, buf);
             comm.barrier();
           } else {

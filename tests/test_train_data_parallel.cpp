@@ -102,7 +102,7 @@ std::vector<float> serial_local_sgd(int P, const std::vector<sync_period>& perio
   std::vector<float> x0 = initial_params(cfg.n), g(cfg.n);
   std::vector<Sgd> opt(P, Sgd{cfg.n, cfg.sgd});
   std::vector<std::vector<float>> x(P);
-  const float inv = 1.0f / static_cast<float>(P);
+  const auto fP = static_cast<float>(P);  // the mean divides by P (kernels/mean.hpp)
   for (const auto& p : periods) {
     for (int r = 0; r < P; ++r) {
       x[r] = x0;
@@ -115,14 +115,14 @@ std::vector<float> serial_local_sgd(int P, const std::vector<sync_period>& perio
     for (std::size_t i = 0; i < cfg.n; ++i) {
       float s = x[0][i] - x0[i];
       for (int r = 1; r < P; ++r) s += x[r][i] - x0[i];
-      sum[i] = s * inv;
+      sum[i] = s / fP;
     }
     for (std::size_t i = 0; i < cfg.n; ++i) x0[i] = x0[i] + sum[i];
     if (cfg.opt.average_optimizer_state && cfg.sgd.momentum > 0) {
       for (std::size_t i = 0; i < cfg.n; ++i) {
         float s = opt[0].state()[i];
         for (int r = 1; r < P; ++r) s += opt[r].state()[i];
-        for (int r = 0; r < P; ++r) opt[r].state()[i] = s * inv;
+        for (int r = 0; r < P; ++r) opt[r].state()[i] = s / fP;
       }
     }
   }

@@ -69,13 +69,14 @@ inline std::vector<float> low_rank_grad(const commpact::tensor_layout& l, int k,
   return g;
 }
 
-// Mean over ranks summed in rank order then scaled like the compressors do.
+// Mean over ranks summed in rank order, then divided by P like the compressors do (the
+// one definition, kernels/mean.hpp, written out here).
 inline std::vector<float> rank_order_mean(const std::vector<std::vector<float>>& per_rank) {
   std::vector<float> s = per_rank[0];
   for (std::size_t r = 1; r < per_rank.size(); ++r)
     for (std::size_t i = 0; i < s.size(); ++i) s[i] += per_rank[r][i];
-  const float inv = 1.0f / static_cast<float>(per_rank.size());
-  for (auto& x : s) x *= inv;
+  const auto P = static_cast<float>(per_rank.size());
+  for (auto& x : s) x = x / P;
   return s;
 }
 
@@ -119,8 +120,8 @@ std::vector<float> packed_dense_mean(Comm& comm, const commpact::tensor_layout& 
     off += n;
   }
   if (!packed.empty()) comm.allreduce(std::span<float>(packed), commpact::reduce_op::sum);
-  const float inv = 1.0f / static_cast<float>(comm.size());
-  for (auto& x : packed) x *= inv;
+  const auto fP = static_cast<float>(comm.size());
+  for (auto& x : packed) x = x / fP;
   std::vector<float> out(in.size(), 0.0f);
   off = 0;
   std::size_t p = 0;

@@ -106,7 +106,7 @@ TEST_CASE("HierarchicalComm: Dense over it averages like Dense over the world", 
     const auto y = commpact_test::rank_floats(5, r, g.size(), true);
     for (std::size_t i = 0; i < g.size(); ++i) ref[i] += y[i];
   }
-  for (auto& v : ref) v *= 1.0f / static_cast<float>(P);
+  for (auto& v : ref) v = v / static_cast<float>(P);  // the one mean (kernels/mean.hpp)
   dense.reduce(std::span(g));
   CHECK(g == ref);
 }

@@ -192,12 +192,12 @@ inline step_cost broadcast(int P, std::uint64_t bytes) {
   return c;
 }
 
-//! Dense S-SGD: one allreduce of n floats, then a scaling pass; the first step (and a
-//! change of length) adds an allreduce of 2 int64 to agree on n.
+//! Dense S-SGD: one allreduce of n floats, then the mean; the first step (and a change
+//! of length) adds the agreement allreduce of 3 int64 (n, -n, rejected: comm/agree.hpp).
 inline step_cost dense(int P, std::uint64_t n, bool first_step = false,
                        allreduce_algorithm algo = allreduce_algorithm::openmpi) {
   auto c = allreduce(P, n, 4, algo);
-  if (first_step) c += allreduce(P, 2, 8);
+  if (first_step) c += allreduce(P, 3, 8);
   c.compute_elements = static_cast<double>(n);
   return c;
 }
@@ -216,21 +216,26 @@ inline step_cost topk(int P, std::uint64_t n, std::uint64_t k, bool first_step =
 
 //! gTop-k S-SGD: recursive doubling over p2 = bit_floor(P) core ranks, log2(p2) exchanges
 //! of 48 + 8k bytes; for P not a power of two an extra rank folds its set into a core rank
-//! first and gets the result back with a survival mask of ceil(k/8) bytes.
-inline step_cost gtopk(int P, std::uint64_t n, std::uint64_t k) {
+//! first and gets the result back with a survival mask of ceil(k/8) bytes. Every message is
+//! a fixed-capacity frame of k entries. The first step (and the first after reset() or
+//! load_state()) adds the agreement allreduce of 9 int64 (n, largest k, step count,
+//! residual length, each with its negation, and the rejected flag).
+inline step_cost gtopk(int P, std::uint64_t n, std::uint64_t k, bool first_step = false) {
   detail::check_ranks(P, "gtopk");
   step_cost c;
+  if (P > 1) {
+    const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(P)));
+    const int rounds = std::countr_zero(static_cast<unsigned>(p2));
+    const std::uint64_t msg = sparse_header_bytes + sparse_entry_bytes * k;
+    const std::uint64_t unfold = msg + (k + 7) / 8;
+    c.bytes_sent = static_cast<std::uint64_t>(rounds) * msg + (P > p2 ? unfold : 0);
+    c.messages_sent = static_cast<std::uint64_t>(rounds) + (P > p2 ? 1 : 0);
+    c.latency_rounds = rounds + (P > p2 ? 2 : 0);
+    c.path_bytes = static_cast<double>(rounds * msg + (P > p2 ? msg + unfold : 0));
+    c.bursts = c.latency_rounds;  // every exchange waits for the partner's set
+  }
+  if (first_step) c += allreduce(P, 9, 8);
   c.compute_elements = static_cast<double>(n);
-  if (P == 1) return c;
-  const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(P)));
-  const int rounds = std::countr_zero(static_cast<unsigned>(p2));
-  const std::uint64_t msg = sparse_header_bytes + sparse_entry_bytes * k;
-  const std::uint64_t unfold = msg + (k + 7) / 8;
-  c.bytes_sent = static_cast<std::uint64_t>(rounds) * msg + (P > p2 ? unfold : 0);
-  c.messages_sent = static_cast<std::uint64_t>(rounds) + (P > p2 ? 1 : 0);
-  c.latency_rounds = rounds + (P > p2 ? 2 : 0);
-  c.path_bytes = static_cast<double>(rounds * msg + (P > p2 ? msg + unfold : 0));
-  c.bursts = c.latency_rounds;  // every exchange waits for the partner's set
   return c;
 }
 

@@ -148,8 +148,9 @@ inline void poison(sparse_tree_meta& m) { m.cur_count = m.mine_count = m.extra_c
 }  // namespace detail
 
 //! Merges the frame received from `peer` at step `stage` into the current set. A
-//! malformed frame sets status_wire (and wire_peer) and ends this rank's part of the
-//! step: the host raises wire_error after the fence.
+//! malformed frame sets status_wire (and wire_peer) and the `failed` flag, so that the
+//! frames this rank still sends tell its later partners to abandon the step (they raise
+//! peer_failure); this rank raises wire_error after the fence.
 inline void absorb(sparse_tree_meta& m, tree_stage stage, bool lower, int peer, std::span<const std::byte> frame,
                    const host_tree_views& b, merge_workspace& mws) {
   if (m.status & status_wire) return;
@@ -157,7 +158,7 @@ inline void absorb(sparse_tree_meta& m, tree_stage stage, bool lower, int peer, 
   try {
     h = sparse_wire::decode_header(frame, true);
   } catch (const wire_error&) {
-    m.status |= status_wire, m.wire_peer = peer, detail::poison(m);
+    m.status |= status_wire, m.wire_peer = peer, m.cur.flags |= sparse_wire::flag_failed, detail::poison(m);
     return;
   }
   m.cur.merge_meta(h);  // at unfold_recv: the final, global flags and ranges
@@ -171,7 +172,7 @@ inline void absorb(sparse_tree_meta& m, tree_stage stage, bool lower, int peer, 
   try {
     got = sparse_wire::decode(frame, {m.n, k, want_mask}, b.oth_idx, b.oth_val, b.mask_in, true);
   } catch (const wire_error&) {
-    m.status |= status_wire, m.wire_peer = peer, detail::poison(m);
+    m.status |= status_wire, m.wire_peer = peer, m.cur.flags |= sparse_wire::flag_failed, detail::poison(m);
     return;
   }
   const std::size_t c = got.count;
