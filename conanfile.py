@@ -7,6 +7,12 @@ Consumers use the project's own installed CMake config, not a CMakeDeps-generate
 `cmake --install`. The components `eigen`, `mpi`, `cuda` and `nccl` are found when a
 consumer asks for them (MPI, the CUDA toolkit and NCCL come from the system, as nvcc does),
 so one file describes them for every way of getting commpact.
+
+No commpact header includes Eigen, so the package does not require it. The option
+`with_eigen` (default False) adds the eigen requirement for consumers who ask for the
+component `eigen` (commpact::eigen = commpact::commpact + Eigen3::Eigen):
+
+    conan create . --build=missing -o 'commpact/*:with_eigen=True'
 """
 import os
 import re
@@ -28,6 +34,8 @@ class CommpactConan(ConanFile):
     topics = ("distributed-training", "gradient-compression", "mpi", "header-only")
     package_type = "header-library"
     settings = "os", "arch", "compiler", "build_type"
+    options = {"with_eigen": [True, False]}
+    default_options = {"with_eigen": False}
     exports_sources = "include/*", "cmake/*", "CMakeLists.txt", "LICENSE"
     no_copy_source = True
 
@@ -44,8 +52,10 @@ class CommpactConan(ConanFile):
         cmake_layout(self)
 
     def requirements(self):
-        # compress/power.hpp and gossip/gossip_mixer.hpp include <Eigen/Core>.
-        self.requires("eigen/[>=3.3 <6]", transitive_headers=True)
+        # No commpact header includes Eigen (commpact's own tests use it; they are not
+        # built here). Eigen is only for consumers of the component `eigen`.
+        if self.options.with_eigen:
+            self.requires("eigen/[>=3.3 <6]", transitive_headers=True)
 
     def validate(self):
         # header-library: the settings are the consumer's, so check them when given.
@@ -53,6 +63,8 @@ class CommpactConan(ConanFile):
             check_min_cppstd(self, 20)
 
     def package_id(self):
+        # Header-only: one package for every setting and for both values of with_eigen
+        # (the option changes the requirements, not the files).
         self.info.clear()
 
     def generate(self):
@@ -78,13 +90,13 @@ class CommpactConan(ConanFile):
         self.cpp_info.libdirs = []
         # CMake consumers load share/cmake/commpact/commpactConfig.cmake (from builddirs,
         # which CMakeToolchain puts on CMAKE_PREFIX_PATH): it defines commpact::commpact
-        # and creates commpact::eigen/mpi/cuda/nccl on request. Eigen3::Eigen comes from
-        # the CMakeDeps files of the eigen requirement.
+        # and creates commpact::eigen/mpi/cuda/nccl on request. With with_eigen=True,
+        # Eigen3::Eigen comes from the CMakeDeps files of the eigen requirement.
         self.cpp_info.set_property("cmake_find_mode", "none")
         self.cpp_info.set_property("cmake_file_name", "commpact")
         self.cpp_info.set_property("cmake_target_name", "commpact::commpact")
         self.cpp_info.builddirs = [os.path.join("share", "cmake", "commpact")]
-        # Other generators (PkgConfigDeps, MSBuildDeps, ...) see the include folder,
-        # Eigen and threads.
+        # Other generators (PkgConfigDeps, MSBuildDeps, ...) see the include folder and
+        # threads (and Eigen with with_eigen=True).
         if self.settings.os in ("Linux", "FreeBSD"):
             self.cpp_info.system_libs = ["pthread"]

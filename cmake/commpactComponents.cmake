@@ -1,7 +1,8 @@
 # commpact's optional components. Each call creates the imported target
 # commpact::<name> (once) and sets commpact_<name>_FOUND.
-#   eigen -> links Eigen3::Eigen (3.3 or newer, 5.x accepted); no commpact header
-#            includes Eigen since v2, the component is for code that wants it
+#   eigen -> links Eigen3::Eigen (3.3 or newer, 5.x accepted). No commpact header
+#            includes Eigen and commpact::commpact never links it; the component is
+#            for code that wants commpact and Eigen from one target
 #   mpi   -> links MPI::MPI_CXX, defines COMMPACT_HAS_MPI=1   (MpiComm)
 #   cuda  -> links CUDA::cudart and CUDA::cublas, defines COMMPACT_HAS_CUDA=1
 #   nccl  -> cuda + libnccl, defines COMMPACT_HAS_NCCL=1
@@ -29,8 +30,8 @@ function(commpact_find_eigen out)
   if(NOT TARGET Eigen3::Eigen)
     set(${out} FALSE PARENT_SCOPE)
     set(${out}_REASON "Eigen ${minimum} or newer was not found (no Eigen3Config.cmake with the \
-target Eigen3::Eigen); install it (Debian: libeigen3-dev, vcpkg: eigen3, Conan: eigen) or point \
-Eigen3_DIR at its share/eigen3/cmake folder" PARENT_SCOPE)
+target Eigen3::Eigen); install it (Debian: libeigen3-dev; vcpkg: the feature commpact[eigen]; \
+Conan: -o 'commpact/*:with_eigen=True') or point Eigen3_DIR at its share/eigen3/cmake folder" PARENT_SCOPE)
   elseif(version AND version VERSION_LESS minimum)
     set(${out} FALSE PARENT_SCOPE)
     set(${out}_REASON "Eigen ${version} was found at '${Eigen3_DIR}', but commpact needs Eigen \

@@ -14,8 +14,9 @@ set(VCPKG_BUILD_TYPE release)
 # No ELF file is installed; the extension-less `usage` must not be scanned as one.
 set(VCPKG_FIXUP_ELF_RPATH OFF)
 
-# The features only pull in dependencies (mpi, cuda): commpact's installed config
-# creates commpact::mpi, commpact::cuda and commpact::nccl when a consumer asks for them.
+# The features only pull in dependencies (eigen, mpi, cuda): commpact's installed config
+# creates commpact::eigen, commpact::mpi, commpact::cuda and commpact::nccl when a
+# consumer asks for them. Without the feature eigen nothing needs Eigen.
 vcpkg_cmake_configure(
   SOURCE_PATH "${SOURCE_PATH}"
   OPTIONS

@@ -1,14 +1,19 @@
 # Installs the build tree into a fresh prefix, then configures, builds and runs
-# projects that use commpact only as an installed package (or through FetchContent):
-#   default        find_package without components; Eigen found, so linked
-#   components     COMPONENTS eigen (and mpi when built with MPI)
-#   no-eigen       Eigen hidden: commpact::commpact works for the Eigen-free headers,
-#                  and COMPONENTS eigen fails, naming the way out
+# projects that use commpact only as an installed package (or through FetchContent).
+# No consumer may find Eigen in commpact::commpact (tests/consumer/CMakeLists.txt fails
+# at configure time if it does):
+#   default        find_package without components, Eigen installed: not linked, not searched
+#   components     COMPONENTS eigen (and mpi when built with MPI): commpact::eigen links Eigen
+#   no-eigen       Eigen hidden: the umbrella header and every public header without MPI
+#                  or CUDA build and run, <Eigen/Core> is unreachable, the config is silent
+#                  about Eigen; COMPONENTS eigen fails, naming the way out
 #   eigen5, eigen3.2  fake Eigen packages whose version files behave as Eigen's
-#                  (SameMajorVersion): 5.0.0 accepted, 3.2.10 refused
+#                  (SameMajorVersion): 5.0.0 accepted, 3.2.10 refused for COMPONENTS eigen
+#                  and ignored without it
 #   bad-component  an unknown component fails a REQUIRED find_package
 #   fetchcontent   FetchContent_MakeAvailable on the source folder
-#   vcpkg-consumer examples/vcpkg-consumer, built against the prefix
+#   vcpkg-consumer examples/vcpkg-consumer, built against the prefix with Eigen hidden
+#   conan-test-package  test_package/ (Conan's), built against the prefix with Eigen hidden
 # Variables: BUILD_DIR SOURCE_DIR (tests/consumer) ROOT_DIR WORK_DIR WITH_MPI EIGEN_INCLUDE
 file(REMOVE_RECURSE ${WORK_DIR})
 set(prefix ${WORK_DIR}/prefix)
@@ -24,12 +29,13 @@ foreach(f IN ITEMS share/cmake/commpact/commpactConfig.cmake include/commpact/co
   endif()
 endforeach()
 
-# consumer(<name> [FAIL] [SOURCE dir] [PREFIX path...] [EXPECT regex...] [RUN program...]
-#          [ARGS -D...])
+# consumer(<name> [FAIL] [SOURCE dir] [PREFIX path...] [EXPECT regex...] [REJECT regex...]
+#          [RUN program...] [ARGS -D...])
 # Configures (and, unless FAIL, builds) one consumer; every EXPECT regex must match the
-# configure output; each RUN program must exit 0. FAIL: configuring must fail.
+# configure output and no REJECT regex may; each RUN program must exit 0. FAIL:
+# configuring must fail.
 function(consumer name)
-  cmake_parse_arguments(c "FAIL" "SOURCE" "PREFIX;EXPECT;RUN;ARGS" ${ARGN})
+  cmake_parse_arguments(c "FAIL" "SOURCE" "PREFIX;EXPECT;REJECT;RUN;ARGS" ${ARGN})
   if(NOT c_SOURCE)
     set(c_SOURCE ${SOURCE_DIR})
   endif()
@@ -49,6 +55,11 @@ function(consumer name)
   foreach(re IN LISTS c_EXPECT)
     if(NOT log MATCHES "${re}")
       message(FATAL_ERROR "${name}: the configure output does not match '${re}':\n${log}")
+    endif()
+  endforeach()
+  foreach(re IN LISTS c_REJECT)
+    if(log MATCHES "${re}")
+      message(FATAL_ERROR "${name}: the configure output matches '${re}' (it should not):\n${log}")
     endif()
   endforeach()
   if(c_FAIL)
@@ -72,20 +83,24 @@ function(consumer name)
 endfunction()
 
 set(hide_eigen -DCMAKE_DISABLE_FIND_PACKAGE_Eigen3=ON)
+# What the installed config said about Eigen before it stopped linking it.
+set(eigen_talk "without Eigen|power.hpp|gossip_mixer.hpp")
 
-consumer(default ARGS -DCONSUMER_PROGRAMS=consumer RUN consumer
-  EXPECT "consumer: eigen-linked=yes" "license=Apache-2.0")
+# Eigen is installed here (the build found it), yet commpact::commpact must not link it.
+consumer(default ARGS -DCONSUMER_PROGRAMS=consumer -DCONSUMER_EXPECT_NO_EIGEN=ON RUN consumer
+  EXPECT "consumer: eigen-linked=no" "license=Apache-2.0" REJECT "${eigen_talk}")
 
 if(WITH_MPI)
   consumer(components ARGS -DCONSUMER_COMPONENTS=eigen,mpi -DCONSUMER_PROGRAMS=consumer_mpi
-    RUN consumer_mpi EXPECT "eigen-linked=yes")
+    RUN consumer_mpi EXPECT "eigen-linked=no eigen-dir=[^ ]")
 else()
   consumer(components ARGS -DCONSUMER_COMPONENTS=eigen -DCONSUMER_PROGRAMS=consumer
-    RUN consumer EXPECT "eigen-linked=yes")
+    RUN consumer EXPECT "eigen-linked=no eigen-dir=[^ ]")
 endif()
 
-consumer(no-eigen ARGS ${hide_eigen} -DCONSUMER_PROGRAMS=consumer_core -DCONSUMER_EXPECT_NO_EIGEN=ON
-  RUN consumer_core EXPECT "eigen-linked=no" "commpact: without Eigen")
+consumer(no-eigen ARGS ${hide_eigen} -DCONSUMER_PROGRAMS=consumer_core,consumer,consumer_headers
+  -DCONSUMER_EXPECT_NO_EIGEN=ON RUN consumer_core consumer consumer_headers
+  EXPECT "eigen-linked=no" REJECT "${eigen_talk}")
 consumer(no-eigen-required FAIL ARGS ${hide_eigen} -DCONSUMER_COMPONENTS=eigen
   EXPECT "component eigen: Eigen 3.3 or newer was not found")
 
@@ -103,11 +118,12 @@ endif()
     COMPATIBILITY SameMajorVersion ARCH_INDEPENDENT)
 endforeach()
 consumer(eigen5 PREFIX ${WORK_DIR}/fake-eigen-5.0.0 ${prefix} ARGS -DCONSUMER_COMPONENTS=eigen
-  -DCONSUMER_PROGRAMS= EXPECT "eigen-linked=yes eigen-dir=[^ ]*fake-eigen-5.0.0")
+  -DCONSUMER_PROGRAMS= EXPECT "eigen-linked=no eigen-dir=[^ ]*fake-eigen-5.0.0")
 consumer(eigen3.2-required FAIL PREFIX ${WORK_DIR}/fake-eigen-3.2.10 ${prefix}
   ARGS -DCONSUMER_COMPONENTS=eigen EXPECT "Eigen 3.2.10 was found at [^ ]*fake-eigen-3.2.10")
+# Without the component an unusable Eigen does not matter: the config does not look.
 consumer(eigen3.2 PREFIX ${WORK_DIR}/fake-eigen-3.2.10 ${prefix} ARGS -DCONSUMER_PROGRAMS=
-  EXPECT "eigen-linked=no" "commpact: without Eigen \\(Eigen 3.2.10 was found")
+  EXPECT "eigen-linked=no eigen-dir= " REJECT "${eigen_talk}|3[.]2[.]10")
 
 consumer(bad-component FAIL ARGS -DCONSUMER_COMPONENTS=no_such_component
   EXPECT "component no_such_component: commpact has no component 'no_such_component'")
@@ -118,8 +134,11 @@ else()
   set(fetch_components eigen)
 endif()
 consumer(fetchcontent ARGS -DCONSUMER_FETCH_SOURCE=${ROOT_DIR} -DCONSUMER_PROGRAMS=consumer
-  -DCONSUMER_COMPONENTS=${fetch_components} RUN consumer EXPECT "eigen-linked=yes" "license=Apache-2.0")
+  -DCONSUMER_COMPONENTS=${fetch_components} RUN consumer EXPECT "eigen-linked=no" "license=Apache-2.0")
 
-consumer(vcpkg-consumer SOURCE ${ROOT_DIR}/examples/vcpkg-consumer RUN vcpkg_consumer)
+# The package managers' own consumers need no Eigen (Conan's option with_eigen and
+# vcpkg's feature eigen are off by default).
+consumer(vcpkg-consumer SOURCE ${ROOT_DIR}/examples/vcpkg-consumer ARGS ${hide_eigen} RUN vcpkg_consumer)
+consumer(conan-test-package SOURCE ${ROOT_DIR}/test_package ARGS ${hide_eigen} RUN test_package)
 
 message(STATUS "consumer package test passed")

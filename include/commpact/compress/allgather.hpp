@@ -162,7 +162,7 @@ class CodecCompressor {
   using options = codec_options;
   using codec_type = Codec;
 
-  explicit CodecCompressor(typename Aggregation::comm_type comm, Codec codec = {}, options opt = {},
+  explicit CodecCompressor(typename Aggregation::comm_type comm, Codec codec = Codec(), options opt = {},
                            std::string_view name = "CodecCompressor")
       : agg_(std::move(comm)), codec_(std::move(codec)), opt_(opt), name_(name) {
     sparse_options o;

@@ -123,7 +123,7 @@ class LinearCompressor {
   static_assert(diagnose_communicator<C>());
 
  public:
-  explicit LinearCompressor(C comm, K codec = {}, nonfinite on_nonfinite = nonfinite::raise,
+  explicit LinearCompressor(C comm, K codec = K(), nonfinite on_nonfinite = nonfinite::raise,
                             std::string_view name = "LinearCompressor")
       : comm_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {}
 

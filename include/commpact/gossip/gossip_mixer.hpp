@@ -106,7 +106,7 @@ class GossipMixer {
   //! What the codec parameter configures (the codec itself, or the algorithm's parameters).
   using params = typename selector::params;
 
-  GossipMixer(Comm comm, Topology topo, tensor_layout layout, Codec codec = {}, gossip_options opt = {})
+  GossipMixer(Comm comm, Topology topo, tensor_layout layout, Codec codec = Codec(), gossip_options opt = {})
       : topo_(std::move(topo)),
         ex_(std::move(comm), topo_),
         layout_(std::move(layout)),

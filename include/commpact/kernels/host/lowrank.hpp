@@ -229,7 +229,7 @@ inline void approx_rows(float* g, float* e, std::size_t n, std::size_t m, const 
   const std::size_t rr = R > 0 ? static_cast<std::size_t>(R) : r;
   for (std::size_t i = 0; i < n; ++i) {
     float* gr = g + i * m;
-    float* er = e + i * m;
+    float* er = Residual ? e + i * m : e;  // e may be null without Residual: no offset on null (UB)
     const float* pi = p + i;
     std::size_t j = 0;
 #if COMMPACT_HOST_SIMD
