@@ -169,7 +169,7 @@ TEMPLATE_TEST_CASE("per_tensor<K> equals K applied tensor by tensor by hand, bit
         for (std::int32_t i : ref.codecs[t].delivered()) want.push_back(i + static_cast<std::int32_t>(ref.off[t]));
       CHECK(std::vector<std::int32_t>(d.begin(), d.end()) == want);
       CHECK(std::is_sorted(d.begin(), d.end()));
-      // Each tensor keeps its own k: round(0.2 * numel), at least 1.
+      // Each tensor keeps its own k: the one rule, clamp(floor(0.2 * numel), 1, numel).
       for (std::size_t t = 0; t < kLayout.size(); ++t)
         CHECK(pt.codec(t).k(pt.numel(t)) == ref.codecs[t].k(static_cast<std::size_t>(kLayout[t].numel())));
     }
@@ -266,7 +266,7 @@ TEMPLATE_TEST_CASE("CodecCompressor<per_tensor<K>, Allgather>: brute-force refer
           kept += now == acc && acc != 0.0f;
         }
         std::size_t k = 0;
-        for (auto& t : kLayout) k += static_cast<std::size_t>(std::max<double>(1.0, std::round(0.2 * t.numel())));
+        for (auto& t : kLayout) k += static_cast<std::size_t>(commpact::detail::k_of_density(0.2, t.numel()));
         CHECK(kept == n - k);
       }
     }

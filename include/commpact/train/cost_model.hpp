@@ -223,18 +223,33 @@ inline step_cost topk(int P, std::uint64_t n, std::uint64_t k, bool first_step =
 inline step_cost gtopk(int P, std::uint64_t n, std::uint64_t k, bool first_step = false) {
   detail::check_ranks(P, "gtopk");
   step_cost c;
+  const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(P)));
+  const int rounds = std::countr_zero(static_cast<unsigned>(p2));
+  const std::uint64_t msg = sparse_header_bytes + sparse_entry_bytes * k;
+  const std::uint64_t unfold = msg + (k + 7) / 8;
   if (P > 1) {
-    const int p2 = static_cast<int>(std::bit_floor(static_cast<unsigned>(P)));
-    const int rounds = std::countr_zero(static_cast<unsigned>(p2));
-    const std::uint64_t msg = sparse_header_bytes + sparse_entry_bytes * k;
-    const std::uint64_t unfold = msg + (k + 7) / 8;
     c.bytes_sent = static_cast<std::uint64_t>(rounds) * msg + (P > p2 ? unfold : 0);
     c.messages_sent = static_cast<std::uint64_t>(rounds) + (P > p2 ? 1 : 0);
     c.latency_rounds = rounds + (P > p2 ? 2 : 0);
     c.path_bytes = static_cast<double>(rounds * msg + (P > p2 ? msg + unfold : 0));
     c.bursts = c.latency_rounds;  // every exchange waits for the partner's set
   }
-  if (first_step) c += allreduce(P, 9, 8);
+  if (first_step) {
+    // The busiest rank of the step: its tree messages plus its part of the ring
+    // allreduce of the agreement (ranks differ in both).
+    std::uint64_t bytes = 0, messages = 0;
+    for (int r = 0; r < P && P > 1; ++r) {
+      const bool extra = r >= p2, partner = r + p2 < P;
+      const auto w = wire::ring_allreduce(r, P, 9, 8);
+      const std::uint64_t tb = extra ? msg : static_cast<std::uint64_t>(rounds) * msg + (partner ? unfold : 0);
+      const std::uint64_t tm = extra ? 1 : static_cast<std::uint64_t>(rounds) + (partner ? 1 : 0);
+      bytes = std::max(bytes, tb + w.bytes_sent);
+      messages = std::max(messages, tm + w.messages_sent);
+    }
+    c += allreduce(P, 9, 8);
+    c.bytes_sent = bytes;
+    c.messages_sent = messages;
+  }
   c.compute_elements = static_cast<double>(n);
   return c;
 }
