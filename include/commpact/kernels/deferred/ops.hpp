@@ -58,7 +58,7 @@ T& un(std::reference_wrapper<T> r) {
   return r.get();
 }
 inline host_tree_views un(const sparse_tree_views<deferred_span>& v) {
-  return v.map<std::span>([](auto s) { return deferred_access::host(s); });
+  return v.map<host_span>([](auto s) { return deferred_access::host(s); });
 }
 
 //! Queues f(host storage of args...) on e.

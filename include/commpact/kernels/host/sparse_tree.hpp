@@ -57,7 +57,11 @@ struct sparse_tree_views {
             f(out_val),  f(mine_alive), f(extra_alive), f(mask_in)};
   }
 };
-using host_tree_views = sparse_tree_views<std::span>;
+//! std::span with one template parameter (std::span itself has two, which clang 14 does not
+//! accept as a `template <class> class` argument).
+template <class T>
+using host_span = std::span<T>;
+using host_tree_views = sparse_tree_views<host_span>;
 
 //! Bytes of a tree frame for k entries: the sparse set and, on an unfold, the mask.
 constexpr std::size_t sparse_tree_frame_bytes(std::size_t k, bool unfold) {
