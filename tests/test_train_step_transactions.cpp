@@ -281,7 +281,7 @@ TEMPLATE_TEST_CASE("item 5: finite inputs whose mean overflows raise numeric_err
         else if constexpr (std::is_same_v<TestType, Dense<ThreadComm>>)
           c = TestType{comm, opt};
         else
-          c = TestType{comm, {}, opt};
+          c = TestType{comm, typename TestType::codec_type(), opt};
         auto g = input();
         const bool kept = c.reduce(std::span<float>(g));
         const bool finite = std::all_of(g.begin(), g.end(), [](float x) { return std::isfinite(x); });
