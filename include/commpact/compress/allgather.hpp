@@ -34,6 +34,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <string>
 #include <string_view>
@@ -47,6 +48,7 @@
 #include "error_feedback.hpp"
 #include "nonfinite.hpp"
 #include "sparse_options.hpp"
+#include "step_phase.hpp"
 
 namespace commpact {
 
@@ -186,9 +188,7 @@ class CodecCompressor {
   //! Encodes this rank's gradient (with its residual) and exchanges the blocks. grad is
   //! read here and written by finish().
   void start(std::span<float> grad) {
-    require(phase_ == phase::idle, "commpact::", name_, "::start: the previous step was started and not ",
-            phase_ == phase::started ? "finished" : "committed",
-            "; call finish() and commit() (or cancel()) before starting another.");
+    phase_.require_idle(name_);
     const int P = agg_.sources();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
@@ -230,14 +230,12 @@ class CodecCompressor {
   //! (numeric_error; under skip_step grad is zeroed and false returned). grad is
   //! untouched when it raises.
   bool finish() {
-    require(phase_ == phase::started, "commpact::", name_, "::finish: no step was started; call start(grad) first.");
+    phase_.require_started(name_);
     phase_ = phase::idle;
     const int P = agg_.sources();
-    const auto n = static_cast<std::int64_t>(grad_.size());
     std::uint16_t flags = 0;
-    const auto mine = frame::read(agg_.received(agg_.comm().rank()), agg_.comm().rank());
-    std::int64_t lo[4] = {mine.n, mine.agreement, mine.step, mine.capacity};
-    std::int64_t hi[4] = {mine.n, mine.agreement, mine.step, mine.capacity};
+    constexpr auto lowest = std::numeric_limits<std::int64_t>::min(), highest = std::numeric_limits<std::int64_t>::max();
+    std::int64_t lo[4] = {highest, highest, highest, highest}, hi[4] = {lowest, lowest, lowest, lowest};
     for (int r = 0; r < P; ++r) {
       const auto hr = frame::read(agg_.received(r), r);
       flags = static_cast<std::uint16_t>(flags | hr.flags);
@@ -264,7 +262,6 @@ class CodecCompressor {
       const auto hr = frame::read(blk, r);
       codec_.decode_add(blk.subspan(frame::header_bytes, hr.payload), std::span<float>(sum_));
     }
-    (void)n;
     // Every rank decoded the same blocks into the same sum, so every rank decides alike;
     // a sum of finite values that overflowed is caught here (dividing by P keeps the
     // rest finite), before grad is written.
@@ -278,8 +275,7 @@ class CodecCompressor {
   //! Installs a finished step: the candidate residual (what the codec did not deliver)
   //! becomes the residual, the counters advance.
   void commit() {
-    require(phase_ == phase::finished, "commpact::", name_, "::commit: no finished step to commit; call start(grad) "
-                                       "and finish() first.");
+    phase_.require_finished(name_);
     phase_ = phase::idle;
     if (outcome_ == outcome::skipped) {
       ++steps_, ++skipped_;
@@ -379,13 +375,13 @@ class CodecCompressor {
   Codec codec_;
   options opt_;
   std::string name_;
-  enum class phase { idle, started, finished };
+  using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
   error_feedback ef_;
   std::vector<float> approx_, sum_;
   std::span<float> grad_;
   std::string problem_;
-  phase phase_ = phase::idle;
+  phase phase_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;

@@ -33,6 +33,7 @@
 #include "../kernels/status.hpp"
 #include "../state.hpp"
 #include "nonfinite.hpp"
+#include "step_phase.hpp"
 
 namespace commpact {
 
@@ -62,9 +63,7 @@ class Dense {
 
   //! Queues the sum over the ranks and the mean on grad (host_space: runs them).
   void start(span<float> grad) {
-    require(phase_ == phase::idle, "commpact::Dense::start: the previous step was started and not ",
-            phase_ == phase::started ? "finished" : "committed",
-            "; call finish() and commit() (or cancel()) before starting another.");
+    phase_.require_idle("Dense");
     const auto n = static_cast<std::int64_t>(grad.size());
     if (n != checked_size_) {
       agree(comm_, "Dense", {{"the gradient length", n}}, "", steps_);
@@ -83,7 +82,7 @@ class Dense {
   //! Fences, then raises numeric_error on every rank for a non-finite mean (grad holds
   //! it), or under skip_step zeroes grad and returns false.
   bool finish() {
-    require(phase_ == phase::started, "commpact::Dense::finish: no step was started; call start(grad) first.");
+    phase_.require_started("Dense");
     phase_ = phase::idle;
     const auto e = comm_exec(comm_);
     space_type::fence(e, no_deadline());
@@ -100,8 +99,7 @@ class Dense {
 
   //! Counts a finished step.
   void commit() {
-    require(phase_ == phase::finished, "commpact::Dense::commit: no finished step to commit; call start(grad) and "
-                                       "finish() first.");
+    phase_.require_finished("Dense");
     ++steps_;
     if (skipped_step_) ++skipped_;
     phase_ = phase::idle;
@@ -138,13 +136,13 @@ class Dense {
   Comm& comm() { return comm_; }
 
  private:
-  enum class phase { idle, started, finished };
+  using phase = detail::step_phase;
   Comm comm_;
   options opt_;
   typename space_type::template buffer<std::uint32_t> status_;
   std::uint32_t status_host_ = 0;
   span<float> grad_{};
-  phase phase_ = phase::idle;
+  phase phase_;
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

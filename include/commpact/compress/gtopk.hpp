@@ -80,6 +80,7 @@
 #include "../state.hpp"
 #include "sparse_options.hpp"
 #include "sparse_wire.hpp"
+#include "step_phase.hpp"
 
 namespace commpact {
 
@@ -119,9 +120,7 @@ class gTopK {
   //! the tree exchange and the scatter of the result. On host_space it runs at once.
   //! grad must stay alive and untouched until finish().
   void start(span<float> grad) {
-    require(phase_ == phase::idle, "commpact::gTopK::start: the previous step was started and not ",
-            phase_ == phase::started ? "finished" : "committed",
-            "; call finish() and commit() (or cancel()) before starting another.");
+    phase_.require_idle("gTopK");
     const auto e = exec();
     const int P = tree_.size();
     const auto n = static_cast<std::int64_t>(grad.size());
@@ -161,7 +160,7 @@ class gTopK {
   //! returns: true with grad = G / P, false for a skipped step (grad zeroed). After a
   //! raise, grad is as it was before start() and the step is over (nothing to commit).
   bool finish() {
-    require(phase_ == phase::started, "commpact::gTopK::finish: no step was started; call start(grad) first.");
+    phase_.require_started("gTopK");
     const auto e = exec();
     try {
       space_type::fence(e, no_deadline());
@@ -203,8 +202,7 @@ class gTopK {
   //! Installs a finished step: the candidate becomes the residual (a swap), the
   //! delivered entries leave it, the counters advance.
   void commit() {
-    require(phase_ == phase::finished, "commpact::gTopK::commit: no finished step to commit; call start(grad) and "
-                                       "finish() first.");
+    phase_.require_finished("gTopK");
     if (outcome_ == outcome::delivered) {
       residual_.swap(acc_);
       if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
@@ -297,7 +295,7 @@ class gTopK {
   }
 
  private:
-  enum class phase { idle, started, finished };
+  using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
 
   //! TreeComm's reducer: queues the frame of each step and the merge of what arrives.
@@ -385,7 +383,7 @@ class gTopK {
   span<float> grad_{};
   std::string problem_;
   bool agreed_ = false;
-  phase phase_ = phase::idle;
+  phase phase_;
   outcome outcome_ = outcome::delivered;
   std::int64_t n_ = 0, kmax_ = 1, k_ = 0;
   std::size_t frame_k_ = 1, last_count_ = 0;

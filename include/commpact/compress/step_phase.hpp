@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file step_phase.hpp
+//! The phase of a two-phase compressor's step (idle -> started -> finished -> idle) and
+//! the misuse checks every such compressor makes (Dense, gTopK, CodecCompressor), written
+//! once so that they read alike: start() needs an idle step, finish() a started one,
+//! commit() a finished one (compress/transaction.hpp drives them).
+
+#include <string_view>
+
+#include "../error.hpp"
+
+namespace commpact::detail {
+
+class step_phase {
+ public:
+  enum value { idle, started, finished };
+
+  //! start(): the previous step must be committed or cancelled.
+  void require_idle(std::string_view who) const {
+    require(v_ == idle, "commpact::", who, "::start: the previous step was started and not ",
+            v_ == started ? "finished" : "committed",
+            "; call finish() and commit() (or cancel()) before starting another.");
+  }
+  //! finish(): a step must have been started.
+  void require_started(std::string_view who) const {
+    require(v_ == started, "commpact::", who, "::finish: no step was started; call start(grad) first.");
+  }
+  //! commit(): a step must have finished.
+  void require_finished(std::string_view who) const {
+    require(v_ == finished, "commpact::", who, "::commit: no finished step to commit; call start(grad) and finish() "
+                            "first.");
+  }
+
+  step_phase& operator=(value v) {
+    v_ = v;
+    return *this;
+  }
+  bool operator==(value v) const { return v_ == v; }
+
+ private:
+  value v_ = idle;
+};
+
+}  // namespace commpact::detail
