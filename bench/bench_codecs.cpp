@@ -12,16 +12,16 @@
 
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/oktopk.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/oktopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <cstdio>
 
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/quantizers.hpp>
-#include <commpact/compress/sparsifiers.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/sparsifiers.hpp>
 
 #include <random>
 #include <span>

@@ -15,8 +15,8 @@
 #include <benchmark/benchmark.h>
 
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/power.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/power.hpp>
 
 #include <algorithm>
 #include <cstdint>

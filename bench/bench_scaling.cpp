@@ -31,10 +31,10 @@
 #include <commpact/comm/hierarchical_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>

@@ -16,9 +16,9 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -14,7 +14,7 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/wire_model.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/sync/schedule.hpp>

@@ -5,7 +5,7 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
 
 #include <cstdio>
 #include <random>

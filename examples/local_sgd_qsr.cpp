@@ -9,7 +9,7 @@
 // the final mean squared error over all shards.
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>

@@ -9,7 +9,7 @@
 //   build-power/examples/powersgd_threads
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/power.hpp>
+#include <commpact/compress/compressors/power.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
 

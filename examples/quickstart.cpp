@@ -3,7 +3,7 @@
 // Topology plug into the same concepts as the shipped ones.
 // Built and run by the test suite (ctest -R example_quickstart).
 #include <commpact/commpact.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 
 #include <cstdio>
 #include <vector>

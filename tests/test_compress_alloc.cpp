@@ -4,8 +4,8 @@
 // counted is exactly what the compressors, TreeComm and the kernels allocate.
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <cstdlib>
 #include <new>

@@ -9,11 +9,11 @@
 // assertions run after run_threads. The MPI twin, over an unchecked MpiComm, is
 // tests/mpi/test_compress_checked_mpi.cpp.
 #include <catch2/catch.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/majority.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/majority.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>

@@ -9,12 +9,12 @@
 //  - The defaulted codec is K(): every rank's outputs and residual equal, bit for bit,
 //    those of a twin given K() explicitly, over a few steps at P = 3.
 #include <catch2/catch.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/casts.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/quantizers.hpp>
-#include <commpact/compress/sparsifiers.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/codecs/casts.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/sparsifiers.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
 

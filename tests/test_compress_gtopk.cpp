@@ -4,7 +4,7 @@
 // in tests/common/sparse_checks.hpp and run under MPI too.
 // Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
 
 #include <atomic>
 #include <chrono>

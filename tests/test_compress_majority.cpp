@@ -6,7 +6,7 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/majority.hpp>
+#include <commpact/compress/compressors/majority.hpp>
 
 #include <cmath>
 #include <random>

@@ -7,7 +7,7 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/oktopk.hpp>
+#include <commpact/compress/compressors/oktopk.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -6,10 +6,10 @@
 // frames; a layout that does not fit the gradient.
 #include <catch2/catch.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/per_tensor.hpp>
-#include <commpact/compress/quantizers.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/codecs/per_tensor.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -12,9 +12,9 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/quantizers.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
 

@@ -17,11 +17,11 @@
 // A hidden case ("[.measure]") prints the table of docs/compressors.md.
 #include <catch2/catch.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/sparse_options.hpp>
-#include <commpact/compress/sparsifiers.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/codecs/sparse_options.hpp>
+#include <commpact/compress/codecs/sparsifiers.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <algorithm>
 #include <cmath>

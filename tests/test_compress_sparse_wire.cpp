@@ -3,8 +3,8 @@
 // never crash; run it under the ASan build too), and a hostile peer in a gTopK world
 // (the receiver raises wire_error, every other rank an error; nobody hangs).
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/sparse_wire.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/codecs/sparse_wire.hpp>
 
 #include <atomic>
 #include <chrono>

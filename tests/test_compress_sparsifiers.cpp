@@ -11,9 +11,9 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/sparsifiers.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/codecs/sparsifiers.hpp>
 
 #include <algorithm>
 #include <cmath>

@@ -4,7 +4,7 @@
 // live in tests/common/sparse_checks.hpp.
 // Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -9,7 +9,7 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/topology/ring.hpp>

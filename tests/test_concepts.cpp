@@ -1,7 +1,7 @@
 // Every shipped model satisfies its concept; types that miss a member do not.
 #include <catch2/catch.hpp>
 #include <commpact/commpact.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 
 using namespace commpact;
 

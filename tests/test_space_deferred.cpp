@@ -7,8 +7,8 @@
 #include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/concepts/space.hpp>
 #include <commpact/kernels/deferred/ops.hpp>
 #include <commpact/kernels/host/ops.hpp>

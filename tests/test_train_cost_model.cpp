@@ -5,10 +5,10 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
 #include <commpact/train/cost_fit.hpp>

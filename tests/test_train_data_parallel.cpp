@@ -11,7 +11,7 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/sync/schedule.hpp>

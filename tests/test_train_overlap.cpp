@@ -7,11 +7,11 @@
 // with buckets in flight. Per-rank results are asserted after run_threads.
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/bucketed.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/bucketed.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>

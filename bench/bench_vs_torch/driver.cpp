@@ -26,9 +26,9 @@
 
 #include "commpact/comm/thread_comm.hpp"
 #include "commpact/comm/tree_comm.hpp"
-#include "commpact/compress/dense.hpp"
-#include "commpact/compress/gtopk.hpp"
-#include "commpact/compress/power.hpp"
+#include "commpact/compress/compressors/dense.hpp"
+#include "commpact/compress/compressors/gtopk.hpp"
+#include "commpact/compress/compressors/power.hpp"
 #include "commpact/kernels/host/commit.hpp"
 #include "commpact/kernels/host/lowrank.hpp"
 #include "commpact/kernels/host/orthogonalize.hpp"

@@ -10,8 +10,8 @@
 // wrap a check in REQUIRE_NOTHROW(run_threads(...)) or REQUIRE_NOTHROW(mpi_guard(...)).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/power.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/power.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/sync/schedule.hpp>

@@ -13,7 +13,7 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/wire_model.hpp>
-#include <commpact/compress/power.hpp>
+#include <commpact/compress/compressors/power.hpp>
 
 #include <Eigen/Dense>
 

@@ -15,8 +15,8 @@
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include <algorithm>
 #include <bit>

@@ -1,7 +1,7 @@
 // expect: this type is not a Codec: it needs `void decode_add\(std::span<const std::byte> msg
 // A codec that can encode but not decode is rejected by CodecCompressor with one sentence.
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/allgather.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
 
 #include <cstddef>
 #include <span>

@@ -2,7 +2,7 @@
 // GossipMixer's second parameter must be exact_mixing, power_gossip<R>, choco_gossip<Q> or
 // a Codec; a compressor such as Dense is not a codec.
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/ring.hpp>
 

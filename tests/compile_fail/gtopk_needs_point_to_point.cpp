@@ -1,6 +1,6 @@
 // expect: this communicator has no point-to-point exchange: it needs `send\(int peer, std::span<const std::byte>\)`
 // gTopK<TreeComm<C>> over a communicator without send/recv stops with one sentence.
-#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
 #include <span>
 #include <string_view>
 

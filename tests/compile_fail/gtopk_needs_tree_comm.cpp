@@ -2,7 +2,7 @@
 // gTopK over a plain communicator (not seen through a tree schedule such as TreeComm)
 // stops with one sentence.
 #include <commpact/comm/thread_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
 
 int main() {
   auto comms = commpact::ThreadComm::make_world(1);

@@ -7,8 +7,8 @@
 #include <cuda/std/span>
 #include <cuda_runtime.h>
 
-#include "commpact/compress/dense.hpp"
-#include "commpact/compress/gtopk.hpp"
+#include "commpact/compress/compressors/dense.hpp"
+#include "commpact/compress/compressors/gtopk.hpp"
 #include "commpact/kernels/cuda/power.cuh"
 #include "commpact/kernels/cuda/topk.cuh"
 #include "commpact/kernels/deferred/ops.hpp"

@@ -11,7 +11,7 @@
 // escapes and is reported as a crash); what it accepts satisfies the format's rules
 // (indices strictly increasing in [0, n), finite values, mask bits in range); and
 // encoding what it decoded gives back the exact input bytes.
-#include <commpact/compress/sparse_wire.hpp>
+#include <commpact/compress/codecs/sparse_wire.hpp>
 
 #include <cmath>
 #include <cstddef>

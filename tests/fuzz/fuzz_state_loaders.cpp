@@ -7,12 +7,12 @@
 // checksum; the seeds (tests/fuzz/corpus/fuzz_state_loaders/) are valid blobs of every kind.
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/state.hpp>
 #include <commpact/sync/policies.hpp>

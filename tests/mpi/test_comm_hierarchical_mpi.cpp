@@ -6,7 +6,7 @@
 // commpact-mpi-ranks: 1 2 3 4 6
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/comm/hierarchical_comm.hpp>
-#include <commpact/compress/dense.hpp>
+#include <commpact/compress/compressors/dense.hpp>
 
 #include <cmath>
 #include <cstring>

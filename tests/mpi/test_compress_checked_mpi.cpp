@@ -8,11 +8,11 @@
 // unchanged, and the next good steps equal those of twins that never saw the bad step.
 // The ThreadComm twin is tests/test_compress_checked.cpp.
 #include <commpact/comm/mpi_comm.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/dense.hpp>
-#include <commpact/compress/majority.hpp>
-#include <commpact/compress/power.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/majority.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>

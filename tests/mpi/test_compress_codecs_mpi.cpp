@@ -7,13 +7,13 @@
 // compressor's output bit for bit; every rank's output is also compared with rank 0's.
 // The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
-#include <commpact/compress/allgather.hpp>
-#include <commpact/compress/allreduce.hpp>
-#include <commpact/compress/codecs.hpp>
-#include <commpact/compress/majority.hpp>
-#include <commpact/compress/oktopk.hpp>
-#include <commpact/compress/quantizers.hpp>
-#include <commpact/compress/sparsifiers.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/compressors/majority.hpp>
+#include <commpact/compress/compressors/oktopk.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/sparsifiers.hpp>
 
 #include <catch2/catch.hpp>
 

@@ -5,8 +5,8 @@
 // rank, conservation, exact bytes, bad input (every rank gets an error, none hangs, the
 // communicator stays usable), save/load.
 #include <commpact/comm/mpi_comm.hpp>
-#include <commpact/compress/gtopk.hpp>
-#include <commpact/compress/topk.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 
 #include "common/sparse_checks.hpp"
 #include "common/checked_mpi.hpp"

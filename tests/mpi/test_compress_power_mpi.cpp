@@ -6,7 +6,7 @@
 // The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
-#include <commpact/compress/power.hpp>
+#include <commpact/compress/compressors/power.hpp>
 
 #include "common/lowrank_checks.hpp"
 #include "common/checked_mpi.hpp"

@@ -82,4 +82,15 @@ constexpr bool diagnose_codec() {
   return Codec<K>;
 }
 
+//! A linear codec (reduced by an allreduce: LinearCompressor): `size(n)` (m, the floats of
+//! the compressed form, the same on every rank), `compress(v, out)` (out = A v, A depending
+//! on the step but not on the rank) and `decompress_add(in, acc) const` (acc += B in).
+template <class K>
+concept LinearCodec = std::move_constructible<K> && requires(K& k, const K& ck, std::size_t n, std::span<const float> v,
+                                                               std::span<float> out) {
+  { ck.size(n) } -> std::convertible_to<std::size_t>;
+  k.compress(v, out);
+  ck.decompress_add(v, out);
+};
+
 }  // namespace commpact

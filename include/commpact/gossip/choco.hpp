@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "../compress/codecs.hpp"
+#include "../compress/codecs/topk_sign.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../state.hpp"

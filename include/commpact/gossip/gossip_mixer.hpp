@@ -44,7 +44,7 @@
 #include <vector>
 
 #include "../comm/thread_comm.hpp"
-#include "../compress/tensor_layout.hpp"
+#include "../compress/codecs/tensor_layout.hpp"
 #include "../concepts.hpp"
 #include "../detail/hash.hpp"
 #include "../error.hpp"

@@ -25,7 +25,7 @@
 #include <utility>
 #include <vector>
 
-#include "../compress/tensor_layout.hpp"
+#include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
 #include "../kernels/host/lowrank.hpp"
 #include "../kernels/host/orthogonalize.hpp"

@@ -19,7 +19,7 @@
 #include <optional>
 #include <span>
 
-#include "../../compress/sparse_wire.hpp"
+#include "../../compress/codecs/sparse_wire.hpp"
 #include "../../error.hpp"
 #include "../../comm/tree_comm.hpp"
 #include "../status.hpp"

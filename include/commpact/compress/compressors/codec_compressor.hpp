@@ -1,11 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file allgather.hpp
-//! The allgather aggregation and the compressor that composes any Codec with it and
-//! with error feedback.
-//!
-//! `Allgather<C>` moves one fixed-capacity block per rank to every rank (the ring
-//! allgather of C); `CodecCompressor<Codec, Allgather<C>>` is a Compressor:
+//! \file codec_compressor.hpp
+//! The compressor that composes any Codec with an aggregation and with error feedback.
+//! `CodecCompressor<Codec, Allgather<C>>` is a Compressor:
 //!
 //! \code
 //! commpact::CodecCompressor<commpact::sign_codec, commpact::Allgather<commpact::ThreadComm>> ef_sign{comm};
@@ -26,7 +23,7 @@
 //! the same error (or skips the step) without an extra message. A block capacity that
 //! changes (first step, a warm-up boundary) is agreed first with one small allreduce.
 //!
-//! Bytes per rank per step: (P - 1) * capacity by the ring allgather, capacity = 48 +
+//! Bytes per rank per step over Allgather: (P - 1) * capacity, capacity = 48 +
 //! max_encoded_bytes(n) rounded up to 4. For top-k: (P - 1) * (48 + 8k).
 
 #include <algorithm>
@@ -41,109 +38,18 @@
 #include <utility>
 #include <vector>
 
-#include "../comm/agree.hpp"
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../state.hpp"
-#include "error_feedback.hpp"
-#include "nonfinite.hpp"
-#include "sparse_options.hpp"
-#include "step_phase.hpp"
+#include "../../comm/agree.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../state.hpp"
+#include "../error_feedback.hpp"
+#include "../frame.hpp"
+#include "../aggregations/allgather.hpp"
+#include "../nonfinite.hpp"
+#include "../codecs/sparse_options.hpp"
+#include "../step_phase.hpp"
 
 namespace commpact {
-
-//! The allgather aggregation over C: fixed-capacity blocks, one per rank.
-template <class C>
-class Allgather {
-  static_assert(diagnose_communicator<C>());
-
- public:
-  using comm_type = C;
-  explicit Allgather(C comm) : comm_(std::move(comm)) {}
-
-  //! This rank's block of `capacity` bytes (a multiple of 4), to fill before exchange().
-  std::span<std::byte> block(std::size_t capacity) {
-    mine_.resize(capacity / 4);
-    all_.resize(capacity / 4 * static_cast<std::size_t>(comm_.size()));
-    return std::as_writable_bytes(std::span<float>(mine_));
-  }
-  //! Every rank receives every block (collective).
-  void exchange() { comm_.allgather(std::span<const float>(mine_), std::span<float>(all_)); }
-  //! Rank r's block after exchange().
-  std::span<const std::byte> received(int r) const {
-    const std::size_t b = mine_.size() * 4;
-    return std::as_bytes(std::span<const float>(all_)).subspan(static_cast<std::size_t>(r) * b, b);
-  }
-  int sources() const { return comm_.size(); }
-  C& comm() { return comm_; }
-  const C& comm() const { return comm_; }
-
-  template <class Out>
-  void add_signature(Out& s) const {
-    s.emplace_back(static_cast<const void*>(mine_.data()), mine_.capacity());
-    s.emplace_back(static_cast<const void*>(all_.data()), all_.capacity());
-  }
-  void reserve(std::size_t capacity) {
-    mine_.reserve(capacity / 4);
-    all_.reserve(capacity / 4 * static_cast<std::size_t>(comm_.size()));
-  }
-
- private:
-  C comm_;
-  std::vector<float> mine_, all_;  // bytes in float storage: the concept's allgather moves floats
-};
-
-namespace frame {
-inline constexpr std::uint32_t magic = 0x47415043u;  // "CPAG"
-inline constexpr std::uint16_t version = 1;
-inline constexpr std::size_t header_bytes = 48;
-enum flag : std::uint16_t { nonfinite_input = 1, rejected_input = 2 };
-
-struct header {
-  std::uint16_t flags = 0;
-  std::uint32_t payload = 0;
-  std::int64_t n = 0, agreement = 0, step = 0, capacity = 0;
-};
-
-inline void write(std::span<std::byte> b, const header& h) {
-  std::byte* p = b.data();
-  const std::uint32_t zero = 0;
-  std::memcpy(p, &magic, 4);
-  std::memcpy(p + 4, &version, 2);
-  std::memcpy(p + 6, &h.flags, 2);
-  std::memcpy(p + 8, &h.payload, 4);
-  std::memcpy(p + 12, &zero, 4);
-  std::memcpy(p + 16, &h.n, 8);
-  std::memcpy(p + 24, &h.agreement, 8);
-  std::memcpy(p + 32, &h.step, 8);
-  std::memcpy(p + 40, &h.capacity, 8);
-}
-
-//! Reads and checks a block's header (magic, version, flags, payload within the block).
-inline header read(std::span<const std::byte> b, int from) {
-  require<wire_error>(b.size() >= header_bytes, "commpact::Allgather: rank ", from, "'s block of ", b.size(),
-                      " bytes cannot hold the ", header_bytes, "-byte frame header.");
-  const std::byte* p = b.data();
-  std::uint32_t m, zero;
-  std::uint16_t v;
-  header h;
-  std::memcpy(&m, p, 4);
-  std::memcpy(&v, p + 4, 2);
-  std::memcpy(&h.flags, p + 6, 2);
-  std::memcpy(&h.payload, p + 8, 4);
-  std::memcpy(&zero, p + 12, 4);
-  std::memcpy(&h.n, p + 16, 8);
-  std::memcpy(&h.agreement, p + 24, 8);
-  std::memcpy(&h.step, p + 32, 8);
-  std::memcpy(&h.capacity, p + 40, 8);
-  require<wire_error>(m == magic && v == version && zero == 0 && (h.flags & ~3u) == 0, "commpact::Allgather: rank ",
-                      from, "'s block does not start with a version-", version,
-                      " frame header; every rank must run the same commpact.");
-  require<wire_error>(h.payload <= b.size() - header_bytes, "commpact::Allgather: rank ", from, "'s header announces ",
-                      h.payload, " payload bytes in a block of ", b.size(), "; the block is corrupt.");
-  return h;
-}
-}  // namespace frame
 
 //! Options of CodecCompressor: error feedback (DGC momentum and clipping) and the
 //! non-finite policy. (TopK takes sparse_options, which hold these and top-k's own.)

@@ -30,12 +30,12 @@
 #include <string>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../state.hpp"
-#include "allgather.hpp"
-#include "nonfinite.hpp"
-#include "sparse_options.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../state.hpp"
+#include "codec_compressor.hpp"
+#include "../nonfinite.hpp"
+#include "../codecs/sparse_options.hpp"
 
 namespace commpact {
 

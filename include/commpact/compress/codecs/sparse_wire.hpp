@@ -41,8 +41,8 @@
 #include <span>
 #include <vector>
 
-#include "../detail/bytes.hpp"
-#include "../error.hpp"
+#include "../../detail/bytes.hpp"
+#include "../../error.hpp"
 
 namespace commpact::sparse_wire {
 

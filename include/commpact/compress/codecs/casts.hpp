@@ -13,7 +13,7 @@
 #include <cstring>
 #include <span>
 
-#include "../error.hpp"
+#include "../../error.hpp"
 #include "bits.hpp"
 
 namespace commpact {

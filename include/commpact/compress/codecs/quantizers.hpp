@@ -29,7 +29,7 @@
 #include <limits>
 #include <span>
 
-#include "../error.hpp"
+#include "../../error.hpp"
 #include "bits.hpp"
 #include "casts.hpp"
 

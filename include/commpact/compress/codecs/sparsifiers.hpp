@@ -28,8 +28,8 @@
 #include <string>
 #include <vector>
 
-#include "../error.hpp"
-#include "../kernels/host/topk.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/topk.hpp"
 #include "bits.hpp"
 #include "sparse_options.hpp"
 

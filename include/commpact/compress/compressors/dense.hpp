@@ -25,15 +25,15 @@
 #include <span>
 #include <vector>
 
-#include "../comm/agree.hpp"
-#include "../comm/known_size.hpp"
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../kernels/host/ops.hpp"
-#include "../kernels/status.hpp"
-#include "../state.hpp"
-#include "nonfinite.hpp"
-#include "step_phase.hpp"
+#include "../../comm/agree.hpp"
+#include "../../comm/known_size.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
+#include "../../state.hpp"
+#include "../nonfinite.hpp"
+#include "../step_phase.hpp"
 
 namespace commpact {
 

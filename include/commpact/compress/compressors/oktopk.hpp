@@ -43,13 +43,13 @@
 #include <string>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../kernels/host/topk.hpp"
-#include "../state.hpp"
-#include "error_feedback.hpp"
-#include "nonfinite.hpp"
-#include "sparse_options.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/topk.hpp"
+#include "../../state.hpp"
+#include "../error_feedback.hpp"
+#include "../nonfinite.hpp"
+#include "../codecs/sparse_options.hpp"
 
 namespace commpact {
 

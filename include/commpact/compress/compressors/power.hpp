@@ -55,18 +55,18 @@
 #include <utility>
 #include <vector>
 
-#include "../comm/agree.hpp"
-#include "../comm/any_comm.hpp"
-#include "../concepts.hpp"
-#include "../detail/hash.hpp"
-#include "../error.hpp"
-#include "../kernels/host/lowrank.hpp"
-#include "../kernels/host/orthogonalize.hpp"
-#include "../kernels/host/vector_ops.hpp"
-#include "../state.hpp"
-#include "error_feedback.hpp"
-#include "nonfinite.hpp"
-#include "tensor_layout.hpp"
+#include "../../comm/agree.hpp"
+#include "../../comm/any_comm.hpp"
+#include "../../concepts.hpp"
+#include "../../detail/hash.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/lowrank.hpp"
+#include "../../kernels/host/orthogonalize.hpp"
+#include "../../kernels/host/vector_ops.hpp"
+#include "../../state.hpp"
+#include "../error_feedback.hpp"
+#include "../nonfinite.hpp"
+#include "../codecs/tensor_layout.hpp"
 
 namespace commpact {
 

@@ -70,17 +70,17 @@
 #include <utility>
 #include <vector>
 
-#include "../comm/agree.hpp"
-#include "../comm/known_size.hpp"
-#include "../comm/tree_comm.hpp"
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../kernels/host/ops.hpp"
-#include "../kernels/host/sparse_tree.hpp"
-#include "../state.hpp"
-#include "sparse_options.hpp"
-#include "sparse_wire.hpp"
-#include "step_phase.hpp"
+#include "../../comm/agree.hpp"
+#include "../../comm/known_size.hpp"
+#include "../../comm/tree_comm.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/host/sparse_tree.hpp"
+#include "../../state.hpp"
+#include "../codecs/sparse_options.hpp"
+#include "../codecs/sparse_wire.hpp"
+#include "../step_phase.hpp"
 
 namespace commpact {
 

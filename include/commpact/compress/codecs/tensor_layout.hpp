@@ -14,7 +14,7 @@
 #include <limits>
 #include <vector>
 
-#include "../error.hpp"
+#include "../../error.hpp"
 
 namespace commpact {
 

@@ -19,9 +19,9 @@
 #include <cstdint>
 #include <utility>
 
-#include "allgather.hpp"
-#include "codecs.hpp"
-#include "sparse_options.hpp"
+#include "codec_compressor.hpp"
+#include "../codecs/topk_sign.hpp"
+#include "../codecs/sparse_options.hpp"
 
 namespace commpact {
 

@@ -52,10 +52,10 @@
 #include <utility>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../detail/hash.hpp"
-#include "codecs.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../detail/hash.hpp"
+#include "topk_sign.hpp"
 #include "tensor_layout.hpp"
 
 namespace commpact {

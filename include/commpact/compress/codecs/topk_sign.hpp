@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "../error.hpp"
-#include "../kernels/host/topk.hpp"
+#include "../../error.hpp"
+#include "../../kernels/host/topk.hpp"
 #include "sparse_options.hpp"
 
 namespace commpact {

@@ -16,9 +16,9 @@
 #include <utility>
 #include <vector>
 
-#include "../comm/agree.hpp"
-#include "../error.hpp"
-#include "nonfinite.hpp"
+#include "../../comm/agree.hpp"
+#include "../../error.hpp"
+#include "../nonfinite.hpp"
 
 namespace commpact {
 

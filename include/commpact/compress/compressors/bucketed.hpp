@@ -58,11 +58,11 @@
 #include <utility>
 #include <vector>
 
-#include "../concepts.hpp"
-#include "../detail/serial_worker.hpp"
-#include "../error.hpp"
-#include "../state.hpp"
-#include "transaction.hpp"
+#include "../../concepts.hpp"
+#include "../../detail/serial_worker.hpp"
+#include "../../error.hpp"
+#include "../../state.hpp"
+#include "../transaction.hpp"
 
 namespace commpact {
 

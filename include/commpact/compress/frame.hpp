@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file frame.hpp
+//! The one frame protocol of the codec compressors (CodecCompressor over any
+//! aggregation, MajorityVote): every rank's message starts with this 48-byte header.
+//!
+//! Frame header (48 bytes): u32 magic 0x47415043 ("CPAG"), u16 version 1, u16 flags
+//! (bit 0 non-finite input, bit 1 input rejected), u32 payload bytes, u32 0, then i64
+//! n, i64 the codec's agreement value (k for top-k), i64 step, i64 block capacity.
+//! Every rank sees every header, so disagreement on n, k, the step or the capacity, a
+//! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
+//! the same error (or skips the step) without an extra message.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "../error.hpp"
+
+namespace commpact {
+
+namespace frame {
+inline constexpr std::uint32_t magic = 0x47415043u;  // "CPAG"
+inline constexpr std::uint16_t version = 1;
+inline constexpr std::size_t header_bytes = 48;
+enum flag : std::uint16_t { nonfinite_input = 1, rejected_input = 2 };
+
+struct header {
+  std::uint16_t flags = 0;
+  std::uint32_t payload = 0;
+  std::int64_t n = 0, agreement = 0, step = 0, capacity = 0;
+};
+
+inline void write(std::span<std::byte> b, const header& h) {
+  std::byte* p = b.data();
+  const std::uint32_t zero = 0;
+  std::memcpy(p, &magic, 4);
+  std::memcpy(p + 4, &version, 2);
+  std::memcpy(p + 6, &h.flags, 2);
+  std::memcpy(p + 8, &h.payload, 4);
+  std::memcpy(p + 12, &zero, 4);
+  std::memcpy(p + 16, &h.n, 8);
+  std::memcpy(p + 24, &h.agreement, 8);
+  std::memcpy(p + 32, &h.step, 8);
+  std::memcpy(p + 40, &h.capacity, 8);
+}
+
+//! Reads and checks a block's header (magic, version, flags, payload within the block).
+inline header read(std::span<const std::byte> b, int from) {
+  require<wire_error>(b.size() >= header_bytes, "commpact::Allgather: rank ", from, "'s block of ", b.size(),
+                      " bytes cannot hold the ", header_bytes, "-byte frame header.");
+  const std::byte* p = b.data();
+  std::uint32_t m, zero;
+  std::uint16_t v;
+  header h;
+  std::memcpy(&m, p, 4);
+  std::memcpy(&v, p + 4, 2);
+  std::memcpy(&h.flags, p + 6, 2);
+  std::memcpy(&h.payload, p + 8, 4);
+  std::memcpy(&zero, p + 12, 4);
+  std::memcpy(&h.n, p + 16, 8);
+  std::memcpy(&h.agreement, p + 24, 8);
+  std::memcpy(&h.step, p + 32, 8);
+  std::memcpy(&h.capacity, p + 40, 8);
+  require<wire_error>(m == magic && v == version && zero == 0 && (h.flags & ~3u) == 0, "commpact::Allgather: rank ",
+                      from, "'s block does not start with a version-", version,
+                      " frame header; every rank must run the same commpact.");
+  require<wire_error>(h.payload <= b.size() - header_bytes, "commpact::Allgather: rank ", from, "'s header announces ",
+                      h.payload, " payload bytes in a block of ", b.size(), "; the block is corrupt.");
+  return h;
+}
+}  // namespace frame
+
+}  // namespace commpact
