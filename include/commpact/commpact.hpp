@@ -16,6 +16,7 @@
 #include "comm/deferred_comm.hpp"
 #include "comm/hierarchical_comm.hpp"
 #include "comm/known_size.hpp"
+#include "comm/mean_allreduce.hpp"
 #include "comm/ring.hpp"
 #include "comm/thread_comm.hpp"
 #include "comm/tree_comm.hpp"
@@ -50,7 +51,7 @@
 #include "compress/compressors/topk.hpp"
 #include "compress/error_feedback.hpp"
 #include "compress/frame.hpp"
-#include "compress/nonfinite.hpp"
+#include "nonfinite.hpp"
 #include "compress/transaction.hpp"
 
 #include "gossip/gossip_mixer.hpp"

@@ -54,7 +54,7 @@
 #include "../../state.hpp"
 #include "../codecs/casts.hpp"
 #include "../codecs/sparse_options.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../step_phase.hpp"
 
 namespace commpact {

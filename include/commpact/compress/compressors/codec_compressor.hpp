@@ -45,7 +45,7 @@
 #include "../error_feedback.hpp"
 #include "../frame.hpp"
 #include "../aggregations/allgather.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../step_phase.hpp"
 

@@ -34,7 +34,7 @@
 #include "../../error.hpp"
 #include "../../state.hpp"
 #include "codec_compressor.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 
 namespace commpact {
