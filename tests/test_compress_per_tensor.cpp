@@ -1,4 +1,4 @@
-// per_tensor<K> (compress/per_tensor.hpp): a codec applied to each tensor of a layout on
+// per_tensor<K> (compress/codecs/per_tensor.hpp): a codec applied to each tensor of a layout on
 // its own, inside one message. Checked against the same codec applied tensor by tensor
 // by hand (per-tensor copies bound to stream rank * T + t, messages concatenated with a
 // u32 length each), bit for bit; through CodecCompressor<per_tensor<K>, Allgather> at

@@ -1,4 +1,4 @@
-// libFuzzer harness for the sparse wire decoder (compress/sparse_wire.hpp).
+// libFuzzer harness for the sparse wire decoder (compress/codecs/sparse_wire.hpp).
 //
 // Input: one control byte, then the message. Control bit 0 set: the harness writes the
 // valid magic and version itself and the rest of the input starts at the flags, so the

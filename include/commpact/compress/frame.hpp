@@ -11,10 +11,13 @@
 //! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
 //! the same error (or skips the step) without an extra message.
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
+#include <string_view>
 
 #include "../error.hpp"
 
@@ -75,6 +78,35 @@ inline header read_header(std::span<const std::byte> b, std::size_t block_bytes,
 
 //! Reads and checks a whole block's header (read_header over the block).
 inline header read(std::span<const std::byte> b, int from) { return read_header(b, b.size(), from); }
+
+//! Reads every rank's header (`hdrs`: P headers of 48 bytes, in rank order, from blocks
+//! of `block_bytes`) and raises mismatch_error, the same on every rank since every rank
+//! reads the same headers, when ranks disagree on the gradient length, the codec's
+//! agreement value (compared only when no rank rejected its input, which sends -1), the
+//! step or the block capacity. Returns the union of the flags.
+inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::size_t block_bytes,
+                                   std::string_view who) {
+  std::uint16_t flags = 0;
+  constexpr auto lowest = std::numeric_limits<std::int64_t>::min(), highest = std::numeric_limits<std::int64_t>::max();
+  std::int64_t lo[4] = {highest, highest, highest, highest}, hi[4] = {lowest, lowest, lowest, lowest};
+  for (int r = 0; r < P; ++r) {
+    const auto hr = read_header(hdrs.subspan(static_cast<std::size_t>(r) * header_bytes, header_bytes), block_bytes, r);
+    flags = static_cast<std::uint16_t>(flags | hr.flags);
+    const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
+    for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
+  }
+  static constexpr const char* what[4] = {"the gradient length", "the codec's parameter (such as k)", "the step count",
+                                          "the block capacity"};
+  for (int j = 0; j < 4; ++j) {
+    if (j == 1 && (flags & rejected_input)) continue;
+    if (lo[j] != hi[j])
+      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", what[j],
+                                       ": the values range over [", lo[j], ", ", hi[j],
+                                       "]; every rank must pass the same lengths and use the same options and step "
+                                       "count."));
+  }
+  return flags;
+}
 }  // namespace frame
 
 }  // namespace commpact

@@ -48,7 +48,7 @@
 //! kind; give the deltas a compressor of their own with the constructor
 //! DataParallel{for_gradients, for_deltas, policy, total_steps, options}.
 //!
-//! Overlap: with a Bucketed compressor (compress/bucketed.hpp), begin_backward(grads, lr)
+//! Overlap: with a Bucketed compressor (compress/compressors/bucketed.hpp), begin_backward(grads, lr)
 //! before backward and grad_ready(layer) during it start each bucket's reduction while
 //! backward goes on; step() then waits for them. Bit for bit the same as step() alone.
 //!

@@ -175,31 +175,10 @@ class CodecCompressor {
     phase_ = phase::idle;
     const auto e = exec();
     space_type::fence(e, no_deadline());
-    const int P = agg_.sources();
-    std::uint16_t flags = 0;
-    constexpr auto lowest = std::numeric_limits<std::int64_t>::min(), highest = std::numeric_limits<std::int64_t>::max();
-    std::int64_t lo[4] = {highest, highest, highest, highest}, hi[4] = {lowest, lowest, lowest, lowest};
-    const auto hdrs = std::as_bytes(std::span<const float>(hdr_host_));
-    for (int r = 0; r < P; ++r) {
-      const auto hr =
-          frame::read_header(hdrs.subspan(static_cast<std::size_t>(r) * frame::header_bytes, frame::header_bytes),
-                             cap_, r);
-      flags = static_cast<std::uint16_t>(flags | hr.flags);
-      const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
-      for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
-    }
-    // A rank that rejected its input sends agreement -1: compare the lengths first, then
+    // A rank that rejected its input sends agreement -1: the lengths are compared first,
     // the rest only among ranks that did not reject.
-    static constexpr const char* what[4] = {"the gradient length", "the codec's parameter (such as k)",
-                                            "the step count", "the block capacity"};
-    for (int j = 0; j < 4; ++j) {
-      if (j == 1 && (flags & frame::rejected_input)) continue;
-      if (lo[j] != hi[j])
-        throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on ", what[j],
-                                         ": the values range over [", lo[j], ", ", hi[j],
-                                         "]; every rank must pass the same lengths and use the same options and "
-                                         "step count."));
-    }
+    const std::uint16_t flags =
+        frame::check_headers(std::as_bytes(std::span<const float>(hdr_host_)), agg_.sources(), cap_, name_);
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
     sum_.resize(grad_.size());
@@ -207,7 +186,7 @@ class CodecCompressor {
     // Every rank decoded the same blocks into the same sum, so every rank decides alike;
     // a sum of finite values that overflowed is caught here (dividing by P keeps the
     // rest finite), before grad is written.
-    ops<space_type>::mean_into(e, sum_.cview(), grad_, P, status_.view());
+    ops<space_type>::mean_into(e, sum_.cview(), grad_, agg_.sources(), status_.view());
     ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
     space_type::fence(e, no_deadline());
     if (status_host_ & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");

@@ -102,15 +102,12 @@ class MajorityVote {
     frame::write(block, h);
     agg_.exchange();
 
-    std::uint16_t flags = 0;
-    for (int r = 0; r < P; ++r) {
-      const auto hr = frame::read(std::as_bytes(agg_.received(r)), r);
-      flags = static_cast<std::uint16_t>(flags | hr.flags);
-      if (hr.n != h.n || hr.step != h.step || hr.capacity != h.capacity)
-        throw mismatch_error(detail::cat("commpact::MajorityVote::reduce: rank ", r, " is at step ", hr.step, " with n = ",
-                                         hr.n, ", this rank at step ", h.step, " with n = ", h.n,
-                                         "; every rank must pass gradients of the same length at the same step."));
-    }
+    std::vector<std::byte>& hdrs = hdrs_;  // every rank's header, checked alike on every rank (frame.hpp)
+    hdrs.resize(static_cast<std::size_t>(P) * frame::header_bytes);
+    for (int r = 0; r < P; ++r)
+      std::memcpy(hdrs.data() + static_cast<std::size_t>(r) * frame::header_bytes, agg_.received(r).data(),
+                  frame::header_bytes);
+    const std::uint16_t flags = frame::check_headers(hdrs, P, cap_, "MajorityVote");
     if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem, steps_);
     if (flags & frame::nonfinite_input) {
       detail::end_nonfinite_step(opt_.on_nonfinite, "MajorityVote::reduce", "gradient (or momentum) of some rank",
@@ -178,6 +175,7 @@ class MajorityVote {
   majority_options opt_;
   std::vector<float> m_, next_;
   std::vector<int> votes_;
+  std::vector<std::byte> hdrs_;
   bool agreed_ = false;
   std::size_t cap_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparse_tree.hpp
-//! The data-plane kernels of gTop-k's tree reduction (compress/gtopk.hpp), on host
+//! The data-plane kernels of gTop-k's tree reduction (compress/compressors/gtopk.hpp), on host
 //! memory: the local phase (error-feedback accumulate + top-k), the frame a rank sends
 //! at a tree step, the merge of a received frame, and the commit (scatter of the global
 //! set as a mean, removal of the delivered entries from the residual). Every decision
