@@ -279,9 +279,8 @@ struct cuda_space {
     for (unsigned spin = 0;; ++spin) {
       const cudaError_t q = cudaEventQuery(s.done);
       if (q == cudaSuccess) {
+        // (A kernel that faulted makes cudaEventQuery return that error instead.)
         if (s.poll_async_error) s.poll_async_error();
-        // Errors of kernels that ran (an illegal address, say) surface here.
-        detail::cuda_check_space(cudaPeekAtLastError(), "a kernel queued on this executor");
         return;
       }
       if (q != cudaErrorNotReady) detail::cuda_check_space(q, "the work queued on this executor");
