@@ -129,6 +129,7 @@ class NcclComm {
     const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, id, rank, &config);
     NcclComm out(c, std::move(e), true);
     out.wait(r, "ncclCommInitRankConfig");
+    out.query_rank_and_size();  // a nonblocking communicator answers once initialised
     return out;
   }
   //! A one-rank communicator on the current device (tests, single-GPU runs).
@@ -139,10 +140,7 @@ class NcclComm {
     s_->comm = comm;
     s_->owns = owns;
     s_->exec = std::move(e);
-    if (comm) {
-      (void)ncclCommUserRank(comm, &s_->rank);
-      (void)ncclCommCount(comm, &s_->size);
-    }
+    if (comm) query_rank_and_size();
     std::weak_ptr<state> w = s_;
     s_->exec.s->poll_async_error = [w] {
       if (auto st = w.lock()) poll(*st);
@@ -277,6 +275,12 @@ class NcclComm {
 
  private:
   cudaStream_t stream() const { return s_->exec.stream(); }
+  void query_rank_and_size() {
+    if (!s_->comm) return;
+    int r = 0, n = 1;
+    if (ncclCommUserRank(s_->comm, &r) == ncclSuccess) s_->rank = r;
+    if (ncclCommCount(s_->comm, &n) == ncclSuccess) s_->size = n;
+  }
 
   static void do_abort(state& st, const char* why) {
     if (st.aborted) return;
