@@ -162,7 +162,7 @@ int main() {
   {
     namespace cp = commpact;
     const std::size_t n = 25000000;
-    auto comm = cp::NcclComm::single();
+    auto comm = cp::NcclComm::create(1, cp::NcclComm::unique_id(), 0, cp::cuda_space::make_exec(), true);  // blocking
     const auto e = comm.exec();
     cp::gTopK<cp::TreeComm<cp::NcclComm>> g{comm, {.density = 0.001}};
     cp::cuda_buffer<float> grad;

@@ -176,6 +176,8 @@ class cuda_buffer {
   void resize(std::size_t n) {
     reserve(n);
     if (n > n_) {
+      // Queued work (on any stream) may still use the storage: wait for it first.
+      detail::cuda_check_space(cudaDeviceSynchronize(), "cudaDeviceSynchronize before poisoning a buffer");
       detail::cuda_check_space(cudaMemset(p_ + n_, 0xFF, (n - n_) * sizeof(T)), "cudaMemset");
       detail::cuda_check_space(cudaDeviceSynchronize(), "cudaDeviceSynchronize after poisoning a buffer");
     }
