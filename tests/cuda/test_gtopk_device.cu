@@ -3,7 +3,8 @@
 // residual (and velocity) bit for bit over several steps, with momentum and clipping
 // options (clipping within the clip factor's documented last-bit tolerance: checked for
 // bits only without clipping), a skipped non-finite step, no allocation after the first
-// step, and NcclComm's collectives, point-to-point to itself and abort.
+// step, NcclComm's collectives, point-to-point to itself and abort, and a fence that
+// stops at its deadline (timeout_error, the communicator aborted) while a kernel spins.
 //
 // NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
 // NCCL cannot place two ranks of one communicator on one GPU, so the multi-rank tree on
@@ -11,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -34,6 +36,42 @@ namespace cp = commpact;
 using D = cp::ops<cp::cuda_space>;
 
 namespace {
+
+__global__ void spin(long long cycles) {
+  const long long t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+//! A fence never waits past its deadline: with a kernel spinning for about a second, a
+//! fence with a 20 ms deadline raises timeout_error well before the kernel ends, and
+//! calls the communicator's timeout hook (NcclComm aborts).
+void check_deadline() {
+  auto c = cp::NcclComm::single();
+  int dev = 0, khz = 0;
+  cudaGetDevice(&dev);
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, dev);
+  spin<<<1, 1, 0, c.exec().stream()>>>(static_cast<long long>(khz > 0 ? khz : 1500000) * 1000LL);
+  const auto t0 = std::chrono::steady_clock::now();
+  bool timed_out = false;
+  try {
+    c.fence(t0 + std::chrono::milliseconds(20));
+  } catch (const cp::timeout_error&) {
+    timed_out = true;
+  }
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT(timed_out, "a fence past its deadline did not raise timeout_error");
+  EXPECT(waited < 0.5, "the fence waited %.3f s with a 20 ms deadline", waited);
+  EXPECT(c.aborted(), "the fence's timeout did not abort the NCCL communicator");
+  cudaStreamSynchronize(c.exec().stream());  // let the spinning kernel end
+  bool raised = false;
+  try {
+    c.fence(cp::no_deadline());
+  } catch (const cp::peer_failure&) {
+    raised = true;
+  }
+  EXPECT(raised, "a fence after the abort did not raise peer_failure (the poll of the communicator's error)");
+}
 
 template <class T>
 std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
@@ -150,6 +188,7 @@ int main() {
       }
       EXPECT(raised, "a call after abort() did not raise peer_failure");
     }
+    check_deadline();
     check_gtopk({.density = 0.01}, 100003, 5, true, rng);
     check_gtopk({.density = 0.001, .momentum = 0.9f}, 1 << 20, 4, true, rng);
     check_gtopk({.density = 0.01, .on_nonfinite = cp::nonfinite::skip_step}, 50000, 4, true, rng);
