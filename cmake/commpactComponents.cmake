@@ -91,7 +91,7 @@ function(commpact_add_component comp)
         find_package(Python3 QUIET COMPONENTS Interpreter)
         if(Python3_Interpreter_FOUND)
           execute_process(COMMAND ${Python3_EXECUTABLE} -c
-            "import nvidia.nccl, os; print(os.path.dirname(nvidia.nccl.__file__))"
+            "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
             OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
           if(_nccl_py)
             list(APPEND _nccl_roots ${_nccl_py})
