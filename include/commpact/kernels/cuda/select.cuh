@@ -345,8 +345,11 @@ cudaError_t select_topk(select_scratch& sc, Src src, const std::uint32_t* d_coun
   } else {
     COMMPACT_CU_TRY(compact(pred, emit_position{sc.cand}, &sc.st->count, cap, sc.bcnt, &sc.st->m, s));
   }
+  // The candidate passes: fewer blocks (their number is known only on the device, and
+  // usually small), still enough to stream a large candidate set.
+  const unsigned gc = g < static_cast<unsigned>(4 * (sc.sms > 0 ? sc.sms : 1)) ? g : 4u * sc.sms;
   for (int L = 1; L < 6; ++L) {
-    select_hist<Src, true><<<g, select_block, 0, s>>>(src, sc.st, sc.cand, sc.hist, L);
+    select_hist<Src, true><<<gc, select_block, 0, s>>>(src, sc.st, sc.cand, sc.hist, L);
     COMMPACT_CU_TRY(cudaGetLastError());
     select_pick<<<1, pick_threads, 0, s>>>(sc.st, sc.hist, L);
     COMMPACT_CU_TRY(cudaGetLastError());
