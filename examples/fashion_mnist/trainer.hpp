@@ -17,6 +17,7 @@
 #include <commpact/compress/compressors/dense.hpp>
 #include <commpact/compress/compressors/linear.hpp>
 #include <commpact/compress/compressors/bucketed.hpp>
+#include <commpact/compress/compressors/cast_allreduce.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/compress/compressors/majority.hpp>
 #include <commpact/compress/compressors/oktopk.hpp>
@@ -242,8 +243,12 @@ Method make_method(const std::string& name, Comm comm, const Options& o, const M
   if (name == "terngrad") return codec(commpact::per_tensor{rows(), commpact::terngrad_codec{o.seed}});
   if (name == "onebit") return codec(commpact::per_tensor{rows(), commpact::onebit_codec{}});
   if (name == "natural") return codec(commpact::natural_codec{o.seed});
-  if (name == "fp16") return codec(commpact::fp16_codec{});
-  if (name == "bf16") return codec(commpact::bf16_codec{});
+  // fp16 and bf16 sum in the 16-bit type by a ring allreduce, as PyTorch's compress hooks
+  // (cast_allreduce.hpp): half of dense's bytes, where the allgather form sends (P - 1) times more.
+  if (name == "fp16")
+    return drive(commpact::Fp16Allreduce<Comm>{comm}, commpact::EveryStep{}, o, n, total, rounds);
+  if (name == "bf16")
+    return drive(commpact::Bf16Allreduce<Comm>{comm}, commpact::EveryStep{}, o, n, total, rounds);
   if (name == "efsign") return codec(commpact::per_tensor{rows(), commpact::sign_codec{}});
   if (name == "gaussiank") return codec(commpact::gaussiank_codec{o.density});
   if (name == "dgc") return codec(commpact::dgc_codec{o.density, 0.01, o.seed});

@@ -1,12 +1,14 @@
 // commpact-mpi-ranks: 1 2 3 5 8
 // The survey's compressors under mpiexec: CodecCompressor<codec, Allgather<commpact_test::checked_mpi_comm>> for
 // the quantisers, EF-SignSGD and the threshold sparsifiers, LinearCompressor<randomk>
-// and MajorityVote. Each rank replays every rank's codec serially (gradients seeded by
+// MajorityVote, and CastAllreduce (fp16/bf16 summed in the 16-bit type by the ring over
+// MpiComm's isend/irecv). Each rank replays every rank's codec serially (gradients seeded by
 // rank; the codecs themselves were checked against brute-force references in
 // tests/test_compress_quantizers.cpp and test_compress_sparsifiers.cpp) and must get the
 // compressor's output bit for bit; every rank's output is also compared with rank 0's.
 // The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
 #include <commpact/comm/mpi_comm.hpp>
+#include <commpact/compress/compressors/cast_allreduce.hpp>
 #include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/compress/compressors/linear.hpp>
 #include <commpact/compress/codecs/topk_sign.hpp>
@@ -125,5 +127,42 @@ TEST_CASE("MPI: OkTopK gives every rank the same bits and conserves", "[mpi][okt
     comm.allreduce(std::span<double>(t, 2), reduce_op::sum);
     // sum over ranks and steps of g = P x (sum of the outputs) + sum of the residuals
     CHECK(std::abs(t[0] - comm.size() * out - t[1]) <= 1e-3 * (1 + std::abs(t[0])));
+  }));
+}
+
+TEST_CASE("MPI: CastAllreduce sums in the 16-bit type in the ring's order, the same bits on every rank",
+          "[mpi][cast_allreduce]") {
+  auto comm = commpact_test::checked_mpi_world(60s);
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    const int P = comm.size();
+    const std::size_t n = 1001;
+    Fp16Allreduce<commpact_test::checked_mpi_comm> c{comm};
+    std::vector<vec> res(P, vec(n, 0.0f));
+    for (int s = 0; s < 3; ++s) {
+      vec g = grad(s, comm.rank(), n);
+      REQUIRE(c.reduce(std::span<float>(g)));
+      // the serial replay: every rank's codes, then chunk c summed over ranks c, c + 1, ...
+      std::vector<std::vector<std::uint16_t>> codes(P, std::vector<std::uint16_t>(n));
+      for (int r = 0; r < P; ++r) {
+        const vec gr = grad(s, r, n);
+        for (std::size_t i = 0; i < n; ++i) {
+          const float a = gr[i] + res[r][i];
+          codes[r][i] = fp16_codec::to_code(a);
+          res[r][i] = a - fp16_codec::from_code(codes[r][i]);
+        }
+      }
+      std::size_t at = 0;
+      for (int ch = 0; ch < P; ++ch) {
+        const std::size_t len = wire::ring_chunk(n, P, ch);
+        for (std::size_t i = at; i < at + len; ++i) {
+          std::uint16_t sum = codes[ch][i];
+          for (int j = 1; j < P; ++j) sum = fp16_codec::add(sum, codes[(ch + j) % P][i]);
+          REQUIRE(g[i] == mean_of(fp16_codec::from_code(sum), P));
+        }
+        at += len;
+      }
+      same_everywhere(comm, g);
+    }
+    CHECK(std::vector<float>(c.residual().begin(), c.residual().end()) == res[comm.rank()]);
   }));
 }

@@ -35,7 +35,7 @@
 #include "../kernels/host/commit.hpp"
 #include "../kernels/host/vector_ops.hpp"
 #include "../state.hpp"
-#include "nonfinite.hpp"
+#include "../nonfinite.hpp"
 
 namespace commpact {
 

@@ -46,10 +46,11 @@ inline void write(std::span<std::byte> b, const header& h) {
   std::memcpy(p + 40, &h.capacity, 8);
 }
 
-//! Reads and checks a block's header (magic, version, flags, payload within the block).
-inline header read(std::span<const std::byte> b, int from) {
-  require<wire_error>(b.size() >= header_bytes, "commpact::Allgather: rank ", from, "'s block of ", b.size(),
-                      " bytes cannot hold the ", header_bytes, "-byte frame header.");
+//! Reads and checks a header (magic, version, flags, payload within a block of
+//! `block_bytes`) from its first 48 bytes.
+inline header read_header(std::span<const std::byte> b, std::size_t block_bytes, int from) {
+  require<wire_error>(b.size() >= header_bytes && block_bytes >= header_bytes, "commpact::Allgather: rank ", from,
+                      "'s block of ", block_bytes, " bytes cannot hold the ", header_bytes, "-byte frame header.");
   const std::byte* p = b.data();
   std::uint32_t m, zero;
   std::uint16_t v;
@@ -66,10 +67,14 @@ inline header read(std::span<const std::byte> b, int from) {
   require<wire_error>(m == magic && v == version && zero == 0 && (h.flags & ~3u) == 0, "commpact::Allgather: rank ",
                       from, "'s block does not start with a version-", version,
                       " frame header; every rank must run the same commpact.");
-  require<wire_error>(h.payload <= b.size() - header_bytes, "commpact::Allgather: rank ", from, "'s header announces ",
-                      h.payload, " payload bytes in a block of ", b.size(), "; the block is corrupt.");
+  require<wire_error>(h.payload <= block_bytes - header_bytes, "commpact::Allgather: rank ", from,
+                      "'s header announces ", h.payload, " payload bytes in a block of ", block_bytes,
+                      "; the block is corrupt.");
   return h;
 }
+
+//! Reads and checks a whole block's header (read_header over the block).
+inline header read(std::span<const std::byte> b, int from) { return read_header(b, b.size(), from); }
 }  // namespace frame
 
 }  // namespace commpact

@@ -76,11 +76,6 @@ class pending_step {
   bool open() const { return open_; }
 
  private:
-  // Out of line: inlined into run(), GCC 12 reports a false -Warray-bounds in the
-  // vector growth of the state writer.
-#if defined(__GNUC__)
-  [[gnu::noinline]]
-#endif
   static void snapshot(const C& c, std::vector<std::byte>& out) {
     out.clear();
     c.save_state(out);

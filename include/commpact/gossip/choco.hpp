@@ -18,6 +18,7 @@
 
 #include "../compress/codecs/topk_sign.hpp"
 #include "../concepts.hpp"
+#include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
 #include "exchange.hpp"

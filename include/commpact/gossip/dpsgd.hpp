@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
 #include "exchange.hpp"

@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "../comm/agree.hpp"
-#include "../compress/nonfinite.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../nonfinite.hpp"
 
 namespace commpact {
 

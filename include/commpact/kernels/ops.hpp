@@ -14,6 +14,9 @@
 //! | `copy(e, src, dst)` | dst[i] = src[i] (equal lengths) |
 //! | `to_host(e, src, host)` / `from_host(e, host, dst)` | copies between the space and host memory; the host side is read or written when the work runs (after the fence) |
 //! | `mean(e, v, P, status)` | v[i] = mean_of(v[i], P) (kernels/mean.hpp); status \|= nonfinite when a result is not finite |
+//! | `mean_into(e, src, dst, P, status)` | when every src[i] is finite: dst[i] = mean_of(src[i], P); else status \|= nonfinite and dst is untouched |
+//! | `ef_accumulate(e, acc, u_next, u, r, g, m, scale, status)` | error feedback's accumulate: g' = scale[0] g (g when scale is empty); with momentum m > 0, u_next = (m u) + g' and acc = r + u_next, else acc = r + g'; status \|= nonfinite when an acc value is not finite |
+//! | `sub(e, y, x)` | y[i] -= x[i] |
 //! | `clip_scale(e, g, clip_norm, P, scale)` | scale[0] = DGC's clipping factor of g (1 when no clipping applies) |
 //! | `topk_abs(e, v, k, idx, val, ws)` | the k largest \|v\|, index-sorted, ties to the smaller index (host::topk_abs) |
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |

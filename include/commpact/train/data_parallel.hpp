@@ -83,7 +83,8 @@
 #include <vector>
 
 #include "../comm/agree.hpp"
-#include "../compress/nonfinite.hpp"
+#include "../comm/mean_allreduce.hpp"
+#include "../nonfinite.hpp"
 #include "../compress/transaction.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "../../comm/known_size.hpp"
 #include "../../concepts.hpp"
 
 namespace commpact {
@@ -24,20 +25,27 @@ class Allgather {
 
  public:
   using comm_type = C;
+  using space_type = comm_space_t<C>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+
   explicit Allgather(C comm) : comm_(std::move(comm)) {}
 
-  //! This rank's block of `capacity` bytes (a multiple of 4), to fill before exchange().
-  std::span<std::byte> block(std::size_t capacity) {
+  //! This rank's block of `capacity` bytes (a multiple of 4) as float storage in the
+  //! space, to fill before exchange().
+  span<float> block(std::size_t capacity) {
     mine_.resize(capacity / 4);
     all_.resize(capacity / 4 * static_cast<std::size_t>(comm_.size()));
-    return std::as_writable_bytes(std::span<float>(mine_));
+    return mine_.view();
   }
-  //! Every rank receives every block (collective).
-  void exchange() { comm_.allgather(std::span<const float>(mine_), std::span<float>(all_)); }
+  //! Every rank receives every block (collective; queued in a deferred or device space).
+  void exchange() { comm_.allgather(span<const float>(mine_.view()), all_.view()); }
+  //! Every rank's block after exchange(), in rank order.
+  span<const float> received() const { return all_.view(); }
   //! Rank r's block after exchange().
-  std::span<const std::byte> received(int r) const {
-    const std::size_t b = mine_.size() * 4;
-    return std::as_bytes(std::span<const float>(all_)).subspan(static_cast<std::size_t>(r) * b, b);
+  span<const float> received(int r) const {
+    const std::size_t b = mine_.size();
+    return all_.view().subspan(static_cast<std::size_t>(r) * b, b);
   }
   int sources() const { return comm_.size(); }
   C& comm() { return comm_; }
@@ -55,7 +63,8 @@ class Allgather {
 
  private:
   C comm_;
-  std::vector<float> mine_, all_;  // bytes in float storage: the concept's allgather moves floats
+  // bytes in float storage: the concept's allgather moves floats
+  typename space_type::template buffer<float> mine_, all_;
 };
 
 }  // namespace commpact

@@ -11,6 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <span>
 
 #include "../../error.hpp"
@@ -109,6 +110,7 @@ inline float from_half(std::uint16_t h) {
     const float v = std::ldexp(static_cast<float>(m), -24);
     return sign ? -v : v;
   }
+  if (e == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
   return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
 }
 //! float -> bfloat16 (the top half), round to nearest even, finite values saturated.
@@ -123,10 +125,35 @@ inline std::uint16_t to_bf16(float f) {
 }
 inline float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
 
+//! float -> binary16 as IEEE arithmetic rounds a result: to nearest even, overflowing to
+//! Inf (to_half saturates finite values instead: a codec's choice, not arithmetic's).
+inline std::uint16_t to_half_ieee(float f) {
+  const float a = std::fabs(f);
+  if (a >= 65520.0f && a <= std::numeric_limits<float>::max())  // rounds past 65504 (0x7BFF)
+    return static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(f) >> 16 & 0x8000u) | 0x7C00u);
+  return to_half(f);
+}
+//! float -> bfloat16 as IEEE arithmetic rounds: to nearest even, overflowing to Inf.
+inline std::uint16_t to_bf16_ieee(float f) {
+  const auto x = std::bit_cast<std::uint32_t>(f);
+  if ((x & 0x7FFFFFFFu) >= 0x7F800000u) return to_bf16(f);
+  return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
+}
+
 //! A cast codec: 2 bytes per value, little-endian; codes of Inf and NaN are malformed.
-template <std::uint16_t (*To)(float), float (*From)(std::uint16_t), std::uint16_t ExpMask>
+template <std::uint16_t (*To)(float), float (*From)(std::uint16_t), std::uint16_t ExpMask,
+          std::uint16_t (*Round)(float)>
 struct cast16_codec {
   const char* who;
+  //! One value's code (what encode writes): To, which saturates finite values.
+  static std::uint16_t to_code(float v) { return To(v); }
+  static float from_code(std::uint16_t h) { return From(h); }
+  //! False for the codes of Inf and NaN.
+  static bool finite_code(std::uint16_t h) { return (h & ExpMask) != ExpMask; }
+  //! a + b in the 16-bit format: the float sum (exact, or off by less than a quarter of
+  //! the format's unit in the last place, so never a double rounding) rounded once to
+  //! nearest even, overflowing to Inf: IEEE 754 addition in the 16-bit type.
+  static std::uint16_t add(std::uint16_t a, std::uint16_t b) { return Round(From(a) + From(b)); }
   std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size();
@@ -160,11 +187,11 @@ struct cast16_codec {
 }  // namespace detail
 
 //! IEEE 754 binary16 cast: 2n bytes; |v| above 65504 saturates (error feedback keeps the rest).
-struct fp16_codec : detail::cast16_codec<detail::to_half, detail::from_half, 0x7C00u> {
+struct fp16_codec : detail::cast16_codec<detail::to_half, detail::from_half, 0x7C00u, detail::to_half_ieee> {
   fp16_codec() : cast16_codec{"fp16_codec"} {}
 };
 //! bfloat16 cast (float32's exponent, 8 mantissa bits): 2n bytes.
-struct bf16_codec : detail::cast16_codec<detail::to_bf16, detail::from_bf16, 0x7F80u> {
+struct bf16_codec : detail::cast16_codec<detail::to_bf16, detail::from_bf16, 0x7F80u, detail::to_bf16_ieee> {
   bf16_codec() : cast16_codec{"bf16_codec"} {}
 };
 

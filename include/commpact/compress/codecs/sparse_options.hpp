@@ -18,7 +18,7 @@
 
 #include "../../comm/agree.hpp"
 #include "../../error.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 
 namespace commpact {
 

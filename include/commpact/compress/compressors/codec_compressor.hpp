@@ -42,10 +42,14 @@
 #include "../../concepts.hpp"
 #include "../../error.hpp"
 #include "../../state.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
+#include "../codec_kernels.hpp"
 #include "../error_feedback.hpp"
 #include "../frame.hpp"
 #include "../aggregations/allgather.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../step_phase.hpp"
 
@@ -60,7 +64,10 @@ struct codec_options {
 };
 
 //! Codec + aggregation + error feedback = a Compressor. `Codec` is any type modelling
-//! the Codec concept; `Aggregation` any type modelling Aggregation (Allgather<C>).
+//! the Codec concept; `Aggregation` any type modelling Aggregation (Allgather<C>). The
+//! step runs in the aggregation's space (that of its communicator): host_space runs it
+//! at once, deferred_space queues it until the fences of finish() (two: after the
+//! exchange, for the headers; after the decode, for the status).
 template <class Codec, class Aggregation>
 class CodecCompressor {
   static_assert(diagnose_codec<Codec>());
@@ -69,6 +76,11 @@ class CodecCompressor {
  public:
   using options = codec_options;
   using codec_type = Codec;
+  using space_type = typename Aggregation::space_type;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
 
   explicit CodecCompressor(typename Aggregation::comm_type comm, Codec codec = Codec(), options opt = {},
                            std::string_view name = "CodecCompressor")
@@ -84,53 +96,76 @@ class CodecCompressor {
   //! bits on every rank: start + finish + commit. Returns false when the step was
   //! skipped (NaN/Inf in an input or in the mean under nonfinite::skip_step: grad zeroed,
   //! state kept). A step that raises changes nothing, grad included.
-  bool reduce(std::span<float> grad) {
+  bool reduce(span<float> grad) {
     start(grad);
     const bool ok = finish();
     commit();
     return ok;
   }
 
-  //! Encodes this rank's gradient (with its residual) and exchanges the blocks. grad is
-  //! read here and written by finish().
-  void start(std::span<float> grad) {
+  //! Queues the encoding of this rank's gradient (with its residual) and the exchange of
+  //! the blocks (host_space: runs them). grad must stay alive until finish(), which
+  //! writes it.
+  void start(span<float> grad) {
     phase_.require_idle(name_);
+    const auto e = exec();
     const int P = agg_.sources();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
     problem_ = check(grad.size());
-    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_.size());
+    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_n_);
     const std::int64_t agreement = problem_.empty() ? agreement_of(grad.size()) : -1;
     const std::size_t cap = problem_.empty() ? capacity(grad.size()) : cap_;
-
     if (!agreed_ || cap != cap_) agree(n, cap, problem_);
+
     frame::header h;
     h.n = n;
     h.agreement = agreement;
     h.step = steps_;
     h.capacity = static_cast<std::int64_t>(cap_);
-    auto block = agg_.block(cap_);
-    const auto payload = block.subspan(frame::header_bytes);
+    const auto block = agg_.block(cap_);
+    status_.resize(1);
+    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
     if (!problem_.empty()) {
       h.flags = frame::rejected_input;
-    } else if (!ef_.accumulate(grad, opt_.momentum, detail::clip_scale(grad, opt_.clip_norm, P))) {
-      h.flags = frame::nonfinite_input;
     } else {
-      approx_.resize(req::codec_has_delivered<Codec> ? 0 : grad.size());
-      h.payload = static_cast<std::uint32_t>(codec_.encode(ef_.acc(), payload, std::span<float>(approx_)));
-      require(h.payload <= payload.size(), "commpact::", name_, ": the codec wrote ", h.payload,
-              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
+      const std::size_t N = grad.size();
+      const bool momentum = opt_.momentum > 0.0f;
+      acc_.resize(N);
+      u_next_.resize(momentum ? N : 0);
+      if (ef_n_ == 0) {  // no residual yet: it counts as zero (and is installed at commit)
+        residual_.resize(N);
+        velocity_.resize(momentum ? N : 0);
+        ops<space_type>::fill(e, residual_.view(), 0.0f);
+        if (momentum) ops<space_type>::fill(e, velocity_.view(), 0.0f);
+      }
+      span<const float> scale{};
+      if (opt_.clip_norm > 0.0f) {
+        scale_.resize(1);
+        ops<space_type>::clip_scale(e, span<const float>(grad), opt_.clip_norm, P, scale_.view());
+        scale = scale_.cview();
+      }
+      ops<space_type>::ef_accumulate(e, acc_.view(), u_next_.view(), velocity_.cview(), residual_.cview(),
+                                     span<const float>(grad), opt_.momentum, scale, status_.view());
+      approx_.resize(req::codec_has_delivered<Codec> ? 0 : N);
     }
-    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
-    frame::write(block, h);
+    kernels::encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
     agg_.exchange();
+    // The headers come to the host (48 bytes per rank); the payloads stay in the space.
+    hdr_host_.resize(static_cast<std::size_t>(P) * header_floats);
+    const auto all = agg_.received();
+    const std::size_t bf = cap_ / 4;
+    for (int r = 0; r < P; ++r)
+      ops<space_type>::to_host(e, all.subspan(static_cast<std::size_t>(r) * bf, header_floats),
+                               std::span<float>(hdr_host_).subspan(static_cast<std::size_t>(r) * header_floats,
+                                                                   header_floats));
     grad_ = grad;
     phase_ = phase::started;
   }
 
-  //! Reads every rank's header (the same on every rank, so every rank takes the same
-  //! decision), decodes the blocks in rank order into a sum, and writes the mean into
-  //! grad. Raises alike on every rank, in this order: ranks that disagree
+  //! Fences, reads every rank's header (the same on every rank, so every rank takes the
+  //! same decision), decodes the blocks in rank order into a sum and writes the mean
+  //! into grad. Raises alike on every rank, in this order: ranks that disagree
   //! (mismatch_error), a rejected input (invalid_argument on its rank, peer_failure on
   //! the others), a malformed block (wire_error), a non-finite input or mean
   //! (numeric_error; under skip_step grad is zeroed and false returned). grad is
@@ -138,12 +173,17 @@ class CodecCompressor {
   bool finish() {
     phase_.require_started(name_);
     phase_ = phase::idle;
+    const auto e = exec();
+    space_type::fence(e, no_deadline());
     const int P = agg_.sources();
     std::uint16_t flags = 0;
     constexpr auto lowest = std::numeric_limits<std::int64_t>::min(), highest = std::numeric_limits<std::int64_t>::max();
     std::int64_t lo[4] = {highest, highest, highest, highest}, hi[4] = {lowest, lowest, lowest, lowest};
+    const auto hdrs = std::as_bytes(std::span<const float>(hdr_host_));
     for (int r = 0; r < P; ++r) {
-      const auto hr = frame::read(agg_.received(r), r);
+      const auto hr =
+          frame::read_header(hdrs.subspan(static_cast<std::size_t>(r) * frame::header_bytes, frame::header_bytes),
+                             cap_, r);
       flags = static_cast<std::uint16_t>(flags | hr.flags);
       const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
       for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
@@ -162,17 +202,15 @@ class CodecCompressor {
     }
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
-    sum_.assign(grad_.size(), 0.0f);
-    for (int r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
-      const auto blk = agg_.received(r);
-      const auto hr = frame::read(blk, r);
-      codec_.decode_add(blk.subspan(frame::header_bytes, hr.payload), std::span<float>(sum_));
-    }
+    sum_.resize(grad_.size());
+    kernels::decode_sum(e, codec_, agg_.received(), cap_ / 4, sum_.view());
     // Every rank decoded the same blocks into the same sum, so every rank decides alike;
     // a sum of finite values that overflowed is caught here (dividing by P keeps the
     // rest finite), before grad is written.
-    if (host::first_nonfinite(sum_) != sum_.size()) return skip("sum of the delivered gradients (it overflowed)");
-    (void)host::mean_checked(std::span<const float>(sum_), grad_, P);
+    ops<space_type>::mean_into(e, sum_.cview(), grad_, P, status_.view());
+    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    space_type::fence(e, no_deadline());
+    if (status_host_ & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");
     phase_ = phase::finished;
     outcome_ = outcome::delivered;
     return true;
@@ -187,36 +225,67 @@ class CodecCompressor {
       ++steps_, ++skipped_;
       return;
     }
-    if constexpr (req::codec_has_delivered<Codec>) {
-      ef_.commit();
-      ef_.clear_delivered(codec_.delivered());
-    } else {
-      ef_.subtract(approx_);
-      ef_.commit();
-    }
+    const auto e = exec();
+    if constexpr (!req::codec_has_delivered<Codec>) ops<space_type>::sub(e, acc_.view(), approx_.cview());
+    residual_.swap(acc_);
+    if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
+    kernels::clear_delivered(e, codec_, residual_.view(), velocity_.view());
+    ef_n_ = static_cast<std::int64_t>(residual_.size());
     ++steps_;
   }
 
   //! Drops a started or finished step: residual, velocity and counters as before start().
-  void cancel() noexcept { phase_ = phase::idle; }
+  //! Queued work is completed first.
+  void cancel() noexcept {
+    if (phase_ == phase::started) {
+      try {
+        space_type::fence(exec(), no_deadline());
+      } catch (...) {  // the step is dropped anyway; the communicator reports its failure next time
+      }
+    }
+    phase_ = phase::idle;
+  }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
-  void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, kind(), ef_, steps_, skipped_); }
+  void save_state(std::vector<std::byte>& out) const {
+    require(phase_ == phase::idle, "commpact::", name_, "::save_state: a step is in flight; finish and commit it first.");
+    state::writer w{out, kind()};
+    state::write_counters(w, steps_, skipped_);
+    w.f32s(10, to_host(residual_, ef_n_));
+    w.f32s(11, to_host(velocity_, opt_.momentum > 0.0f ? ef_n_ : 0));
+    w.finish();
+  }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f, ef_, steps_, skipped_);
+    require(phase_ == phase::idle, "commpact::", name_, "::load_state: a step is in flight; finish and commit it first.");
+    state::reader r{in, kind(), name_};
+    const auto [s, k] = state::read_counters(r);
+    auto l = error_feedback::load(r, state::reader::npos, opt_.momentum > 0.0f);
+    r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
+                  " values is longer than sparse indices allow.");
+    r.done();
+    from_host(l.residual, residual_);
+    from_host(l.velocity, velocity_);
+    ef_n_ = static_cast<std::int64_t>(l.residual.size());
+    steps_ = s;
+    skipped_ = k;
     agreed_ = false;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
-    ef_.clear();
+    require(phase_ == phase::idle, "commpact::", name_, "::reset: a step is in flight; finish and commit it first.");
+    ef_n_ = 0;
     agreed_ = false;
   }
 
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
-  std::span<const float> residual() const { return ef_.residual(); }
-  std::span<const float> velocity() const { return ef_.velocity(); }
+  //! The residual and the velocity in the space's memory (empty before the first
+  //! committed step).
+  span<const float> residual() const { return residual_.cview().first(static_cast<std::size_t>(ef_n_)); }
+  span<const float> velocity() const {
+    return velocity_.cview().first(opt_.momentum > 0.0f ? static_cast<std::size_t>(ef_n_) : 0);
+  }
   //! Bytes of one rank's block (the agreed capacity).
   std::size_t block_bytes() const { return cap_; }
   Codec& codec() { return codec_; }
@@ -229,11 +298,12 @@ class CodecCompressor {
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
-    ef_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
-    s.emplace_back(static_cast<const void*>(approx_.data()), approx_.capacity());
-    s.emplace_back(static_cast<const void*>(sum_.data()), sum_.capacity());
-    std::sort(s.begin(), s.end());
+    for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &sum_, &scale_})
+      s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(status_.data(), status_.capacity());
+    s.emplace_back(static_cast<const void*>(hdr_host_.data()), hdr_host_.capacity());
+    std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
   }
 
@@ -241,6 +311,11 @@ class CodecCompressor {
   std::string kind() const { return "commpact." + name_; }
 
  private:
+  using kernels = codec_kernels<Codec, space_type>;
+  static constexpr std::size_t header_floats = frame::header_bytes / 4;
+
+  auto exec() const { return comm_exec(const_cast<Aggregation&>(agg_).comm()); }
+
   std::string check(std::size_t n) const {
     if constexpr (req::codec_has_check<Codec>) return std::string(codec_.check(n));
     else
@@ -254,12 +329,14 @@ class CodecCompressor {
   std::size_t capacity(std::size_t n) const { return (frame::header_bytes + codec_.max_encoded_bytes(n) + 3) / 4 * 4; }
 
   //! A step that met a non-finite value, alike on every rank: raises under
-  //! nonfinite::raise (grad untouched), else zeroes grad and leaves a
-  //! skipped step to commit.
+  //! nonfinite::raise (grad untouched), else zeroes grad and leaves a skipped step to
+  //! commit.
   bool skip(const char* what) {
     if (opt_.on_nonfinite == nonfinite::raise)
       detail::raise_nonfinite(name_ + "::reduce", what, static_cast<std::size_t>(-1), steps_);
-    std::fill(grad_.begin(), grad_.end(), 0.0f);
+    const auto e = exec();
+    ops<space_type>::fill(e, grad_, 0.0f);
+    space_type::fence(e, no_deadline());
     phase_ = phase::finished;
     outcome_ = outcome::skipped;
     return false;
@@ -277,21 +354,37 @@ class CodecCompressor {
     agreed_ = true;
   }
 
+  std::vector<float> to_host(const buffer<float>& b, std::int64_t n) const {
+    std::vector<float> h(static_cast<std::size_t>(n));
+    if (n == 0) return h;
+    ops<space_type>::to_host(exec(), b.cview().first(h.size()), std::span<float>(h));
+    space_type::fence(exec(), no_deadline());
+    return h;
+  }
+  void from_host(const std::vector<float>& h, buffer<float>& b) {
+    b.resize(h.size());
+    if (h.empty()) return;
+    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
+    space_type::fence(exec(), no_deadline());
+  }
+
   Aggregation agg_;
   Codec codec_;
   options opt_;
   std::string name_;
   using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
-  error_feedback ef_;
-  std::vector<float> approx_, sum_;
-  std::span<float> grad_;
+  buffer<float> residual_, velocity_, acc_, u_next_, approx_, sum_, scale_;
+  buffer<std::uint32_t> status_;
+  std::vector<float> hdr_host_;  // every rank's frame header, on the host after the fence
+  std::uint32_t status_host_ = 0;
+  span<float> grad_{};
   std::string problem_;
   phase phase_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;
-  std::int64_t n_ = -1;
+  std::int64_t n_ = -1, ef_n_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -32,7 +32,7 @@
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
 #include "../../state.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../step_phase.hpp"
 
 namespace commpact {

@@ -39,7 +39,7 @@
 #include "../../state.hpp"
 #include "../codecs/randomk.hpp"
 #include "../error_feedback.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 
 namespace commpact {

@@ -28,13 +28,14 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../../concepts.hpp"
 #include "../../error.hpp"
 #include "../../state.hpp"
 #include "codec_compressor.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 
 namespace commpact {
@@ -48,6 +49,8 @@ struct majority_options {
 template <class C>
 class MajorityVote {
   static_assert(diagnose_communicator<C>());
+  static_assert(std::is_same_v<comm_space_t<C>, host_space>,
+                "commpact::MajorityVote runs on host memory (ThreadComm, MpiComm); it is not written over a space yet.");
 
  public:
   explicit MajorityVote(C comm, majority_options opt = {}) : agg_(std::move(comm)), opt_(opt) {
@@ -75,7 +78,7 @@ class MajorityVote {
     h.n = static_cast<std::int64_t>(n);
     h.step = steps_;
     h.capacity = static_cast<std::int64_t>(cap_);
-    auto block = agg_.block(cap_);
+    auto block = std::as_writable_bytes(agg_.block(cap_));
     auto payload = block.subspan(frame::header_bytes);
     std::fill(payload.begin(), payload.end(), std::byte{0});
     bool finite = true;
@@ -101,7 +104,7 @@ class MajorityVote {
 
     std::uint16_t flags = 0;
     for (int r = 0; r < P; ++r) {
-      const auto hr = frame::read(agg_.received(r), r);
+      const auto hr = frame::read(std::as_bytes(agg_.received(r)), r);
       flags = static_cast<std::uint16_t>(flags | hr.flags);
       if (hr.n != h.n || hr.step != h.step || hr.capacity != h.capacity)
         throw mismatch_error(detail::cat("commpact::MajorityVote::reduce: rank ", r, " is at step ", hr.step, " with n = ",
@@ -118,7 +121,7 @@ class MajorityVote {
     votes_.assign(n, 0);
     double scales = 0.0;
     for (int r = 0; r < P; ++r) {  // validate every block before anything changes
-      const auto blk = agg_.received(r);
+      const auto blk = std::as_bytes(agg_.received(r));
       const auto hr = frame::read(blk, r);
       const auto msg = blk.subspan(frame::header_bytes, hr.payload);
       require<wire_error>(msg.size() == payload_bytes(n), "commpact::MajorityVote: rank ", r, "'s vote has ",

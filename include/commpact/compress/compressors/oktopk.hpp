@@ -48,7 +48,7 @@
 #include "../../kernels/host/topk.hpp"
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
-#include "../nonfinite.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 
 namespace commpact {

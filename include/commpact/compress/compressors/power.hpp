@@ -65,7 +65,8 @@
 #include "../../kernels/host/vector_ops.hpp"
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
-#include "../nonfinite.hpp"
+#include "../../comm/mean_allreduce.hpp"
+#include "../../nonfinite.hpp"
 #include "../codecs/tensor_layout.hpp"
 
 namespace commpact {

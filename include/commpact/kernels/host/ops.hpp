@@ -53,6 +53,21 @@ struct ops<host_space> {
   static void mean(exec, span<float> v, int P, span<std::uint32_t> status) {
     if (host::mean_checked(v, P) != v.size()) status[0] |= status_nonfinite;
   }
+  static void mean_into(exec, span<const float> src, span<float> dst, int P, span<std::uint32_t> status) {
+    if (host::first_nonfinite(src) != src.size()) status[0] |= status_nonfinite;
+    else (void)host::mean_checked(src, dst, P);
+  }
+  static void ef_accumulate(exec, span<float> acc, span<float> u_next, span<const float> u, span<const float> r,
+                            span<const float> g, float m, span<const float> scale, span<std::uint32_t> status) {
+    std::size_t bad;
+    if (m > 0.0f)
+      bad = scale.empty() ? host::ef_accumulate_momentum(acc, u_next, u, r, g, m)
+                          : host::ef_accumulate_momentum(acc, u_next, u, r, g, m, scale[0]);
+    else
+      bad = scale.empty() ? host::ef_accumulate(acc, r, g) : host::ef_accumulate(acc, r, g, scale[0]);
+    if (bad != acc.size()) status[0] |= status_nonfinite;
+  }
+  static void sub(exec, span<float> y, span<const float> x) { host::sub(y, x); }
   //! DGC's local gradient clipping: scale[0] = bound / ||g|| when ||g|| > bound =
   //! clip_norm / sqrt(P), else 1 (also when the norm is not finite: the accumulate's
   //! finiteness check reports that).

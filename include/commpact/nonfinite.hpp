@@ -3,8 +3,7 @@
 //! \file nonfinite.hpp
 //! What every compressor, the gossip mixers and DataParallel do with NaN or Inf, written
 //! once: the `nonfinite` policy, a finiteness scan, the end of a step that met a
-//! non-finite value, and the mean allreduce (sum in the communicator's fixed order, then
-//! mean_of, kernels/mean.hpp) with its check.
+//! non-finite value (the mean allreduce with its check is comm/mean_allreduce.hpp).
 //!
 //! Non-finite values are detected where every rank sees the same numbers (after a
 //! reduction, or through a flag every rank receives), so every rank takes the same
@@ -19,9 +18,8 @@
 #include <string>
 #include <string_view>
 
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../kernels/host/vector_ops.hpp"
+#include "error.hpp"
+#include "kernels/host/vector_ops.hpp"
 
 namespace commpact {
 
@@ -54,19 +52,5 @@ inline bool end_nonfinite_step(nonfinite policy, std::string_view who, std::stri
 }
 
 }  // namespace detail
-
-//! v = mean_of(sum over the ranks in the communicator's fixed order, P) (kernels/mean.hpp:
-//! the sum divided by float(P), the one definition of the mean), the same bits on every
-//! rank. On a non-finite sum: raises numeric_error on every rank
-//! (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what` name
-//! the caller and the buffer in the message.
-template <Communicator C>
-bool mean_allreduce(C& comm, std::span<float> v, nonfinite policy, std::string_view who, std::string_view what,
-                    std::int64_t step) {
-  comm.allreduce(v, reduce_op::sum);
-  const std::size_t bad = host::mean_checked(v, comm.size());
-  if (bad == v.size()) return true;
-  return detail::end_nonfinite_step(policy, who, what, bad, step, v);
-}
 
 }  // namespace commpact

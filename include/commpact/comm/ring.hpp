@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file ring.hpp
+//! A ring allreduce of any trivially copyable element type with any combine function,
+//! built on known-size point-to-point (comm/known_size.hpp), for element types the
+//! Communicator concept does not reduce (the half types of cast_allreduce.hpp).
+//!
+//! The chunks are wire::ring_chunk's (the first n mod P chunks one element longer), and
+//! the schedule is the classic one, so the bytes are exactly wire::ring_allreduce(rank,
+//! P, n, sizeof(T)):
+//! - reduce-scatter, steps s = 0 .. P-2: rank r sends chunk (r - s) mod P to r + 1 and
+//!   receives chunk (r - s - 1) mod P from r - 1, which it replaces by
+//!   combine(received, own). Chunk c is therefore combined in the ring order c, c + 1,
+//!   ..., c - 1, left to right, and ends complete on rank c - 1;
+//! - allgather, steps s = 0 .. P-2: rank r sends chunk (r + 1 - s) mod P and receives
+//!   chunk (r - s) mod P, which it overwrites.
+//! Every complete chunk is computed once and copied, so every rank ends with the same
+//! bits. `scratch` must hold ring_chunk(n, P, 0) elements (the largest chunk).
+//!
+//! Sends and receives of a step run together (isend/irecv) when the communicator has
+//! them; otherwise the send is issued first, which needs buffered sends (ThreadComm,
+//! CountingComm over it and MpiComm's send() all buffer).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "../concepts.hpp"
+#include "known_size.hpp"
+#include "wire_model.hpp"
+
+namespace commpact {
+
+namespace detail {
+template <class C>
+void ring_step(C& c, int next, int prev, std::span<const std::byte> out, std::span<std::byte> in) {
+  if constexpr (req::has_nonblocking_send_recv<C>) {
+    auto r = c.irecv(prev, in);
+    auto s = c.isend(next, out);
+    s.wait();
+    r.wait();
+  } else {
+    send_known(c, next, out);
+    recv_known(c, prev, in);
+  }
+}
+}  // namespace detail
+
+//! Reduces `data` over the ranks of `c` in place with `combine(a, b)` (a from the ring's
+//! earlier ranks); see the file comment for the order and the bytes.
+template <class C, class T, class Combine>
+  requires std::is_trivially_copyable_v<T>
+void ring_allreduce(C& c, std::span<T> data, std::span<T> scratch, Combine combine) {
+  const int P = c.size(), r = c.rank();
+  if (P <= 1) return;
+  const std::uint64_t n = data.size();
+  require(scratch.size() >= wire::ring_chunk(n, P, 0), "commpact::ring_allreduce: the scratch buffer holds ",
+          scratch.size(), " elements; the largest chunk of ", n, " over ", P, " ranks needs ",
+          wire::ring_chunk(n, P, 0), ".");
+  auto mod = [P](int x) { return ((x % P) + P) % P; };
+  auto offset = [&](int i) {
+    const auto u = static_cast<std::uint64_t>(i);
+    return u * (n / P) + std::min<std::uint64_t>(u, n % P);
+  };
+  auto chunk = [&](int i) { return data.subspan(offset(i), wire::ring_chunk(n, P, i)); };
+  const int next = mod(r + 1), prev = mod(r - 1);
+  for (int s = 0; s < P - 1; ++s) {
+    const auto out = chunk(mod(r - s));
+    const auto mine = chunk(mod(r - s - 1));
+    const auto in = scratch.first(mine.size());
+    detail::ring_step(c, next, prev, std::as_bytes(out), std::as_writable_bytes(in));
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = combine(in[i], mine[i]);
+  }
+  for (int s = 0; s < P - 1; ++s) {
+    const auto out = chunk(mod(r + 1 - s));
+    const auto in = chunk(mod(r - s));
+    detail::ring_step(c, next, prev, std::as_bytes(out), std::as_writable_bytes(in));
+  }
+}
+
+}  // namespace commpact

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file codec_kernels.hpp
+//! codec_kernels<Codec, Space>: where a Codec's encode and decode run, so that
+//! CodecCompressor (TopK, every codec, per-tensor codecs) is written once over a space.
+//!
+//! | operation | specification |
+//! |---|---|
+//! | `encode_frame(e, codec, acc, block, h, approx, status)` | when status holds no bit and h.flags is 0: the codec encodes acc into block's payload (after the 48-byte frame header, frame.hpp), h.payload = its length (above the block: status_wire); then the rest of the payload is zeroed and h written as block's header, with flag nonfinite_input when status holds status_nonfinite. The length stays in the space: the host never waits for it. |
+//! | `decode_sum(e, codec, blocks, block_floats, sum)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload: host and deferred spaces raise wire_error (out of the fence on the deferred space), before anything of the caller's changes |
+//! | `clear_delivered(e, codec, r, u)` | a sparse codec's delivered indices leave the residual (and velocity) |
+//!
+//! Blocks are float storage (the Communicator concept's allgather moves floats); the
+//! kernels view them as bytes. host_space calls the codec at once; deferred_space queues
+//! the same host calls until the fence (so a missing fence shows in CI); a codec has no
+//! kernels in any other space until that space's issue writes them (CUDA: sign, casts,
+//! QSGD, TernGrad, random-k, threshold), and using one there fails to compile here.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "../concepts.hpp"
+#include "../error.hpp"
+#include "../kernels/deferred/ops.hpp"
+#include "../kernels/host/ops.hpp"
+#include "../kernels/status.hpp"
+#include "../space/deferred.hpp"
+#include "../space/host.hpp"
+#include "frame.hpp"
+
+namespace commpact {
+
+template <class Codec, class Space>
+struct codec_kernels {
+  static_assert(sizeof(Space) == 0,
+                "commpact: this codec has no kernels in this execution space (only host_space and deferred_space run "
+                "codecs today); specialise commpact::codec_kernels<YourCodec, Space> with encode_frame, decode_sum and "
+                "clear_delivered, or run the compressor over a host communicator.");
+};
+
+template <class Codec>
+struct codec_kernels<Codec, host_space> {
+  using exec = host_space::exec;
+
+  static void encode_frame(exec, Codec& codec, std::span<const float> acc, std::span<float> block, frame::header h,
+                           std::span<float> approx, std::span<const std::uint32_t> status) {
+    const auto b = std::as_writable_bytes(block);
+    const auto payload = b.subspan(frame::header_bytes);
+    h.payload = 0;
+    if (status[0] & status_nonfinite) h.flags = static_cast<std::uint16_t>(h.flags | frame::nonfinite_input);
+    if (h.flags == 0) {
+      const std::size_t len = codec.encode(acc, payload, approx);
+      require(len <= payload.size(), "commpact::CodecCompressor: the codec wrote ", len,
+              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
+      h.payload = static_cast<std::uint32_t>(len);
+    }
+    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
+    frame::write(b, h);
+  }
+
+  static void decode_sum(exec, const Codec& codec, std::span<const float> blocks, std::size_t block_floats,
+                         std::span<float> sum) {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
+    for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+      const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
+      std::uint32_t len;
+      std::memcpy(&len, b.data() + 8, 4);
+      codec.decode_add(b.subspan(frame::header_bytes, len), sum);
+    }
+  }
+
+  static void clear_delivered(exec, const Codec& codec, std::span<float> residual, std::span<float> velocity) {
+    if constexpr (req::codec_has_delivered<Codec>) host::zero_delivered(residual, velocity, codec.delivered(), {});
+  }
+};
+
+template <class Codec>
+struct codec_kernels<Codec, deferred_space> {
+  using exec = deferred_space::exec;
+  using H = codec_kernels<Codec, host_space>;
+  template <class T>
+  using span = deferred_span<T>;
+
+  static void encode_frame(const exec& e, Codec& codec, span<const float> acc, span<float> block, frame::header h,
+                           span<float> approx, span<const std::uint32_t> status) {
+    e.enqueue([c = &codec, acc, block, h, approx, status] {
+      H::encode_frame({}, *c, deferred_access::host(acc), deferred_access::host(block), h,
+                      deferred_access::host(approx), deferred_access::host(status));
+    });
+  }
+  static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
+                         span<float> sum) {
+    e.enqueue([c = &codec, blocks, block_floats, sum] {
+      H::decode_sum({}, *c, deferred_access::host(blocks), block_floats, deferred_access::host(sum));
+    });
+  }
+  static void clear_delivered(const exec& e, const Codec& codec, span<float> residual, span<float> velocity) {
+    e.enqueue([c = &codec, residual, velocity] {
+      H::clear_delivered({}, *c, deferred_access::host(residual), deferred_access::host(velocity));
+    });
+  }
+};
+
+}  // namespace commpact
