@@ -1,4 +1,4 @@
-// NcclComm (one rank) and gTopK<TreeComm<NcclComm>> on device spans against
+// NcclComm (one rank), Dense<NcclComm>, and gTopK<TreeComm<NcclComm>> on device spans against
 // gTopK<TreeComm<ThreadComm>> on the host, step by step: the reduced gradient and the
 // residual (and velocity) bit for bit over several steps, with momentum and clipping
 // options (clipping within the clip factor's documented last-bit tolerance: checked for
@@ -12,6 +12,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -25,6 +26,7 @@
 #include "commpact/comm/nccl_comm.hpp"
 #include "commpact/comm/thread_comm.hpp"
 #include "commpact/comm/tree_comm.hpp"
+#include "commpact/compress/compressors/dense.hpp"
 #include "commpact/compress/compressors/gtopk.hpp"
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/space/cuda.hpp"
@@ -167,6 +169,36 @@ void check_gtopk(const cp::sparse_options& opt, std::size_t n, int steps, bool b
   }
 }
 
+//! Dense<NcclComm> with one rank: the mean over one rank is the gradient itself (bits);
+//! a NaN raises numeric_error, or under skip_step zeroes the gradient.
+void check_dense(std::mt19937_64& rng) {
+  auto c = cp::NcclComm::single();
+  const auto e = c.exec();
+  std::normal_distribution<float> d;
+  std::vector<float> h(30011);
+  for (auto& v : h) v = d(rng);
+  cp::cuda_buffer<float> g;
+  g.resize(h.size());
+  D::from_host(e, std::span<const float>(h), g.view());
+  cp::Dense<cp::NcclComm> dense{c};
+  EXPECT(dense.reduce(g.view()), "Dense: a finite step was skipped");
+  EXPECT(diff(download(e, g.cview()), h) == 0, "Dense over one rank changed the gradient");
+  h[5] = std::numeric_limits<float>::quiet_NaN();
+  D::from_host(e, std::span<const float>(h), g.view());
+  bool raised = false;
+  try {
+    dense.reduce(g.view());
+  } catch (const cp::numeric_error&) {
+    raised = true;
+  }
+  EXPECT(raised, "Dense: a NaN did not raise numeric_error");
+  cp::Dense<cp::NcclComm> skipping{c, {.on_nonfinite = cp::nonfinite::skip_step}};
+  D::from_host(e, std::span<const float>(h), g.view());
+  EXPECT(!skipping.reduce(g.view()), "Dense(skip_step): a NaN step was not skipped");
+  const auto z = download(e, g.cview());
+  EXPECT(std::all_of(z.begin(), z.end(), [](float v) { return v == 0.0f; }), "Dense(skip_step): grad not zeroed");
+}
+
 }  // namespace
 
 int main() {
@@ -189,6 +221,7 @@ int main() {
       EXPECT(raised, "a call after abort() did not raise peer_failure");
     }
     check_deadline();
+    check_dense(rng);
     check_gtopk({.density = 0.01}, 100003, 5, true, rng);
     check_gtopk({.density = 0.001, .momentum = 0.9f}, 1 << 20, 4, true, rng);
     check_gtopk({.density = 0.01, .on_nonfinite = cp::nonfinite::skip_step}, 50000, 4, true, rng);

@@ -13,13 +13,19 @@
 //! | row | kernels | equal to the host |
 //! |---|---|---|
 //! | fill, copy, to_host, from_host | fill kernel, cudaMemcpyAsync | bits |
-//! | mean | __fdiv_rn(v, float(P)) (mean.hpp's mean_of), status on device | bits |
+//! | mean, mean_into | __fdiv_rn(v, float(P)) (mean.hpp's mean_of), status on device | bits |
+//! | ef_accumulate, sub | __fmul_rn / __fadd_rn / __fsub_rn in the host's order | bits |
 //! | clip_scale | two-stage double reduction in a fixed order | within the last bit of the float (the host sums sequentially) |
 //! | topk_abs | select.cuh's radix select (topk.cuh) | bits (indices and values) |
 //! | scatter_mean, zero_delivered | memset + scatter kernels | bits (indices distinct; out-of-range indices are skipped where the host raises) |
 //! | tree_local | ef kernel (__fadd_rn/__fmul_rn as the host's ef_body) + topk_abs | bits |
 //! | tree_payload / tree_absorb | frame encode; decode + validation + merge (sparse_tree.cuh) | bits (frames byte for byte) |
 //! | tree_scatter / tree_zero_delivered | gated by the meta on the device | bits |
+//!
+//! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
+//! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN
+//! produced by arithmetic (an accumulate or a mean over a NaN input) is a NaN on both
+//! sides, flagged alike, with other bits; copies and selections keep the input's bits.
 //!
 //! Argument errors the host raises as invalid_argument (unequal lengths, k > n) are
 //! raised here too, before anything is queued; a failed CUDA call raises device_error.
@@ -145,8 +151,34 @@ struct ops<cuda_space> {
                           e.stream()),
        "mean");
   }
+  static void mean_into(const exec& e, span<const float> src, span<float> dst, int P, span<std::uint32_t> status) {
+    require(src.size() == dst.size(), "commpact::ops::mean_into: ", src.size(), " values into ", dst.size(),
+            "; pass spans of equal length.");
+    auto* flag = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(e.scratch(scratch_bytes)) + flag_offset);
+    ck(cuda_kernels::mean_into(cuda_access::ptr(src), cuda_access::ptr(dst), src.size(), P,
+                               status.empty() ? nullptr : cuda_access::ptr(status), flag, e.stream()),
+       "mean_into");
+  }
+  static void ef_accumulate(const exec& e, span<float> acc, span<float> u_next, span<const float> u,
+                            span<const float> r, span<const float> g, float m, span<const float> scale,
+                            span<std::uint32_t> status) {
+    const std::size_t n = acc.size();
+    require(r.size() == n && g.size() == n && (m <= 0.0f || (u.size() == n && u_next.size() == n)),
+            "commpact::ops::ef_accumulate: acc holds ", n, " values, the residual ", r.size(), ", g ", g.size(),
+            ", u ", u.size(), ", u_next ", u_next.size(), "; pass equal lengths (u and u_next with momentum).");
+    ck(cuda_kernels::ef_accumulate(cuda_access::ptr(acc), m > 0.0f ? cuda_access::ptr(u_next) : nullptr,
+                                   m > 0.0f ? cuda_access::ptr(u) : nullptr, cuda_access::ptr(r), cuda_access::ptr(g),
+                                   n, m, scale.empty() ? nullptr : cuda_access::ptr(scale),
+                                   status.empty() ? nullptr : cuda_access::ptr(status), e.stream()),
+       "ef_accumulate");
+  }
+  static void sub(const exec& e, span<float> y, span<const float> x) {
+    require(y.size() == x.size(), "commpact::ops::sub: y holds ", y.size(), " values, x ", x.size(),
+            "; pass spans of equal length.");
+    ck(cuda_kernels::sub(cuda_access::ptr(y), cuda_access::ptr(x), y.size(), e.stream()), "sub");
+  }
   static void clip_scale(const exec& e, span<const float> g, float clip_norm, int P, span<float> scale) {
-    auto* part = static_cast<double*>(e.scratch(cuda_kernels::clip_scratch_bytes));
+    auto* part = static_cast<double*>(e.scratch(scratch_bytes));
     ck(cuda_kernels::clip_scale(cuda_access::ptr(g), g.size(), clip_norm, P, cuda_access::ptr(scale), part, e.stream()),
        "clip_scale");
   }
@@ -293,6 +325,9 @@ struct ops<cuda_space> {
   }
 
  private:
+  //! The executor's scratch: clip_scale's partial sums, then mean_into's flag.
+  static constexpr std::size_t flag_offset = cuda_kernels::clip_scratch_bytes;
+  static constexpr std::size_t scratch_bytes = flag_offset + 256;
   static void ck(cudaError_t err, const char* what) { cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>"); }
   static std::uint32_t& status_of(sparse_tree_meta* m) { return m->status; }  // an address, never dereferenced here
   static cuda_kernels::tree_ptrs ptrs(const tree_views& b) {

@@ -159,7 +159,86 @@ __global__ void ef_kernel(float* acc, float* un, const float* u, const float* r,
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
 }
 
+__global__ void any_nonfinite_kernel(const float* v, std::size_t n, std::uint32_t* flag, std::uint32_t* status) {
+  bool bad = false;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    bad |= nonfinite(v[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) {
+    atomicOr(flag, 1u);
+    if (status) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
+  }
+}
+
+//! dst[i] = mean_of(src[i], P) unless *flag is set.
+__global__ void mean_into_kernel(const float* src, float* dst, std::size_t n, int P, const std::uint32_t* flag) {
+  if (*flag) return;
+  const float d = static_cast<float>(P);
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    dst[i] = __fdiv_rn(src[i], d);
+}
+
+__global__ void sub_kernel(float* y, const float* x, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    y[i] = __fsub_rn(y[i], x[i]);
+}
+
+//! The table's ef_accumulate (host::ef_accumulate / ef_accumulate_momentum): g' = s g
+//! when a scale is given (always multiplied), u_next = u m + g' with momentum, acc = r +
+//! (u_next or g').
+template <bool Momentum>
+__global__ void ef_table_kernel(float* acc, float* un, const float* u, const float* r, const float* g, std::size_t n,
+                                const float* scale, float m, std::uint32_t* status) {
+  bool bad = false;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    float gi = scale ? __fmul_rn(g[i], *scale) : g[i];
+    if constexpr (Momentum) {
+      gi = __fadd_rn(__fmul_rn(u[i], m), gi);
+      un[i] = gi;
+    }
+    const float a = __fadd_rn(r[i], gi);
+    acc[i] = a;
+    bad |= nonfinite(a);
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0 && status)
+    atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
+}
+
 }  // namespace detail
+
+//! mean_into: when every src[i] is finite, dst[i] = mean_of(src[i], P); else
+//! *status |= status_nonfinite and dst is untouched. flag: one word of device scratch.
+inline cudaError_t mean_into(const float* src, float* dst, std::size_t n, int P, std::uint32_t* status,
+                             std::uint32_t* flag, cudaStream_t s) {
+  COMMPACT_CU_TRY(cudaMemsetAsync(flag, 0, sizeof(std::uint32_t), s));
+  if (n == 0) return cudaSuccess;
+  detail::any_nonfinite_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(src, n, flag, status);
+  COMMPACT_CU_TRY(cudaGetLastError());
+  detail::mean_into_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(src, dst, n, P, flag);
+  return cudaGetLastError();
+}
+
+//! y[i] = y[i] - x[i].
+inline cudaError_t sub(float* y, const float* x, std::size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  detail::sub_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+//! The table's ef_accumulate (see detail::ef_table_kernel); un/u only with momentum (m > 0).
+inline cudaError_t ef_accumulate(float* acc, float* un, const float* u, const float* r, const float* g, std::size_t n,
+                                 float m, const float* scale, std::uint32_t* status, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  if (m > 0.0f)
+    detail::ef_table_kernel<true><<<detail::vec_grid(n), detail::vec_block, 0, s>>>(acc, un, u, r, g, n, scale, m, status);
+  else
+    detail::ef_table_kernel<false><<<detail::vec_grid(n), detail::vec_block, 0, s>>>(acc, un, u, r, g, n, scale, m,
+                                                                                     status);
+  return cudaGetLastError();
+}
 
 template <class T>
 cudaError_t fill(T* v, std::size_t n, T x, cudaStream_t s) {
