@@ -85,8 +85,21 @@ function(commpact_add_component comp)
       if(comp STREQUAL "cuda")
         set(found TRUE)
       else()
-        find_library(COMMPACT_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib)
-        find_path(COMMPACT_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+        # NCCL next to the toolkit, under NCCL_ROOT (variable or environment), or in a
+        # Python environment's nvidia/nccl package (pip's nvidia-nccl-cu*).
+        set(_nccl_roots ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME})
+        find_package(Python3 QUIET COMPONENTS Interpreter)
+        if(Python3_Interpreter_FOUND)
+          execute_process(COMMAND ${Python3_EXECUTABLE} -c
+            "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
+            OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
+          if(_nccl_py)
+            list(APPEND _nccl_roots ${_nccl_py})
+          endif()
+        endif()
+        find_library(COMMPACT_NCCL_LIBRARY NAMES nccl libnccl.so.2
+          HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${_nccl_roots} PATH_SUFFIXES lib lib64)
+        find_path(COMMPACT_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${_nccl_roots} PATH_SUFFIXES include)
         if(COMMPACT_NCCL_LIBRARY AND COMMPACT_NCCL_INCLUDE)
           add_library(commpact::nccl INTERFACE IMPORTED GLOBAL)
           set_target_properties(commpact::nccl PROPERTIES

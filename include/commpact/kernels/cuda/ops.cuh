@@ -1,0 +1,341 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file ops.cuh
+//! ops<cuda_space>: the kernel table (kernels/ops.hpp) on a CUDA stream. Every row
+//! implements the same specification as ops<host_space>, queued on the executor's stream
+//! (it has run by the next fence), with counts and status in device memory. Only nvcc
+//! compiles this file.
+//!
+//! NOT YET RUN ON A GPU: every row compiles with nvcc 13 and is tested against its host
+//! twin by tests/cuda/test_cuda_ops.cu and tests/cuda/test_gtopk_device.cu, which exit 77
+//! (skipped) on machines without a device; run them with scripts/device-check.
+//!
+//! | row | kernels | equal to the host |
+//! |---|---|---|
+//! | fill, copy, to_host, from_host | fill kernel, cudaMemcpyAsync | bits |
+//! | mean, mean_into | __fdiv_rn(v, float(P)) (mean.hpp's mean_of), status on device | bits |
+//! | ef_accumulate, sub | __fmul_rn / __fadd_rn / __fsub_rn in the host's order | bits |
+//! | clip_scale | two-stage double reduction in a fixed order | within the last bit of the float (the host sums sequentially) |
+//! | topk_abs | select.cuh's radix select (topk.cuh) | bits (indices and values) |
+//! | scatter_mean, zero_delivered | memset + scatter kernels | bits (indices distinct; out-of-range indices are skipped where the host raises) |
+//! | tree_local | ef kernel (__fadd_rn/__fmul_rn as the host's ef_body) + topk_abs | bits |
+//! | tree_payload / tree_absorb | frame encode; decode + validation + merge (sparse_tree.cuh) | bits (frames byte for byte) |
+//! | tree_scatter / tree_zero_delivered | gated by the meta on the device | bits |
+//!
+//! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
+//! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN
+//! produced by arithmetic (an accumulate or a mean over a NaN input) is a NaN on both
+//! sides, flagged alike, with other bits; copies and selections keep the input's bits.
+//!
+//! Argument errors the host raises as invalid_argument (unequal lengths, k > n) are
+//! raised here too, before anything is queued; a failed CUDA call raises device_error.
+//! to_host into pageable host memory makes cudaMemcpyAsync synchronous (CUDA's rule for
+//! pageable memory): correct, but it waits for the stream; pinned memory keeps it queued.
+
+#if !defined(__CUDACC__)
+#error "commpact/kernels/cuda/ops.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "../../error.hpp"
+#include "../../space/cuda.hpp"
+#include "../host/sparse_tree.hpp"
+#include "../ops.hpp"
+#include "../status.hpp"
+#include "check.cuh"
+#include "sparse_tree.cuh"
+#include "topk.cuh"
+#include "vector.cuh"
+
+namespace commpact {
+
+namespace cuda_kernels {
+//! Owns the device scratch of tree_absorb's merge (grow-only, from an allocator hook).
+class merge_workspace {
+ public:
+  merge_workspace() = default;
+  merge_workspace(const merge_workspace&) = delete;
+  merge_workspace& operator=(const merge_workspace&) = delete;
+  merge_workspace(merge_workspace&& o) noexcept { swap(o); }
+  merge_workspace& operator=(merge_workspace&& o) noexcept {
+    swap(o);
+    return *this;
+  }
+  ~merge_workspace() { a_->deallocate(mem_); }
+
+  //! The scratch for sets of at most kcap entries, laid out on stream s.
+  merge_scratch& get(std::uint32_t kcap, const cuda_allocator* a, cudaStream_t s) {
+    std::size_t need = 0;
+    detail::check(merge_scratch::bytes(kcap, need), "merge_scratch::bytes");
+    if (need > bytes_) {
+      detail::check(cudaStreamSynchronize(s), "cudaStreamSynchronize before growing the merge workspace");
+      a_->deallocate(mem_);
+      mem_ = nullptr;
+      bytes_ = 0;
+      if (a) a_ = a;
+      mem_ = a_->allocate(need);
+      bytes_ = need;
+      ++allocations_;
+    }
+    detail::check(ms_.carve(mem_, kcap, s), "merge_scratch::carve");
+    return ms_;
+  }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return bytes_; }
+  [[nodiscard]] std::size_t allocations() const noexcept { return allocations_; }
+  [[nodiscard]] const void* data() const noexcept { return mem_; }
+
+ private:
+  void swap(merge_workspace& o) noexcept {
+    std::swap(a_, o.a_);
+    std::swap(mem_, o.mem_);
+    std::swap(bytes_, o.bytes_);
+    std::swap(allocations_, o.allocations_);
+    std::swap(ms_, o.ms_);
+  }
+  const cuda_allocator* a_ = cuda_default_allocator();
+  void* mem_ = nullptr;
+  std::size_t bytes_ = 0, allocations_ = 0;
+  merge_scratch ms_{};
+};
+}  // namespace cuda_kernels
+
+template <>
+struct ops<cuda_space> {
+  using exec = cuda_space::exec;
+  template <class T>
+  using span = cuda_span<T>;
+  using tree_views = sparse_tree_views<cuda_span>;
+  using topk_workspace = cuda_kernels::topk_workspace;
+  using merge_workspace = cuda_kernels::merge_workspace;
+
+  template <class T>
+  static void fill(const exec& e, span<T> v, T x) {
+    ck(cuda_kernels::fill(cuda_access::ptr(v), v.size(), x, e.stream()), "fill");
+  }
+  template <class U, class T>
+    requires std::is_same_v<std::remove_const_t<U>, T>
+  static void copy(const exec& e, span<U> src, span<T> dst) {
+    require(src.size() == dst.size(), "commpact::ops::copy: ", src.size(), " values into ", dst.size(),
+            "; pass spans of equal length.");
+    if (src.empty()) return;
+    ck(cudaMemcpyAsync(cuda_access::ptr(dst), cuda_access::ptr(src), src.size_bytes(), cudaMemcpyDeviceToDevice,
+                       e.stream()),
+       "copy");
+  }
+  template <class U, class T>
+    requires std::is_same_v<std::remove_const_t<U>, T>
+  static void to_host(const exec& e, span<U> src, std::span<T> host) {
+    require(src.size() == host.size(), "commpact::ops::to_host: ", src.size(), " values into ", host.size(),
+            "; pass spans of equal length.");
+    if (src.empty()) return;
+    ck(cudaMemcpyAsync(host.data(), cuda_access::ptr(src), src.size_bytes(), cudaMemcpyDeviceToHost, e.stream()),
+       "to_host");
+  }
+  template <class U, class T>
+    requires std::is_same_v<std::remove_const_t<U>, T>
+  static void from_host(const exec& e, std::span<U> host, span<T> dst) {
+    require(host.size() == dst.size(), "commpact::ops::from_host: ", host.size(), " values into ", dst.size(),
+            "; pass spans of equal length.");
+    if (host.empty()) return;
+    ck(cudaMemcpyAsync(cuda_access::ptr(dst), host.data(), host.size_bytes(), cudaMemcpyHostToDevice, e.stream()),
+       "from_host");
+  }
+  static void mean(const exec& e, span<float> v, int P, span<std::uint32_t> status) {
+    ck(cuda_kernels::mean(cuda_access::ptr(v), v.size(), P, status.empty() ? nullptr : cuda_access::ptr(status),
+                          e.stream()),
+       "mean");
+  }
+  static void mean_into(const exec& e, span<const float> src, span<float> dst, int P, span<std::uint32_t> status) {
+    require(src.size() == dst.size(), "commpact::ops::mean_into: ", src.size(), " values into ", dst.size(),
+            "; pass spans of equal length.");
+    auto* flag = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(e.scratch(scratch_bytes)) + flag_offset);
+    ck(cuda_kernels::mean_into(cuda_access::ptr(src), cuda_access::ptr(dst), src.size(), P,
+                               status.empty() ? nullptr : cuda_access::ptr(status), flag, e.stream()),
+       "mean_into");
+  }
+  static void ef_accumulate(const exec& e, span<float> acc, span<float> u_next, span<const float> u,
+                            span<const float> r, span<const float> g, float m, span<const float> scale,
+                            span<std::uint32_t> status) {
+    const std::size_t n = acc.size();
+    require(r.size() == n && g.size() == n && (m <= 0.0f || (u.size() == n && u_next.size() == n)),
+            "commpact::ops::ef_accumulate: acc holds ", n, " values, the residual ", r.size(), ", g ", g.size(),
+            ", u ", u.size(), ", u_next ", u_next.size(), "; pass equal lengths (u and u_next with momentum).");
+    ck(cuda_kernels::ef_accumulate(cuda_access::ptr(acc), m > 0.0f ? cuda_access::ptr(u_next) : nullptr,
+                                   m > 0.0f ? cuda_access::ptr(u) : nullptr, cuda_access::ptr(r), cuda_access::ptr(g),
+                                   n, m, scale.empty() ? nullptr : cuda_access::ptr(scale),
+                                   status.empty() ? nullptr : cuda_access::ptr(status), e.stream()),
+       "ef_accumulate");
+  }
+  static void sub(const exec& e, span<float> y, span<const float> x) {
+    require(y.size() == x.size(), "commpact::ops::sub: y holds ", y.size(), " values, x ", x.size(),
+            "; pass spans of equal length.");
+    ck(cuda_kernels::sub(cuda_access::ptr(y), cuda_access::ptr(x), y.size(), e.stream()), "sub");
+  }
+  static void clip_scale(const exec& e, span<const float> g, float clip_norm, int P, span<float> scale) {
+    auto* part = static_cast<double*>(e.scratch(scratch_bytes));
+    ck(cuda_kernels::clip_scale(cuda_access::ptr(g), g.size(), clip_norm, P, cuda_access::ptr(scale), part, e.stream()),
+       "clip_scale");
+  }
+  static void topk_abs(const exec& e, span<const float> v, std::size_t k, span<std::int32_t> idx, span<float> val,
+                       topk_workspace& ws) {
+    require(idx.size() >= k && val.size() >= k, "commpact::ops::topk_abs: outputs hold ", idx.size(), " indices and ",
+            val.size(), " values, but k = ", k, " are written; pass spans of at least k entries.");
+    ws.set_allocator(e.allocator());
+    ws.run(cuda_access::ptr(v), v.size(), k, cuda_access::ptr(idx), cuda_access::ptr(val), e.stream());
+  }
+  static void scatter_mean(const exec& e, span<float> out, span<const std::int32_t> idx, span<const float> val, int P) {
+    require(idx.size() == val.size(), "commpact::ops::scatter_mean: ", idx.size(), " indices but ", val.size(),
+            " values; pass equally long index and value spans.");
+    ck(cuda_kernels::scatter_mean(cuda_access::ptr(out), out.size(), cuda_access::ptr(idx), cuda_access::ptr(val),
+                                  idx.size(), P, e.stream()),
+       "scatter_mean");
+  }
+  static void zero_delivered(const exec& e, span<float> residual, span<float> velocity, span<const std::int32_t> idx,
+                             span<const std::uint8_t> alive) {
+    require(velocity.empty() || velocity.size() == residual.size(), "commpact::ops::zero_delivered: velocity holds ",
+            velocity.size(), " values but the residual ", residual.size(),
+            "; pass an empty velocity or one of the same length.");
+    require(alive.empty() || alive.size() == idx.size(), "commpact::ops::zero_delivered: ", alive.size(),
+            " alive flags for ", idx.size(), " delivered indices; pass one flag per index or none.");
+    ck(cuda_kernels::zero_delivered(cuda_access::ptr(residual), velocity.empty() ? nullptr : cuda_access::ptr(velocity),
+                                    residual.size(), cuda_access::ptr(idx),
+                                    alive.empty() ? nullptr : cuda_access::ptr(alive), idx.size(), e.stream()),
+       "zero_delivered");
+  }
+
+  // ---- gTop-k's tree (kernels/cuda/sparse_tree.cuh); meta is one element -------------
+  static void tree_local(const exec& e, span<sparse_tree_meta> m, std::int64_t n, std::int64_t k, std::uint16_t flags,
+                         span<float> acc, span<float> u_next, span<const float> residual, span<const float> velocity,
+                         span<const float> g, float momentum, span<const float> scale, const tree_views& b,
+                         topk_workspace& ws) {
+    namespace kd = cuda_kernels::detail;
+    const cudaStream_t s = e.stream();
+    sparse_tree_meta* mp = cuda_access::ptr(m);
+    kd::local_begin<<<1, 1, 0, s>>>(mp, n, k, flags);
+    ck(cudaGetLastError(), "tree_local");
+    if (flags) return;
+    require(g.size() == acc.size() && k >= 0 && static_cast<std::size_t>(k) <= acc.size() &&
+                static_cast<std::size_t>(k) <= b.cur_idx.size(),
+            "commpact::ops::tree_local: n = ", acc.size(), ", g holds ", g.size(), ", k = ", k,
+            "; pass equal lengths and k <= n.");
+    const std::size_t nn = acc.size();
+    const bool have_r = residual.size() == nn, have_u = velocity.size() == nn;
+    const float* sp = scale.empty() ? nullptr : cuda_access::ptr(scale);
+    std::uint32_t* st = &status_of(mp);
+    const unsigned grid = kd::vec_grid(nn);
+    if (u_next.empty()) {
+      kd::ef_kernel<0><<<grid, kd::vec_block, 0, s>>>(cuda_access::ptr(acc), nullptr, nullptr,
+                                                              have_r ? cuda_access::ptr(residual) : nullptr,
+                                                              cuda_access::ptr(g), nn, sp, momentum, st);
+    } else if (have_r && have_u) {
+      kd::ef_kernel<1><<<grid, kd::vec_block, 0, s>>>(cuda_access::ptr(acc), cuda_access::ptr(u_next),
+                                                              cuda_access::ptr(velocity), cuda_access::ptr(residual),
+                                                              cuda_access::ptr(g), nn, sp, momentum, st);
+    } else {
+      kd::ef_kernel<2><<<grid, kd::vec_block, 0, s>>>(
+          cuda_access::ptr(acc), cuda_access::ptr(u_next), have_u ? cuda_access::ptr(velocity) : nullptr,
+          have_r ? cuda_access::ptr(residual) : nullptr, cuda_access::ptr(g), nn, sp, momentum, st);
+    }
+    ck(cudaGetLastError(), "tree_local (accumulate)");
+    const auto kk = static_cast<std::size_t>(k);
+    if (kk > 0) {
+      ws.set_allocator(e.allocator());
+      ws.run(cuda_access::ptr(acc), nn, kk, cuda_access::ptr(b.mine_idx), cuda_access::ptr(b.cur_val), s);
+    }
+    kd::local_end<<<kd::vec_grid(kk), kd::vec_block, 0, s>>>(mp, ptrs(b), static_cast<std::uint32_t>(kk));
+    ck(cudaGetLastError(), "tree_local (end)");
+  }
+  static void tree_payload(const exec& e, span<const sparse_tree_meta> m, tree_stage stage, span<std::byte> frame,
+                           const tree_views& b) {
+    cuda_kernels::detail::payload_kernel<<<cuda_kernels::detail::vec_grid(frame.size()), cuda_kernels::detail::vec_block,
+                                           0, e.stream()>>>(cuda_access::ptr(m), stage == tree_stage::unfold_send,
+                                                            cuda_access::ptr(frame), frame.size(), ptrs(b));
+    ck(cudaGetLastError(), "tree_payload");
+  }
+  static void tree_absorb(const exec& e, span<sparse_tree_meta> m, tree_stage stage, bool lower, int peer,
+                          span<const std::byte> frame, const tree_views& b, merge_workspace& mws) {
+    namespace kd = cuda_kernels::detail;
+    const cudaStream_t s = e.stream();
+    const cuda_kernels::tree_ptrs p = ptrs(b);
+    cuda_kernels::merge_scratch& ms = mws.get(p.kcap, e.allocator(), s);
+    sparse_tree_meta* mp = cuda_access::ptr(m);
+    const std::byte* f = cuda_access::ptr(frame);
+    const std::size_t bytes = frame.size();
+    const unsigned gk = kd::vec_grid(p.kcap);
+    kd::absorb_head<<<1, 1, 0, s>>>(mp, f, bytes, ms.ctl);
+    kd::absorb_scan<<<kd::vec_grid(bytes), kd::vec_block, 0, s>>>(mp, f, bytes, ms.ctl);
+    kd::absorb_decide<<<1, 1, 0, s>>>(mp, ms.ctl, f, stage == tree_stage::unfold_recv, peer, p.kcap);
+    kd::absorb_decode<<<gk, kd::vec_block, 0, s>>>(ms.ctl, f, p);
+    ck(cudaGetLastError(), "tree_absorb (decode)");
+    const auto k = static_cast<std::uint32_t>(p.kcap);
+    std::uint32_t* merged = nullptr;
+    std::uint32_t* cur_count = &mp->cur_count;
+    const std::uint32_t* oth_count = &ms.ctl->count;
+    const std::uint32_t* gate = &ms.ctl->ok;
+    switch (stage) {
+      case tree_stage::unfold_recv:
+        kd::absorb_unfold<<<gk, kd::vec_block, 0, s>>>(mp, ms.ctl, p);
+        kd::absorb_unfold_count<<<1, 1, 0, s>>>(mp, ms.ctl);
+        ck(cudaGetLastError(), "tree_absorb (unfold)");
+        return;
+      case tree_stage::fold_recv:
+        kd::absorb_fold<<<gk, kd::vec_block, 0, s>>>(mp, ms.ctl, p);
+        ck(cudaGetLastError(), "tree_absorb (fold)");
+        ck(cuda_kernels::sparse_merge_topk(ms, p.cur_idx, p.cur_val, cur_count, p.oth_idx, p.oth_val, oth_count, k, p.out_idx, p.out_val, merged, s, gate, &mp->k),
+           "tree_absorb (merge)");
+        break;
+      case tree_stage::exchange:
+        if (lower)
+          ck(cuda_kernels::sparse_merge_topk(ms, p.cur_idx, p.cur_val, cur_count, p.oth_idx, p.oth_val, oth_count, k, p.out_idx, p.out_val, merged, s, gate, &mp->k),
+             "tree_absorb (merge)");
+        else
+          ck(cuda_kernels::sparse_merge_topk(ms, p.oth_idx, p.oth_val, oth_count, p.cur_idx, p.cur_val, cur_count, k, p.out_idx, p.out_val, merged, s, gate, &mp->k),
+             "tree_absorb (merge)");
+        break;
+      default: return;
+    }
+    kd::absorb_after_merge<<<gk, kd::vec_block, 0, s>>>(mp, ms.ctl, merged, p);
+    kd::absorb_copy_out<<<gk, kd::vec_block, 0, s>>>(ms.ctl, merged, p);
+    kd::absorb_finish<<<1, 1, 0, s>>>(mp, ms.ctl, merged);
+    ck(cudaGetLastError(), "tree_absorb (finish)");
+  }
+  static void tree_scatter(const exec& e, span<const sparse_tree_meta> m, span<float> out, const tree_views& b, int P) {
+    namespace kd = cuda_kernels::detail;
+    const cuda_kernels::tree_ptrs p = ptrs(b);
+    kd::tree_scatter_zero<<<kd::vec_grid(out.size()), kd::vec_block, 0, e.stream()>>>(
+        cuda_access::ptr(m), cuda_access::ptr(out), out.size());
+    kd::tree_scatter_values<<<kd::vec_grid(p.kcap), kd::vec_block, 0, e.stream()>>>(
+        cuda_access::ptr(m), cuda_access::ptr(out), out.size(), p, P);
+    ck(cudaGetLastError(), "tree_scatter");
+  }
+  static void tree_zero_delivered(const exec& e, span<const sparse_tree_meta> m, span<float> residual,
+                                  span<float> velocity, const tree_views& b) {
+    namespace kd = cuda_kernels::detail;
+    const cuda_kernels::tree_ptrs p = ptrs(b);
+    kd::tree_zero_delivered_kernel<<<kd::vec_grid(p.kcap), kd::vec_block, 0, e.stream()>>>(
+        cuda_access::ptr(m), cuda_access::ptr(residual), velocity.empty() ? nullptr : cuda_access::ptr(velocity),
+        residual.size(), p);
+    ck(cudaGetLastError(), "tree_zero_delivered");
+  }
+
+ private:
+  //! The executor's scratch: clip_scale's partial sums, then mean_into's flag.
+  static constexpr std::size_t flag_offset = cuda_kernels::clip_scratch_bytes;
+  static constexpr std::size_t scratch_bytes = flag_offset + 256;
+  static void ck(cudaError_t err, const char* what) { cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>"); }
+  static std::uint32_t& status_of(sparse_tree_meta* m) { return m->status; }  // an address, never dereferenced here
+  static cuda_kernels::tree_ptrs ptrs(const tree_views& b) {
+    return {cuda_access::ptr(b.mine_idx), cuda_access::ptr(b.cur_idx),    cuda_access::ptr(b.oth_idx),
+            cuda_access::ptr(b.out_idx),  cuda_access::ptr(b.extra_idx),  cuda_access::ptr(b.cur_val),
+            cuda_access::ptr(b.oth_val),  cuda_access::ptr(b.out_val),    cuda_access::ptr(b.mine_alive),
+            cuda_access::ptr(b.extra_alive), cuda_access::ptr(b.mask_in), static_cast<std::uint32_t>(b.cur_idx.size())};
+  }
+};
+
+}  // namespace commpact

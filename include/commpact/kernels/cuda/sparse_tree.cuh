@@ -1,0 +1,482 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file sparse_tree.cuh
+//! gTop-k's data plane on the GPU: the device twins of kernels/host/sparse_tree.hpp's
+//! local, payload, absorb, scatter and zero_delivered, and of host::sparse_merge_topk.
+//! The step's meta (sparse_tree_meta) lives in device memory; every decision that
+//! depends on data (a non-finite value, a malformed frame, ranks that disagree) is taken
+//! by a one-thread kernel on the device, in the host's order, and recorded in the meta's
+//! flags and status bits: nothing synchronises the host and nothing throws.
+//!
+//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_ops.cu runs the
+//! tree kernels of several simulated ranks against the host's once a device is present).
+//!
+//! Merge (host::sparse_merge_topk's specification): the two index-sorted sets are merged
+//! by rank (each entry's place is its own position plus a binary search in the other
+//! set; at equal indices the lower rank's entry comes first), equal neighbours are
+//! summed (va + vb, __fadd_rn) by a stable compaction into the union, and the top
+//! min(k, |union|) of the union by abs_key (ties: the smaller index, which is the smaller
+//! position, the union being index-sorted) are selected by select.cuh, in index order.
+//!
+//! Absorb (host::tree::absorb): a one-thread kernel checks the header (size, magic,
+//! version, flags, ranges, the byte count), a grid kernel the zero padding and the body
+//! (indices in [0, n) and strictly increasing, values finite), a one-thread kernel then
+//! decides in the host's order: a structural fault is a wire error; else the ranges and
+//! flags merge into the meta; an unhealthy step is abandoned (poisoned); else the body's
+//! faults, the count against k and the mask length and stray bits are wire errors. A wire
+//! error sets status_wire, wire_peer and flag_failed and poisons the counts, as the host.
+
+#if !defined(__CUDACC__)
+#error "commpact/kernels/cuda/sparse_tree.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+
+#include "../../comm/tree_comm.hpp"
+#include "../../compress/codecs/sparse_wire.hpp"
+#include "../host/sparse_tree.hpp"
+#include "../status.hpp"
+#include "select.cuh"
+#include "vector.cuh"
+
+namespace commpact::cuda_kernels {
+
+//! Raw device pointers of the tree's buffers (sparse_tree_views), kcap entries each.
+struct tree_ptrs {
+  std::int32_t *mine_idx, *cur_idx, *oth_idx, *out_idx, *extra_idx;
+  float *cur_val, *oth_val, *out_val;
+  std::uint8_t *mine_alive, *extra_alive, *mask_in;
+  std::uint32_t kcap;
+};
+
+//! What an absorb decided (device memory, in the merge workspace).
+struct absorb_ctl {
+  std::uint32_t skip, err, pad_bad, body_bad, ok, count, bad_sum;
+  std::uint64_t expect;
+  sparse_wire::header h;
+};
+
+namespace detail {
+
+__device__ __forceinline__ bool healthy_dev(const sparse_tree_meta& m) {
+  const auto& c = m.cur;
+  return c.flags == 0 && c.n_min == m.n && c.n_max == m.n && c.k_min == m.k && c.k_max == m.k;
+}
+__device__ __forceinline__ void poison_dev(sparse_tree_meta& m) { m.cur_count = m.mine_count = m.extra_count = 0; }
+__device__ __forceinline__ void wire_dev(sparse_tree_meta& m, int peer) {
+  m.status |= status_wire;
+  m.wire_peer = peer;
+  m.cur.flags = static_cast<std::uint16_t>(m.cur.flags | sparse_wire::flag_failed);
+  poison_dev(m);
+}
+__device__ __forceinline__ void merge_meta_dev(sparse_wire::header& a, const sparse_wire::header& o) {
+  a.flags = static_cast<std::uint16_t>(a.flags | o.flags);
+  a.n_min = o.n_min < a.n_min ? o.n_min : a.n_min;
+  a.n_max = o.n_max > a.n_max ? o.n_max : a.n_max;
+  a.k_min = o.k_min < a.k_min ? o.k_min : a.k_min;
+  a.k_max = o.k_max > a.k_max ? o.k_max : a.k_max;
+}
+template <class T>
+__device__ __forceinline__ T get_dev(const std::byte* p) {
+  T v;
+  memcpy(&v, p, sizeof(T));
+  return v;
+}
+
+__global__ void local_begin(sparse_tree_meta* m, std::int64_t n, std::int64_t k, std::uint16_t flags) {
+  sparse_tree_meta z{};
+  z.n = n, z.k = k;
+  z.cur.n_min = z.cur.n_max = n;
+  z.cur.k_min = z.cur.k_max = k;
+  z.cur.flags = flags;
+  *m = z;
+}
+
+//! After the accumulate and the selection: a non-finite acc flags the step, else the
+//! selection becomes this rank's original and current set.
+__global__ void local_end(sparse_tree_meta* m, tree_ptrs b, std::uint32_t k) {
+  const bool bad = (m->status & status_nonfinite) != 0;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < k; j += gridDim.x * blockDim.x) {
+    if (bad) break;
+    b.cur_idx[j] = b.mine_idx[j];
+    b.mine_alive[j] = 1;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    if (bad) {
+      m->cur.flags = static_cast<std::uint16_t>(m->cur.flags | sparse_wire::flag_nonfinite);
+    } else {
+      m->mine_count = m->cur_count = k;
+    }
+  }
+}
+
+//! The frame of host::tree::payload, byte by byte (frames are small: 48 + 8k bytes).
+__global__ void payload_kernel(const sparse_tree_meta* mp, bool unfold_send, std::byte* frame, std::size_t bytes,
+                               tree_ptrs b) {
+  const sparse_tree_meta& m = *mp;
+  const bool ok = healthy_dev(m);
+  const std::uint32_t c = ok ? m.cur_count : 0;
+  const std::uint32_t mb = (unfold_send && ok) ? m.extra_count : 0;
+  const std::size_t e_idx = sparse_wire::header_bytes + 4 * std::size_t(c), e_val = e_idx + 4 * std::size_t(c);
+  const std::size_t e_mask = e_val + (mb + 7) / 8;
+  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < bytes;
+       t += std::size_t(gridDim.x) * blockDim.x) {
+    unsigned char v = 0;
+    if (t < sparse_wire::header_bytes) {
+      unsigned char h[sparse_wire::header_bytes];
+      const std::uint32_t magic = sparse_wire::magic;
+      const std::uint16_t ver = sparse_wire::version, fl = m.cur.flags;
+      memcpy(h + 0, &magic, 4);
+      memcpy(h + 4, &ver, 2);
+      memcpy(h + 6, &fl, 2);
+      memcpy(h + 8, &c, 4);
+      memcpy(h + 12, &mb, 4);
+      memcpy(h + 16, &m.cur.n_min, 8);
+      memcpy(h + 24, &m.cur.n_max, 8);
+      memcpy(h + 32, &m.cur.k_min, 8);
+      memcpy(h + 40, &m.cur.k_max, 8);
+      v = h[t];
+    } else if (t < e_idx) {
+      const std::size_t o = t - sparse_wire::header_bytes;
+      const std::int32_t x = b.cur_idx[o / 4];
+      v = reinterpret_cast<const unsigned char*>(&x)[o % 4];
+    } else if (t < e_val) {
+      const std::size_t o = t - e_idx;
+      const float x = b.cur_val[o / 4];
+      v = reinterpret_cast<const unsigned char*>(&x)[o % 4];
+    } else if (t < e_mask) {
+      const std::size_t e = (t - e_val) * 8;
+      for (std::size_t q = 0; q < 8 && e + q < mb; ++q)
+        if (b.extra_alive[e + q]) v = static_cast<unsigned char>(v | (1u << q));
+    }
+    frame[t] = static_cast<std::byte>(v);
+  }
+}
+
+__global__ void absorb_head(const sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
+  absorb_ctl c{};
+  if (m->status & status_wire) {
+    c.skip = 1;
+    *ctl = c;
+    return;
+  }
+  if (bytes < sparse_wire::header_bytes) {
+    c.err = 1;
+    *ctl = c;
+    return;
+  }
+  sparse_wire::header h;
+  const auto mg = get_dev<std::uint32_t>(f);
+  const auto ver = get_dev<std::uint16_t>(f + 4);
+  h.flags = get_dev<std::uint16_t>(f + 6);
+  h.count = get_dev<std::uint32_t>(f + 8);
+  h.mask_bits = get_dev<std::uint32_t>(f + 12);
+  h.n_min = get_dev<std::int64_t>(f + 16);
+  h.n_max = get_dev<std::int64_t>(f + 24);
+  h.k_min = get_dev<std::int64_t>(f + 32);
+  h.k_max = get_dev<std::int64_t>(f + 40);
+  const std::uint64_t expect = sparse_wire::header_bytes + sparse_wire::entry_bytes * std::uint64_t(h.count) +
+                               (std::uint64_t(h.mask_bits) + 7) / 8;
+  c.err = mg != sparse_wire::magic || ver != sparse_wire::version || (h.flags & ~sparse_wire::known_flags) != 0 ||
+          !(0 <= h.n_min && h.n_min <= h.n_max && 0 <= h.k_min && h.k_min <= h.k_max) || expect > bytes;
+  c.expect = expect;
+  c.h = h;
+  *ctl = c;
+}
+
+//! The zero padding and the body's entries (indices in [0, n), strictly increasing,
+//! values finite) of a structurally sound frame.
+__global__ void absorb_scan(const sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
+  if (ctl->skip || ctl->err) return;
+  const std::uint64_t expect = ctl->expect;
+  const std::uint32_t count = ctl->h.count;
+  const std::int64_t n = m->n;
+  const std::byte* pi = f + sparse_wire::header_bytes;
+  const std::byte* pv = pi + 4 * std::size_t(count);
+  bool pad = false, body = false;
+  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
+  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < bytes; t += stride) {
+    if (t >= expect) pad |= f[t] != std::byte{0};
+    if (t < count) {
+      const auto ix = get_dev<std::int32_t>(pi + 4 * t);
+      body |= ix < 0 || ix >= n;
+      if (t > 0) body |= ix <= get_dev<std::int32_t>(pi + 4 * (t - 1));
+      body |= nonfinite(get_dev<float>(pv + 4 * t));
+    }
+  }
+  if (pad) atomicOr(&ctl->pad_bad, 1u);
+  if (body) atomicOr(&ctl->body_bad, 1u);
+}
+
+__global__ void absorb_decide(sparse_tree_meta* m, absorb_ctl* ctl, const std::byte* f, bool unfold_recv, int peer,
+                              std::uint32_t kcap) {
+  absorb_ctl& c = *ctl;
+  c.ok = 0;
+  const std::uint32_t count = c.h.count;
+  c.count = 0;
+  if (c.skip) return;
+  if (c.err || c.pad_bad) {
+    wire_dev(*m, peer);
+    return;
+  }
+  merge_meta_dev(m->cur, c.h);
+  if (!healthy_dev(*m)) {
+    poison_dev(*m);
+    return;
+  }
+  const std::uint32_t want_mask = unfold_recv ? m->mine_count : 0;
+  bool bad = c.h.n_min != m->n || c.h.n_max != m->n || std::int64_t(count) > m->k || count > kcap ||
+             c.h.mask_bits != want_mask || c.h.mask_bits > kcap || c.body_bad;
+  const std::uint32_t mask_bytes = (c.h.mask_bits + 7) / 8;
+  if (!bad && mask_bytes && (c.h.mask_bits % 8) != 0) {
+    const auto last = static_cast<unsigned>(f[sparse_wire::header_bytes + 8 * std::size_t(count) + mask_bytes - 1]);
+    bad = (last >> (c.h.mask_bits % 8)) != 0;
+  }
+  if (bad) {
+    wire_dev(*m, peer);
+    return;
+  }
+  c.ok = 1;
+  c.count = count;
+}
+
+//! Decodes a validated frame into oth_idx / oth_val / mask_in (as sparse_wire::decode).
+__global__ void absorb_decode(const absorb_ctl* ctl, const std::byte* f, tree_ptrs b) {
+  if (!ctl->ok) return;
+  const std::uint32_t c = ctl->count, mb = ctl->h.mask_bits;
+  const std::byte* pi = f + sparse_wire::header_bytes;
+  const std::byte* pv = pi + 4 * std::size_t(c);
+  const std::byte* pm = pv + 4 * std::size_t(c);
+  const std::uint32_t top = c > mb ? c : mb;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < top; j += gridDim.x * blockDim.x) {
+    if (j < c) {
+      b.oth_idx[j] = get_dev<std::int32_t>(pi + 4 * std::size_t(j));
+      b.oth_val[j] = get_dev<float>(pv + 4 * std::size_t(j));
+    }
+    if (j < mb) b.mask_in[j] = static_cast<std::uint8_t>((static_cast<unsigned>(pm[j / 8]) >> (j % 8)) & 1u);
+  }
+}
+
+//! unfold_recv: the result becomes the current set; the mask gives this rank's survivors.
+__global__ void absorb_unfold(sparse_tree_meta* m, const absorb_ctl* ctl, tree_ptrs b) {
+  if (!ctl->ok) return;
+  const std::uint32_t c = ctl->count, mc = m->mine_count;
+  const std::uint32_t top = c > mc ? c : mc;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < top; j += gridDim.x * blockDim.x) {
+    if (j < c) {
+      b.cur_idx[j] = b.oth_idx[j];
+      b.cur_val[j] = b.oth_val[j];
+    }
+    if (j < mc) b.mine_alive[j] = b.mask_in[j];
+  }
+}
+__global__ void absorb_unfold_count(sparse_tree_meta* m, const absorb_ctl* ctl) {
+  if (ctl->ok) m->cur_count = ctl->count;
+}
+
+//! fold_recv: the extra rank's set is kept as its original entries, all alive.
+__global__ void absorb_fold(sparse_tree_meta* m, const absorb_ctl* ctl, tree_ptrs b) {
+  if (!ctl->ok) return;
+  const std::uint32_t c = ctl->count;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < c; j += gridDim.x * blockDim.x) {
+    b.extra_idx[j] = b.oth_idx[j];
+    b.extra_alive[j] = 1;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) m->extra_count = c;
+}
+
+// ---- the sparse merge --------------------------------------------------------------
+
+//! Number of entries of s[0, n) below x (Strict) or at most x.
+template <bool Strict>
+__device__ __forceinline__ std::uint32_t rank_in(const std::int32_t* s, std::uint32_t n, std::int32_t x) {
+  std::uint32_t lo = 0, hi = n;
+  while (lo < hi) {
+    const std::uint32_t mid = (lo + hi) / 2;
+    if (Strict ? s[mid] < x : s[mid] <= x) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+//! The merged sequence with duplicates (a's entry first at an equal index); *tot = na + nb.
+__global__ void merge_place(const std::int32_t* ia, const float* va, const std::uint32_t* na_p, const std::int32_t* ib,
+                            const float* vb, const std::uint32_t* nb_p, std::uint32_t cap_a, std::uint32_t cap_b,
+                            std::int32_t* mi, float* mv, std::uint32_t* tot, const std::uint32_t* gate) {
+  const bool on = gate == nullptr || *gate;
+  std::uint32_t na = on ? *na_p : 0, nb = on ? *nb_p : 0;
+  na = na < cap_a ? na : cap_a;
+  nb = nb < cap_b ? nb : cap_b;
+  if (blockIdx.x == 0 && threadIdx.x == 0) *tot = na + nb;
+  for (std::uint32_t t = blockIdx.x * blockDim.x + threadIdx.x; t < na + nb; t += gridDim.x * blockDim.x) {
+    if (t < na) {
+      const std::uint32_t pos = t + rank_in<true>(ib, nb, ia[t]);
+      mi[pos] = ia[t];
+      mv[pos] = va[t];
+    } else {
+      const std::uint32_t j = t - na;
+      const std::uint32_t pos = j + rank_in<false>(ia, na, ib[j]);
+      mi[pos] = ib[j];
+      mv[pos] = vb[j];
+    }
+  }
+}
+
+struct union_head {
+  const std::int32_t* mi;
+  __device__ __forceinline__ bool operator()(std::int32_t p) const { return p == 0 || mi[p - 1] != mi[p]; }
+};
+struct union_emit {
+  const std::int32_t* mi;
+  const float* mv;
+  const std::uint32_t* tot;
+  std::int32_t* ui;
+  float* uv;
+  __device__ __forceinline__ void operator()(std::uint32_t p, std::uint32_t o) const {
+    ui[o] = mi[p];
+    uv[o] = (p + 1 < *tot && mi[p + 1] == mi[p]) ? __fadd_rn(mv[p], mv[p + 1]) : mv[p];
+  }
+};
+struct merge_emit {
+  const std::int32_t* ui;
+  const float* uv;
+  std::int32_t* io;
+  float* vo;
+  __device__ __forceinline__ void operator()(std::uint32_t p, std::uint32_t o) const {
+    io[o] = ui[p];
+    vo[o] = uv[p];
+  }
+};
+
+//! After a merge: out -> cur, the alive flags of mine and extra, and the finiteness of
+//! the merged values (summed into ctl->bad_sum).
+__global__ void absorb_after_merge(sparse_tree_meta* m, absorb_ctl* ctl, const std::uint32_t* merged_p, tree_ptrs b) {
+  if (!ctl->ok) return;
+  const std::uint32_t merged = *merged_p, mc = m->mine_count, ec = m->extra_count;
+  std::uint32_t top = merged > mc ? merged : mc;
+  top = top > ec ? top : ec;
+  bool bad = false;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < top; j += gridDim.x * blockDim.x) {
+    if (j < merged) bad |= nonfinite(b.out_val[j]);
+    // Alive tracking reads the merged set in out_idx (the host copies it to cur first).
+    if (j < mc) {
+      const std::int32_t x = b.mine_idx[j];
+      const std::uint32_t r = rank_in<true>(b.out_idx, merged, x);
+      if (!(r < merged && b.out_idx[r] == x)) b.mine_alive[j] = 0;
+    }
+    if (j < ec) {
+      const std::int32_t x = b.extra_idx[j];
+      const std::uint32_t r = rank_in<true>(b.out_idx, merged, x);
+      if (!(r < merged && b.out_idx[r] == x)) b.extra_alive[j] = 0;
+    }
+  }
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(&ctl->bad_sum, 1u);
+}
+__global__ void absorb_copy_out(const absorb_ctl* ctl, const std::uint32_t* merged_p, tree_ptrs b) {
+  if (!ctl->ok) return;
+  const std::uint32_t merged = *merged_p;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < merged; j += gridDim.x * blockDim.x) {
+    b.cur_idx[j] = b.out_idx[j];
+    b.cur_val[j] = b.out_val[j];
+  }
+}
+__global__ void absorb_finish(sparse_tree_meta* m, const absorb_ctl* ctl, const std::uint32_t* merged_p) {
+  if (!ctl->ok) return;
+  m->cur_count = *merged_p;
+  if (ctl->bad_sum) {
+    m->cur.flags = static_cast<std::uint16_t>(m->cur.flags | sparse_wire::flag_nonfinite);
+    m->status |= status_nonfinite;
+    poison_dev(*m);
+  }
+}
+
+__global__ void tree_scatter_zero(const sparse_tree_meta* m, float* out, std::size_t n) {
+  if (!healthy_dev(*m) || (m->status & status_wire)) return;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+    out[i] = 0.0f;
+}
+__global__ void tree_scatter_values(const sparse_tree_meta* m, float* out, std::size_t n, tree_ptrs b, int P) {
+  if (!healthy_dev(*m) || (m->status & status_wire)) return;
+  const std::uint32_t c = m->cur_count;
+  const float d = static_cast<float>(P);
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < c && j < b.kcap; j += gridDim.x * blockDim.x) {
+    const std::int32_t i = b.cur_idx[j];
+    if (i >= 0 && static_cast<std::size_t>(i) < n) out[i] = __fdiv_rn(b.cur_val[j], d);
+  }
+}
+__global__ void tree_zero_delivered_kernel(const sparse_tree_meta* m, float* residual, float* velocity, std::size_t n,
+                                           tree_ptrs b) {
+  const std::uint32_t c = m->mine_count;
+  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < c && j < b.kcap; j += gridDim.x * blockDim.x) {
+    if (!b.mine_alive[j]) continue;
+    const std::int32_t i = b.mine_idx[j];
+    if (i < 0 || static_cast<std::size_t>(i) >= n) continue;
+    residual[i] = 0.0f;
+    if (velocity) velocity[i] = 0.0f;
+  }
+}
+
+}  // namespace detail
+
+//! Device scratch of the sparse merge and the absorb, for sets of at most kcap entries
+//! (two-phase: bytes(kcap), then carve()).
+struct merge_scratch {
+  std::int32_t *mi = nullptr, *ui = nullptr;
+  float *mv = nullptr, *uv = nullptr;
+  std::uint32_t* tot = nullptr;
+  std::uint32_t* u = nullptr;
+  absorb_ctl* ctl = nullptr;
+  select_scratch sel;
+  std::uint32_t kcap = 0;
+
+  static cudaError_t bytes(std::uint32_t kcap, std::size_t& total) {
+    using detail::align256;
+    const std::size_t two = 2 * std::size_t(kcap > 0 ? kcap : 1);
+    std::size_t sb = 0;
+    COMMPACT_CU_TRY(select_scratch::bytes(static_cast<std::uint32_t>(two), sb));
+    total = 4 * align256(4 * two) + align256(16) + align256(sizeof(absorb_ctl)) + sb;
+    return cudaSuccess;
+  }
+  cudaError_t carve(void* mem, std::uint32_t k, cudaStream_t s) {
+    using detail::align256;
+    const std::size_t two = 2 * std::size_t(k > 0 ? k : 1);
+    auto* b = static_cast<unsigned char*>(mem);
+    mi = reinterpret_cast<std::int32_t*>(b), b += align256(4 * two);
+    ui = reinterpret_cast<std::int32_t*>(b), b += align256(4 * two);
+    mv = reinterpret_cast<float*>(b), b += align256(4 * two);
+    uv = reinterpret_cast<float*>(b), b += align256(4 * two);
+    tot = reinterpret_cast<std::uint32_t*>(b);
+    u = tot + 1;
+    b += align256(16);
+    ctl = reinterpret_cast<absorb_ctl*>(b), b += align256(sizeof(absorb_ctl));
+    kcap = k;
+    return sel.carve(b, static_cast<std::uint32_t>(two), s);
+  }
+};
+
+//! host::sparse_merge_topk on the device: a = (ia, va, *na), b = (ib, vb, *nb) (counts in
+//! device memory, at most kcap each), the top min(k, |union|) into io / vo in index order,
+//! their number into *out_count. gate (device, may be null): when zero, both sets count as
+//! empty. d_k (device, may be null): k is min(k, *d_k). Queued on s.
+inline cudaError_t sparse_merge_topk(merge_scratch& ms, const std::int32_t* ia, const float* va,
+                                     const std::uint32_t* na, const std::int32_t* ib, const float* vb,
+                                     const std::uint32_t* nb, std::uint32_t k, std::int32_t* io, float* vo,
+                                     std::uint32_t*& out_count, cudaStream_t s, const std::uint32_t* gate = nullptr,
+                                     const std::int64_t* d_k = nullptr) {
+  const std::uint32_t cap = ms.kcap;
+  detail::merge_place<<<detail::vec_grid(2 * std::size_t(cap)), detail::vec_block, 0, s>>>(
+      ia, va, na, ib, vb, nb, cap, cap, ms.mi, ms.mv, ms.tot, gate);
+  COMMPACT_CU_TRY(cudaGetLastError());
+  COMMPACT_CU_TRY(detail::compact(detail::union_head{ms.mi}, detail::union_emit{ms.mi, ms.mv, ms.tot, ms.ui, ms.uv},
+                                  ms.tot, 2 * cap, ms.sel.bcnt, ms.u, s));
+  COMMPACT_CU_TRY(
+      select_topk(ms.sel, detail::float_keys{ms.uv}, ms.u, k, detail::merge_emit{ms.ui, ms.uv, io, vo}, s, d_k));
+  out_count = &ms.sel.st->out;
+  return cudaSuccess;
+}
+
+}  // namespace commpact::cuda_kernels

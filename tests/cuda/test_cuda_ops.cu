@@ -1,0 +1,465 @@
+// ops<cuda_space> against ops<host_space>, row by row, on fresh random inputs with
+// poisoned outputs: fill/copy/to_host/from_host, mean, mean_into, ef_accumulate and sub
+// (bits and status; a NaN made by arithmetic only as a NaN), clip_scale
+// (within one float ulp: the device sums squares in another order), topk_abs (bits:
+// indices and values; Gaussian, tied, all-equal, +-0, denormals, +-Inf and NaN inputs;
+// n from 1 to 3e6, k from 0 to n), scatter_mean, zero_delivered, and gTop-k's tree kernels
+// run for P simulated ranks in lockstep (P = 1..8; frames byte for byte, meta, sets,
+// scatter and residual against the host's), with a corrupted frame and a NaN gradient.
+// Also checks cuda_space against the Space concept at compile time.
+//
+// NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
+// Built by CMake (tests/cuda) and by scripts/device-check with nvcc alone.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "commpact/comm/tree_comm.hpp"
+#include "commpact/concepts/space.hpp"
+#include "commpact/kernels/cuda/ops.cuh"
+#include "commpact/kernels/host/ops.hpp"
+#include "commpact/space/cuda.hpp"
+#include "commpact/topology/hypercube.hpp"
+
+#include "cuda_test_common.cuh"
+
+static_assert(commpact::diagnose_space<commpact::cuda_space>());
+static_assert(!commpact::cuda_space::host_accessible);
+
+using commpact_test::failures;
+namespace cp = commpact;
+using D = cp::ops<cp::cuda_space>;
+using H = cp::ops<cp::host_space>;
+
+std::size_t sparse_wire_body_offset();
+namespace {
+
+cp::cuda_space::exec E;
+
+std::uint32_t bits(float v) {
+  std::uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return b;
+}
+
+template <class T>
+void upload(cp::cuda_buffer<T>& b, const std::vector<T>& h) {
+  b.resize(h.size());
+  D::from_host(E, std::span<const T>(h), b.view());
+}
+template <class T>
+std::vector<T> download(const cp::cuda_buffer<T>& b, std::size_t n = std::size_t(-1)) {
+  if (n == std::size_t(-1)) n = b.size();
+  std::vector<T> h(n);
+  D::to_host(E, b.cview().first(n), std::span<T>(h));
+  cp::cuda_space::fence(E, cp::no_deadline());
+  return h;
+}
+
+template <class T>
+std::size_t count_diff_bytes(const std::vector<T>& a, const std::vector<T>& b) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
+  return d + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+//! As count_diff_bytes, but any NaN equals any NaN (GPU arithmetic returns the canonical
+//! NaN where x86 keeps the operand's payload; ops.cuh says so).
+std::size_t count_diff_nan(const std::vector<float>& a, const std::vector<float>& b) {
+  std::size_t d = 0;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i)
+    d += !(bits(a[i]) == bits(b[i]) || (std::isnan(a[i]) && std::isnan(b[i])));
+  return d + (a.size() > b.size() ? a.size() - b.size() : b.size() - a.size());
+}
+
+void check_table_ef(std::mt19937_64& rng) {
+  std::normal_distribution<float> d;
+  const std::size_t n = 70001;
+  for (float m : {0.0f, 0.9f})
+    for (bool scaled : {false, true})
+      for (bool inject : {false, true}) {
+        std::vector<float> r(n), g(n), u(n), acc(n, 1.0f), un(n, 1.0f), sc{0.37f};
+        for (auto* v : {&r, &g, &u})
+          for (auto& x : *v) x = d(rng);
+        if (inject) g[n - 5] = std::numeric_limits<float>::infinity();
+        cp::cuda_buffer<float> dr, dg, du, dacc, dun, dsc;
+        cp::cuda_buffer<std::uint32_t> st;
+        upload(dr, r), upload(dg, g), upload(du, u), upload(dsc, sc), upload(st, std::vector<std::uint32_t>{0});
+        dacc.resize(n), dun.resize(n);
+        std::vector<std::uint32_t> hs{0};
+        const auto hsc = scaled ? std::span<const float>(sc) : std::span<const float>{};
+        H::ef_accumulate({}, std::span<float>(acc), std::span<float>(un), std::span<const float>(u),
+                         std::span<const float>(r), std::span<const float>(g), m, hsc, std::span<std::uint32_t>(hs));
+        D::ef_accumulate(E, dacc.view(), dun.view(), du.cview(), dr.cview(), dg.cview(), m,
+                         scaled ? dsc.cview() : cp::cuda_span<const float>{}, st.view());
+        EXPECT(count_diff_nan(download(dacc), acc) == 0, "ef_accumulate m=%g scaled=%d: acc differs", m, int(scaled));
+        if (m > 0) EXPECT(count_diff_nan(download(dun), un) == 0, "ef_accumulate m=%g: u_next differs", m);
+        EXPECT(download(st)[0] == hs[0], "ef_accumulate status %u vs host %u", download(st)[0], hs[0]);
+      }
+  // sub and mean_into (with and without a non-finite source)
+  std::vector<float> y(5003), x(5003);
+  for (auto& v : y) v = d(rng);
+  for (auto& v : x) v = d(rng);
+  cp::cuda_buffer<float> dy, dx;
+  upload(dy, y), upload(dx, x);
+  D::sub(E, dy.view(), dx.cview());
+  H::sub({}, std::span<float>(y), std::span<const float>(x));
+  EXPECT(count_diff_bytes(download(dy), y) == 0, "sub differs from the host");
+  for (bool inject : {false, true}) {
+    std::vector<float> src = x, dst(x.size(), 4.0f);
+    if (inject) src[17] = std::numeric_limits<float>::quiet_NaN();
+    cp::cuda_buffer<float> ds, dd;
+    cp::cuda_buffer<std::uint32_t> st;
+    upload(ds, src), upload(dd, dst), upload(st, std::vector<std::uint32_t>{0});
+    std::vector<std::uint32_t> hs{0};
+    H::mean_into({}, std::span<const float>(src), std::span<float>(dst), 6, std::span<std::uint32_t>(hs));
+    D::mean_into(E, ds.cview(), dd.view(), 6, st.view());
+    EXPECT(count_diff_bytes(download(dd), dst) == 0, "mean_into (inject=%d) differs from the host", int(inject));
+    EXPECT(download(st)[0] == hs[0], "mean_into status %u vs host %u", download(st)[0], hs[0]);
+  }
+}
+
+void check_basic(std::mt19937_64& rng) {
+  std::normal_distribution<float> d;
+  std::vector<float> h(12345);
+  for (auto& v : h) v = d(rng);
+  cp::cuda_buffer<float> a, b;
+  upload(a, h);
+  b.resize(h.size());
+  D::copy(E, a.cview(), b.view());
+  EXPECT(count_diff_bytes(download(b), h) == 0, "copy/from_host/to_host round trip differs");
+  D::fill(E, b.view(), 2.5f);
+  const auto f = download(b);
+  EXPECT(std::all_of(f.begin(), f.end(), [](float v) { return v == 2.5f; }), "fill");
+}
+
+void check_mean(std::mt19937_64& rng) {
+  for (int P : {1, 3, 7, 64}) {
+    for (bool inject : {false, true}) {
+      std::normal_distribution<float> d(0.0f, 100.0f);
+      std::vector<float> h(100003);
+      for (auto& v : h) v = d(rng);
+      if (inject) h[777] = std::numeric_limits<float>::infinity();
+      cp::cuda_buffer<float> dv;
+      cp::cuda_buffer<std::uint32_t> st;
+      upload(dv, h);
+      upload(st, std::vector<std::uint32_t>{0});
+      D::mean(E, dv.view(), P, st.view());
+      std::vector<std::uint32_t> hs{0};
+      H::mean({}, std::span<float>(h), P, std::span<std::uint32_t>(hs));
+      EXPECT(count_diff_bytes(download(dv), h) == 0, "mean P=%d differs from the host", P);
+      EXPECT(download(st)[0] == hs[0], "mean P=%d status %u vs host %u", P, download(st)[0], hs[0]);
+    }
+  }
+}
+
+void check_clip(std::mt19937_64& rng) {
+  for (float clip : {0.0f, 0.5f, 1e6f}) {
+    std::normal_distribution<float> d;
+    std::vector<float> h(1 << 18);
+    for (auto& v : h) v = d(rng);
+    cp::cuda_buffer<float> g, s;
+    upload(g, h);
+    s.resize(1);
+    D::clip_scale(E, g.cview(), clip, 4, s.view());
+    std::vector<float> hs(1);
+    H::clip_scale({}, std::span<const float>(h), clip, 4, std::span<float>(hs));
+    const float ds = download(s)[0];
+    const auto diff = std::abs(static_cast<std::int64_t>(bits(ds)) - static_cast<std::int64_t>(bits(hs[0])));
+    EXPECT(diff <= 1, "clip_scale(clip=%g): device %a vs host %a (more than one ulp)", clip, ds, hs[0]);
+  }
+}
+
+void check_topk_one(const char* what, const std::vector<float>& x, std::size_t k, D::topk_workspace& ws) {
+  cp::cuda_buffer<float> dx, dval;
+  cp::cuda_buffer<std::int32_t> didx;
+  upload(dx, x);
+  didx.resize(k);  // poisoned (0xFF)
+  dval.resize(k);
+  D::topk_abs(E, dx.cview(), k, didx.view(), dval.view(), ws);
+  std::vector<std::int32_t> hi(k);
+  std::vector<float> hv(k);
+  cp::host::topk_workspace hws;
+  H::topk_abs({}, std::span<const float>(x), k, std::span<std::int32_t>(hi), std::span<float>(hv), hws);
+  const auto gi = download(didx);
+  const auto gv = download(dval);
+  const std::size_t bi = count_diff_bytes(gi, hi), bv = count_diff_bytes(gv, hv);
+  EXPECT(bi == 0 && bv == 0, "topk %s n=%zu k=%zu: %zu indices and %zu values differ from the host", what, x.size(), k,
+         bi, bv);
+}
+
+void check_topk(std::mt19937_64& rng) {
+  D::topk_workspace ws;
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{1000}, std::size_t{65537},
+                        std::size_t{1} << 20, std::size_t{3000017}}) {
+    std::normal_distribution<float> d;
+    std::vector<std::size_t> ks = {0, 1, n, n > 1 ? n - 1 : 1, std::uniform_int_distribution<std::size_t>(0, n)(rng)};
+    if (n >= 1000) ks.insert(ks.end(), {n / 1000, n / 100, n / 2});
+    std::vector<float> x(n);
+    for (auto& v : x) v = d(rng);
+    for (auto k : ks) check_topk_one("gaussian", x, k, ws);
+    for (auto& v : x) v = std::round(d(rng) * 2.0f) * 0.5f;  // many ties, +-0
+    for (std::size_t i = 0; i < n; i += 101) x[i] = (i % 2) ? std::numeric_limits<float>::infinity() : -0.0f;
+    x[n / 2] = std::numeric_limits<float>::quiet_NaN();
+    for (auto k : ks) check_topk_one("tied+inf+nan", x, k, ws);
+    std::fill(x.begin(), x.end(), -3.0f);  // all equal
+    for (auto k : ks) check_topk_one("all-equal", x, k, ws);
+    std::uniform_int_distribution<std::uint32_t> den(0, 0x007fffffu);
+    for (auto& v : x) {
+      std::uint32_t b = den(rng) | ((rng() & 1u) << 31);
+      std::memcpy(&v, &b, 4);
+    }
+    for (auto k : ks) check_topk_one("denormal", x, k, ws);
+  }
+  // No allocation after the first call of a size.
+  std::vector<float> x(1 << 16, 1.0f);
+  check_topk_one("reuse", x, 100, ws);
+  const auto a = ws.allocations();
+  check_topk_one("reuse", x, 100, ws);
+  EXPECT(ws.allocations() == a, "the top-k workspace allocated again for the same size");
+}
+
+void check_scatter(std::mt19937_64& rng) {
+  const std::size_t n = 50000, k = 731;
+  std::vector<std::int32_t> idx(n);
+  for (std::size_t i = 0; i < n; ++i) idx[i] = static_cast<std::int32_t>(i);
+  std::shuffle(idx.begin(), idx.end(), rng);
+  idx.resize(k);
+  std::sort(idx.begin(), idx.end());
+  std::normal_distribution<float> d;
+  std::vector<float> val(k), res(n), vel(n);
+  for (auto& v : val) v = d(rng);
+  for (auto& v : res) v = d(rng);
+  for (auto& v : vel) v = d(rng);
+  std::vector<std::uint8_t> alive(k);
+  for (auto& a : alive) a = rng() & 1u;
+  cp::cuda_buffer<float> out, dval, dres, dvel;
+  cp::cuda_buffer<std::int32_t> didx;
+  cp::cuda_buffer<std::uint8_t> dalive;
+  out.resize(n);
+  upload(dval, val), upload(didx, idx), upload(dres, res), upload(dvel, vel), upload(dalive, alive);
+  D::scatter_mean(E, out.view(), didx.cview(), dval.cview(), 3);
+  std::vector<float> hout(n, 7.0f);
+  H::scatter_mean({}, std::span<float>(hout), std::span<const std::int32_t>(idx), std::span<const float>(val), 3);
+  EXPECT(count_diff_bytes(download(out), hout) == 0, "scatter_mean differs from the host");
+  D::zero_delivered(E, dres.view(), dvel.view(), didx.cview(), dalive.cview());
+  H::zero_delivered({}, std::span<float>(res), std::span<float>(vel), std::span<const std::int32_t>(idx),
+                    std::span<const std::uint8_t>(alive));
+  EXPECT(count_diff_bytes(download(dres), res) == 0, "zero_delivered (residual) differs from the host");
+  EXPECT(count_diff_bytes(download(dvel), vel) == 0, "zero_delivered (velocity) differs from the host");
+}
+
+// ---- gTop-k's tree kernels over P simulated ranks -------------------------------------
+struct rank_state {
+  // host
+  std::vector<std::int32_t> hi[5];
+  std::vector<float> hv[3];
+  std::vector<std::uint8_t> ha[3];
+  cp::host_tree_views hb;
+  cp::sparse_tree_meta hm{};
+  std::vector<float> hacc, hun, hres, hvel, hg;
+  std::vector<std::byte> hsend, hrecv;
+  cp::host::topk_workspace hws;
+  cp::host::merge_workspace hmws;
+  // device
+  cp::cuda_buffer<std::int32_t> di[5];
+  cp::cuda_buffer<float> dv[3];
+  cp::cuda_buffer<std::uint8_t> da[3];
+  D::tree_views db;
+  cp::cuda_buffer<cp::sparse_tree_meta> dm;
+  cp::cuda_buffer<float> dacc, dun, dres, dvel, dg, dscale;
+  cp::cuda_buffer<std::byte> dsend, drecv;
+  D::topk_workspace dws;
+  D::merge_workspace dmws;
+
+  void size(std::size_t kc, std::size_t fb) {
+    for (auto& v : hi) v.assign(kc, 0);
+    for (auto& v : hv) v.assign(kc, 0.0f);
+    for (auto& v : ha) v.assign(kc, 0);
+    hb = {hi[0], hi[1], hi[2], hi[3], hi[4], hv[0], hv[1], hv[2], ha[0], ha[1], ha[2]};
+    for (auto& v : di) v.resize(kc);
+    for (auto& v : dv) v.resize(kc);
+    for (auto& v : da) v.resize(kc);
+    db = {di[0].view(), di[1].view(), di[2].view(), di[3].view(), di[4].view(), dv[0].view(),
+          dv[1].view(), dv[2].view(), da[0].view(), da[1].view(), da[2].view()};
+    dm.resize(1);
+    hsend.assign(fb, std::byte{0}), hrecv.assign(fb, std::byte{0});
+    dsend.resize(fb), drecv.resize(fb);
+  }
+};
+
+bool same_meta(const cp::sparse_tree_meta& a, const cp::sparse_tree_meta& b) {
+  return a.cur.flags == b.cur.flags && a.cur.n_min == b.cur.n_min && a.cur.n_max == b.cur.n_max &&
+         a.cur.k_min == b.cur.k_min && a.cur.k_max == b.cur.k_max && a.cur_count == b.cur_count &&
+         a.mine_count == b.mine_count && a.extra_count == b.extra_count && a.status == b.status &&
+         a.wire_peer == b.wire_peer && a.n == b.n && a.k == b.k;
+}
+
+//! One gTop-k step on P simulated ranks, host and device side by side. corrupt: the rank
+//! whose first received frame gets a flipped byte (-1: none); nan_rank: a NaN in its g.
+void check_tree(int P, std::size_t n, std::size_t k, bool momentum, bool with_residual, int corrupt, int nan_rank,
+                std::mt19937_64& rng) {
+  const cp::Hypercube cube(P);
+  std::vector<rank_state> R(P);
+  const std::size_t fb = cp::sparse_tree_frame_bytes(k, true);
+  std::normal_distribution<float> d;
+  for (int r = 0; r < P; ++r) {
+    auto& s = R[r];
+    s.size(k, fb);
+    s.hg.resize(n);
+    for (auto& v : s.hg) v = d(rng);
+    // sparse-ish gradients with repeated indices across ranks: some exact ties and sums
+    for (std::size_t i = 0; i < n; i += 7) s.hg[i] = std::round(s.hg[i]);
+    if (r == nan_rank) s.hg[n / 3] = std::numeric_limits<float>::quiet_NaN();
+    if (with_residual) {
+      s.hres.resize(n);
+      for (auto& v : s.hres) v = 0.1f * d(rng);
+    }
+    if (momentum && with_residual) {
+      s.hvel.resize(n);
+      for (auto& v : s.hvel) v = 0.1f * d(rng);
+    }
+    s.hacc.assign(n, 0.0f);
+    if (momentum) s.hun.assign(n, 0.0f);
+    upload(s.dg, s.hg);
+    upload(s.dres, s.hres);
+    upload(s.dvel, s.hvel);
+    s.dacc.resize(n);
+    if (momentum) s.dun.resize(n);
+    // local
+    H::tree_local({}, std::span<cp::sparse_tree_meta>(&s.hm, 1), std::int64_t(n), std::int64_t(k), 0, s.hacc, s.hun,
+                  s.hres, s.hvel, s.hg, 0.9f, {}, s.hb, s.hws);
+    D::tree_local(E, s.dm.view(), std::int64_t(n), std::int64_t(k), 0, s.dacc.view(),
+                  momentum ? s.dun.view() : cp::cuda_span<float>{}, s.dres.cview(), s.dvel.cview(), s.dg.cview(), 0.9f,
+                  {}, s.db, s.dws);
+    EXPECT(count_diff_nan(download(s.dacc), s.hacc) == 0, "P=%d rank %d: acc differs", P, r);
+  }
+  // The schedule in phases: fold, exchange rounds, unfold; senders' payloads first.
+  const int phases = cube.rounds() + 2;
+  std::vector<std::vector<cp::tree_step>> steps(P);
+  for (int r = 0; r < P; ++r) steps[r] = cp::tree_schedule(cube, r);
+  auto phase_of = [&](const cp::tree_step& s) {
+    if (s.stage == cp::tree_stage::fold_send || s.stage == cp::tree_stage::fold_recv) return 0;
+    if (s.stage == cp::tree_stage::exchange) return 1 + s.round;
+    return phases - 1;
+  };
+  bool corrupted = false;
+  for (int ph = 0; ph < phases; ++ph) {
+    std::vector<const cp::tree_step*> now(P, nullptr);
+    for (int r = 0; r < P; ++r)
+      for (const auto& s : steps[r])
+        if (phase_of(s) == ph) now[r] = &s;
+    auto fbytes = [&](const cp::tree_step& s) {
+      const bool unfold = s.stage == cp::tree_stage::unfold_send || s.stage == cp::tree_stage::unfold_recv;
+      return cp::sparse_tree_frame_bytes(k, unfold);
+    };
+    for (int r = 0; r < P; ++r) {
+      if (!now[r] || !now[r]->sends()) continue;
+      auto& s = R[r];
+      const std::size_t b = fbytes(*now[r]);
+      H::tree_payload({}, std::span<const cp::sparse_tree_meta>(&s.hm, 1), now[r]->stage,
+                      std::span<std::byte>(s.hsend).first(b), s.hb);
+      D::tree_payload(E, cp::cuda_span<const cp::sparse_tree_meta>(s.dm.view()), now[r]->stage, s.dsend.view().first(b),
+                      s.db);
+      auto got = download(s.dsend, b);
+      EXPECT(count_diff_bytes(got, std::vector<std::byte>(s.hsend.begin(), s.hsend.begin() + b)) == 0,
+             "P=%d rank %d phase %d: the device frame differs from the host's", P, r, ph);
+    }
+    for (int r = 0; r < P; ++r) {
+      if (!now[r] || !now[r]->receives()) continue;
+      auto& s = R[r];
+      const auto& st = *now[r];
+      const std::size_t b = fbytes(st);
+      auto& src = R[st.peer];
+      std::copy_n(src.hsend.begin(), b, s.hrecv.begin());
+      if (r == corrupt && !corrupted) {
+        s.hrecv[sparse_wire_body_offset()] ^= std::byte{0x40};
+        corrupted = true;
+      }
+      D::from_host(E, std::span<const std::byte>(s.hrecv).first(b), s.drecv.view().first(b));
+      H::tree_absorb({}, std::span<cp::sparse_tree_meta>(&s.hm, 1), st.stage, r < st.peer, st.peer,
+                     std::span<const std::byte>(s.hrecv).first(b), s.hb, s.hmws);
+      D::tree_absorb(E, s.dm.view(), st.stage, r < st.peer, st.peer, cp::cuda_span<const std::byte>(s.drecv.view().first(b)),
+                     s.db, s.dmws);
+      const auto dmeta = download(s.dm)[0];
+      EXPECT(same_meta(dmeta, s.hm), "P=%d rank %d phase %d: meta differs (count %u vs %u, status %u vs %u, flags %u vs %u)",
+             P, r, ph, dmeta.cur_count, s.hm.cur_count, dmeta.status, s.hm.status, dmeta.cur.flags, s.hm.cur.flags);
+    }
+  }
+  for (int r = 0; r < P; ++r) {
+    auto& s = R[r];
+    const auto dmeta = download(s.dm)[0];
+    EXPECT(same_meta(dmeta, s.hm), "P=%d rank %d: final meta differs", P, r);
+    const std::size_t c = s.hm.cur_count;
+    auto di = download(s.di[1], c);
+    auto dv = download(s.dv[0], c);
+    EXPECT(count_diff_bytes(di, std::vector<std::int32_t>(s.hi[1].begin(), s.hi[1].begin() + c)) == 0 &&
+               count_diff_bytes(dv, std::vector<float>(s.hv[0].begin(), s.hv[0].begin() + c)) == 0,
+           "P=%d rank %d: the global set differs", P, r);
+    const std::size_t mc = s.hm.mine_count;
+    auto dal = download(s.da[0], mc);
+    EXPECT(count_diff_bytes(dal, std::vector<std::uint8_t>(s.ha[0].begin(), s.ha[0].begin() + mc)) == 0,
+           "P=%d rank %d: the alive flags differ", P, r);
+    // scatter into a poisoned output, then the residual commit
+    std::vector<float> hout(n, 5.0f);
+    cp::cuda_buffer<float> dout;
+    upload(dout, hout);
+    H::tree_scatter({}, std::span<const cp::sparse_tree_meta>(&s.hm, 1), std::span<float>(hout), s.hb, P);
+    D::tree_scatter(E, cp::cuda_span<const cp::sparse_tree_meta>(s.dm.view()), dout.view(), s.db, P);
+    EXPECT(count_diff_bytes(download(dout), hout) == 0, "P=%d rank %d: tree_scatter differs", P, r);
+    std::vector<float> hvel2 = momentum ? s.hun : std::vector<float>{};
+    H::tree_zero_delivered({}, std::span<const cp::sparse_tree_meta>(&s.hm, 1), std::span<float>(s.hacc),
+                           std::span<float>(hvel2), s.hb);
+    D::tree_zero_delivered(E, cp::cuda_span<const cp::sparse_tree_meta>(s.dm.view()), s.dacc.view(),
+                           momentum ? s.dun.view() : cp::cuda_span<float>{}, s.db);
+    EXPECT(count_diff_nan(download(s.dacc), s.hacc) == 0, "P=%d rank %d: the residual after the commit differs", P, r);
+    if (momentum) EXPECT(count_diff_nan(download(s.dun), hvel2) == 0, "P=%d rank %d: the velocity differs", P, r);
+  }
+}
+
+}  // namespace
+
+// The byte the corruption test flips: inside the first entry's index (a sorted-order or
+// range violation the decoder must catch).
+std::size_t sparse_wire_body_offset() { return cp::sparse_wire::header_bytes + 3; }
+
+int main() {
+  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
+  try {
+    E = cp::cuda_space::make_exec();
+    std::mt19937_64 rng(std::random_device{}());
+    const auto seed = rng();
+    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
+    rng.seed(seed);
+    check_basic(rng);
+    check_mean(rng);
+    check_clip(rng);
+    check_table_ef(rng);
+    check_topk(rng);
+    check_scatter(rng);
+    for (int P : {1, 2, 3, 4, 5, 8})
+      for (std::size_t k : {std::size_t{1}, std::size_t{37}, std::size_t{1000}}) {
+        check_tree(P, 20011, k, false, true, -1, -1, rng);
+        check_tree(P, 20011, k, true, true, -1, -1, rng);
+      }
+    check_tree(4, 5000, 50, false, false, -1, -1, rng);  // first step: no residual
+    check_tree(3, 5000, 50, true, false, -1, -1, rng);   // first step with momentum
+    check_tree(4, 5000, 50, false, true, 1, -1, rng);    // a corrupted frame
+    check_tree(5, 5000, 50, false, true, -1, 2, rng);    // a NaN gradient
+    check_tree(8, 5000, 50, false, true, 6, -1, rng);
+  } catch (const std::exception& e) {
+    std::printf("FAILED with exception: %s\n", e.what());
+    return 1;
+  }
+  std::printf(failures == 0 ? "all ops<cuda_space> checks passed\n" : "%d ops<cuda_space> checks failed\n", failures);
+  return failures == 0 ? 0 : 1;
+}
