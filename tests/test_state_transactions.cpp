@@ -31,22 +31,19 @@
 #include <vector>
 
 #include "common/random.hpp"
+#include "common/state_blobs.hpp"
 
 using namespace commpact;
 using bytes = std::vector<std::byte>;
 
 namespace {
 using commpact_test::normal;
+using commpact_test::craft;
+using commpact_test::craft_i64;
+using commpact_test::saved;
 const tensor_layout kLayout = {{12, 10}, {10}, {6, 8}, {3}};
 constexpr std::size_t kN = 120 + 10 + 48 + 3;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-template <class T>
-bytes saved(const T& t) {
-  bytes b;
-  t.save_state(b);
-  return b;
-}
 
 //! Every corruption of `good` raises a commpact::error when loaded into t, and t's own
 //! state is unchanged afterwards. Returns the number of corruptions that did NOT raise.
@@ -76,35 +73,6 @@ int corruptions_that_load(T& t, const bytes& good) {
   return loaded;
 }
 
-//! Re-writes a valid blob of `kind` whose section `tag` (i64s) is replaced by `values`.
-bytes craft_i64(const bytes& good, const std::string& kind, std::uint32_t tag, std::vector<std::int64_t> values) {
-  // Walk the sections of the valid blob and copy them, replacing one.
-  bytes out;
-  state::writer w{out, kind};
-  std::size_t at = state::header_bytes;
-  const std::size_t end = good.size() - 8;
-  std::uint32_t sections;
-  std::memcpy(&sections, good.data() + 16, 4);
-  for (std::uint32_t s = 0; s < sections; ++s) {
-    std::uint32_t t, type;
-    std::uint64_t count;
-    std::memcpy(&t, good.data() + at, 4);
-    std::memcpy(&type, good.data() + at + 4, 4);
-    std::memcpy(&count, good.data() + at + 8, 8);
-    const std::byte* p = good.data() + at + 16;
-    const std::size_t len = count * (type == 3 ? 1 : type == 2 ? 4 : 8);
-    if (s > 0) {  // section 0 is the kind, written by the writer
-      if (t == tag && type == 1) w.i64s(t, values);
-      else if (type == 1) w.i64s(t, std::span(reinterpret_cast<const std::int64_t*>(p), count));
-      else if (type == 2) w.f32s(t, std::span(reinterpret_cast<const float*>(p), count));
-      else w.bytes(t, std::span(p, count));
-    }
-    at += 16 + ((len + 7) & ~std::size_t{7});
-  }
-  REQUIRE(at == end);
-  w.finish();
-  return out;
-}
 }  // namespace
 
 TEST_CASE("state format: round trip and every kind of corruption", "[state]") {

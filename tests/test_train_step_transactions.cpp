@@ -34,9 +34,13 @@
 #include <vector>
 
 #include "common/random.hpp"
+#include "common/state_blobs.hpp"
 
 using namespace commpact;
 using commpact_test::normal;
+using commpact_test::craft;
+using commpact_test::craft_i64;
+using commpact_test::saved;
 using bytes = std::vector<std::byte>;
 
 namespace {
@@ -56,42 +60,6 @@ C make(ThreadComm& comm) {
     return C{comm, kLayout};
   else
     return C{comm};
-}
-
-template <class T>
-bytes saved(const T& t) {
-  bytes b;
-  t.save_state(b);
-  return b;
-}
-
-//! Rewrites a valid blob of `kind`, letting `edit(tag, type, payload)` replace any
-//! section's payload (type 1 i64, 2 f32, 3 bytes); the checksum stays valid.
-template <class Edit>
-bytes craft(const bytes& good, const char* kind, Edit edit) {
-  bytes out;
-  state::writer w{out, kind};
-  std::size_t at = state::header_bytes;
-  std::uint32_t sections;
-  std::memcpy(&sections, good.data() + 16, 4);
-  for (std::uint32_t s = 0; s < sections; ++s) {
-    std::uint32_t t, type;
-    std::uint64_t count;
-    std::memcpy(&t, good.data() + at, 4);
-    std::memcpy(&type, good.data() + at + 4, 4);
-    std::memcpy(&count, good.data() + at + 8, 8);
-    const std::size_t esz = type == 3 ? 1 : type == 2 ? 4 : 8;
-    bytes payload(good.data() + at + 16, good.data() + at + 16 + count * esz);
-    if (s > 0) {
-      edit(t, type, payload);
-      if (type == 1) w.i64s(t, std::span(reinterpret_cast<const std::int64_t*>(payload.data()), payload.size() / 8));
-      else if (type == 2) w.f32s(t, std::span(reinterpret_cast<const float*>(payload.data()), payload.size() / 4));
-      else w.bytes(t, payload);
-    }
-    at += 16 + ((count * esz + 7) & ~std::size_t{7});
-  }
-  w.finish();
-  return out;
 }
 
 void sgd(std::span<float> p, std::span<const float> g, double lr) {
