@@ -21,28 +21,15 @@
 #include <vector>
 
 #include "common/random.hpp"
+#include "common/space_copies.hpp"
 
 using namespace commpact;
+using commpact_test::device_copy;
+using commpact_test::host_copy;
 using commpact_test::normal;
+using commpact_test::same_bits;
 
 namespace {
-
-bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
-std::vector<float> host_copy(const deferred_space::exec& e, deferred_span<const float> s) {
-  std::vector<float> h(s.size());
-  ops<deferred_space>::to_host(e, s, std::span<float>(h));
-  deferred_space::fence(e, no_deadline());
-  return h;
-}
-deferred_space::buffer<float> device_copy(const deferred_space::exec& e, const std::vector<float>& h) {
-  deferred_space::buffer<float> b;
-  b.resize(h.size());
-  ops<deferred_space>::from_host(e, std::span<const float>(h), b.view());
-  deferred_space::fence(e, no_deadline());
-  return b;
-}
 
 using DC = DeferredComm<ThreadComm>;
 template <class K>

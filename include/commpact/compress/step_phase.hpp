@@ -12,6 +12,16 @@
 
 namespace commpact::detail {
 
+//! reduce() of a two-phase compressor: start + finish + commit. A step that raises in
+//! finish() was never committed; the compressor is idle again.
+template <class C, class Grad>
+bool reduce_now(C& c, Grad grad) {
+  c.start(grad);
+  const bool ok = c.finish();
+  c.commit();
+  return ok;
+}
+
 class step_phase {
  public:
   enum value { idle, started, finished };
@@ -30,6 +40,20 @@ class step_phase {
   void require_finished(std::string_view who) const {
     require(v_ == finished, "commpact::", who, "::commit: no finished step to commit; call start(grad) and finish() "
                             "first.");
+  }
+
+  //! cancel(): drops a started or finished step. A started step's queued work is
+  //! completed first by `fence()` (whose failure is dropped with the step: the
+  //! communicator reports it again at its next use).
+  template <class Fence>
+  void drop(Fence&& fence) noexcept {
+    if (v_ == started) {
+      try {
+        fence();
+      } catch (...) {
+      }
+    }
+    v_ = idle;
   }
 
   step_phase& operator=(value v) {

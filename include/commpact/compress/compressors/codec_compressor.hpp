@@ -96,12 +96,7 @@ class CodecCompressor {
   //! bits on every rank: start + finish + commit. Returns false when the step was
   //! skipped (NaN/Inf in an input or in the mean under nonfinite::skip_step: grad zeroed,
   //! state kept). A step that raises changes nothing, grad included.
-  bool reduce(span<float> grad) {
-    start(grad);
-    const bool ok = finish();
-    commit();
-    return ok;
-  }
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
   //! Queues the encoding of this rank's gradient (with its residual) and the exchange of
   //! the blocks (host_space: runs them). grad must stay alive until finish(), which
@@ -216,13 +211,7 @@ class CodecCompressor {
   //! Drops a started or finished step: residual, velocity and counters as before start().
   //! Queued work is completed first.
   void cancel() noexcept {
-    if (phase_ == phase::started) {
-      try {
-        space_type::fence(exec(), no_deadline());
-      } catch (...) {  // the step is dropped anyway; the communicator reports its failure next time
-      }
-    }
-    phase_ = phase::idle;
+    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
   }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").

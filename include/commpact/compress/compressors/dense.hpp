@@ -54,12 +54,7 @@ class Dense {
   explicit Dense(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {}
 
   //! Averages grad over the ranks in place. Returns false when the step was skipped.
-  bool reduce(span<float> grad) {
-    start(grad);
-    const bool ok = finish();
-    commit();
-    return ok;
-  }
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
   //! Queues the sum over the ranks and the mean on grad (host_space: runs them).
   void start(span<float> grad) {
@@ -107,13 +102,7 @@ class Dense {
 
   //! Drops a started or finished step (queued work is completed first).
   void cancel() noexcept {
-    if (phase_ == phase::started) {
-      try {
-        space_type::fence(comm_exec(comm_), no_deadline());
-      } catch (...) {
-      }
-    }
-    phase_ = phase::idle;
+    phase_.drop([&] { space_type::fence(comm_exec(comm_), no_deadline()); });
   }
 
   void save_state(std::vector<std::byte>& out) const {

@@ -109,12 +109,7 @@ class gTopK {
   //! Replaces grad by G / P, identical on every rank: start + finish + commit. Returns
   //! false when the step was skipped (non-finite gradient with nonfinite::skip_step;
   //! grad zeroed, state kept). A step that raises changes nothing, grad included.
-  bool reduce(span<float> grad) {
-    start(grad);
-    const bool ok = finish();
-    commit();
-    return ok;
-  }
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
   //! Queues a step on grad (read now or later, written by the step): the local phase,
   //! the tree exchange and the scatter of the result. On host_space it runs at once.
@@ -219,13 +214,7 @@ class gTopK {
   //! as before start(). (grad holds the step's result if it finished.) Every rank that
   //! started the step must cancel it; queued communication is completed first.
   void cancel() noexcept {
-    if (phase_ == phase::started) {
-      try {
-        space_type::fence(exec(), no_deadline());
-      } catch (...) {  // the step is dropped anyway; the communicator reports its failure next time
-      }
-    }
-    phase_ = phase::idle;
+    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
   }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").

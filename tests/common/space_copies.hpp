@@ -1,0 +1,36 @@
+// Helpers for tests over the deferred space: bit comparison, and copies between host
+// vectors and deferred buffers (queued, then fenced).
+#pragma once
+
+#include <commpact/kernels/deferred/ops.hpp>
+#include <commpact/space/deferred.hpp>
+
+#include <cstring>
+#include <span>
+#include <vector>
+
+namespace commpact_test {
+
+inline bool same_bits(std::span<const float> a, std::span<const float> b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
+}
+
+//! A host copy of a deferred span (queued, then fenced).
+inline std::vector<float> host_copy(const commpact::deferred_space::exec& e, commpact::deferred_span<const float> s) {
+  std::vector<float> h(s.size());
+  commpact::ops<commpact::deferred_space>::to_host(e, s, std::span<float>(h));
+  commpact::deferred_space::fence(e, commpact::no_deadline());
+  return h;
+}
+
+//! A deferred buffer holding h.
+inline commpact::deferred_space::buffer<float> device_copy(const commpact::deferred_space::exec& e,
+                                                           const std::vector<float>& h) {
+  commpact::deferred_space::buffer<float> b;
+  b.resize(h.size());
+  commpact::ops<commpact::deferred_space>::from_host(e, std::span<const float>(h), b.view());
+  commpact::deferred_space::fence(e, commpact::no_deadline());
+  return b;
+}
+
+}  // namespace commpact_test
