@@ -19,10 +19,14 @@ using namespace std::chrono_literals;
 namespace {
 const commpact::thread_options opts{.timeout = 20s};
 
-// Runs fn on P ranks; a failed REQUIRE on any rank fails the test.
+// Runs fn on P ranks; a failed check (PS_EXPECT) on any rank fails the test with its message.
 template <class F>
 void on_threads(int P, F fn) {
-  REQUIRE_NOTHROW(commpact::run_threads(P, fn, opts));
+  try {
+    commpact::run_threads(P, fn, opts);
+  } catch (const std::exception& e) {
+    FAIL(e.what());
+  }
 }
 }  // namespace
 

@@ -101,8 +101,11 @@ struct ps_options {
 
 //! One pull as the worker saw it.
 struct read_record {
-  std::int64_t clock = 0;        //!< the worker's clock (pushes done) when it pulled
-  std::int64_t min_version = 0;  //!< the oldest server version among the shards it read
+  std::int64_t clock = 0;  //!< the worker's clock (pushes done) when it pulled
+  //! The fewest clocks whose updates from every worker a shard it read holds (Bsp/Ssp:
+  //! the shard's version; Asp: the fewest pushes applied from a running worker), and the
+  //! most; clock - min_version is the read's staleness.
+  std::int64_t min_version = 0;
   std::int64_t max_version = 0;
 };
 
@@ -666,6 +669,21 @@ class ParameterServer {
     }
   }
 
+  //! The clocks whose updates from every worker this shard holds: the version under
+  //! Bsp/Ssp; under Asp the fewest pushes applied from a worker still running.
+  std::int64_t included_clock() const {
+    if constexpr (!Model::per_push) {
+      return version_;
+    } else {
+      std::int64_t lo = -1, hi = 0;
+      for (std::size_t w = 0; w < W_; ++w) {
+        hi = std::max(hi, pushes_[w]);
+        if (done_at_[w] < 0) lo = lo < 0 ? pushes_[w] : std::min(lo, pushes_[w]);
+      }
+      return lo < 0 ? hi : lo;
+    }
+  }
+
   //! Answers every waiting pull whose clock the server's version now allows.
   void serve() {
     for (std::size_t w = 0; w < W_; ++w) {
@@ -674,11 +692,11 @@ class ParameterServer {
       const int to = roles_.workers[w];
       if (to == me_) {
         std::copy(shard_.begin(), shard_.end(), view_.begin() + static_cast<std::ptrdiff_t>(bounds_[sidx_]));
-        shard_version_[sidx_] = version_;
+        shard_version_[sidx_] = included_clock();
         ++arrived_;
       } else {
         wire::header h{wire::kind::params, 0, static_cast<std::uint32_t>(sidx_),
-                       static_cast<std::uint32_t>(4 * shard_.size()), version_,
+                       static_cast<std::uint32_t>(4 * shard_.size()), included_clock(),
                        static_cast<std::int64_t>(shard_.size()), 0.0};
         send_header(to, h, stats_.reply_bytes, stats_.reply_messages);
         send_payload(to, std::as_bytes(std::span<const float>(shard_)), stats_.reply_bytes, stats_.reply_messages);
