@@ -20,6 +20,7 @@
 // and the build.
 //
 //   build-ps/bench/bench_ps --benchmark_report_aggregates_only=true
+//   build-ps/bench/bench_ps --trace docs/img/ps_clocks.dat && gnuplot docs/img/ps_clocks.gp
 #include <benchmark/benchmark.h>
 
 #include <commpact/comm/thread_comm.hpp>
@@ -120,7 +121,48 @@ std::string loadavg() {
 
 }  // namespace
 
+// --trace FILE: instead of the benchmarks, one run of each model with the slow worker,
+// writing "model worker seconds clock" per push (the data of docs/img/ps_clocks.png).
+template <class Model>
+void trace(std::FILE* f, int index, Model model) {
+  std::vector<std::vector<std::pair<double, long>>> rows(P);
+  commpact::run_threads(P, [&](ThreadComm& comm) {
+    std::vector<float> init(n, 0.01f), x(n), g(n, 0.001f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, Model> server{comm, ps::roles::separate(P, S), init, model,
+                                                                   {.momentum = 0.9}};
+    comm.barrier();
+    const auto t0 = clk::now();
+    if (server.is_worker()) {
+      const bool slow = comm.rank() == S;
+      while (clk::now() - t0 < std::chrono::milliseconds(100)) {
+        server.pull(x);
+        std::this_thread::sleep_for(slow ? slow_compute : fast_compute);
+        server.push(g, 0.01);
+        rows[comm.rank()].emplace_back(std::chrono::duration<double>(clk::now() - t0).count(), server.clock());
+      }
+    }
+    server.finish();
+  });
+  for (int r = S; r < P; ++r) {
+    std::fprintf(f, "%d %d 0 0\n", index, r - S);
+    for (auto [t, c] : rows[r]) std::fprintf(f, "%d %d %.5f %ld\n", index, r - S, t, c);
+    std::fprintf(f, "\n\n");
+  }
+}
+
 int main(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--trace") {
+    std::FILE* f = std::fopen(argv[2], "w");
+    if (!f) return 1;
+    std::fprintf(f, "# bench_ps --trace: model (0 BSP, 1 SSP s=1, 2 SSP s=3, 3 ASP), worker (0 is 3x slower), "
+                    "seconds, clock after the push; one block per (model, worker)\n");
+    trace(f, 0, ps::Bsp{});
+    trace(f, 1, ps::Ssp{1});
+    trace(f, 2, ps::Ssp{3});
+    trace(f, 3, ps::Asp{});
+    std::fclose(f);
+    return 0;
+  }
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("load_avg_at_start", loadavg());
 #ifdef NDEBUG

@@ -63,8 +63,8 @@ TEST_CASE("ps: SSP never returns parameters older than s clocks, and reaches the
 }
 
 TEST_CASE("ps: ASP makes progress while a worker is stalled", "[ps][asp]") {
-  on_threads(4, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::separate(4, 1), 400); });
-  on_threads(3, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::colocated(3), 400); });
+  on_threads(4, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::separate(4, 1), 600); });
+  on_threads(3, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::colocated(3), 600); });
 }
 
 TEST_CASE("ps: bytes per push and pull equal the formula", "[ps][bytes]") {

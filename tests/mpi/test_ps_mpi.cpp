@@ -49,7 +49,7 @@ TEST_CASE("MPI ps: SSP bound for s in {0, 1, 3}; Ssp{0} equals Bsp", "[mpi][ps][
 TEST_CASE("MPI ps: ASP progresses with a stalled worker", "[mpi][ps][asp]") {
   auto comm = world();
   const int P = comm.size();
-  guarded(comm, [&] { check_asp_progress(comm, ps::roles::colocated(P), 400); });
+  guarded(comm, [&] { check_asp_progress(comm, ps::roles::colocated(P), 600); });
 }
 
 TEST_CASE("MPI ps: bytes per push and pull equal the formula", "[mpi][ps][bytes]") {

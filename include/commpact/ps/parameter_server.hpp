@@ -447,10 +447,10 @@ class ParameterServer {
             " raised; the parameter server cannot continue (build a new one on a new communicator).");
     try {
       f();
-    } catch (const comm_error&) {  // peer_failure, timeout_error: the communicator already knows
+    } catch (const peer_failure&) {  // another rank failed: the communicator already knows
       failed_ = true;
       throw;
-    } catch (const std::exception& e) {
+    } catch (const std::exception& e) {  // this rank's own error (a timeout included): tell the others
       failed_ = true;
       try {
         comm_.abort(detail::cat("ps::ParameterServer on rank ", me_, ": ", e.what()));
