@@ -124,7 +124,7 @@ std::string loadavg() {
 // --trace FILE: instead of the benchmarks, one run of each model with the slow worker,
 // writing "model worker seconds clock" per push (the data of docs/img/ps_clocks.png).
 template <class Model>
-void trace(std::FILE* f, int index, Model model) {
+void trace(std::FILE* f, int index, Model model) {  // f == nullptr: a warm-up run
   std::vector<std::vector<std::pair<double, long>>> rows(P);
   commpact::run_threads(P, [&](ThreadComm& comm) {
     std::vector<float> init(n, 0.01f), x(n), g(n, 0.001f);
@@ -134,7 +134,7 @@ void trace(std::FILE* f, int index, Model model) {
     const auto t0 = clk::now();
     if (server.is_worker()) {
       const bool slow = comm.rank() == S;
-      while (clk::now() - t0 < std::chrono::milliseconds(100)) {
+      while (clk::now() - t0 < std::chrono::milliseconds(150)) {
         server.pull(x);
         std::this_thread::sleep_for(slow ? slow_compute : fast_compute);
         server.push(g, 0.01);
@@ -143,6 +143,7 @@ void trace(std::FILE* f, int index, Model model) {
     }
     server.finish();
   });
+  if (!f) return;
   for (int r = S; r < P; ++r) {
     std::fprintf(f, "%d %d 0 0\n", index, r - S);
     for (auto [t, c] : rows[r]) std::fprintf(f, "%d %d %.5f %ld\n", index, r - S, t, c);
@@ -156,6 +157,7 @@ int main(int argc, char** argv) {
     if (!f) return 1;
     std::fprintf(f, "# bench_ps --trace: model (0 BSP, 1 SSP s=1, 2 SSP s=3, 3 ASP), worker (0 is 3x slower), "
                     "seconds, clock after the push; one block per (model, worker)\n");
+    trace(nullptr, 0, ps::Bsp{});
     trace(f, 0, ps::Bsp{});
     trace(f, 1, ps::Ssp{1});
     trace(f, 2, ps::Ssp{3});
