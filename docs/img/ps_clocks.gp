@@ -6,7 +6,7 @@ set output "docs/img/ps_clocks.png"
 set multiplot layout 1,4 title "Parameter server, worker 0 three times slower: each worker's clock against time"
 set xlabel "ms"
 set xrange [0:150]
-set yrange [0:80]
+set yrange [0:60]
 set key top left
 titles = "BSP SSP(s=1) SSP(s=3) ASP"
 do for [m=0:3] {

@@ -260,7 +260,7 @@ void check_asp_progress(C& comm, const ps::roles& r, int stall_ms) {
 template <class K, class C>
 void check_ps_bytes(C& base, const ps::roles& r, K codec, std::size_t n, int T) {
   commpact::CountingComm<C> comm{base};
-  const int W = static_cast<int>(r.workers.size()), S = static_cast<int>(r.servers.size());
+  const int S = static_cast<int>(r.servers.size());
   auto init = ps_init(n, 3);
   ps::ParameterServer<commpact::CountingComm<C>, K, ps::Bsp> server{comm, r, init, {}, {}, codec};
   comm.reset_stats();  // the construction's agreement allreduce is not the server's traffic
