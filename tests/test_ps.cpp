@@ -302,3 +302,49 @@ TEST_CASE("ps: ranks that disagree on the model or the roles all raise at constr
   }
   REQUIRE_THROWS_AS(ps::Ssp{-1}, commpact::invalid_argument);
 }
+
+TEST_CASE("ps: a malformed or out-of-order message raises wire_error on the server and fails every rank",
+          "[ps][failure][wire]") {
+  const std::size_t n = 24;
+  const int kind = GENERATE(0, 1, 2);  // 0: not a header; 1: a push of the wrong clock; 2: of the wrong length
+  std::vector<float> shard_after;
+  auto out = run_failing(3, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(3, 1);
+    std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    try {
+      if (c.rank() == 2) {  // a rogue worker writes to the server behind the parameter server's back
+        std::array<std::byte, ps::wire::header_bytes> h{};
+        std::vector<std::byte> payload(4 * n, std::byte{0});
+        if (kind == 0) {
+          h.fill(std::byte{0x5a});
+          c.send(0, h);
+        } else {
+          ps::wire::header w{ps::wire::kind::push, ps::wire::pull_after, 0, static_cast<std::uint32_t>(4 * n),
+                             kind == 1 ? 5 : 0, static_cast<std::int64_t>(kind == 2 ? n + 1 : n), 0.1};
+          ps::wire::write(h, w);
+          c.send(0, h);
+          c.send(0, payload);
+        }
+      }
+      if (server.is_worker())
+        for (int t = 0; t < 3; ++t) {
+          server.pull(x);
+          server.push(g, 0.1);
+        }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      throw;
+    }
+  });
+  CAPTURE(kind, out[0].what);
+  REQUIRE(out[0].own);
+  const char* want[] = {"is not a parameter-server header", "received the push of clock 5 from worker 1",
+                        "for 25 values with 96 bytes"};
+  REQUIRE(out[0].what.find(want[kind]) != std::string::npos);
+  for (int r : {1, 2}) REQUIRE(!out[r].what.empty());
+  // No step was applied: worker 1's first push never completed clock 0 (the server
+  // rejected the rogue message before or instead of it).
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
