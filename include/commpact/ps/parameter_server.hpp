@@ -93,8 +93,9 @@ concept ServerComm = Communicator<C> && requires(C& c, int peer, std::span<const
 struct ps_options {
   double momentum = 0.0;      //!< the servers' Sgd momentum
   double weight_decay = 0.0;  //!< the servers' Sgd weight decay
-  //! Longest wait for one pull, finish or barrier (0: the communicator's own timeout
-  //! when it has options().timeout, else 60 s). Receives keep their own deadline too.
+  //! Longest time a pull, finish or barrier waits without any message arriving (0: the
+  //! communicator's own timeout when it has options().timeout, else 60 s). Each posted
+  //! receive keeps the communicator's deadline too: a peer silent for longer fails.
   std::chrono::milliseconds timeout{0};
   bool record_reads = false;  //!< keep one read_record per pull (tests, staleness statistics)
 };
@@ -497,11 +498,14 @@ class ParameterServer {
 
   template <class Pred>
   void wait_for(const char* what, Pred done) {
-    const auto deadline = std::chrono::steady_clock::now() + timeout_;
+    // The deadline counts from the last message: a server-only rank waits in finish() for
+    // the whole run, legitimately, as long as messages keep coming.
+    auto deadline = std::chrono::steady_clock::now() + timeout_;
     int idle = 0;
     while (!done()) {
       if (progress()) {
         idle = 0;
+        deadline = std::chrono::steady_clock::now() + timeout_;
         continue;
       }
       if (++idle < 64) {
@@ -510,8 +514,8 @@ class ParameterServer {
         std::this_thread::sleep_for(std::chrono::microseconds(idle < 256 ? 20 : 100));
         if (std::chrono::steady_clock::now() > deadline)
           throw timeout_error(detail::cat("commpact::ps::ParameterServer::", what, ": rank ", me_, " waited more than ",
-                                          timeout_.count(), " ms; a peer is missing or much slower. Raise "
-                                          "ps_options::timeout if the work is legitimately slow."));
+                                          timeout_.count(), " ms without a message; a peer is missing or much "
+                                          "slower. Raise ps_options::timeout if the work is legitimately slow."));
         bool listening = false;
         for (auto& p : peers_) listening = listening || p.h.has_value();
         if (!listening)
