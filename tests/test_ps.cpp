@@ -300,6 +300,20 @@ TEST_CASE("ps: ranks that disagree on the model or the roles all raise at constr
     });
     for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("ranks disagree on the staleness bound") != std::string::npos);
   }
+  SECTION("a momentum that differs, and one that is invalid") {
+    auto out = run_failing(2, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, ps::roles::colocated(2), init, {}, {.momentum = 0.5 + 0.4 * c.rank()}};
+      server.finish();
+    });
+    for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("ranks disagree on the servers' momentum") != std::string::npos);
+    out = run_failing(2, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, ps::roles::separate(2, 1), init, {}, {.momentum = 1.5}};
+      server.finish();
+    });
+    for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("momentum = 1.5 must lie in [0, 1)") != std::string::npos);
+  }
   REQUIRE_THROWS_AS(ps::Ssp{-1}, commpact::invalid_argument);
 }
 

@@ -190,7 +190,7 @@ count_result run_counting(C& comm, const ps::roles& r, Model model, int T, int s
 template <class C>
 void check_ssp_bound(C& comm, const ps::roles& r, std::int64_t s, int seed) {
   const int T = 10;
-  auto res = run_counting(comm, r, ps::Ssp{s}, T, seed, 0, 6000);
+  auto res = run_counting(comm, r, ps::Ssp{s}, T, seed, 0, 12000);
   PS_EXPECT(res.violations == 0, "s = ", s, ", seed ", seed, ": ", res.violations, " bad reads");
   for (float v : res.final_x) PS_EXPECT(v == float(T));
   // With servers of their own (separate roles) the fast workers hit the bound exactly:

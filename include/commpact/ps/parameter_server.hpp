@@ -48,11 +48,12 @@
 //! applied from a push before all of it was received and decoded. Destroying the object
 //! before finish() aborts the communicator, so that the other ranks raise at once.
 //! Construction is collective (one small allreduce checks that every rank holds the same
-//! model length, roles, consistency model and codec sizes); so are final_params() and
+//! model length, roles, consistency model, codec sizes and optimiser options); so are final_params() and
 //! barrier() (the one way to make a collective safe mid-run, see barrier()).
 
 #include <algorithm>
 #include <array>
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -166,6 +167,13 @@ class ParameterServer {
         problem = e.what();
       }
     }
+    if (problem.empty()) {
+      try {  // the servers' optimiser options, checked on every rank before the agreement
+        Sgd check(0, sgd_options{.momentum = opt_.momentum, .weight_decay = opt_.weight_decay});
+      } catch (const std::exception& e) {
+        problem = e.what();
+      }
+    }
     std::int64_t cap_sum = 0;
     for (std::size_t s = 0; s < codecs_.size(); ++s)
       cap_sum += static_cast<std::int64_t>(codecs_[s].max_encoded_bytes(bounds_[s + 1] - bounds_[s]));
@@ -176,7 +184,9 @@ class ParameterServer {
                      {"the roles (server and worker lists)", roles_.fingerprint()},
                      {"the consistency model (per push)", Model::per_push ? 1 : 0},
                      {"the staleness bound", model_.staleness()},
-                     {"the codecs' message capacities", cap_sum}},
+                     {"the codecs' message capacities", cap_sum},
+                     {"the servers' momentum (its bits)", std::bit_cast<std::int64_t>(opt_.momentum)},
+                     {"the servers' weight decay (its bits)", std::bit_cast<std::int64_t>(opt_.weight_decay)}},
                     problem, 0);
     timeout_ = opt_.timeout;
     if (timeout_.count() <= 0) {
