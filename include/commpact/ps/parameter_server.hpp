@@ -8,18 +8,18 @@
 //! \code
 //! commpact::run_threads(5, [&](commpact::ThreadComm& comm) {
 //!   using namespace commpact::ps;
-//!   ParameterServer<commpact::ThreadComm, dense_codec, Ssp> ps{comm, roles::separate(5, 1), init, Ssp{2},
+//!   ParameterServer<commpact::ThreadComm, dense_codec, Ssp> server{comm, roles::separate(5, 1), init, Ssp{2},
 //!                                                            {.momentum = 0.9}};
-//!   if (ps.is_worker()) {
-//!     std::vector<float> x(init.size()), g(init.size());
+//!   std::vector<float> x(init.size()), g(init.size());
+//!   if (server.is_worker()) {
 //!     for (int c = 0; c < steps; ++c) {
-//!       ps.pull(x);                 // waits while this worker is more than s clocks ahead
+//!       server.pull(x);                 // waits while this worker is more than s clocks ahead
 //!       grad(x, g);
-//!       ps.push(g, 0.1);            // encoded per shard, error feedback kept here
+//!       server.push(g, 0.1);            // encoded per shard, error feedback kept here
 //!     }
 //!   }
-//!   ps.finish();                     // every rank: servers serve until every worker is done
-//!   ps.final_params(x);              // collective: the servers' shards on every rank
+//!   server.finish();                     // every rank: servers serve until every worker is done
+//!   server.final_params(x);              // collective: the servers' shards on every rank
 //! });
 //! \endcode
 //!
