@@ -35,6 +35,7 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--qsgd-levels", o.qsgd_levels, "QSGD's quantisation levels s (method qsgd)")->check(CLI::Range(1, 65535));
   app.add_option("--local-h", o.local_h, "period H of Local SGD (and QSR's H_base)")->check(CLI::Range(1, 100000));
   app.add_option("--qsr-alpha", o.qsr_alpha, "QSR's alpha")->check(CLI::PositiveNumber);
+  app.add_option("--staleness", o.staleness, "SSP's staleness bound s (method ssp)")->check(CLI::Range(0, 100000));
   app.add_flag("--overlap", o.overlap,
                "reduce gradients in buckets during backward (dense, topk, gtopk, powersgd, localsgd, qsr)");
   app.add_option("--bucket-kb", o.bucket_kb, "bucket cap with --overlap, KB")->check(CLI::NonNegativeNumber);

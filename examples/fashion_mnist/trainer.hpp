@@ -26,6 +26,7 @@
 #include <commpact/compress/codecs/quantizers.hpp>
 #include <commpact/compress/codecs/sparsifiers.hpp>
 #include <commpact/compress/compressors/topk.hpp>
+#include <commpact/ps/parameter_server.hpp>
 #include <commpact/sync/lr_schedule.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
@@ -45,6 +46,7 @@ struct Options {
   double momentum = 0.9;
   double density = 0.01;
   int local_h = 4;
+  int staleness = 2;  // SSP's bound s (method ssp)
   double qsr_alpha = 0.2;
   int qsgd_levels = 16;
   bool overlap = false;   // Bucketed reduction during backward (issue 9)
@@ -186,11 +188,42 @@ Method drive_buckets(Make make, Whole whole, Policy policy, const Options& o, co
                std::move(policy), o, model.size(), total, rounds);
 }
 
+// The parameter-server methods (issue 22): every rank is a worker and serves one shard
+// (ps::roles::colocated), the servers run SGD + momentum; the codec is dense. Each step
+// pushes the gradient and pulls the parameters the consistency model allows; at each
+// epoch's end ps::barrier() makes the trainer's loss allreduce safe; the last step
+// finishes and takes the servers' parameters (rank 0 evaluates them).
+template <class Model, class Comm>
+Method drive_ps(Comm comm, Model model, const Options& o, std::int64_t total, std::int64_t& rounds) {
+  using Server = commpact::ps::ParameterServer<Comm, commpact::ps::dense_codec, Model>;
+  auto server = std::make_shared<std::unique_ptr<Server>>();
+  const std::int64_t per_epoch = total / o.epochs;
+  Method m;
+  m.step = [server, comm, model, &o, total, per_epoch, &rounds](std::span<float> p, std::span<float> g, double lr,
+                                                                std::int64_t step) {
+    auto& ps = *server;
+    if (!ps)  // collective, at the first step: every rank's p holds the same initial model
+      ps = std::make_unique<Server>(comm, commpact::ps::roles::colocated(comm.size()), p, model,
+                                    commpact::ps::ps_options{.momentum = o.momentum});
+    ps->push(g, lr);
+    ps->pull(p);
+    rounds = ps->clock();
+    if (step + 1 == total) {
+      ps->finish();
+      ps->final_params(p);
+    } else if ((step + 1) % per_epoch == 0) {
+      ps->barrier();
+    }
+  };
+  return m;
+}
+
 inline const std::vector<std::string>& method_names() {
   static const std::vector<std::string> names = {"dense",    "topk",   "gtopk",    "powersgd", "localsgd",
                                                  "qsr",      "qsgd",   "terngrad", "onebit",   "natural",
                                                  "fp16",     "bf16",   "efsign",   "signum",   "randomk",
-                                                 "gaussiank", "dgc",      "oktopk"};
+                                                 "gaussiank", "dgc",      "oktopk",   "ps-bsp",
+                                                 "ssp",      "asp"};
   return names;
 }
 
@@ -252,6 +285,9 @@ Method make_method(const std::string& name, Comm comm, const Options& o, const M
   if (name == "efsign") return codec(commpact::per_tensor{rows(), commpact::sign_codec{}});
   if (name == "gaussiank") return codec(commpact::gaussiank_codec{o.density});
   if (name == "dgc") return codec(commpact::dgc_codec{o.density, 0.01, o.seed});
+  if (name == "ps-bsp") return drive_ps(comm, commpact::ps::Bsp{}, o, total, rounds);
+  if (name == "ssp") return drive_ps(comm, commpact::ps::Ssp{o.staleness}, o, total, rounds);
+  if (name == "asp") return drive_ps(comm, commpact::ps::Asp{}, o, total, rounds);
   if (name == "oktopk")
     return drive(commpact::OkTopK<Comm>{comm, {.density = o.density}}, commpact::EveryStep{}, o, n, total, rounds);
   if (name == "signum")

@@ -58,6 +58,7 @@
 
 #include "kernels/deferred/ops.hpp"
 #include "kernels/host/ops.hpp"
+#include "ps/parameter_server.hpp"
 #include "space/deferred.hpp"
 #include "space/host.hpp"
 

@@ -121,6 +121,22 @@ class CountingComm {
     count_recv(buf.size());
   }
 
+  //! Known-size nonblocking messages, forwarded when the wrapped communicator has them
+  //! (counted when started: both sides know the size).
+  auto isend(int peer, std::span<const std::byte> msg)
+    requires req::has_nonblocking_send_recv<C>
+  {
+    auto h = inner_.isend(peer, msg);
+    count_send(msg.size());
+    return h;
+  }
+  auto irecv(int peer, std::span<std::byte> buf)
+    requires req::has_nonblocking_send_recv<C>
+  {
+    auto h = inner_.irecv(peer, buf);
+    count_recv(buf.size());
+    return h;
+  }
   const comm_stats& stats() const { return *stats_; }
   void reset_stats() { *stats_ = {}; }
   C& inner() { return inner_; }

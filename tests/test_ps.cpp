@@ -1,0 +1,364 @@
+// The parameter server (include/commpact/ps/) on in-process ranks: BSP equals all-reduce
+// S-SGD bit for bit (one server and sharded, colocated and separate roles); SSP's bound
+// holds under seeded random delays for s in {0, 1, 3} and is reached; Ssp{0} equals Bsp;
+// ASP progresses past a stalled worker; bytes equal the formula (CountingComm and the
+// server's own counters); error feedback conserves what top-k and 1-bit do not send;
+// failures and bad input raise on every rank within the deadline and change no parameter.
+#include <commpact/comm/thread_comm.hpp>
+
+#include <atomic>
+#include <mutex>
+#include <string>
+
+#include "common/ps_checks.hpp"
+
+using namespace commpact_test;
+using commpact::ThreadComm;
+using namespace std::chrono_literals;
+
+namespace {
+const commpact::thread_options opts{.timeout = 20s};
+
+// Runs fn on P ranks; a failed check (PS_EXPECT) on any rank fails the test with its message.
+template <class F>
+void on_threads(int P, F fn) {
+  try {
+    commpact::run_threads(P, fn, opts);
+  } catch (const std::exception& e) {
+    FAIL(e.what());
+  }
+}
+}  // namespace
+
+TEST_CASE("ps: BSP equals all-reduce S-SGD bit for bit", "[ps][bsp][bitwise]") {
+  const double momentum = GENERATE(0.0, 0.9);
+  SECTION("one server, three workers (separate roles)") {
+    on_threads(4, [&](ThreadComm& c) { check_bsp_equals_allreduce(c, ps::roles::separate(4, 1), momentum); });
+  }
+  SECTION("colocated: every rank serves a shard and works, against Dense on the same ranks") {
+    on_threads(3, [&](ThreadComm& c) { check_bsp_equals_allreduce(c, ps::roles::colocated(3), momentum); });
+  }
+  SECTION("two servers, three workers") {
+    on_threads(5, [&](ThreadComm& c) { check_bsp_equals_allreduce(c, ps::roles::separate(5, 2), momentum); });
+  }
+  SECTION("one rank") {
+    on_threads(1, [&](ThreadComm& c) { check_bsp_equals_allreduce(c, ps::roles::colocated(1), momentum); });
+  }
+}
+
+TEST_CASE("ps: Ssp{0} equals Bsp bit for bit under random delays", "[ps][ssp][bitwise]") {
+  on_threads(4, [&](ThreadComm& c) { check_ssp0_equals_bsp(c, ps::roles::separate(4, 1)); });
+  on_threads(3, [&](ThreadComm& c) { check_ssp0_equals_bsp(c, ps::roles::colocated(3)); });
+}
+
+TEST_CASE("ps: SSP never returns parameters older than s clocks, and reaches the bound", "[ps][ssp]") {
+  const std::int64_t s = GENERATE(0, 1, 3);
+  const int seed = GENERATE(1, 2);
+  SECTION("two servers, three workers") {
+    on_threads(5, [&](ThreadComm& c) { check_ssp_bound(c, ps::roles::separate(5, 2), s, seed); });
+  }
+  SECTION("colocated, three ranks") {
+    on_threads(3, [&](ThreadComm& c) { check_ssp_bound(c, ps::roles::colocated(3), s, seed); });
+  }
+}
+
+TEST_CASE("ps: ASP makes progress while a worker is stalled", "[ps][asp]") {
+  on_threads(4, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::separate(4, 1), 600); });
+  on_threads(3, [&](ThreadComm& c) { check_asp_progress(c, ps::roles::colocated(3), 600); });
+}
+
+TEST_CASE("ps: bytes per push and pull equal the formula", "[ps][bytes]") {
+  SECTION("dense") {
+    on_threads(5, [&](ThreadComm& c) { check_ps_bytes(c, ps::roles::separate(5, 2), ps::dense_codec{}, 101, 4); });
+    on_threads(3, [&](ThreadComm& c) { check_ps_bytes(c, ps::roles::colocated(3), ps::dense_codec{}, 101, 4); });
+  }
+  SECTION("top-k") {
+    on_threads(5, [&](ThreadComm& c) { check_ps_bytes(c, ps::roles::separate(5, 2), commpact::topk_codec{0.1}, 101, 4); });
+  }
+  SECTION("1-bit") {
+    on_threads(3, [&](ThreadComm& c) { check_ps_bytes(c, ps::roles::colocated(3), commpact::onebit_codec{}, 101, 3); });
+  }
+}
+
+TEST_CASE("ps: error feedback keeps what the codecs do not send", "[ps][codec]") {
+  SECTION("top-k, two servers") {
+    on_threads(5, [&](ThreadComm& c) {
+      check_ps_error_feedback<commpact::topk_codec>(
+          c, ps::roles::separate(5, 2), [](std::size_t, std::size_t, std::size_t) { return commpact::topk_codec{0.05}; },
+          1e-4);
+    });
+  }
+  SECTION("1-bit per tensor, each shard's pieces of a layout that a shard boundary cuts") {
+    const commpact::tensor_layout layout{{10, 9}, {7, 1}, {6, 10}};  // 157 values
+    on_threads(3, [&](ThreadComm& c) {
+      check_ps_error_feedback<commpact::per_tensor<commpact::onebit_codec>>(
+          c, ps::roles::colocated(3),
+          [&](std::size_t, std::size_t lo, std::size_t hi) {
+            return commpact::per_tensor<commpact::onebit_codec>{ps::shard_layout(layout, lo, hi)};
+          },
+          1e-3);
+    });
+  }
+}
+
+TEST_CASE("ps: shard_layout cuts tensors at shard boundaries", "[ps][codec]") {
+  const commpact::tensor_layout layout{{2, 3}, {4, 1}, {1, 5}};  // [0,6) [6,10) [10,15)
+  const auto a = ps::shard_layout(layout, 0, 8), b = ps::shard_layout(layout, 8, 15);
+  REQUIRE(a == commpact::tensor_layout{{1, 6}, {1, 2}});
+  REQUIRE(b == commpact::tensor_layout{{1, 2}, {1, 5}});
+  for (std::size_t n : {1u, 7u, 100u})
+    for (std::size_t S : {1u, 2u, 3u, 7u}) {
+      if (S > n) continue;
+      std::size_t prev = 0;
+      for (std::size_t s = 1; s <= S; ++s) {
+        const std::size_t len = ps::shard_begin(n, S, s) - ps::shard_begin(n, S, s - 1);
+        REQUIRE((len == n / S || len == n / S + 1));
+        prev = ps::shard_begin(n, S, s);
+      }
+      REQUIRE(prev == n);
+    }
+}
+
+// ---- failures ------------------------------------------------------------------------
+
+namespace {
+struct outcome {
+  std::string what;  // empty: returned normally
+  bool own = false;  // raised invalid_argument / mismatch_error (its own error), not a peer's failure
+  double seconds = 0;
+};
+
+// Runs body on P ranks (timeout `t`), recording what each rank raised and when.
+template <class F>
+std::vector<outcome> run_failing(int P, std::chrono::milliseconds t, F body) {
+  std::vector<outcome> out(static_cast<std::size_t>(P));
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    commpact::run_threads(
+        P,
+        [&](ThreadComm& c) {
+          auto& o = out[static_cast<std::size_t>(c.rank())];
+          try {
+            body(c);
+          } catch (const commpact::comm_error& e) {
+            o.what = e.what();
+          } catch (const std::exception& e) {
+            o.what = e.what(), o.own = true;
+          }
+          o.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+          if (!o.what.empty()) throw std::runtime_error(o.what);
+        },
+        {.timeout = t});
+  } catch (...) {
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ps: a worker that fails makes every rank raise at once", "[ps][failure]") {
+  auto out = run_failing(4, 10s, [](ThreadComm& c) {
+    const auto r = ps::roles::separate(4, 1);
+    std::vector<float> init(40, 1.0f), x(40), g(40, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    if (server.is_worker())
+      for (int t = 0; t < 10; ++t) {
+        server.pull(x);
+        if (c.rank() == 2 && t == 3) throw commpact::invalid_argument("worker 2's data loader failed");
+        server.push(g, 0.1);
+      }
+    server.finish();
+  });
+  for (int r = 0; r < 4; ++r) {
+    CAPTURE(r, out[r].what);
+    REQUIRE(!out[r].what.empty());
+    REQUIRE(out[r].seconds < 5.0);  // failure propagation, far inside the 10 s deadline
+  }
+  REQUIRE(out[2].what.find("data loader") != std::string::npos);
+}
+
+TEST_CASE("ps: a server that fails makes every worker raise at once", "[ps][failure]") {
+  auto out = run_failing(5, 10s, [](ThreadComm& c) {
+    const auto r = ps::roles::separate(5, 2);
+    std::vector<float> init(40, 1.0f), x(40), g(40, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Ssp> server{c, r, init, ps::Ssp{2}};
+    if (c.rank() == 1) {
+      std::this_thread::sleep_for(50ms);
+      throw std::runtime_error("server 1 lost its disk");
+    }
+    if (server.is_worker())
+      for (int t = 0; t < 1000; ++t) {
+        server.pull(x);
+        server.push(g, 0.1);
+      }
+    server.finish();
+  });
+  for (int r = 0; r < 5; ++r) {
+    CAPTURE(r, out[r].what);
+    REQUIRE(!out[r].what.empty());
+    REQUIRE(out[r].seconds < 5.0);
+  }
+}
+
+TEST_CASE("ps: a silent worker makes the others raise at the deadline, not hang", "[ps][failure]") {
+  auto out = run_failing(3, 300ms, [](ThreadComm& c) {
+    const auto r = ps::roles::colocated(3);
+    std::vector<float> init(30, 1.0f), x(30), g(30, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    for (int t = 0; t < 5; ++t) {
+      server.pull(x);
+      if (c.rank() == 1 && t == 2) std::this_thread::sleep_for(1500ms);
+      server.push(g, 0.1);
+    }
+    server.finish();
+  });
+  for (int r : {0, 2}) {
+    CAPTURE(r, out[r].what);
+    REQUIRE(!out[r].what.empty());
+    REQUIRE(out[r].seconds < 1.4);  // before the sleeper wakes
+  }
+}
+
+TEST_CASE("ps: a push of the wrong length raises on every rank and changes no parameter", "[ps][failure][input]") {
+  const std::size_t n = 33;
+  const auto ref = ps_reference(n, 3, 2, 0.9, 9);  // the parameters after clocks 0 and 1
+  std::vector<float> shard_after;
+  std::mutex m;
+  auto out = run_failing(4, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(4, 1);
+    auto init = ps_init(n, 9);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init, {}, {.momentum = 0.9}};
+    try {
+      if (server.is_worker()) {
+        const int w = c.rank() - 1;
+        std::vector<float> x(n), g(n);
+        for (int t = 0; t < 4; ++t) {
+          server.pull(x);
+          ps_grad(w, x, g);
+          if (w == 1 && t == 2) g.resize(n - 1);
+          server.push(g, ps_lr(t));
+        }
+      }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) {
+        std::lock_guard lk(m);
+        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      }
+      throw;
+    }
+  });
+  REQUIRE(out[2].own);
+  REQUIRE(out[2].what.find("pushed 32 values; the model has n = 33") != std::string::npos);
+  for (int r : {0, 1, 3}) {
+    CAPTURE(r, out[r].what);
+    REQUIRE(!out[r].what.empty());
+    REQUIRE(!out[r].own);
+  }
+  REQUIRE(same_bits(shard_after, ref));
+}
+
+TEST_CASE("ps: ranks that disagree on the model or the roles all raise at construction", "[ps][failure][input]") {
+  SECTION("one rank's model is longer") {
+    auto out = run_failing(3, 10s, [](ThreadComm& c) {
+      std::vector<float> init(c.rank() == 2 ? 21 : 20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, ps::roles::colocated(3), init};
+      server.finish();
+    });
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r, out[r].what);
+      REQUIRE(out[r].what.find("ranks disagree on the model length n") != std::string::npos);
+    }
+  }
+  SECTION("one rank has other roles") {
+    auto out = run_failing(3, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, c.rank() == 0 ? ps::roles::separate(3, 1) : ps::roles::colocated(3),
+                                             init};
+      server.finish();
+    });
+    for (int r = 0; r < 3; ++r) {
+      CAPTURE(r, out[r].what);
+      REQUIRE(out[r].what.find("ranks disagree on the roles") != std::string::npos);
+    }
+  }
+  SECTION("one rank's roles name a rank that does not exist") {
+    auto out = run_failing(3, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::roles r = ps::roles::colocated(3);
+      r.workers.push_back(7);
+      ps::ParameterServer<ThreadComm> server{c, r, init};
+      server.finish();
+    });
+    for (int r = 0; r < 3; ++r) REQUIRE(out[r].what.find("worker rank 7 is outside [0, 3)") != std::string::npos);
+  }
+  SECTION("a staleness bound that differs") {
+    auto out = run_failing(2, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Ssp> server{c, ps::roles::colocated(2), init,
+                                                                       ps::Ssp{c.rank() + 1}};
+      server.finish();
+    });
+    for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("ranks disagree on the staleness bound") != std::string::npos);
+  }
+  SECTION("a momentum that differs, and one that is invalid") {
+    auto out = run_failing(2, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, ps::roles::colocated(2), init, {}, {.momentum = 0.5 + 0.4 * c.rank()}};
+      server.finish();
+    });
+    for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("ranks disagree on the servers' momentum") != std::string::npos);
+    out = run_failing(2, 10s, [](ThreadComm& c) {
+      std::vector<float> init(20, 0.0f);
+      ps::ParameterServer<ThreadComm> server{c, ps::roles::separate(2, 1), init, {}, {.momentum = 1.5}};
+      server.finish();
+    });
+    for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("momentum = 1.5 must lie in [0, 1)") != std::string::npos);
+  }
+  REQUIRE_THROWS_AS(ps::Ssp{-1}, commpact::invalid_argument);
+}
+
+TEST_CASE("ps: a malformed or out-of-order message raises wire_error on the server and fails every rank",
+          "[ps][failure][wire]") {
+  const std::size_t n = 24;
+  const int kind = GENERATE(0, 1, 2);  // 0: not a header; 1: a push of the wrong clock; 2: of the wrong length
+  std::vector<float> shard_after;
+  auto out = run_failing(3, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(3, 1);
+    std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    try {
+      if (c.rank() == 2) {  // a rogue worker writes to the server behind the parameter server's back
+        std::array<std::byte, ps::wire::header_bytes> h{};
+        std::vector<std::byte> payload(4 * n, std::byte{0});
+        if (kind == 0) {
+          h.fill(std::byte{0x5a});
+          c.send(0, h);
+        } else {
+          ps::wire::header w{ps::wire::kind::push, ps::wire::pull_after, 0, static_cast<std::uint32_t>(4 * n),
+                             kind == 1 ? 5 : 0, static_cast<std::int64_t>(kind == 2 ? n + 1 : n), 0.1};
+          ps::wire::write(h, w);
+          c.send(0, h);
+          c.send(0, payload);
+        }
+      }
+      if (server.is_worker())
+        for (int t = 0; t < 3; ++t) {
+          server.pull(x);
+          server.push(g, 0.1);
+        }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      throw;
+    }
+  });
+  CAPTURE(kind, out[0].what);
+  REQUIRE(out[0].own);
+  const char* want[] = {"is not a parameter-server header", "received the push of clock 5 from worker 1",
+                        "for 25 values with 96 bytes"};
+  REQUIRE(out[0].what.find(want[kind]) != std::string::npos);
+  for (int r : {1, 2}) REQUIRE(!out[r].what.empty());
+  // No step was applied: worker 1's first push never completed clock 0 (the server
+  // rejected the rogue message before or instead of it).
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
