@@ -118,7 +118,7 @@ py::object sparse_hook(S& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
-    st.reduce(index, g);
+    commpact::torch_guard(st.comm, [&] { st.reduce(index, g); });  // an error reaches every rank
   }
   return completed_future(buf);
 }
@@ -195,7 +195,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
-    st.reduce(index, l, g, last);
+    commpact::torch_guard(st.comm, [&] { st.reduce(index, l, g, last); });
   }
   return completed_future(buf);
 }
@@ -234,7 +234,7 @@ struct ModelAverager {
     }
     {
       py::gil_scoped_release nogil;
-      dense.reduce(flat);
+      commpact::torch_guard(comm, [&] { dense.reduce(flat); });
     }
     off = 0;
     at::NoGradGuard ng;
@@ -263,18 +263,22 @@ PYBIND11_MODULE(commpact_hooks, m) {
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/gtopk")
-      .def("bytes_sent", &GTopKState::bytes_sent, "bytes this rank sent through the hook (CountingComm)");
+      .def("bytes_sent", &GTopKState::bytes_sent, "bytes this rank sent through the hook (CountingComm)")
+      .def("abort", [](GTopKState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"),
+           "marks the hook's communicator failed: every other rank's hook raises instead of waiting");
   py::class_<TopKState>(m, "TopKState")
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/topk")
-      .def("bytes_sent", &TopKState::bytes_sent);
+      .def("bytes_sent", &TopKState::bytes_sent)
+      .def("abort", [](TopKState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"));
   py::class_<PowerSGDState>(m, "PowerSGDState")
       .def(py::init<py::object, int, std::int64_t, double, std::int64_t, py::object, double, std::string>(),
            py::arg("process_group") = py::none(), py::arg("matrix_approximation_rank") = 1,
            py::arg("start_powerSGD_iter") = 1000, py::arg("min_compression_rate") = 2.0, py::arg("random_seed") = 0,
            py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/powersgd")
       .def("bytes_sent", &PowerSGDState::bytes_sent)
+      .def("abort", [](PowerSGDState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"))
       .def_readonly("iter", &PowerSGDState::iter);
   py::class_<ModelAverager>(m, "ModelAverager")
       .def(py::init<py::object, std::int64_t, double, std::int64_t, py::object, double, std::string>(),
@@ -283,7 +287,8 @@ PYBIND11_MODULE(commpact_hooks, m) {
            py::arg("name") = "commpact_hooks/averager")
       .def("step", &ModelAverager::step, py::arg("params"), py::arg("lr"))
       .def_readonly("rounds", &ModelAverager::rounds_)
-      .def("bytes_sent", [](const ModelAverager& a) { return a.comm.stats().bytes_sent; });
+      .def("bytes_sent", [](const ModelAverager& a) { return a.comm.stats().bytes_sent; })
+      .def("abort", [](ModelAverager& a, const std::string& why) { a.comm.abort(why); }, py::arg("why"));
 
   m.def("_gtopk_hook", &sparse_hook<GTopKState>);
   m.def("_topk_hook", &sparse_hook<TopKState>);

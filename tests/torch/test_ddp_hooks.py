@@ -15,6 +15,7 @@ import datetime
 import os
 import sys
 import tempfile
+import time
 import traceback
 
 import torch
@@ -111,6 +112,9 @@ def worker(rank, path, failures):
             check(torch.allclose(a, b, rtol=1e-4, atol=1e-5),
                   f"rank {r}: commpact's PowerSGD differs from PyTorch's by {err:.3e}")
             check(gap > 100 * max(err, 1e-7), f"rank {r}: PowerSGD is too close to allreduce ({gap:.3e}) to tell")
+            if rank == 0:
+                print(f"PowerSGD rank {r}, 12 steps: max |commpact - PyTorch| = {err:.2e}, "
+                      f"max |PyTorch PowerSGD - allreduce| = {gap:.2e}", flush=True)
 
         # 3. Model averaging: Local SGD (period 3) and QSR.
         for avg in (ch.ModelAverager(period=3, name="t/local"), ch.ModelAverager(period=2, qsr_alpha=0.05,
@@ -128,7 +132,32 @@ def worker(rank, path, failures):
                 synced.append(did)
             check(synced.count(True) == avg.rounds and avg.rounds >= 2, f"averager: rounds {avg.rounds}")
         dist.barrier()
-        dist.destroy_process_group()
+
+        # 4. A rank that fails (and aborts the hook's communicator) makes the other rank's
+        #    hook raise within seconds instead of waiting for the 60 s deadline. Last: the
+        #    abandoned collective leaves the group unusable, so the processes end here.
+        state = ch.GTopKState(density=0.1, timeout=60.0, name="t/fail")
+        model = DDP(model_fn(), bucket_cap_mb=0.01)
+        model.register_comm_hook(state, ch.gtopk_hook)
+        x, y = batches(rank, 1)[0]
+        for _ in range(2):  # good steps (DDP rebuilds its buckets, collectively, in the second forward)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        out = model(x)
+        if rank == 1:
+            time.sleep(0.5)
+            state.abort("simulated loss of a data loader")
+            time.sleep(3)  # stay until rank 0 raised (its check waits for this rank's "ok" only)
+        else:
+            t0 = time.monotonic()
+            try:
+                torch.nn.functional.cross_entropy(out, y).backward()
+                raise AssertionError("backward returned although rank 1 aborted")
+            except RuntimeError as e:
+                waited = time.monotonic() - t0
+                check("simulated loss of a data loader" in str(e), f"the error does not carry the reason: {e}")
+                check(waited < 10, f"the hook raised only after {waited:.1f} s")
+        failures.put("ok")
+        os._exit(0)  # skip the group's teardown (it would wait for the abandoned collective)
     except Exception:
         failures.put(f"rank {rank}:\n{traceback.format_exc()}")
         raise
@@ -151,7 +180,9 @@ def main():
         msgs = []
         while not failures.empty():
             msgs.append(failures.get())
-        if bad or msgs:
+        done = msgs.count("ok")
+        msgs = [m for m in msgs if m != "ok"]
+        if bad or msgs or done != WORLD:
             print("\n".join(msgs) or f"exit codes {[p.exitcode for p in procs]}", file=sys.stderr)
             return 1
     print("test_ddp_hooks: all checks passed")

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file gloo.hpp
-//! Helpers for programs that build their own c10d group (LibTorch C++): a
-//! ProcessGroupGloo on a store, and torch_guard, which turns an exception on one rank
-//! into a failure every other rank sees (the TorchComm twin of mpi_guard).
+//! A helper for programs that build their own c10d group (LibTorch C++): a
+//! ProcessGroupGloo on a store (torch_guard, in torch_comm.hpp, turns an exception on
+//! one rank into a failure every other rank sees).
 //!
 //! \code
 //! auto store = c10::make_intrusive<c10d::FileStore>("/tmp/rendezvous", P);   // or a TCPStore
@@ -15,11 +15,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 
 #include <chrono>
-#include <exception>
-#include <functional>
 #include <string>
-#include <type_traits>
-#include <utility>
 
 #include "../error.hpp"
 #include "torch_comm.hpp"
@@ -41,22 +37,6 @@ inline c10::intrusive_ptr<c10d::ProcessGroupGloo> torch_gloo_group(const c10::in
   opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname(host));
   opts->threads = threads;
   return c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, size, opts);
-}
-
-//! Runs fn (as fn(comm) if that compiles, else fn()); an exception that escapes aborts
-//! comm (every other rank raises peer_failure) and is rethrown.
-template <class C, class F>
-decltype(auto) torch_guard(C& comm, F&& fn) {
-  try {
-    if constexpr (std::is_invocable_v<F&&, C&>) return std::invoke(std::forward<F>(fn), comm);
-    else return std::invoke(std::forward<F>(fn));
-  } catch (const std::exception& e) {
-    comm.abort(detail::cat("threw: ", e.what()));
-    throw;
-  } catch (...) {
-    comm.abort("threw a non-standard exception");
-    throw;
-  }
 }
 
 }  // namespace commpact

@@ -67,6 +67,7 @@
 #include <cstring>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <span>
@@ -249,6 +250,7 @@ class torch_state {
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
     }
     if (!w->isSuccess()) {
+      check_notice(what);  // a peer that aborted and left: its reason, not the closed connection
       const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ", exception_text(w->exception()));
       fail_and_tell(why);
       throw comm_error(cat("commpact::TorchComm::", what, ": ", why));
@@ -291,6 +293,7 @@ class torch_state {
     if (ok && !ex) return;
     if (failed())
       throw peer_failure(cat("commpact::TorchComm::", what, ": rank ", rank_, " gave up waiting: ", failure()));
+    check_notice(what);
     if (clk::now() - t0 >= opt_.timeout) {
       const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
                            " (the peer did not send, or ranks called different operations)");
@@ -790,5 +793,21 @@ class TorchComm {
 };
 
 static_assert(AsyncPointToPoint<TorchComm>);
+
+//! Runs fn (as fn(comm) if that compiles, else fn()); an exception that escapes aborts
+//! comm (every other rank raises peer_failure) and is rethrown.
+template <class C, class F>
+decltype(auto) torch_guard(C& comm, F&& fn) {
+  try {
+    if constexpr (std::is_invocable_v<F&&, C&>) return std::invoke(std::forward<F>(fn), comm);
+    else return std::invoke(std::forward<F>(fn));
+  } catch (const std::exception& e) {
+    comm.abort(detail::cat("threw: ", e.what()));
+    throw;
+  } catch (...) {
+    comm.abort("threw a non-standard exception");
+    throw;
+  }
+}
 
 }  // namespace commpact
