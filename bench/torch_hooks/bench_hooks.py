@@ -2,7 +2,8 @@
 """Bytes and time per step of DDP communication hooks: PyTorch's allreduce_hook,
 fp16_compress_hook and powerSGD_hook against commpact_hooks' powersgd_hook, topk_hook and
 gtopk_hook, on the LeNet-like CNN of examples/libtorch_cnn (117k parameters), batch 32
-per rank, 2 CPU processes over Gloo on loopback, all hooks in one run.
+per rank, 2 CPU processes over Gloo on loopback, all hooks in one run, taking turns
+step by step.
 
   PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 bench/torch_hooks/bench_hooks.py [--steps 60]
 
@@ -89,27 +90,29 @@ def worker(rank, path, steps, warmup, density, out):
     g = torch.Generator().manual_seed(rank)
     data = [(torch.randn(32, 1, 28, 28, generator=g), torch.randint(0, 10, (32,), generator=g))
             for _ in range(8)]
-    rows = []
+    # Every hook's model exists at once and the methods take turns step by step, so a
+    # method's median samples the same stretches of a shared machine as the others'.
+    runs = []
     for name, hook, state, kind in methods(ch, density):
         torch.manual_seed(0)
         model = DDP(Net())
         model.register_comm_hook(state, hook)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        times = []
-        start_bytes = 0
-        for s in range(warmup + steps):
+        runs.append(dict(name=name, state=state, kind=kind, model=model, opt=opt, times=[], start=0))
+    for s in range(warmup + steps):
+        x, y = data[s % len(data)]
+        for run in runs:
             if s == warmup:
-                start_bytes = bytes_now(state, kind)
-            x, y = data[s % len(data)]
+                run["start"] = bytes_now(run["state"], run["kind"])
             dist.barrier()
             t0 = time.perf_counter()
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
+            run["opt"].zero_grad()
+            torch.nn.functional.cross_entropy(run["model"](x), y).backward()
+            run["opt"].step()
             if s >= warmup:
-                times.append(time.perf_counter() - t0)
-        sent = (bytes_now(state, kind) - start_bytes) / steps
-        rows.append((name, sent, statistics.median(times) * 1e3))
+                run["times"].append(time.perf_counter() - t0)
+    rows = [(run["name"], (bytes_now(run["state"], run["kind"]) - run["start"]) / steps,
+             statistics.median(run["times"]) * 1e3) for run in runs]
     if rank == 0:
         out.put(rows)
     dist.barrier()
