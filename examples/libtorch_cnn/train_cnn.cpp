@@ -330,6 +330,7 @@ int main(int argc, char** argv) {
       auto pg = commpact::torch_gloo_group(store, o.rank, o.world);
       commpact::TorchComm tc{pg, store, {.timeout = std::chrono::seconds(300)}};
       res = commpact::torch_guard(tc, [&] { return train_rank(o, commpact::CountingComm<commpact::TorchComm>{tc}, data); });
+      tc.barrier();  // leave together: no rank closes its connections while a peer still receives
       if (o.rank != 0) return 0;
     } else if (o.comm == "thread") {
       commpact::run_threads(o.ranks, [&](commpact::ThreadComm& c) {
