@@ -246,6 +246,17 @@ class PowerCompressor {
     if (!en.compressed) return {};
     return {q_.data() + en.q_off, en.cols * en.r};
   }
+  //! Sets tensor i's warm-start factor Q (cols x r, column-major), e.g. to start from the
+  //! Q another implementation drew (commpact_hooks matches PyTorch's powerSGD_hook); the
+  //! next step starts from it. Every rank must set the same Q.
+  void set_q_factor(std::size_t i, std::span<const float> q) {
+    const auto& en = entries_.at(i);
+    require(en.compressed && q.size() == en.cols * en.r, "commpact::PowerCompressor::set_q_factor: tensor ", i,
+            en.compressed ? " takes " : " is not compressed and takes ", en.compressed ? en.cols * en.r : 0,
+            " floats, got ", q.size(), ".");
+    std::copy(q.begin(), q.end(), q_.begin() + static_cast<std::ptrdiff_t>(en.q_off));
+    q_ready_ = true;
+  }
   //! Floats allreduced per compressed step: sum (n + m) r over compressed matrices plus
   //! the dense elements. Bytes = 4 x this.
   std::size_t floats_per_step() const { return p_.size() + q_.size() + dense_.size(); }

@@ -1,0 +1,337 @@
+// TorchComm (commpact over a c10d::ProcessGroup, here ProcessGroupGloo over a FileStore
+// on loopback), P = 1..4 ranks as threads of this process (gloo_world.hpp), through the
+// same checks as ThreadComm and MpiComm: every collective and point to point against the
+// serial reference (tests/common/collective_checks.hpp), known-size point to point,
+// gTopK's tree and TopK bit for bit against the brute-force reference
+// (tests/common/sparse_checks.hpp), bad input rejected alike on every rank, ranks that
+// disagree, and failures that raise within the deadline instead of hanging.
+#include <commpact/comm/checked_comm.hpp>
+#include <commpact/comm/known_size.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "common/collective_checks.hpp"
+#include "common/sparse_checks.hpp"
+#include "torch/gloo_world.hpp"
+
+// LibTorch's glog (stl_logging.h) declares operator<< for every std::vector, which makes
+// Catch2 think vector<std::byte> is printable; give std::byte the missing operator (found
+// by argument-dependent lookup from inside namespace std).
+namespace std {
+inline ostream& operator<<(ostream& os, byte b) { return os << to_integer<int>(b); }
+}  // namespace std
+
+using namespace commpact;
+using namespace commpact_test;
+using namespace std::chrono_literals;
+using clk = std::chrono::steady_clock;
+
+static_assert(Communicator<TorchComm> && PointToPoint<TorchComm>);
+static_assert(AsyncCommunicator<TorchComm> && AsyncPointToPoint<TorchComm>);
+static_assert(PointToPoint<CheckedComm<TorchComm>>);
+static_assert(Compressor<gTopK<TreeComm<TorchComm>>> && Compressor<TopK<TorchComm>> && Compressor<Dense<TorchComm>>);
+
+namespace {
+double seconds_since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
+}  // namespace
+
+TEST_CASE("TorchComm collectives and point to point match the serial reference, P = 1..4", "[torch][comm]") {
+  for (int P = 1; P <= 4; ++P) {
+    CAPTURE(P);
+    std::atomic<int> ran{0};
+    run_gloo(P, [&](TorchComm& comm) {
+      REQUIRE(comm.size() == P);
+      check_all_collectives(comm, 11u + P, /*rank_order_bitwise=*/false);
+      // Gloo's sums are bit-identical on every rank (each element is reduced on one rank).
+      auto f = rank_floats(99, comm.rank(), 100003);
+      comm.allreduce(std::span<float>(f));
+      require_identical_on_all_ranks(comm, std::span<const float>(f));
+      ++ran;
+    });
+    REQUIRE(ran == P);
+  }
+}
+
+TEST_CASE("TorchComm without its own check, and under CheckedComm, matches the reference", "[torch][comm]") {
+  for (int P : {2, 3}) {
+    run_gloo(P, [&](TorchComm& comm) { check_all_collectives(comm, 5u, false); }, {.verify_collectives = false});
+    run_gloo(P, [&](TorchComm& comm) {
+      CheckedComm<TorchComm> checked{comm};
+      check_all_collectives(checked, 6u, false);
+    }, {.verify_collectives = false});
+  }
+}
+
+TEST_CASE("TorchComm allreduce over int32 and int64, sum, min and max", "[torch][comm]") {
+  run_gloo(3, [&](TorchComm& comm) {
+    const int P = comm.size(), r = comm.rank();
+    std::vector<std::int32_t> s(1001), mn(1001);
+    std::vector<std::int64_t> mx(1001);
+    for (std::size_t i = 0; i < s.size(); ++i) s[i] = mn[i] = static_cast<std::int32_t>((i * 7 + r * 13) % 50), mx[i] = s[i];
+    comm.allreduce(std::span<std::int32_t>(s));
+    comm.allreduce(std::span<std::int32_t>(mn), reduce_op::min);
+    comm.allreduce(std::span<std::int64_t>(mx), reduce_op::max);
+    for (std::size_t i = 0; i < s.size(); ++i) {
+      std::int32_t sum = 0, lo = 100, hi = 0;
+      for (int q = 0; q < P; ++q) {
+        const auto v = static_cast<std::int32_t>((i * 7 + q * 13) % 50);
+        sum += v, lo = std::min(lo, v), hi = std::max(hi, v);
+      }
+      REQUIRE(s[i] == sum);
+      REQUIRE(mn[i] == lo);
+      REQUIRE(mx[i] == hi);
+    }
+  });
+}
+
+TEST_CASE("TorchComm known-size point to point: exchange, send_known/recv_known, irecv before isend", "[torch][p2p]") {
+  for (int P : {2, 3, 4}) {
+    run_gloo(P, [&](TorchComm& comm) {
+      const int r = comm.rank(), next = (r + 1) % P, prev = (r + P - 1) % P;
+      for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{4096}, std::size_t{300001}}) {
+        auto out = rank_bytes(n, r, next, n);
+        std::vector<std::byte> in(n);
+        // A ring of exchanges would pair next/prev differently; pair r with r ^ 1.
+        const int peer = r ^ 1;
+        if (peer < P) {
+          auto o = rank_bytes(n + 1, r, peer, n);
+          exchange(comm, peer, std::span<const std::byte>(o), std::span<std::byte>(in));
+          REQUIRE(in == rank_bytes(n + 1, peer, r, n));
+        }
+        send_known(comm, next, std::span<const std::byte>(out));
+        recv_known(comm, prev, std::span<std::byte>(in));
+        REQUIRE(in == rank_bytes(n, prev, r, n));
+      }
+      // Several irecvs posted before the matching sends, completed out of order.
+      std::vector<std::byte> a(10), b(70000);
+      auto ra = comm.irecv(prev, std::span<std::byte>(a));
+      auto rb = comm.irecv(prev, std::span<std::byte>(b));
+      auto ma = rank_bytes(1, r, next, 10), mb = rank_bytes(2, r, next, 70000);
+      auto sa = comm.isend(next, std::span<const std::byte>(ma));
+      auto sb = comm.isend(next, std::span<const std::byte>(mb));
+      while (!rb.test()) {
+      }
+      ra.wait();
+      sb.wait();
+      sa.wait();
+      REQUIRE(a == rank_bytes(1, prev, r, 10));
+      REQUIRE(b == rank_bytes(2, prev, r, 70000));
+      comm.flush();
+      REQUIRE(comm.pending_sends() == 0);
+    });
+  }
+}
+
+TEST_CASE("TorchComm: gTopK's tree and TopK equal the serial references bit for bit, P = 1..4", "[torch][gtopk]") {
+  for (int P = 1; P <= 4; ++P) {
+    CAPTURE(P);
+    REQUIRE_NOTHROW(run_gloo(P, [&](TorchComm& comm) {
+      check_tree_union(comm);
+      for (double density : {0.01, 0.3})
+        for (int kind : {0, 1}) check_gtopk_reference(comm, 1u + P, 1000, density, 3, kind);
+      check_topk_reference(comm, 2u + P, 1000, 0.05, 3, 0);
+    }));
+  }
+}
+
+TEST_CASE("TorchComm: bad compressor input raises on every rank and the communicator stays usable", "[torch][gtopk]") {
+  using GT = gTopK<TreeComm<TorchComm>>;
+  using TK = TopK<TorchComm>;
+  for (int P : {2, 3}) {
+    REQUIRE_NOTHROW(run_gloo(P, [&](TorchComm& comm) {
+      check_bad_options<GT>(comm);
+      check_k_above_n<GT>(comm);
+      check_nonfinite<GT>(comm, P - 1, std::numeric_limits<float>::quiet_NaN());
+      check_length_mismatch<GT>(comm);
+      check_bad_options<TK>(comm);
+      check_nonfinite<TK>(comm, 0, std::numeric_limits<float>::infinity());
+      check_length_mismatch<TK>(comm);
+    }));
+  }
+}
+
+TEST_CASE("TorchComm rejects bad peers, roots and sizes alike on every rank", "[torch][errors]") {
+  for (int P : {2, 4}) {
+    run_gloo(P, [&](TorchComm& comm) {
+      const int r = comm.rank();
+      std::vector<std::byte> buf;
+      std::byte b[1]{};
+      REQUIRE_THROWS_AS(comm.send(r, b), invalid_argument);
+      REQUIRE_THROWS_AS(comm.send(P, b), invalid_argument);
+      REQUIRE_THROWS_AS(comm.recv(-1, buf), invalid_argument);
+      REQUIRE_THROWS_WITH(comm.send(-2, b), Catch::Contains("peer -2") && Catch::Contains("another rank in [0, "));
+      REQUIRE_FALSE(comm.failed());
+      std::vector<float> v(5, float(r));
+      REQUIRE_THROWS_WITH(comm.broadcast(std::span<float>(v), P),
+                          Catch::Contains("root " + std::to_string(P)) && Catch::Contains("outside [0, "));
+      // A wrong output size on one rank: its own message there, invalid_argument naming it elsewhere.
+      std::vector<float> in(3, 1.f), out(3 * P + (r == P - 1 ? 1 : 0));
+      const auto t0 = clk::now();
+      try {
+        comm.allgather(std::span<const float>(in), std::span<float>(out));
+        FAIL("allgather with a wrong output size did not throw");
+      } catch (const invalid_argument& e) {
+        const std::string what = e.what();
+        if (r == P - 1) REQUIRE_THAT(what, Catch::Contains("must hold size() * in.size()"));
+        else REQUIRE_THAT(what, Catch::Contains("rank " + std::to_string(P - 1) + " passed an invalid argument"));
+      }
+      REQUIRE(seconds_since(t0) < 10);
+      // Different sizes on one rank: mismatch_error on every rank, before data moves.
+      std::vector<float> g(10 + (r == 0 ? 1 : 0));
+      REQUIRE_THROWS_WITH(comm.allreduce(std::span<float>(g)), Catch::Contains("ranks disagree on the size"));
+      // Different collectives at the same point.
+      std::vector<float> h(4);
+      if (r == 0) REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(h), 0), mismatch_error);
+      else REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(h)), mismatch_error);
+      // Still usable and exact afterwards.
+      std::vector<std::int32_t> x(4, 1);
+      comm.allreduce(std::span<std::int32_t>(x));
+      REQUIRE(x == std::vector<std::int32_t>(4, P));
+      REQUIRE_FALSE(comm.failed());
+    });
+  }
+}
+
+TEST_CASE("TorchComm: a message of the wrong size for irecv fails on every rank", "[torch][p2p][failure]") {
+  std::atomic<int> mismatches{0}, failures{0};
+  REQUIRE_THROWS(run_gloo(2, [&](TorchComm& comm) {
+    std::vector<std::byte> msg(12, std::byte{1}), in(8);
+    try {
+      if (comm.rank() == 0) {
+        comm.send(1, std::span<const std::byte>(msg));
+        comm.barrier();  // rank 1 fails instead of joining: peer_failure here
+      } else {
+        comm.irecv(0, std::span<std::byte>(in)).wait();
+      }
+    } catch (const mismatch_error&) {
+      ++mismatches;
+      throw;
+    } catch (const peer_failure&) {
+      ++failures;
+      throw;
+    }
+  }, {.timeout = 30s}));
+  REQUIRE(mismatches == 1);
+  REQUIRE(failures == 1);
+}
+
+TEST_CASE("TorchComm: a rank that aborts mid-collective makes the others raise peer_failure fast", "[torch][failure]") {
+  for (int P : {2, 3, 4}) {
+    std::atomic<int> peer_failures{0};
+    std::atomic<double> slowest{0};
+    const auto t0 = clk::now();
+    REQUIRE_THROWS_WITH(run_gloo(P, [&](TorchComm& comm) {
+      const TorchComm alias = comm;  // copies share the failure state
+      std::vector<float> g(100000, 1.f);
+      comm.allreduce(std::span<float>(g));
+      REQUIRE(g[0] == float(P));
+      if (comm.rank() == P - 1) {
+        std::this_thread::sleep_for(200ms);
+        comm.abort("disk full while writing a checkpoint");
+        REQUIRE(alias.failed());
+        const auto t1 = clk::now();
+        REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(g)), peer_failure);
+        REQUIRE_THROWS_AS(comm.barrier(), peer_failure);
+        REQUIRE(seconds_since(t1) < 1.0);
+        throw std::runtime_error("the aborting rank");
+      }
+      const auto t1 = clk::now();
+      try {
+        comm.allreduce(std::span<float>(g));
+        FAIL("allreduce returned although a rank aborted");
+      } catch (const peer_failure& e) {
+        const double w = seconds_since(t1);
+        if (w > slowest) slowest = w;
+        REQUIRE_THAT(std::string(e.what()), Catch::Contains("rank " + std::to_string(P - 1) + " aborted") &&
+                                                Catch::Contains("disk full while writing a checkpoint"));
+        ++peer_failures;
+      }
+      REQUIRE(alias.failed());
+      std::vector<std::byte> buf;
+      REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(g), 0), peer_failure);
+      REQUIRE_THROWS_AS(comm.send(P - 1, std::span<const std::byte>()), peer_failure);
+      REQUIRE_THROWS_AS(comm.recv(P - 1, buf), peer_failure);
+    }, {.timeout = 30s}), Catch::Contains("the aborting rank"));
+    REQUIRE(peer_failures == P - 1);
+    REQUIRE(slowest < 5.0);  // the notice, not the 30 s deadline, ended the wait
+    REQUIRE(seconds_since(t0) < 20.0);
+  }
+}
+
+TEST_CASE("TorchComm: an exception inside torch_guard reaches every rank, also one blocked in recv",
+          "[torch][failure]") {
+  std::atomic<int> peer_failures{0};
+  REQUIRE_THROWS_WITH(run_gloo(3, [&](TorchComm& comm) {
+    torch_guard(comm, [&] {
+      try {
+        if (comm.rank() == 1) {
+          std::this_thread::sleep_for(100ms);
+          throw std::runtime_error("out of memory in backward");
+        }
+        std::vector<std::byte> buf;
+        if (comm.rank() == 0) comm.recv(1, buf);  // rank 1 never sends
+        else comm.barrier();
+      } catch (const peer_failure& e) {
+        REQUIRE_THAT(std::string(e.what()), Catch::Contains("out of memory in backward"));
+        ++peer_failures;
+        throw;
+      }
+    });
+  }, {.timeout = 30s}), Catch::Contains("out of memory in backward"));
+  REQUIRE(peer_failures == 2);
+}
+
+TEST_CASE("TorchComm: a rank that never joins makes the others time out at the deadline", "[torch][failure]") {
+  std::atomic<int> timeouts{0}, failures{0};
+  const auto t0 = clk::now();
+  REQUIRE_THROWS(run_gloo(3, [&](TorchComm& comm) {
+    if (comm.rank() == 2) {
+      std::this_thread::sleep_for(3s);  // late, past the others' deadline
+      const auto t1 = clk::now();       // it learns that the group gave up from the notice
+      REQUIRE_THROWS_WITH(comm.barrier(), Catch::Contains("timed out after 1000 ms"));
+      REQUIRE(comm.failed());
+      REQUIRE(seconds_since(t1) < 0.9);
+      return;
+    }
+    try {
+      std::vector<double> x(10, 1.0);
+      comm.allreduce(std::span<double>(x));
+    } catch (const timeout_error& e) {
+      REQUIRE_THAT(std::string(e.what()), Catch::Contains("timed out after 1000 ms"));
+      ++timeouts;
+      throw;
+    } catch (const peer_failure&) {
+      ++failures;  // the other waiting rank may see the first one's notice first
+      throw;
+    }
+  }, {.timeout = 1s}));
+  REQUIRE(timeouts + failures == 2);
+  REQUIRE(timeouts >= 1);
+  REQUIRE(seconds_since(t0) < 30.0);
+}
+
+TEST_CASE("TorchComm construction checks its arguments", "[torch][errors]") {
+  REQUIRE_THROWS_AS(TorchComm(c10::intrusive_ptr<c10d::ProcessGroup>()), invalid_argument);
+  run_gloo(1, [&](TorchComm& comm) {
+    REQUIRE_THROWS_WITH(TorchComm(comm.group(), {}, {.timeout = 0ms}), Catch::Contains("must be positive"));
+  });
+}
+
+TEST_CASE("TorchComm: Dense averages exactly over the process group", "[torch][dense]") {
+  run_gloo(4, [&](TorchComm& comm) {
+    Dense<TorchComm> dense{comm};
+    std::vector<float> g(5000);
+    for (std::size_t i = 0; i < g.size(); ++i) g[i] = float((i + 3 * comm.rank()) % 17);  // exact sums
+    dense.reduce(std::span<float>(g));
+    for (std::size_t i = 0; i < g.size(); i += 97) {
+      float s = 0;
+      for (int q = 0; q < 4; ++q) s += float((i + 3 * q) % 17);
+      REQUIRE(g[i] == s * (1.f / 4.f));
+    }
+  });
+}
