@@ -189,6 +189,7 @@ class MpiComm {
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     s.enter("allgather");
+    if (s.options().verify_collectives && s.direct_checks()) return held_allgather(in, out);
     if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
     if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
       s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
@@ -385,6 +386,33 @@ class MpiComm {
       return detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed ", data.size_bytes(),
                          " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per call: split the buffer.");
     return {};
+  }
+
+  //! The checked allgather with P <= mpi_direct_check_ranks: the block leaves at once,
+  //! beside the signature (a held gather, mpi/ring_allreduce.hpp), so the check costs no
+  //! round of its own; blocks wait in internal memory until the check passed, and a
+  //! check that fails raises alike on every rank once the blocks sent are received and
+  //! dropped, with `out` untouched and the communicator usable (mpi_state::verify_direct).
+  //! Blocks are received into internal memory even without isolate_buffers (they must
+  //! not reach `out` before the check). Up to 64 KiB of output it completes before it
+  //! returns, as the other small collectives.
+  template <class T>
+  mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
+    auto& s = *state_;
+    const auto bad = allgather_error(in, out);
+    const bool sends = bad.empty() && !in.empty();  // what took_signature assumes of every rank
+    mpi_request r(state_, "allgather", true);
+    if (sends) r.ring_ = s.start_held_gather(std::as_bytes(in), std::as_writable_bytes(out));
+    try {
+      s.verify_direct(allgather_signature(in), bad, r.ring_.get());
+    } catch (...) {
+      if (r.ring_ && !r.ring_->finished()) s.drop_ring(r.ring_);  // a failure, not a judged mismatch
+      throw;
+    }
+    if (!sends) return {};  // every rank agreed on an empty block
+    r.ring_->release_hold();
+    if (out.size_bytes() <= detail::mpi_small_collective_bytes) r.wait();
+    return r;
   }
 
   //! Returns false when the collective has nothing to move (all ranks agreed on 0 bytes).
