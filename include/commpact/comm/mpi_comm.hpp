@@ -32,11 +32,14 @@
 //!   another rank raises peer_failure carrying its reason. After a failure every further
 //!   operation raises at once. No message is sent for this unless a rank fails.
 //! - Agreement: with `mpi_options::verify_collectives` (the default) every collective
-//!   starts with one small allreduce of its signature (comm/signature.hpp, the check
-//!   CheckedComm<C> also uses): ranks that disagree all raise mismatch_error (a bad
-//!   argument on one rank: invalid_argument on all) before data moves, and the
-//!   communicator stays usable. With it off (the unchecked mode) a disagreement is
-//!   undefined behaviour, as in MPI and NCCL.
+//!   starts with an exchange of its signature (comm/signature.hpp, the rule CheckedComm<C>
+//!   also uses; up to 8 ranks a direct exchange, one round, above a recursive doubling):
+//!   ranks that disagree all raise mismatch_error (a bad argument on one rank:
+//!   invalid_argument on all) before any data reaches user memory, and the communicator
+//!   stays usable. An allgather's blocks travel beside its signature into internal
+//!   memory (a held gather, mpi/state.hpp verify_direct) and are copied out only once the
+//!   check passed. With it off (the unchecked mode) a disagreement is undefined
+//!   behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
 //!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
@@ -402,9 +405,11 @@ class MpiComm {
     const auto bad = allgather_error(in, out);
     const bool sends = bad.empty() && !in.empty();  // what took_signature assumes of every rank
     mpi_request r(state_, "allgather", true);
-    if (sends) r.ring_ = s.start_held_gather(std::as_bytes(in), std::as_writable_bytes(out));
     try {
-      s.verify_direct(allgather_signature(in), bad, r.ring_.get());
+      s.verify_direct(allgather_signature(in), bad, [&] {
+        if (sends) r.ring_ = s.start_held_gather(std::as_bytes(in), std::as_writable_bytes(out));
+        return r.ring_.get();
+      });
     } catch (...) {
       if (r.ring_ && !r.ring_->finished()) s.drop_ring(r.ring_);  // a failure, not a judged mismatch
       throw;

@@ -35,9 +35,10 @@ namespace commpact {
 struct mpi_options {
   //! Longest time one rank waits for the others in any operation.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  //! Start every collective with one small allreduce of its signature, so that ranks that
+  //! Start every collective with an exchange of its signature, so that ranks that
   //! disagree (sizes, operation, type, root) all raise mismatch_error before any data
-  //! moves. Costs one small-message latency per collective. `false` is the unchecked
+  //! reaches user memory. Costs one small-message round per collective (up to 8 ranks;
+  //! log2(P) rounds above), which an allgather overlaps with its data. `false` is the unchecked
   //! mode: as in MPI and NCCL, ranks that disagree are then UNDEFINED BEHAVIOUR (OpenMPI
   //! may corrupt the heap or hang until the deadline); use it only where every call site
   //! is known to agree, or wrap the communicator in CheckedComm.
@@ -247,7 +248,7 @@ class mpi_state {
                                      "restart from a checkpoint."));
   }
 
-  //! Agrees on the collective's signature (one allreduce of signature_words int64);
+  //! Agrees on the collective's signature (signature_words int64 per rank, combined by MAX);
   //! throws the same error class on every rank when they disagree or one passed an
   //! invalid argument. Also serves as barrier.
   //! With P <= mpi_direct_check_ranks the signatures travel by direct exchange
@@ -255,7 +256,7 @@ class mpi_state {
   //! rank makes the same one.
   void verify(const collective_signature& sig, const std::string& local_error) {
     if (direct_checks()) {
-      verify_direct(sig, local_error, nullptr);
+      verify_direct(sig, local_error);
       return;
     }
     encode_signature(sig, rank_, !local_error.empty(), sig_.get());
@@ -272,14 +273,23 @@ class mpi_state {
   //! rank holds every signature, takes their MAX word by word (what the recursive
   //! doubling computes) and judges it alike (judge_signature). One round instead of
   //! log2(P) dependent ones, and it lets an allgather send its block at the same time:
-  //! `gather` (a held gather, already launched: this rank's block is on its way to every
-  //! peer) gets a receive posted for each peer whose signature equals ours, and is told
-  //! to skip the others. A block a peer sent that this rank does not take (the peer made
+  //! the held gather (started right after the signatures left: this rank's block goes to
+  //! every peer) gets a receive posted for each peer whose signature equals ours, and is
+  //! told to skip the others. A block a peer sent that this rank does not take (the peer made
   //! a held gather, we disagree) is received into internal memory and dropped. When the
   //! check fails, the drained blocks and `gather` complete before the error is raised,
   //! so no message is left behind (the communicator stays usable) and no user memory is
   //! written (`gather` holds its blocks until release_hold, after a check that passed).
-  void verify_direct(const collective_signature& sig, const std::string& local_error, mpi_ring_op* gather) {
+  void verify_direct(const collective_signature& sig, const std::string& local_error) {
+    verify_direct(sig, local_error, [] { return static_cast<mpi_ring_op*>(nullptr); });
+  }
+  //! `start_gather()` starts the held gather (or returns nullptr) once the signatures
+  //! are on their way: they leave first, so a peer usually holds our signature, and has
+  //! posted the receive for our block, before the block arrives (a block that arrives
+  //! before its receive is buffered by MPI and copied once more).
+  template <class StartGather>
+  void verify_direct(const collective_signature& sig, const std::string& local_error, StartGather&& start_gather) {
+    mpi_ring_op* gather = nullptr;
     constexpr int W = signature_words;
     std::int64_t* mine = sig_.get();
     encode_signature(sig, rank_, !local_error.empty(), mine);
@@ -301,6 +311,7 @@ class mpi_state {
         for (int i = 0; i < m; ++i)
           check(MPI_Isend(mine, W, MPI_INT64_T, peer(i), mpi_sig_tag, comm_, &sig_reqs_[static_cast<std::size_t>(m + i)]),
                 "MPI_Isend", what);
+        gather = start_gather();
         int left = m;
         poll(what, [&] {
           while (left > 0) {
@@ -326,6 +337,8 @@ class mpi_state {
       }
       for (int i = 0; i < m; ++i)  // our own words are in w already
         for (int k = 0; k < W; ++k) w[k] = std::max(w[k], sig_in_[static_cast<std::size_t>(peer(i) * W + k)]);
+    } else {
+      gather = start_gather();
     }
     const bool agreed = w[6] < 0 && w[0] == -w[1] && w[2] == -w[3] && w[4] == -w[5];
     if (!agreed) {  // settle what the check let start, then raise alike on every rank
