@@ -356,15 +356,17 @@ TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communica
   REQUIRE_FALSE(comm.failed());
 }
 
-// A checked allgather sends its block beside its signature (a held gather, P <= 8): a
-// check that fails must drain what was sent, leave `out` untouched on every rank and the
-// communicator usable, for blocks on both sides of 64 KiB and against every other call.
+// A checked allgather sends a block of up to 32 KiB beside its signature (a held gather,
+// P <= 8): a check that fails must drain what was sent, leave `out` untouched on every
+// rank and the communicator usable, against every other call; a larger block likewise.
 TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and leaves nothing behind",
           "[comm][mpi][errors]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
   const int P = comm.size(), r = comm.rank();
   if (P < 2) return;
-  for (const std::size_t block : {std::size_t{100}, std::size_t{40000}}) {  // floats per rank
+  // Floats per rank: held (eager; rendezvous within the first fragment), and one too
+  // large to hold (checked first, then gathered).
+  for (const std::size_t block : {std::size_t{100}, std::size_t{6000}, std::size_t{40000}}) {
     for (int pattern = 0; pattern < 5; ++pattern) {
       // 0: the last rank's block is one float longer; 1: the last rank calls allreduce
       // on as many bytes; 2: rank 0 calls barrier; 3: the last rank's output is too

@@ -391,9 +391,10 @@ class MpiComm {
     return {};
   }
 
-  //! The checked allgather with P <= mpi_direct_check_ranks: the block leaves at once,
-  //! beside the signature (a held gather, mpi/ring_allreduce.hpp), so the check costs no
-  //! round of its own; blocks wait in internal memory until the check passed, and a
+  //! The checked allgather with P <= mpi_direct_check_ranks: a block of at most
+  //! mpi_held_gather_block_max bytes leaves at once, beside the signature (a held gather,
+  //! mpi/ring_allreduce.hpp), so the check costs no round of its own (a larger block
+  //! goes after the check, as in the unchecked mode); blocks wait in internal memory until the check passed, and a
   //! check that fails raises alike on every rank once the blocks sent are received and
   //! dropped, with `out` untouched and the communicator usable (mpi_state::verify_direct).
   //! Blocks are received into internal memory even without isolate_buffers (they must
@@ -403,7 +404,9 @@ class MpiComm {
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     const auto bad = allgather_error(in, out);
-    const bool sends = bad.empty() && !in.empty();  // what took_signature assumes of every rank
+    // What took_signature assumes of every rank: a valid, nonempty block of at most
+    // mpi_held_gather_block_max bytes leaves beside the signature.
+    const bool sends = bad.empty() && !in.empty() && in.size_bytes() <= detail::mpi_held_gather_block_max;
     mpi_request r(state_, "allgather", true);
     try {
       s.verify_direct(allgather_signature(in), bad, [&] {
@@ -414,7 +417,15 @@ class MpiComm {
       if (r.ring_ && !r.ring_->finished()) s.drop_ring(r.ring_);  // a failure, not a judged mismatch
       throw;
     }
-    if (!sends) return {};  // every rank agreed on an empty block
+    if (!sends) {  // every rank agreed: on an empty block, or on one too large to hold
+      if (in.empty()) return {};
+      if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
+        s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
+        return {};
+      }
+      r.ring_ = s.start_direct_gather(std::as_bytes(in), std::as_writable_bytes(out));
+      return r;
+    }
     r.ring_->release_hold();
     if (out.size_bytes() <= detail::mpi_small_collective_bytes) r.wait();
     return r;

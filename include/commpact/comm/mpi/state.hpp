@@ -523,7 +523,8 @@ class mpi_state {
   void took_signature(int q, mpi_ring_op* gather, const char* what) {
     const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
     const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
-    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0 && v[0] <= INT_MAX;
+    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0 &&
+                      v[0] <= static_cast<std::int64_t>(mpi_held_gather_block_max);
     const std::int64_t* mine = sig_.get();
     if (gather != nullptr && sent && v[0] == mine[0] && v[2] == mine[2]) {
       gather->post_peer(*this, q);
