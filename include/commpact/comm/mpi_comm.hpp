@@ -391,15 +391,14 @@ class MpiComm {
     return {};
   }
 
-  //! The checked allgather with P <= mpi_direct_check_ranks: a block of at most
+  //! The checked allgather with P <= mpi_direct_check_ranks. A block of at most
   //! mpi_held_gather_block_max bytes leaves at once, beside the signature (a held gather,
-  //! mpi/ring_allreduce.hpp), so the check costs no round of its own (a larger block
-  //! goes after the check, as in the unchecked mode); blocks wait in internal memory until the check passed, and a
+  //! mpi/ring_allreduce.hpp), so the check costs no round of its own: held blocks wait
+  //! in internal memory (even without isolate_buffers) until the check passed, and a
   //! check that fails raises alike on every rank once the blocks sent are received and
   //! dropped, with `out` untouched and the communicator usable (mpi_state::verify_direct).
-  //! Blocks are received into internal memory even without isolate_buffers (they must
-  //! not reach `out` before the check). Up to 64 KiB of output it completes before it
-  //! returns, as the other small collectives.
+  //! A larger block goes after the check, as in the unchecked mode. Up to 64 KiB of
+  //! output it completes before it returns, as the other small collectives.
   template <class T>
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
