@@ -8,6 +8,7 @@
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <limits>
@@ -351,6 +352,50 @@ TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communica
       threw = true;
     }
     REQUIRE(count_everywhere(threw) == P);
+  }
+  REQUIRE_FALSE(comm.failed());
+}
+
+// A checked allgather sends a block of up to 32 KiB beside its signature (a held gather,
+// P <= 8): a check that fails must drain what was sent, leave `out` untouched on every
+// rank and the communicator usable, against every other call; a larger block likewise.
+TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and leaves nothing behind",
+          "[comm][mpi][errors]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  // Floats per rank: held (eager; rendezvous within the first fragment), and one too
+  // large to hold (checked first, then gathered).
+  for (const std::size_t block : {std::size_t{100}, std::size_t{6000}, std::size_t{40000}}) {
+    for (int pattern = 0; pattern < 5; ++pattern) {
+      // 0: the last rank's block is one float longer; 1: the last rank calls allreduce
+      // on as many bytes; 2: rank 0 calls barrier; 3: the last rank's output is too
+      // small (invalid_argument on every rank); 4: only rank 0 passes an empty block.
+      const bool odd = (pattern == 2 || pattern == 4) ? r == 0 : r == P - 1;
+      const std::size_t n = pattern == 0 && odd ? block + 1 : pattern == 4 && odd ? 0 : block;
+      std::vector<float> in(n, float(r + 1)), out(n * static_cast<std::size_t>(P) - (pattern == 3 && odd), -7.f);
+      int got = 0;
+      try {
+        if (pattern == 1 && odd) comm.allreduce(std::span<float>(in));
+        else if (pattern == 2 && odd) comm.barrier();
+        else comm.allgather(std::span<const float>(in), std::span<float>(out));
+      } catch (const mismatch_error&) {
+        got = 1;
+      } catch (const invalid_argument&) {
+        got = 2;
+      }
+      INFO("block " << block << ", pattern " << pattern << ", rank " << r);
+      REQUIRE(got == (pattern == 3 ? 2 : 1));
+      REQUIRE(std::all_of(out.begin(), out.end(), [](float x) { return x == -7.f; }));
+      REQUIRE(std::all_of(in.begin(), in.end(), [&](float x) { return x == float(r + 1); }));
+      // Nothing is left in flight: an agreeing allgather, blocking and nonblocking, is exact.
+      std::vector<float> a(block, float(r)), b(block * static_cast<std::size_t>(P));
+      comm.allgather(std::span<const float>(a), std::span<float>(b));
+      for (int q = 0; q < P; ++q) REQUIRE(b[static_cast<std::size_t>(q) * block + block / 2] == float(q));
+      std::fill(b.begin(), b.end(), 0.f);
+      comm.iallgather(std::span<const float>(a), std::span<float>(b)).wait();
+      for (int q = 0; q < P; ++q) REQUIRE(b[static_cast<std::size_t>(q) * block] == float(q));
+    }
   }
   REQUIRE_FALSE(comm.failed());
 }

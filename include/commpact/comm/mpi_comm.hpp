@@ -32,11 +32,14 @@
 //!   another rank raises peer_failure carrying its reason. After a failure every further
 //!   operation raises at once. No message is sent for this unless a rank fails.
 //! - Agreement: with `mpi_options::verify_collectives` (the default) every collective
-//!   starts with one small allreduce of its signature (comm/signature.hpp, the check
-//!   CheckedComm<C> also uses): ranks that disagree all raise mismatch_error (a bad
-//!   argument on one rank: invalid_argument on all) before data moves, and the
-//!   communicator stays usable. With it off (the unchecked mode) a disagreement is
-//!   undefined behaviour, as in MPI and NCCL.
+//!   starts with an exchange of its signature (comm/signature.hpp, the rule CheckedComm<C>
+//!   also uses; up to 8 ranks a direct exchange, one round, above a recursive doubling):
+//!   ranks that disagree all raise mismatch_error (a bad argument on one rank:
+//!   invalid_argument on all) before any data reaches user memory, and the communicator
+//!   stays usable. An allgather's blocks travel beside its signature into internal
+//!   memory (a held gather, mpi/state.hpp verify_direct) and are copied out only once the
+//!   check passed. With it off (the unchecked mode) a disagreement is undefined
+//!   behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
 //!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
@@ -189,6 +192,7 @@ class MpiComm {
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     s.enter("allgather");
+    if (s.options().verify_collectives && s.direct_checks()) return held_allgather(in, out);
     if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
     if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
       s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
@@ -385,6 +389,45 @@ class MpiComm {
       return detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed ", data.size_bytes(),
                          " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per call: split the buffer.");
     return {};
+  }
+
+  //! The checked allgather with P <= mpi_direct_check_ranks. A block of at most
+  //! mpi_held_gather_block_max bytes leaves at once, beside the signature (a held gather,
+  //! mpi/ring_allreduce.hpp), so the check costs no round of its own: held blocks wait
+  //! in internal memory (even without isolate_buffers) until the check passed, and a
+  //! check that fails raises alike on every rank once the blocks sent are received and
+  //! dropped, with `out` untouched and the communicator usable (mpi_state::verify_direct).
+  //! A larger block goes after the check, as in the unchecked mode. Up to 64 KiB of
+  //! output it completes before it returns, as the other small collectives.
+  template <class T>
+  mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
+    auto& s = *state_;
+    const auto bad = allgather_error(in, out);
+    // What took_signature assumes of every rank: a valid, nonempty block of at most
+    // mpi_held_gather_block_max bytes leaves beside the signature.
+    const bool sends = bad.empty() && !in.empty() && in.size_bytes() <= detail::mpi_held_gather_block_max;
+    mpi_request r(state_, "allgather", true);
+    try {
+      s.verify_direct(allgather_signature(in), bad, [&] {
+        if (sends) r.ring_ = s.start_held_gather(std::as_bytes(in), std::as_writable_bytes(out));
+        return r.ring_.get();
+      });
+    } catch (...) {
+      if (r.ring_ && !r.ring_->finished()) s.drop_ring(r.ring_);  // a failure, not a judged mismatch
+      throw;
+    }
+    if (!sends) {  // every rank agreed: on an empty block, or on one too large to hold
+      if (in.empty()) return {};
+      if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
+        s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
+        return {};
+      }
+      r.ring_ = s.start_direct_gather(std::as_bytes(in), std::as_writable_bytes(out));
+      return r;
+    }
+    r.ring_->release_hold();
+    if (out.size_bytes() <= detail::mpi_small_collective_bytes) r.wait();
+    return r;
   }
 
   //! Returns false when the collective has nothing to move (all ranks agreed on 0 bytes).

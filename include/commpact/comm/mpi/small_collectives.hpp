@@ -40,6 +40,19 @@ inline constexpr std::size_t mpi_small_collective_bytes = 64 * 1024;
 //! blocking MPI_Allreduce on shared memory, the ring 1-2x.
 inline constexpr std::size_t mpi_rd_allreduce_bytes = 64 * 1024;
 inline constexpr int mpi_rd_tag = 19;
+//! The signature check (mpi_state::verify) is a direct exchange, one round of P - 1
+//! messages per rank, up to this many ranks, and a recursive doubling (log2(P) rounds of
+//! one message) above. At P = 4 on shared memory the direct exchange saves a round, and
+//! it lets an allgather's blocks travel with the signatures (a held gather).
+inline constexpr int mpi_direct_check_ranks = 8;
+inline constexpr int mpi_sig_tag = 21;
+//! A checked allgather sends its block beside its signature (a held gather) when the
+//! block is at most this many bytes: OpenMPI's shared-memory transport (vader) sends up
+//! to 32 KiB with the first fragment, so such a block needs no handshake after the
+//! receiver posted its receive. A larger block would wait for that handshake, which the
+//! held gather delays until the peer has read our signature; it goes after the check,
+//! to receives posted in advance.
+inline constexpr std::size_t mpi_held_gather_block_max = 32 * 1024 - 64;
 
 //! Waits for `reqs` under the state's deadline and failure notices. On an error the
 //! receives are abandoned (kept, never freed: MPI may still write into their internal

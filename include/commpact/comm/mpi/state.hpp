@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstddef>
 #include <cstdint>
@@ -34,9 +35,10 @@ namespace commpact {
 struct mpi_options {
   //! Longest time one rank waits for the others in any operation.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
-  //! Start every collective with one small allreduce of its signature, so that ranks that
+  //! Start every collective with an exchange of its signature, so that ranks that
   //! disagree (sizes, operation, type, root) all raise mismatch_error before any data
-  //! moves. Costs one small-message latency per collective. `false` is the unchecked
+  //! reaches user memory. Costs one small-message round per collective (up to 8 ranks;
+  //! log2(P) rounds above), which an allgather overlaps with its data. `false` is the unchecked
   //! mode: as in MPI and NCCL, ranks that disagree are then UNDEFINED BEHAVIOUR (OpenMPI
   //! may corrupt the heap or hang until the deadline); use it only where every call site
   //! is known to agree, or wrap the communicator in CheckedComm.
@@ -246,14 +248,121 @@ class mpi_state {
                                      "restart from a checkpoint."));
   }
 
-  //! Agrees on the collective's signature (one allreduce of signature_words int64);
+  //! Agrees on the collective's signature (signature_words int64 per rank, combined by MAX);
   //! throws the same error class on every rank when they disagree or one passed an
   //! invalid argument. Also serves as barrier.
+  //! With P <= mpi_direct_check_ranks the signatures travel by direct exchange
+  //! (verify_direct), else by recursive doubling; the choice depends on P only, so every
+  //! rank makes the same one.
   void verify(const collective_signature& sig, const std::string& local_error) {
+    if (direct_checks()) {
+      verify_direct(sig, local_error);
+      return;
+    }
     encode_signature(sig, rank_, !local_error.empty(), sig_.get());
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
     small_allreduce(std::span<std::int64_t>(sig_.get(), signature_words), reduce_op::max, what);
     judge_signature(sig, rank_, sig_.get(), local_error, "commpact::MpiComm");
+  }
+
+  //! True when the signature check is a direct exchange (verify_direct).
+  bool direct_checks() const { return size_ <= mpi_direct_check_ranks; }
+
+  //! The signature check by direct exchange: every rank sends its signature to every
+  //! other rank in one round (P - 1 messages of 56 bytes, under mpi_sig_tag), so each
+  //! rank holds every signature, takes their MAX word by word (what the recursive
+  //! doubling computes) and judges it alike (judge_signature). One round instead of
+  //! log2(P) dependent ones, and it lets an allgather send its block at the same time:
+  //! the held gather (started right after the signatures left: this rank's block goes to
+  //! every peer) gets a receive posted for each peer whose signature equals ours, and is
+  //! told to skip the others. A block a peer sent that this rank does not take (the peer made
+  //! a held gather, we disagree) is received into internal memory and dropped. When the
+  //! check fails, the drained blocks and `gather` complete before the error is raised,
+  //! so no message is left behind (the communicator stays usable) and no user memory is
+  //! written (`gather` holds its blocks until release_hold, after a check that passed).
+  void verify_direct(const collective_signature& sig, const std::string& local_error) {
+    verify_direct(sig, local_error, [] { return static_cast<mpi_ring_op*>(nullptr); });
+  }
+  //! `start_gather()` starts the held gather (or returns nullptr) once the signatures
+  //! are on their way: they leave first, so a peer usually holds our signature, and has
+  //! posted the receive for our block, before the block arrives (a block that arrives
+  //! before its receive is buffered by MPI and copied once more).
+  template <class StartGather>
+  void verify_direct(const collective_signature& sig, const std::string& local_error, StartGather&& start_gather) {
+    mpi_ring_op* gather = nullptr;
+    constexpr int W = signature_words;
+    std::int64_t* mine = sig_.get();
+    encode_signature(sig, rank_, !local_error.empty(), mine);
+    const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
+    const int P = size_, m = P - 1;
+    std::int64_t w[W];
+    std::copy(mine, mine + W, w);
+    if (P > 1) {
+      if (sig_in_.size() < static_cast<std::size_t>(P * W)) sig_in_.resize(static_cast<std::size_t>(P * W));
+      sig_reqs_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
+      sig_idx_.resize(static_cast<std::size_t>(m));
+      drain_reqs_.clear();
+      auto peer = [&](int i) { return (rank_ + 1 + i) % P; };
+      try {
+        for (int i = 0; i < m; ++i)
+          check(MPI_Irecv(sig_in_.data() + static_cast<std::size_t>(peer(i) * W), W, MPI_INT64_T, peer(i), mpi_sig_tag,
+                          comm_, &sig_reqs_[static_cast<std::size_t>(i)]),
+                "MPI_Irecv", what);
+        for (int i = 0; i < m; ++i)
+          check(MPI_Isend(mine, W, MPI_INT64_T, peer(i), mpi_sig_tag, comm_, &sig_reqs_[static_cast<std::size_t>(m + i)]),
+                "MPI_Isend", what);
+        gather = start_gather();
+        int left = m;
+        poll(what, [&] {
+          while (left > 0) {
+            int count = 0;
+            check(MPI_Testsome(m, sig_reqs_.data(), &count, sig_idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome",
+                  what);
+            if (count == MPI_UNDEFINED || count == 0) return false;
+            for (int j = 0; j < count; ++j) took_signature(peer(sig_idx_[static_cast<std::size_t>(j)]), gather, what);
+            left -= count;
+          }
+          int flag = 0;
+          check(MPI_Testall(m, sig_reqs_.data() + m, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", what);
+          return flag != 0;
+        });
+      } catch (...) {
+        for (int i = 0; i < m; ++i) abandon(sig_reqs_[static_cast<std::size_t>(i)]);
+        for (int i = m; i < 2 * m; ++i)
+          if (sig_reqs_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) MPI_Request_free(&sig_reqs_[static_cast<std::size_t>(i)]);
+        for (auto& q : drain_reqs_) abandon(q);
+        if (!drain_reqs_.empty()) new std::vector<std::vector<std::byte>>(std::move(drains_));  // MPI may write there
+        drains_.clear();
+        throw;
+      }
+      for (int i = 0; i < m; ++i)  // our own words are in w already
+        for (int k = 0; k < W; ++k) w[k] = std::max(w[k], sig_in_[static_cast<std::size_t>(peer(i) * W + k)]);
+    } else {
+      gather = start_gather();
+    }
+    const bool agreed = w[6] < 0 && w[0] == -w[1] && w[2] == -w[3] && w[4] == -w[5];
+    if (!agreed) {  // settle what the check let start, then raise alike on every rank
+      if (!drain_reqs_.empty()) {
+        try {
+          mpi_wait_all(*this, std::span<MPI_Request>(drain_reqs_), drain_reqs_.size(), what);
+        } catch (...) {
+          new std::vector<std::vector<std::byte>>(std::move(drains_));
+          drains_.clear();
+          throw;
+        }
+        drains_.clear();
+      }
+      if (gather != nullptr) poll(what, [&] { return gather->finished(); });
+    }
+    judge_signature(sig, rank_, w, local_error, "commpact::MpiComm");
+  }
+
+  //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct: this rank's block
+  //! leaves now; receives wait for the peers' signatures.
+  std::unique_ptr<mpi_ring_op> start_held_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+    auto ring = pooled_ring();
+    ring->reset_held_gather(in, out, rank_, size_, mpi_gather_tag, "allgather");
+    return launch(std::move(ring));
   }
 
   // The latency path over point to point (mpi/small_collectives.hpp), for collectives
@@ -408,6 +517,28 @@ class mpi_state {
     return out;
   }
 
+  //! verify_direct: peer q's signature arrived. A peer that made a held gather (a valid
+  //! allgather of a nonempty block, which sent its block already) is received by
+  //! `gather` when its signature equals ours, else drained; other peers sent nothing.
+  void took_signature(int q, mpi_ring_op* gather, const char* what) {
+    const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
+    const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
+    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0 &&
+                      v[0] <= static_cast<std::int64_t>(mpi_held_gather_block_max);
+    const std::int64_t* mine = sig_.get();
+    if (gather != nullptr && sent && v[0] == mine[0] && v[2] == mine[2]) {
+      gather->post_peer(*this, q);
+      return;
+    }
+    if (gather != nullptr) gather->skip_peer(q);
+    if (!sent) return;
+    drains_.emplace_back(static_cast<std::size_t>(v[0]));
+    drain_reqs_.push_back(MPI_REQUEST_NULL);
+    check(MPI_Irecv(drains_.back().data(), static_cast<int>(v[0]), MPI_BYTE, q, mpi_gather_tag, comm_,
+                    &drain_reqs_.back()),
+          "MPI_Irecv", what);
+  }
+
   void unlist(mpi_ring_op* ring) noexcept {
     for (std::size_t i = 0; i < active_.size(); ++i)
       if (active_[i] == ring) {
@@ -419,6 +550,7 @@ class mpi_state {
   void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
     new std::vector<std::vector<std::byte>>(std::move(pool_));
     new std::vector<std::byte>(std::move(rd_scratch_));
+    new std::vector<std::int64_t>(std::move(sig_in_));
     (void)sig_.release();
   }
 
@@ -432,6 +564,11 @@ class mpi_state {
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
+  std::vector<std::int64_t> sig_in_;       // verify_direct: every rank's signature words
+  std::vector<MPI_Request> sig_reqs_;
+  std::vector<int> sig_idx_;
+  std::vector<std::vector<std::byte>> drains_;  // verify_direct: blocks of held gathers this rank does not take
+  std::vector<MPI_Request> drain_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
   std::vector<mpi_ring_op*> active_;           // rings in flight, oldest first (owned by their callers)
   std::vector<std::unique_ptr<mpi_ring_op>> ring_pool_;  // finished rings, reused

@@ -1,0 +1,81 @@
+// What MpiComm's signature check costs, against raw MPI, in one run (a plain MPI program;
+// bench_comm times the collectives themselves). At 64 KiB, P = 4 it separates the check
+// from the data: a barrier of the default MpiComm is the check alone (the direct
+// exchange up to 8 ranks), CheckedComm's barrier the recursive doubling of 56 bytes, and
+// "check, then gather" is the order before the held gather (the check, then the
+// unchecked allgather), against the default allgather (held: the block leaves with the
+// signature).
+//
+//   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
+//
+// Every call after an untimed MPI_Barrier, variants rotated per iteration; rank 0 prints
+// the median and quartiles of each variant's time and the median's ratio to raw.
+#include <mpi.h>
+
+#include <algorithm>
+#include <chrono>
+#include <commpact/comm/checked_comm.hpp>
+#include <commpact/comm/mpi_comm.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <utility>
+#include <vector>
+
+using namespace commpact;
+
+int main(int argc, char** argv) {
+  MPI_Init(&argc, &argv);
+  {
+    int r = 0, P = 1;
+    MPI_Comm_rank(MPI_COMM_WORLD, &r);
+    MPI_Comm_size(MPI_COMM_WORLD, &P);
+    const std::size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64u << 10;
+    const int iterations = argc > 2 ? std::atoi(argv[2]) : 2000;
+    MpiComm def{MPI_COMM_WORLD}, unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
+    CheckedComm<MpiComm> checked{unchecked};
+    MPI_Comm raw = MPI_COMM_NULL;
+    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+    const std::size_t block = bytes / static_cast<std::size_t>(P);
+    const int n = static_cast<int>(block);
+    std::vector<std::byte> in(block, std::byte{1}), out(block * static_cast<std::size_t>(P));
+    std::span<const std::byte> si(in);
+    std::span<std::byte> so(out);
+    const std::vector<std::pair<const char*, std::function<void()>>> v = {
+        {"raw MPI_Barrier", [&] { MPI_Barrier(raw); }},
+        {"default barrier (the check)", [&] { def.barrier(); }},
+        {"CheckedComm barrier", [&] { checked.barrier(); }},
+        {"raw MPI_Allgather", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, raw); }},
+        {"default allgather", [&] { def.allgather(si, so); }},
+        {"unchecked allgather", [&] { unchecked.allgather(si, so); }},
+        {"check, then gather", [&] {
+           def.barrier();
+           unchecked.allgather(si, so);
+         }}};
+    std::vector<std::vector<double>> t(v.size());
+    for (const auto& [name, fn] : v) fn();  // warm up
+    for (int it = 0; it < iterations; ++it)
+      for (std::size_t k = 0; k < v.size(); ++k) {
+        const std::size_t i = (k + static_cast<std::size_t>(it)) % v.size();
+        MPI_Barrier(MPI_COMM_WORLD);
+        const auto t0 = std::chrono::steady_clock::now();
+        v[i].second();
+        t[i].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+      }
+    if (r == 0) {
+      std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, bytes, iterations);
+      std::vector<double> med(v.size());
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        std::sort(t[i].begin(), t[i].end());
+        med[i] = t[i][t[i].size() / 2];
+      }
+      for (std::size_t i = 0; i < v.size(); ++i) {
+        const double base = i < 3 ? med[0] : med[3];
+        std::printf("%-28s median %8.1f us [p25 %8.1f, p75 %8.1f]  %.2fx raw\n", v[i].first, med[i],
+                    t[i][t[i].size() / 4], t[i][3 * t[i].size() / 4], med[i] / base);
+      }
+    }
+    MPI_Comm_free(&raw);
+  }
+  MPI_Finalize();
+}
