@@ -95,8 +95,11 @@ inline std::uint16_t to_half(float f) {
   const std::uint32_t ax = x & 0x7FFFFFFFu;
   if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
   if (ax < 0x38800000u) {  // below 2^-14: a half subnormal m 2^-24 (m = 1024 is the smallest normal)
-    const float m = std::nearbyint(std::bit_cast<float>(ax) * 0x1.0p24f);
-    return static_cast<std::uint16_t>(sign | static_cast<std::uint16_t>(m));
+    // Adding 0.5 puts m in the low mantissa bits (float's unit there is 2^-24), rounded
+    // to nearest even by the addition itself: the same m as nearbyint(|f| 2^24), without
+    // a library call (the demo's gradients are mostly half subnormals).
+    const float t = std::bit_cast<float>(ax) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(t) - 0x3F000000u));
   }
   const std::uint32_t mant = ax & 0x7FFFFFu;
   std::uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | (mant >> 13);
@@ -107,7 +110,7 @@ inline std::uint16_t to_half(float f) {
 inline float from_half(std::uint16_t h) {
   const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0) {
-    const float v = std::ldexp(static_cast<float>(m), -24);
+    const float v = static_cast<float>(m) * 0x1.0p-24f;  // exact
     return sign ? -v : v;
   }
   if (e == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
