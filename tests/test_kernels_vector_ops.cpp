@@ -272,3 +272,37 @@ TEST_CASE("scatter_into_zeroed and commit_sparse validate before writing", "[ker
   CHECK(out[3] == 1.0f);
   CHECK(std::count(out.begin(), out.end(), 0.0f) == 1998);
 }
+
+TEST_CASE("mean_checked is src / float(P) bit for bit, for P a power of two (a product) and not", "[kernels][mean]") {
+  std::mt19937_64 g(77);
+  const std::size_t n = 5000;  // several SIMD blocks and a scalar tail
+  std::vector<float> src(n);
+  for (auto& v : src) {
+    // every exponent: normal, subnormal and huge values, both signs, zeros
+    v = std::bit_cast<float>(static_cast<std::uint32_t>(g()) & 0xFF7FFFFFu);
+  }
+  src[3] = 0.0f, src[4] = -0.0f, src[5] = std::numeric_limits<float>::denorm_min();
+  for (int P : {1, 2, 3, 4, 5, 7, 8, 16, 64, 96, 1024}) {
+    CAPTURE(P);
+    std::vector<float> dst(n, 1.0f);
+    const std::size_t bad = commpact::host::mean_checked(src, dst, P);
+    std::size_t want_bad = n;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float want = src[i] / static_cast<float>(P);
+      REQUIRE(std::bit_cast<std::uint32_t>(dst[i]) == std::bit_cast<std::uint32_t>(want));
+      if (!std::isfinite(want) && want_bad == n) want_bad = i;
+    }
+    REQUIRE(bad == want_bad);
+    std::vector<float> inplace = src;  // in place (Dense's form): the same bits and index
+    REQUIRE(commpact::host::mean_checked(inplace, P) == want_bad);
+    REQUIRE(inplace == dst);
+  }
+  // a NaN is reported at its index on both paths
+  src[4321] = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> dst(n);
+  REQUIRE(commpact::host::mean_checked(src, dst, 4) == 4321);
+  REQUIRE(commpact::host::mean_checked(src, dst, 3) == 4321);
+  std::vector<float> a = src, b = src;
+  REQUIRE(commpact::host::mean_checked(a, 4) == 4321);
+  REQUIRE(commpact::host::mean_checked(b, 3) == 4321);
+}
