@@ -14,6 +14,7 @@
 #include "comm/checked_comm.hpp"
 #include "comm/counting_comm.hpp"
 #include "comm/deferred_comm.hpp"
+#include "comm/guard.hpp"
 #include "comm/hierarchical_comm.hpp"
 #include "comm/known_size.hpp"
 #include "comm/mean_allreduce.hpp"

@@ -82,6 +82,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "guard.hpp"
 #include "../error.hpp"
 #include "mpi/datatype.hpp"
 #include "mpi/point_to_point.hpp"
@@ -452,16 +453,7 @@ static_assert(PointToPoint<MpiComm>);
 template <class C, class F>
   requires Communicator<C>
 decltype(auto) mpi_guard(C& comm, F&& fn) {
-  try {
-    if constexpr (std::is_invocable_v<F&&, C&>) return std::invoke(std::forward<F>(fn), comm);
-    else return std::invoke(std::forward<F>(fn));
-  } catch (const std::exception& e) {
-    comm.abort(detail::cat("threw: ", e.what()));
-    throw;
-  } catch (...) {
-    comm.abort("threw a non-standard exception");
-    throw;
-  }
+  return comm_guard(comm, std::forward<F>(fn));
 }
 
 }  // namespace commpact

@@ -80,6 +80,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../comm/guard.hpp"
 #include "../comm/signature.hpp"
 #include "../space/host.hpp"
 
@@ -798,16 +799,7 @@ static_assert(AsyncPointToPoint<TorchComm>);
 //! comm (every other rank raises peer_failure) and is rethrown.
 template <class C, class F>
 decltype(auto) torch_guard(C& comm, F&& fn) {
-  try {
-    if constexpr (std::is_invocable_v<F&&, C&>) return std::invoke(std::forward<F>(fn), comm);
-    else return std::invoke(std::forward<F>(fn));
-  } catch (const std::exception& e) {
-    comm.abort(detail::cat("threw: ", e.what()));
-    throw;
-  } catch (...) {
-    comm.abort("threw a non-standard exception");
-    throw;
-  }
+  return comm_guard(comm, std::forward<F>(fn));
 }
 
 }  // namespace commpact
