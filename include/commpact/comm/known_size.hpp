@@ -26,21 +26,9 @@
 
 namespace commpact {
 
-namespace detail {
-template <class C>
-struct comm_space {
-  using type = host_space;
-};
-template <class C>
-  requires requires { typename C::space_type; }
-struct comm_space<C> {
-  using type = typename C::space_type;
-};
-}  // namespace detail
-
 //! The space whose spans a communicator's data-plane calls take.
 template <class C>
-using comm_space_t = typename detail::comm_space<std::remove_cvref_t<C>>::type;
+using comm_space_t = space_of_t<C>;
 
 //! The executor a communicator queues its data-plane work on.
 template <class C>

@@ -11,6 +11,10 @@
 #include <string_view>
 
 #include "../concepts.hpp"
+#include "../kernels/deferred/ops.hpp"
+#include "../kernels/host/ops.hpp"
+#include "../kernels/status.hpp"
+#include "known_size.hpp"
 #include "../kernels/host/vector_ops.hpp"
 #include "../nonfinite.hpp"
 
@@ -28,6 +32,32 @@ bool mean_allreduce(C& comm, std::span<float> v, nonfinite policy, std::string_v
   const std::size_t bad = host::mean_checked(v, comm.size());
   if (bad == v.size()) return true;
   return detail::end_nonfinite_step(policy, who, what, bad, step, v);
+}
+
+//! The same collective over a communicator of another space (DeferredComm, a device
+//! communicator): v is the space's span; the sum is queued, then ops<S>::mean with the
+//! non-finite check into `status` (a one-element buffer of the space, grown once), one
+//! fence, and the same decision on every rank (every rank holds the same sum). The index
+//! of the first non-finite value is not reported (it stays in the space).
+template <Communicator C, class Span>
+  requires(!std::same_as<comm_space_t<C>, host_space> &&
+           std::same_as<Span, typename comm_space_t<C>::template span<float>>)
+bool mean_allreduce(C& comm, Span v, typename comm_space_t<C>::template buffer<std::uint32_t>& status,
+                    nonfinite policy, std::string_view who, std::string_view what, std::int64_t step) {
+  using S = comm_space_t<C>;
+  const auto e = comm_exec(comm);
+  status.resize(1);
+  std::uint32_t flags = 0;
+  ops<S>::fill(e, status.view(), std::uint32_t{0});
+  comm.allreduce(v, reduce_op::sum);
+  ops<S>::mean(e, v, comm.size(), status.view());
+  ops<S>::to_host(e, status.cview(), std::span<std::uint32_t>(&flags, 1));
+  S::fence(e, no_deadline());
+  if ((flags & status_nonfinite) == 0) return true;
+  if (policy == nonfinite::raise) detail::raise_nonfinite(who, what, static_cast<std::size_t>(-1), step);
+  ops<S>::fill(e, v, 0.0f);
+  S::fence(e, no_deadline());
+  return false;
 }
 
 }  // namespace commpact

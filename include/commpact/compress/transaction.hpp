@@ -32,7 +32,7 @@ namespace commpact {
 namespace req {
 //! A compressor whose step has the phases start / finish / commit / cancel.
 template <class C>
-concept two_phase_compressor = requires(C& c, std::span<float> g) {
+concept two_phase_compressor = requires(C& c, typename space_of_t<C>::template span<float> g) {
   c.start(g);
   { c.finish() } -> std::convertible_to<bool>;
   c.commit();
@@ -45,7 +45,7 @@ class pending_step {
  public:
   //! Computes c's step on grad and leaves it open. Returns what reduce() would (false:
   //! a skipped step). Raises as reduce() does, with nothing left open.
-  bool run(C& c, std::span<float> grad, bool keep_snapshot = true) {
+  bool run(C& c, typename space_of_t<C>::template span<float> grad, bool keep_snapshot = true) {
     open_ = false;
     bool ok = true;
     if constexpr (req::two_phase_compressor<C>) {

@@ -22,6 +22,8 @@
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
 //! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
 //! | `tree_local / tree_payload / tree_absorb / tree_scatter / tree_zero_delivered` | gTop-k's data plane (kernels/host/sparse_tree.hpp) |
+//! | `add(e, y, x)` | y[i] += x[i] (DataParallel's parameter average) |
+//! | `sgd_step(e, x, v, g, lr, mu, wd)` | Sgd's update (kernels/host/sgd.hpp): d = g + wd x; v = mu v + d; x -= lr v (v empty: x -= lr d), float, no FMA |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

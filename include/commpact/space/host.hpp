@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstddef>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 namespace commpact {
@@ -59,5 +60,22 @@ struct host_space {
   //! Queued work has already run.
   static void fence(exec, deadline) {}
 };
+
+namespace detail {
+template <class T>
+struct space_of {
+  using type = host_space;
+};
+template <class T>
+  requires requires { typename T::space_type; }
+struct space_of<T> {
+  using type = typename T::space_type;
+};
+}  // namespace detail
+
+//! The space of a communicator, compressor or aggregation: T::space_type when T names
+//! one, else host_space (the v2 types, which take std::span).
+template <class T>
+using space_of_t = typename detail::space_of<std::remove_cvref_t<T>>::type;
 
 }  // namespace commpact

@@ -110,9 +110,9 @@ concept has_comm = requires(C& c) {
   c.comm();
   requires Communicator<std::remove_cvref_t<decltype(c.comm())>>;
 };
-template <class U>
+template <class U, class Space = host_space>
 concept has_optimizer_state = requires(U& u) {
-  { u.state() } -> std::convertible_to<std::span<float>>;
+  { u.state() } -> std::convertible_to<typename Space::template span<float>>;
 };
 //! A compressor that can start its reduction during backward (Bucketed).
 template <class C>
@@ -121,8 +121,9 @@ concept overlappable = requires(C& c, std::span<float> g, std::size_t layer) {
   c.ready(layer);
   c.cancel();
 };
-template <class U>
-concept update_function = std::invocable<U&, std::span<float>, std::span<const float>, double>;
+template <class U, class Space = host_space>
+concept update_function = std::invocable<U&, typename Space::template span<float>,
+                                         typename Space::template span<const float>, double>;
 }  // namespace req
 
 template <class Compressor, class Policy>
@@ -136,6 +137,13 @@ class DataParallel {
  public:
   using options = data_parallel_options;
   using communicator = std::remove_cvref_t<decltype(std::declval<Compressor&>().comm())>;
+  //! Where parameters and gradients live: the compressor's space (host_space unless it
+  //! names another, as Dense<DeferredComm<C>> does). Parameter averaging runs there too.
+  using space_type = space_of_t<Compressor>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
 
   //! A run of `total_steps` optimizer steps; calls the policy's check_run(total_steps).
   DataParallel(Compressor compressor, Policy policy, std::int64_t total_steps, options opt = {})
@@ -197,8 +205,8 @@ class DataParallel {
   //! gradient in gradient rounds). Returns true when this step ended with a
   //! synchronisation round, after which params are the same on every rank.
   template <class Update>
-    requires req::update_function<Update>
-  bool step(std::span<float> params, std::span<float> grads, double lr, Update&& update) {
+    requires req::update_function<Update, space_type>
+  bool step(span<float> params, span<float> grads, double lr, Update&& update) {
     using U = std::remove_cvref_t<Update>;
     overlap_guard guard{*this, std::uncaught_exceptions()};  // a step that raises ends the buckets in flight first
     require(step_ < total_, "commpact::DataParallel::step: step ", step_, " is past the run of ", total_,
@@ -216,7 +224,7 @@ class DataParallel {
               " parameters at step ", step_, " but ", n_,
               " before; the parameter buffer must keep its length over the run.");
     }
-    if constexpr (!req::has_optimizer_state<U>) {
+    if constexpr (!req::has_optimizer_state<U, space_type>) {
       require(!opt_.average_optimizer_state,
               "commpact::DataParallel: average_optimizer_state is on, but the update function has no "
               "`std::span<float> state()` to average; expose the optimizer state (as commpact::Sgd does) or turn the "
@@ -239,7 +247,7 @@ class DataParallel {
         overlap_ = false;
         if (overlapped) bring_state_in_sync(update);
         if (sent) {
-          update(params, std::span<const float>(grads), lr);
+          update(params, span<const float>(grads), lr);
         } else {
           ++skipped_;
         }
@@ -248,15 +256,15 @@ class DataParallel {
       } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
         // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
         dense_mean(grads, checked_params_, "gradient");
-        update(params, std::span<const float>(grads), lr);
+        update(params, span<const float>(grads), lr);
         ++parameter_rounds_;
         ++gradient_shortcuts_;
         synced = true;
       } else {
-        update(params, std::span<const float>(grads), lr);
+        update(params, span<const float>(grads), lr);
         if (step_ == period_.last()) {
           average_parameters(params);
-          if constexpr (req::has_optimizer_state<U>) {
+          if constexpr (req::has_optimizer_state<U, space_type>) {
             if (opt_.average_optimizer_state) {
               dense_mean(update.state(), checked_state_, "optimizer state");
               ++state_rounds_;
@@ -318,7 +326,7 @@ class DataParallel {
                                  static_cast<std::int64_t>(shared_kind_),
                                  delta_compressor_ ? 1 : 0};
     w.i64s(1, head);
-    w.f32s(2, x0_);
+    w.f32s(2, to_host(x0_));
     w.nested(3, [&](std::vector<std::byte>& o) { compressor_.save_state(o); });
     if (delta_compressor_) w.nested(4, [&](std::vector<std::byte>& o) { delta_compressor_->save_state(o); });
     w.finish();
@@ -386,7 +394,7 @@ class DataParallel {
     state_rounds_ = h[12];
     skipped_ = h[13];
     shared_kind_ = static_cast<round_kind>(h[14]);
-    x0_ = std::move(x0);
+    from_host(x0, x0_);
   }
 
   //! Steps taken so far (the index of the next step).
@@ -461,7 +469,7 @@ class DataParallel {
     x0_swapped_ = false;
   }
 
-  void begin_period(std::span<const float> params, double lr) {
+  void begin_period(span<const float> params, double lr) {
     period_ = detail::next_period(policy_, step_, lr, total_);
     next_plan_ = step_ + period_.length;
     if (opt_.verify_plans) {
@@ -473,7 +481,8 @@ class DataParallel {
     if (period_.what == sync_plan::mode::parameters && !shortcut) {
       x0_prev_.swap(x0_);  // kept until the step completes, for restore()
       x0_swapped_ = true;
-      x0_.assign(params.begin(), params.end());  // allocates in the first two periods only
+      x0_.resize(params.size());  // grows in the first two periods only
+      ops<space_type>::copy(exec(), params, x0_.view());
     }
   }
 
@@ -481,30 +490,36 @@ class DataParallel {
   template <class U>
   void bring_state_in_sync(U& update) {
     if (state_in_sync_) return;
-    if constexpr (req::has_optimizer_state<U>) {
+    if constexpr (req::has_optimizer_state<U, space_type>) {
       dense_mean(update.state(), checked_state_, "optimizer state");
       ++state_rounds_;
     }
     state_in_sync_ = true;  // an update without state() is stateless by contract
   }
 
-  void average_parameters(std::span<float> params) {
+  //! x = x0 + mean_r(x_r - x0): delta = x - x0 (a copy, then a subtraction), its mean,
+  //! then x = delta + x0 (float addition commutes: the bits of x0 + delta).
+  void average_parameters(span<float> params) {
+    const auto e = exec();
     delta_.resize(params.size());
-    for (std::size_t i = 0; i < params.size(); ++i) delta_[i] = params[i] - x0_[i];
+    const auto delta = delta_.view();
+    ops<space_type>::copy(e, span<const float>(params), delta);
+    ops<space_type>::sub(e, delta, x0_.cview());
     if (opt_.compress_deltas) {
-      const bool sent = delta_compressor_ ? compressor_reduce(*delta_compressor_, delta_, round_kind::none)
-                                          : compressor_reduce(compressor_, delta_, round_kind::deltas);
-      if (!sent) std::fill(delta_.begin(), delta_.end(), 0.0f);  // the round is dropped
+      const bool sent = delta_compressor_ ? compressor_reduce(*delta_compressor_, delta, round_kind::none)
+                                          : compressor_reduce(compressor_, delta, round_kind::deltas);
+      if (!sent) ops<space_type>::fill(e, delta, 0.0f);  // the round is dropped
     } else {
-      dense_mean(delta_, checked_params_, "parameter delta");
+      dense_mean(delta, checked_params_, "parameter delta");
     }
-    for (std::size_t i = 0; i < params.size(); ++i) params[i] = x0_[i] + delta_[i];
+    ops<space_type>::add(e, delta, x0_.cview());
+    ops<space_type>::copy(e, span<const float>(delta), params);
   }
 
 
   //! Reduces through c; `kind` (none for the separate delta compressor) guards the shared
   //! compressor's residual against holding gradients and parameter deltas at once.
-  bool compressor_reduce(Compressor& c, std::span<float> v, round_kind kind) {
+  bool compressor_reduce(Compressor& c, span<float> v, round_kind kind) {
     if (kind != round_kind::none) {
       require(shared_kind_ == round_kind::none || shared_kind_ == kind, "commpact::DataParallel: at step ", step_,
               " the compressor would send ", kind == round_kind::deltas ? "parameter deltas" : "gradients",
@@ -522,13 +537,37 @@ class DataParallel {
   //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic
   //! (mean_allreduce). Every rank sees the same sum, so every rank raises alike on a
   //! non-finite value.
-  void dense_mean(std::span<float> v, bool& checked, const char* what) {
+  void dense_mean(span<float> v, bool& checked, const char* what) {
     auto& c = compressor_.comm();
     if (!checked) {
       require_same(c, static_cast<std::int64_t>(v.size()), detail::cat(what, " length (DataParallel)"));
       checked = true;
     }
-    mean_allreduce(c, v, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+    if constexpr (std::is_same_v<space_type, host_space>)
+      mean_allreduce(c, v, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+    else
+      mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+  }
+
+  auto exec() const { return comm_exec(const_cast<Compressor&>(compressor_).comm()); }
+  //! The saved parameters as host floats (state blobs are host bytes).
+  std::vector<float> to_host(const buffer<float>& b) const {
+    if constexpr (std::is_same_v<space_type, host_space>) {
+      const auto v = b.cview();
+      return std::vector<float>(v.begin(), v.end());
+    } else {
+      std::vector<float> h(b.size());
+      if (h.empty()) return h;
+      ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));
+      space_type::fence(exec(), no_deadline());
+      return h;
+    }
+  }
+  void from_host(const std::vector<float>& h, buffer<float>& b) {
+    b.resize(h.size());
+    if (h.empty()) return;
+    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
+    space_type::fence(exec(), no_deadline());
   }
 
   Compressor compressor_;
@@ -544,7 +583,8 @@ class DataParallel {
   bool state_in_sync_ = true;
   bool checked_params_ = false, checked_state_ = false;
   std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
-  std::vector<float> x0_, x0_prev_, delta_;
+  buffer<float> x0_, x0_prev_, delta_;
+  buffer<std::uint32_t> status_;  // the space's non-finite flag of a dense mean (not host_space)
   bool x0_swapped_ = false;
   bool overlap_ = false;  // begin_backward started buckets that step() has not waited for
   double overlap_lr_ = 0;

@@ -100,6 +100,9 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_absorb)
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
+  // training (DataParallel, Sgd)
+  COMMPACT_DEFERRED_OP(add)
+  COMMPACT_DEFERRED_OP(sgd_step)
 #undef COMMPACT_DEFERRED_OP
 };
 

@@ -16,6 +16,7 @@
 #include "../ops.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
+#include "sgd.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -111,6 +112,12 @@ struct ops<host_space> {
   static void tree_zero_delivered(exec, span<const sparse_tree_meta> m, span<float> residual, span<float> velocity,
                                   const tree_views& b) {
     host::tree::zero_delivered(m[0], residual, velocity, b);
+  }
+
+  // ---- training (DataParallel, Sgd) -------------------------------------------------
+  static void add(exec, span<float> y, span<const float> x) { host::add(y, x); }
+  static void sgd_step(exec, span<float> x, span<float> v, span<const float> g, float lr, float mu, float wd) {
+    host::sgd_step(x, v, g, lr, mu, wd);
   }
 };
 
