@@ -101,14 +101,17 @@ inline int report(const std::vector<EpochRow>& all, const Cli& c) {
       const auto gp = std::filesystem::path(out_dir) / "fashion_mnist.gp";
       const auto png = std::filesystem::path(out_dir) / "fashion_mnist.png";
       std::ofstream g(gp);
-      g << "set datafile separator ','\nset terminal pngcairo size 900,560\nset output '" << png.string() << "'\n"
+      // The key sits outside the plot; past 8 methods the colours repeat, so the line's dash
+      // pattern and point type change with them.
+      g << "set datafile separator ','\nset terminal pngcairo size 1000,580\nset output '" << png.string() << "'\n"
         << "set title 'Fashion-MNIST, " << o.ranks << " ranks: test accuracy against bytes sent'\n"
         << "set xlabel 'MB sent per rank (log scale)'\nset ylabel 'test accuracy (%)'\nset logscale x\n"
-        << "set key bottom right\nset grid\n";
+        << "set key outside right top\nset grid\n";
       g << "plot ";
       for (std::size_t i = 0; i < o.methods.size(); ++i)
         g << (i ? ", " : "") << "'" << csv.string() << "' using ($5):($2 > 0 && strcol(1) eq '" << o.methods[i]
-          << "' ? 100*$4 : 1/0) with linespoints lw 2 title '" << o.methods[i] << "'";
+          << "' ? 100*$4 : 1/0) with linespoints lw 2 lc " << i % 8 + 1 << " dt " << i / 8 + 1 << " pt "
+          << i % 13 + 1 << " title '" << o.methods[i] << "'";
       g << "\n";
       g.close();
       if (std::system(("gnuplot '" + gp.string() + "' 2>/dev/null").c_str()) == 0)
