@@ -1,5 +1,5 @@
 // ops<cuda_space> against ops<host_space>, row by row, on fresh random inputs with
-// poisoned outputs: fill/copy/to_host/from_host, mean, mean_into, ef_accumulate and sub
+// poisoned outputs: fill/copy/to_host/from_host, mean, mean_into, ef_accumulate, sub, add, sgd_step
 // (bits and status; a NaN made by arithmetic only as a NaN), clip_scale
 // (within one float ulp: the device sums squares in another order), topk_abs (bits:
 // indices and values; Gaussian, tied, all-equal, +-0, denormals, +-Inf and NaN inputs;
@@ -114,6 +114,22 @@ void check_table_ef(std::mt19937_64& rng) {
   D::sub(E, dy.view(), dx.cview());
   H::sub({}, std::span<float>(y), std::span<const float>(x));
   EXPECT(count_diff_bytes(download(dy), y) == 0, "sub differs from the host");
+  // add and sgd_step (DataParallel and Sgd over a space)
+  D::add(E, dy.view(), dx.cview());
+  H::add({}, std::span<float>(y), std::span<const float>(x));
+  EXPECT(count_diff_bytes(download(dy), y) == 0, "add differs from the host");
+  for (float mu : {0.0f, 0.9f}) {
+    std::vector<float> v(mu > 0 ? y.size() : 0);
+    for (auto& e : v) e = d(rng);
+    cp::cuda_buffer<float> dv;
+    upload(dv, v);
+    for (int it = 0; it < 3; ++it) {
+      D::sgd_step(E, dy.view(), dv.view(), dx.cview(), 0.05f, mu, 1e-2f);
+      H::sgd_step({}, std::span<float>(y), std::span<float>(v), std::span<const float>(x), 0.05f, mu, 1e-2f);
+    }
+    EXPECT(count_diff_bytes(download(dy), y) == 0, "sgd_step (mu=%g) x differs from the host", mu);
+    EXPECT(count_diff_bytes(download(dv), v) == 0, "sgd_step (mu=%g) v differs from the host", mu);
+  }
   for (bool inject : {false, true}) {
     std::vector<float> src = x, dst(x.size(), 4.0f);
     if (inject) src[17] = std::numeric_limits<float>::quiet_NaN();

@@ -177,6 +177,19 @@ struct ops<cuda_space> {
             "; pass spans of equal length.");
     ck(cuda_kernels::sub(cuda_access::ptr(y), cuda_access::ptr(x), y.size(), e.stream()), "sub");
   }
+  static void add(const exec& e, span<float> y, span<const float> x) {
+    require(y.size() == x.size(), "commpact::ops::add: y holds ", y.size(), " values, x ", x.size(),
+            "; pass spans of equal length.");
+    ck(cuda_kernels::add(cuda_access::ptr(y), cuda_access::ptr(x), y.size(), e.stream()), "add");
+  }
+  static void sgd_step(const exec& e, span<float> x, span<float> v, span<const float> g, float lr, float mu,
+                       float wd) {
+    require(g.size() == x.size() && (v.empty() || v.size() == x.size()), "commpact::ops::sgd_step: x holds ",
+            x.size(), " values, g ", g.size(), ", v ", v.size(), "; pass equal lengths (v empty without momentum).");
+    ck(cuda_kernels::sgd_step(cuda_access::ptr(x), v.empty() ? nullptr : cuda_access::ptr(v), cuda_access::ptr(g),
+                              x.size(), lr, mu, wd, e.stream()),
+       "sgd_step");
+  }
   static void clip_scale(const exec& e, span<const float> g, float clip_norm, int P, span<float> scale) {
     auto* part = static_cast<double*>(e.scratch(scratch_bytes));
     ck(cuda_kernels::clip_scale(cuda_access::ptr(g), g.size(), clip_norm, P, cuda_access::ptr(scale), part, e.stream()),

@@ -179,6 +179,26 @@ __global__ void mean_into_kernel(const float* src, float* dst, std::size_t n, in
     dst[i] = __fdiv_rn(src[i], d);
 }
 
+__global__ void add_kernel(float* y, const float* x, std::size_t n) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
+    y[i] = __fadd_rn(y[i], x[i]);
+}
+
+//! The table's sgd_step (host::sgd_step): d = g + wd x; v = mu v + d; x -= a v (v null:
+//! x -= a d), every product and sum rounded on its own (no FMA), as on the host.
+__global__ void sgd_kernel(float* x, float* v, const float* g, std::size_t n, float a, float mu, float wd) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    float d = __fadd_rn(g[i], __fmul_rn(wd, x[i]));
+    if (v) {
+      d = __fadd_rn(__fmul_rn(mu, v[i]), d);
+      v[i] = d;
+    }
+    x[i] = __fsub_rn(x[i], __fmul_rn(a, d));
+  }
+}
+
 __global__ void sub_kernel(float* y, const float* x, std::size_t n) {
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x)
@@ -218,6 +238,21 @@ inline cudaError_t mean_into(const float* src, float* dst, std::size_t n, int P,
   detail::any_nonfinite_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(src, n, flag, status);
   COMMPACT_CU_TRY(cudaGetLastError());
   detail::mean_into_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(src, dst, n, P, flag);
+  return cudaGetLastError();
+}
+
+//! y[i] = y[i] + x[i].
+inline cudaError_t add(float* y, const float* x, std::size_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  detail::add_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(y, x, n);
+  return cudaGetLastError();
+}
+
+//! SGD's update (detail::sgd_kernel); v is null without momentum.
+inline cudaError_t sgd_step(float* x, float* v, const float* g, std::size_t n, float a, float mu, float wd,
+                            cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  detail::sgd_kernel<<<detail::vec_grid(n), detail::vec_block, 0, s>>>(x, v, g, n, a, mu, wd);
   return cudaGetLastError();
 }
 
