@@ -100,6 +100,15 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_absorb)
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
+  // PowerCompressor
+  COMMPACT_DEFERRED_OP(check_finite)
+  COMMPACT_DEFERRED_OP(copy_if_clear)
+  COMMPACT_DEFERRED_OP(lowrank_project)
+  COMMPACT_DEFERRED_OP(lowrank_back_project)
+  COMMPACT_DEFERRED_OP(lowrank_approx_residual)
+  COMMPACT_DEFERRED_OP(orthonormalize)
+  COMMPACT_DEFERRED_OP(gaussian)
+  COMMPACT_DEFERRED_OP(redraw_zero_columns)
 #undef COMMPACT_DEFERRED_OP
 };
 
