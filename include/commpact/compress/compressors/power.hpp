@@ -429,15 +429,14 @@ class PowerCompressor {
   }
   span<std::uint32_t> status_word(std::size_t i) { return status_.view().subspan(i, 1); }
 
-  //! Before start_step: the mean of the whole buffer, through the stage (grad is written
-  //! only when the mean is finite).
+  //! Before start_step: the mean of the whole buffer, summed in the stage (grad is
+  //! written only when every sum is finite).
   void queue_dense_step(span<float> grad) {
     const auto e = exec();
     const auto st = stage_.view().first(total_);
     ops<Space>::copy(e, span<const float>(grad), st);
     comm_.allreduce(st, reduce_op::sum);
-    ops<Space>::mean(e, st, comm_.size(), status_word(1));
-    ops<Space>::copy_if_clear(e, span<const float>(st), grad, status_.cview());
+    ops<Space>::mean_into(e, span<const float>(st), grad, comm_.size(), status_word(1));
   }
 
   //! q_next_ = the Q this step starts from: the warm start, or drawn from the seed.
