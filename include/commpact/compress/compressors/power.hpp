@@ -68,7 +68,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <span>
 #include <stdexcept>
@@ -80,7 +79,6 @@
 #include "../../comm/any_comm.hpp"
 #include "../../comm/any_space_comm.hpp"
 #include "../../concepts.hpp"
-#include "../../detail/hash.hpp"
 #include "../../error.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
@@ -89,27 +87,10 @@
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
 #include "../../nonfinite.hpp"
-#include "../codecs/tensor_layout.hpp"
 #include "../step_phase.hpp"
+#include "power_plan.hpp"
 
 namespace commpact {
-
-struct power_options {
-  //! The approximation rank; 0 takes the class's `Rank`. Clamped per tensor to min(n, m).
-  int approximation_rank = 0;
-  //! A matrix is compressed when (n + m) r * min_compression_rate < n m (PyTorch's
-  //! rule); otherwise (and for every vector) it is allreduced uncompressed. PyTorch's
-  //! hook uses 2.
-  double min_compression_rate = 2.0;
-  //! Steps 0 .. start_step-1 are allreduced dense (PyTorch's hook uses 1000).
-  std::int64_t start_step = 0;
-  //! Seed of the first Q, shared by all ranks.
-  std::uint64_t seed = 0x9E3779B97F4A7C15ull;
-  //! Reuse the last Q as the start of the next step (the paper's warm start). When
-  //! false, Q is redrawn every step from (seed, step).
-  bool warm_start = true;
-  nonfinite on_nonfinite = nonfinite::raise;
-};
 
 //! PowerSGD with default approximation rank `Rank` (1, 2, 4 are usual), in execution
 //! space `Space`.
@@ -144,32 +125,9 @@ class PowerCompressor {
   void set_layout(tensor_layout layout) {
     require(phase_ == phase::idle, "commpact::PowerCompressor::set_layout: a step is in flight; finish and commit "
                                    "(or cancel) it first.");
-    const std::int64_t total = detail::check_layout(layout, "commpact::PowerCompressor::set_layout");
-    std::vector<entry> entries;
-    std::size_t off = 0, p = 0, q = 0, e = 0, d = 0;
-    for (const auto& s : layout) {
-      entry en;
-      en.offset = off;
-      en.rows = static_cast<std::size_t>(s.rows);
-      en.cols = static_cast<std::size_t>(s.cols);
-      en.r = static_cast<std::size_t>(std::min<std::int64_t>(rank(), std::min(s.rows, s.cols)));
-      const double dense = static_cast<double>(s.rows) * static_cast<double>(s.cols);
-      const double low = static_cast<double>(s.rows + s.cols) * static_cast<double>(en.r);
-      en.compressed = !s.is_vector() && low * opt_.min_compression_rate < dense;
-      if (en.compressed) {
-        en.p_off = p;
-        en.q_off = q;
-        en.e_off = e;
-        p += en.rows * en.r;
-        q += en.cols * en.r;
-        e += en.rows * en.cols;
-      } else {
-        en.d_off = d;
-        d += en.rows * en.cols;
-      }
-      off += en.rows * en.cols;
-      entries.push_back(en);
-    }
+    auto plan = detail::plan_power(layout, rank(), opt_);
+    const std::int64_t total = plan.total;
+    const std::size_t p = plan.p, q = plan.q, e = plan.e, d = plan.d;
     try {
       p_.resize(p);
       q_.resize(q);
@@ -190,24 +148,14 @@ class PowerCompressor {
       Space::fence(exec(), no_deadline());
     }
     layout_ = std::move(layout);
-    entries_ = std::move(entries);
+    entries_ = std::move(plan.entries);
     total_ = static_cast<std::size_t>(total);
     compressed_ = e;
     has_residual_ = false;
     q_ready_ = false;
     steps_ = skipped_ = 0;
     checked_ = false;
-    std::vector<std::int64_t> words = {rank(), static_cast<std::int64_t>(layout_.size()), opt_.start_step,
-                                       static_cast<std::int64_t>(opt_.seed), opt_.warm_start ? 1 : 0,
-                                       static_cast<std::int64_t>(opt_.on_nonfinite)};
-    std::int64_t rate_bits;
-    std::memcpy(&rate_bits, &opt_.min_compression_rate, sizeof(rate_bits));
-    words.push_back(rate_bits);
-    for (const auto& s : layout_) {
-      words.push_back(s.rows);
-      words.push_back(s.cols);
-    }
-    layout_hash_ = detail::hash_words(words);
+    layout_hash_ = plan.hash;
   }
 
   //! Replaces grad by the low-rank PowerSGD estimate of the mean gradient, identical on
@@ -397,11 +345,7 @@ class PowerCompressor {
   //! Status words: [0] the allreduced P, [1] the dense part (or the dense step), [2] Q.
   static constexpr std::size_t status_words = 3;
 
-  struct entry {
-    std::size_t offset = 0, rows = 0, cols = 0, r = 0;
-    bool compressed = false;
-    std::size_t p_off = 0, q_off = 0, e_off = 0, d_off = 0;
-  };
+  using entry = detail::power_entry;
 
   auto exec() const { return comm_exec(const_cast<comm_type&>(comm_)); }
 
