@@ -112,6 +112,17 @@ TEST_CASE("lowrank products: documented order bit for bit, double reference with
   std::vector<float> P2(n * r, -1.0f);
   h::lowrank_project(M, n, m, Q, r, P2);
   REQUIRE(same_bits(P2, P));
+  // Out of place (the space row ops<Space>::lowrank_project): g untouched, the same bits
+  // in M and P; with no residual, M = g and P = g Q.
+  {
+    std::vector<float> Mo(n * m, -1.0f), Po(n * r, -1.0f);
+    h::lowrank_project_into(g0, e, Mo, n, m, Q, r, Po);
+    REQUIRE(same_bits(Mo, M));
+    REQUIRE(same_bits(Po, P));
+    h::lowrank_project_into(g0, {}, Mo, n, m, Q, r, Po);
+    REQUIRE(same_bits(Mo, g0));
+    REQUIRE(same_bits(Po, project_emulated(g0, n, m, Q, r)));
+  }
   for (std::size_t c = 0; c < r; ++c)
     for (std::size_t i = 0; i < n; ++i) {
       double exact = 0, mag = 0;
@@ -146,6 +157,14 @@ TEST_CASE("lowrank products: documented order bit for bit, double reference with
   std::vector<float> A2(n * m, -1.0f);
   h::lowrank_approx(A2, n, m, P, Qn, r);
   REQUIRE(same_bits(A2, A));
+  // The residual in place of M (the space row ops<Space>::lowrank_approx_residual).
+  {
+    auto me = M;
+    std::vector<float> g2(n * m, -1.0f);
+    h::lowrank_approx_residual_inplace(g2, me, n, m, P, Qn, r);
+    REQUIRE(same_bits(g2, A));
+    REQUIRE(same_bits(me, want_e));
+  }
   const std::size_t step = std::max<std::size_t>(1, n * m / 5000);
   for (std::size_t k = 0; k < n * m; k += step) {
     const std::size_t i = k / m, j = k % m;

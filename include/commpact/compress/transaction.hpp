@@ -7,8 +7,9 @@
 //! the step, so a retry equals a run that never saw the failure.
 //!
 //! - A two-phase compressor (`start(grad)`, `bool finish()`, `commit()`, `cancel()`:
-//!   Dense, gTopK, every CodecCompressor) holds the step itself: nothing is copied.
-//! - Any other Compressor (PowerSGD, Ok-Topk, majority vote, ...) is snapshotted with
+//!   Dense, gTopK, every CodecCompressor, PowerCompressor) holds the step itself: nothing
+//!   is copied.
+//! - Any other Compressor (Ok-Topk, majority vote, ...) is snapshotted with
 //!   save_state before its reduce() and restored by load_state on cancel (the v2 way,
 //!   one copy of its state per step).
 //!

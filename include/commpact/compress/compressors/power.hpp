@@ -40,139 +40,134 @@
 //! only, the orthonormalisation is a fixed-order loop (kernels/host/orthogonalize.hpp)
 //! and the first Q is drawn from a seed shared by all ranks. A Q column that is exactly
 //! zero after a step is redrawn at the next step, so a layer never stays stuck at zero.
-//! A step that raises changes nothing (residual, Q, counters); a skipped step keeps the
-//! residual and Q and counts as skipped.
+//! A step that raises changes nothing (residual, Q, counters, grad); a skipped step
+//! keeps the residual and Q and counts as skipped.
+//!
+//! Space (v3): `PowerCompressor<Rank, Space>` runs in an execution space (default
+//! host_space, bound to any host Communicator through any_communicator). For another
+//! space, name it and pass a communicator of that space (any_space_communicator<Space>):
+//!
+//! \code
+//! commpact::PowerCompressor<2, commpact::deferred_space> psgd{commpact::DeferredComm{comm}, layout};
+//! psgd.reduce(grad.view());          // grad: deferred_space::buffer<float>
+//! \endcode
+//!
+//! Every product, the orthonormalisation, the Q draw, the means and the non-finite
+//! checks are rows of the kernel table ops<Space> (kernels/ops.hpp); the three
+//! allreduces are the communicator's data plane. Two phases, as Dense and gTopK:
+//! `start(grad)` queues the whole step (host_space: runs it), `finish()` fences once,
+//! reads the step status and raises the same error on every rank (grad untouched: M,
+//! the candidate residual and the new Q live in workspaces, and grad is written only by
+//! kernels that see a clear status), `commit()` installs the residual and Q by swapping
+//! buffers, `cancel()` drops the step; `reduce` = start + finish + commit. So
+//! pending_step (compress/transaction.hpp) no longer snapshots it.
+//! Every buffer is sized by set_layout(): nothing is allocated by a step.
 
 #include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <new>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "../../comm/agree.hpp"
 #include "../../comm/any_comm.hpp"
+#include "../../comm/any_space_comm.hpp"
 #include "../../concepts.hpp"
-#include "../../detail/hash.hpp"
 #include "../../error.hpp"
-#include "../../kernels/host/lowrank.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/ops.hpp"
 #include "../../kernels/host/orthogonalize.hpp"
-#include "../../kernels/host/vector_ops.hpp"
+#include "../../kernels/status.hpp"
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
-#include "../../comm/mean_allreduce.hpp"
 #include "../../nonfinite.hpp"
-#include "../codecs/tensor_layout.hpp"
+#include "../step_phase.hpp"
+#include "power_plan.hpp"
 
 namespace commpact {
 
-struct power_options {
-  //! The approximation rank; 0 takes the class's `Rank`. Clamped per tensor to min(n, m).
-  int approximation_rank = 0;
-  //! A matrix is compressed when (n + m) r * min_compression_rate < n m (PyTorch's
-  //! rule); otherwise (and for every vector) it is allreduced uncompressed. PyTorch's
-  //! hook uses 2.
-  double min_compression_rate = 2.0;
-  //! Steps 0 .. start_step-1 are allreduced dense (PyTorch's hook uses 1000).
-  std::int64_t start_step = 0;
-  //! Seed of the first Q, shared by all ranks.
-  std::uint64_t seed = 0x9E3779B97F4A7C15ull;
-  //! Reuse the last Q as the start of the next step (the paper's warm start). When
-  //! false, Q is redrawn every step from (seed, step).
-  bool warm_start = true;
-  nonfinite on_nonfinite = nonfinite::raise;
-};
-
-//! PowerSGD with default approximation rank `Rank` (1, 2, 4 are usual).
-template <int Rank = 1>
+//! PowerSGD with default approximation rank `Rank` (1, 2, 4 are usual), in execution
+//! space `Space`.
+template <int Rank = 1, class Space = host_space>
 class PowerCompressor {
   static_assert(Rank >= 1, "commpact::PowerCompressor<Rank>: Rank must be >= 1.");
 
-  using fvec = std::vector<float>;
-
  public:
   using options = power_options;
+  using space_type = Space;
+  //! any_communicator on the host; any_space_communicator<Space> in another space.
+  using comm_type =
+      std::conditional_t<std::is_same_v<Space, host_space>, any_communicator, any_space_communicator<Space>>;
+  template <class T>
+  using span = typename Space::template span<T>;
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
   static constexpr int default_rank = Rank;
 
-  //! Binds to `comm` (any Communicator, wrapped in any_communicator); reduce() needs a
-  //! layout (set_layout()).
-  explicit PowerCompressor(any_communicator comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
+  //! Binds to `comm` (any Communicator of the space, wrapped in comm_type); reduce()
+  //! needs a layout (set_layout()).
+  explicit PowerCompressor(comm_type comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
     check_options();
   }
-  PowerCompressor(any_communicator comm, tensor_layout layout, options opt = {})
-      : comm_(std::move(comm)), opt_(opt) {
+  PowerCompressor(comm_type comm, tensor_layout layout, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
     check_options();
     set_layout(std::move(layout));
   }
 
-  //! Registers the tensors of the flat buffer, in order. Resets the state.
+  //! Registers the tensors of the flat buffer, in order. Resets the state and sizes
+  //! every workspace (no step allocates).
   void set_layout(tensor_layout layout) {
-    const std::int64_t total = detail::check_layout(layout, "commpact::PowerCompressor::set_layout");
-    std::vector<entry> entries;
-    std::size_t off = 0, p = 0, q = 0, e = 0, d = 0;
-    for (const auto& s : layout) {
-      entry en;
-      en.offset = off;
-      en.rows = static_cast<std::size_t>(s.rows);
-      en.cols = static_cast<std::size_t>(s.cols);
-      en.r = static_cast<std::size_t>(std::min<std::int64_t>(rank(), std::min(s.rows, s.cols)));
-      const double dense = static_cast<double>(s.rows) * static_cast<double>(s.cols);
-      const double low = static_cast<double>(s.rows + s.cols) * static_cast<double>(en.r);
-      en.compressed = !s.is_vector() && low * opt_.min_compression_rate < dense;
-      if (en.compressed) {
-        en.p_off = p;
-        en.q_off = q;
-        en.e_off = e;
-        p += en.rows * en.r;
-        q += en.cols * en.r;
-        e += en.rows * en.cols;
-      } else {
-        en.d_off = d;
-        d += en.rows * en.cols;
-      }
-      off += en.rows * en.cols;
-      entries.push_back(en);
-    }
+    require(phase_ == phase::idle, "commpact::PowerCompressor::set_layout: a step is in flight; finish and commit "
+                                   "(or cancel) it first.");
+    auto plan = detail::plan_power(layout, rank(), opt_);
+    const std::int64_t total = plan.total;
+    const std::size_t p = plan.p, q = plan.q, e = plan.e, d = plan.d;
     try {
-      p_.assign(p, 0.0f);
-      q_.assign(q, 0.0f);
-      q_next_.assign(q, 0.0f);
-      dense_.assign(d, 0.0f);
+      p_.resize(p);
+      q_.resize(q);
+      q_next_.resize(q);
+      dense_.resize(d);
+      residual_.resize(e);
+      m_.resize(e);
+      stage_.resize(opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0);
+      status_.resize(status_words);
     } catch (const std::exception&) {
       throw invalid_argument(detail::cat("commpact::PowerCompressor::set_layout: cannot allocate the factors of a "
                                          "layout of ", total, " elements (", p + q, " factor and ", d,
                                          " dense floats); check the shapes."));
     }
+    // Q is saved with the state even before the first step: zero, as on every space.
+    if (q > 0) {
+      ops<Space>::fill(exec(), q_.view(), 0.0f);
+      Space::fence(exec(), no_deadline());
+    }
     layout_ = std::move(layout);
-    entries_ = std::move(entries);
+    entries_ = std::move(plan.entries);
     total_ = static_cast<std::size_t>(total);
     compressed_ = e;
-    ef_.clear();
+    has_residual_ = false;
     q_ready_ = false;
     steps_ = skipped_ = 0;
     checked_ = false;
-    std::vector<std::int64_t> words = {rank(), static_cast<std::int64_t>(layout_.size()), opt_.start_step,
-                                       static_cast<std::int64_t>(opt_.seed), opt_.warm_start ? 1 : 0,
-                                       static_cast<std::int64_t>(opt_.on_nonfinite)};
-    std::int64_t rate_bits;
-    std::memcpy(&rate_bits, &opt_.min_compression_rate, sizeof(rate_bits));
-    words.push_back(rate_bits);
-    for (const auto& s : layout_) {
-      words.push_back(s.rows);
-      words.push_back(s.cols);
-    }
-    layout_hash_ = detail::hash_words(words);
+    layout_hash_ = plan.hash;
   }
 
   //! Replaces grad by the low-rank PowerSGD estimate of the mean gradient, identical on
-  //! every rank. Returns false when the step was skipped (non-finite gradient with
-  //! nonfinite::skip_step: grad is zeroed, the residual and Q are kept).
-  bool reduce(std::span<float> grad) {
+  //! every rank: start + finish + commit. Returns false when the step was skipped
+  //! (non-finite values with nonfinite::skip_step: grad is zeroed, the residual and Q
+  //! are kept). A step that raises changes nothing, grad included.
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
+
+  //! Queues the whole step on grad (host_space: runs it). grad must stay alive until
+  //! finish(), which leaves the result in it.
+  void start(span<float> grad) {
+    phase_.require_idle("PowerCompressor");
     require(!layout_.empty(),
             "commpact::PowerCompressor::reduce: no tensor shapes registered; pass the layout to the constructor or "
             "call set_layout() first.");
@@ -186,18 +181,75 @@ class PowerCompressor {
                    "same shapes and options on every rank)");
       checked_ = true;
     }
-    const bool ok = steps_ < opt_.start_step ? dense_step(grad) : compressed_step(grad);
+    const auto e = exec();
+    ops<Space>::fill(e, status_.view(), std::uint32_t{0});
+    dense_step_ = steps_ < opt_.start_step;
+    if (dense_step_) queue_dense_step(grad);
+    else queue_compressed_step(grad);
+    ops<Space>::to_host(e, status_.cview(), std::span<std::uint32_t>(status_host_));
+    grad_ = grad;
+    phase_ = phase::started;
+  }
+
+  //! Fences once and reads the status, alike on every rank: raises numeric_error for a
+  //! non-finite allreduced factor or dense part (grad untouched), or under skip_step
+  //! zeroes grad and returns false.
+  bool finish() {
+    phase_.require_started("PowerCompressor");
+    phase_ = phase::idle;
+    const auto e = exec();
+    Space::fence(e, no_deadline());
+    const auto& s = status_host_;
+    outcome_ = outcome::delivered;
+    if (s[0] | s[1] | s[2]) {
+      const char* what = dense_step_ ? "allreduced dense gradient"
+                         : s[0]      ? "allreduced P factor"
+                         : s[1]      ? "allreduced uncompressed part"
+                                     : "allreduced Q factor";
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite("PowerCompressor::reduce", what, static_cast<std::size_t>(-1), steps_);
+      ops<Space>::fill(e, grad_, 0.0f);
+      Space::fence(e, no_deadline());
+      // Only a bad Q (P and the dense part fine) redraws Q from the seed at the next step.
+      outcome_ = !dense_step_ && !s[0] && !s[1] ? outcome::skipped_redraw : outcome::skipped;
+    }
+    phase_ = phase::finished;
+    return outcome_ == outcome::delivered;
+  }
+
+  //! Installs a finished step: the candidate residual and the new Q swap in, the
+  //! counters advance.
+  void commit() {
+    phase_.require_finished("PowerCompressor");
+    phase_ = phase::idle;
     ++steps_;
-    if (!ok) ++skipped_;
-    return ok;
+    if (outcome_ != outcome::delivered) {
+      ++skipped_;
+      if (outcome_ == outcome::skipped_redraw) q_ready_ = false;
+      return;
+    }
+    if (dense_step_) return;
+    residual_.swap(m_);
+    has_residual_ = true;
+    q_.swap(q_next_);
+    q_ready_ = true;
+  }
+
+  //! Drops a started or finished step: residual, Q and counters as before start().
+  void cancel() noexcept {
+    phase_.drop([&] { Space::fence(exec(), no_deadline()); });
   }
 
   //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
+    require(phase_ == phase::idle, "commpact::PowerCompressor::save_state: a step is in flight; finish and commit it "
+                                   "first.");
+    std::vector<float> rh, qh;
     state::writer w{out, "commpact.PowerCompressor"};
     w.i64s(1, std::array<std::int64_t, 4>{steps_, skipped_, q_ready_ ? 1 : 0, layout_hash_});
-    ef_.save(w);
-    w.f32s(12, std::span<const float>(q_.data(), q_.size()));
+    w.f32s(10, host_view(residual_, has_residual_ ? compressed_ : 0, rh));
+    w.f32s(11, std::span<const float>{});
+    w.f32s(12, host_view(q_, q_.size(), qh));
     w.finish();
   }
 
@@ -205,6 +257,8 @@ class PowerCompressor {
   //! raises (mismatch_error for another layout, wire_error for a corrupted state) and
   //! changes nothing on failure.
   void load_state(std::span<const std::byte> in) {
+    require(phase_ == phase::idle, "commpact::PowerCompressor::load_state: a step is in flight; finish and commit it "
+                                   "first.");
     state::reader r{in, "commpact.PowerCompressor", "PowerCompressor"};
     const auto c = r.i64s(1, 4);
     r.require_that<mismatch_error>(c[3] == layout_hash_, "the state was saved with a different layout, rank or "
@@ -218,8 +272,11 @@ class PowerCompressor {
                                l.residual.size(), " values, this layout compresses ", compressed_, ".");
     auto q = r.f32s(12, q_.size());
     r.done();
-    ef_.install(std::move(l));
-    std::copy(q.begin(), q.end(), q_.begin());
+    const auto e = exec();
+    if (!l.residual.empty()) ops<Space>::from_host(e, std::span<const float>(l.residual), residual_.view());
+    if (!q.empty()) ops<Space>::from_host(e, std::span<const float>(q), q_.view());
+    Space::fence(e, no_deadline());
+    has_residual_ = !l.residual.empty();
     steps_ = c[0];
     skipped_ = c[1];
     q_ready_ = c[2] != 0;
@@ -233,28 +290,31 @@ class PowerCompressor {
   std::size_t rank_of(std::size_t i) const { return entries_.at(i).compressed ? entries_.at(i).r : 0; }
   //! True when tensor i travels as low-rank factors (false: dense).
   bool is_compressed(std::size_t i) const { return entries_.at(i).compressed; }
-  //! Error-feedback residual of tensor i (empty for dense tensors and before the first
-  //! compressed step), row-major.
-  std::span<const float> residual(std::size_t i) const {
+  //! Error-feedback residual of tensor i in the space's memory (empty for dense tensors
+  //! and before the first compressed step), row-major.
+  span<const float> residual(std::size_t i) const {
     const auto& en = entries_.at(i);
-    if (!en.compressed || ef_.residual().empty()) return {};
-    return ef_.residual().subspan(en.e_off, en.rows * en.cols);
+    if (!en.compressed || !has_residual_) return {};
+    return residual_.cview().subspan(en.e_off, en.rows * en.cols);
   }
   //! Warm-start factor Q of tensor i (cols x r, column-major; empty for dense tensors).
-  std::span<const float> q_factor(std::size_t i) const {
+  span<const float> q_factor(std::size_t i) const {
     const auto& en = entries_.at(i);
     if (!en.compressed) return {};
-    return {q_.data() + en.q_off, en.cols * en.r};
+    return q_.cview().subspan(en.q_off, en.cols * en.r);
   }
-  //! Sets tensor i's warm-start factor Q (cols x r, column-major), e.g. to start from the
-  //! Q another implementation drew (commpact_hooks matches PyTorch's powerSGD_hook); the
-  //! next step starts from it. Every rank must set the same Q.
+  //! Sets tensor i's warm-start factor Q (cols x r, column-major; host memory), e.g. to
+  //! start from the Q another implementation drew (commpact_hooks matches PyTorch's
+  //! powerSGD_hook); the next step starts from it. Every rank must set the same Q.
   void set_q_factor(std::size_t i, std::span<const float> q) {
+    require(phase_ == phase::idle, "commpact::PowerCompressor::set_q_factor: a step is in flight; finish and commit "
+                                   "it first.");
     const auto& en = entries_.at(i);
     require(en.compressed && q.size() == en.cols * en.r, "commpact::PowerCompressor::set_q_factor: tensor ", i,
             en.compressed ? " takes " : " is not compressed and takes ", en.compressed ? en.cols * en.r : 0,
             " floats, got ", q.size(), ".");
-    std::copy(q.begin(), q.end(), q_.begin() + static_cast<std::ptrdiff_t>(en.q_off));
+    ops<Space>::from_host(exec(), q, q_.view().subspan(en.q_off, q.size()));
+    Space::fence(exec(), no_deadline());
     q_ready_ = true;
   }
   //! Floats allreduced per compressed step: sum (n + m) r over compressed matrices plus
@@ -267,14 +327,27 @@ class PowerCompressor {
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   const options& opts() const { return opt_; }
-  any_communicator& comm() { return comm_; }
+  comm_type& comm() { return comm_; }
+
+  //! Address and capacity of every internal buffer, sorted (tests check that nothing is
+  //! allocated after the first step; the residual and Q swap roles at every commit).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    for (const auto* b : {&p_, &q_, &q_next_, &dense_, &residual_, &m_, &stage_}) s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(status_.data(), status_.capacity());
+    std::sort(s.begin(), s.end());
+    return s;
+  }
 
  private:
-  struct entry {
-    std::size_t offset = 0, rows = 0, cols = 0, r = 0;
-    bool compressed = false;
-    std::size_t p_off = 0, q_off = 0, e_off = 0, d_off = 0;
-  };
+  using phase = detail::step_phase;
+  enum class outcome { delivered, skipped, skipped_redraw };
+  //! Status words: [0] the allreduced P, [1] the dense part (or the dense step), [2] Q.
+  static constexpr std::size_t status_words = 3;
+
+  using entry = detail::power_entry;
+
+  auto exec() const { return comm_exec(const_cast<comm_type&>(comm_)); }
 
   void check_options() const {
     require(opt_.approximation_rank >= 0, "commpact::PowerCompressor: approximation_rank = ", opt_.approximation_rank,
@@ -286,102 +359,111 @@ class PowerCompressor {
             " must be >= 0 (0 compresses from the first step).");
   }
 
-  //! False when v holds NaN/Inf and the step is skipped; raises under nonfinite::raise.
-  bool finite_or_end(std::span<const float> v, const char* what, std::span<float> grad) {
-    const std::size_t bad = detail::first_nonfinite(v);
-    if (bad == v.size()) return true;
-    return detail::end_nonfinite_step(opt_.on_nonfinite, "PowerCompressor::reduce", what, bad, steps_, grad);
+  //! The first n values of b on the host: b itself on host_space, else a copy in tmp.
+  std::span<const float> host_view(const buffer<float>& b, std::size_t n, std::vector<float>& tmp) const {
+    if constexpr (std::is_same_v<Space, host_space>) {
+      return b.view().first(n);
+    } else {
+      tmp.resize(n);
+      if (n == 0) return {};
+      ops<Space>::to_host(exec(), b.cview().first(n), std::span<float>(tmp));
+      Space::fence(exec(), no_deadline());
+      return tmp;
+    }
   }
+  span<std::uint32_t> status_word(std::size_t i) { return status_.view().subspan(i, 1); }
 
-  bool dense_step(std::span<float> grad) {
-    return mean_allreduce(comm_, grad, opt_.on_nonfinite, "PowerCompressor::reduce", "allreduced dense gradient",
-                          steps_);
+  //! Before start_step: the mean of the whole buffer, summed in the stage (grad is
+  //! written only when every sum is finite).
+  void queue_dense_step(span<float> grad) {
+    const auto e = exec();
+    const auto st = stage_.view().first(total_);
+    ops<Space>::copy(e, span<const float>(grad), st);
+    comm_.allreduce(st, reduce_op::sum);
+    ops<Space>::mean_into(e, span<const float>(st), grad, comm_.size(), status_word(1));
   }
 
   //! q_next_ = the Q this step starts from: the warm start, or drawn from the seed.
-  void start_q() {
+  void queue_start_q() {
+    const auto e = exec();
     const std::uint64_t step = static_cast<std::uint64_t>(steps_);
     for (std::size_t t = 0; t < entries_.size(); ++t) {
       const auto& en = entries_[t];
       if (!en.compressed) continue;
-      float* q = q_next_.data() + en.q_off;
+      const auto q = q_next_.view().subspan(en.q_off, en.cols * en.r);
       if (!q_ready_ || !opt_.warm_start) {
         const std::uint64_t salt = opt_.warm_start ? ~0ull : step;
-        host::fill_gaussian({q, en.cols * en.r}, host::mix_seed(opt_.seed, t, salt));
+        ops<Space>::gaussian(e, q, host::mix_seed(opt_.seed, t, salt));
         continue;
       }
-      std::copy_n(q_.data() + en.q_off, en.cols * en.r, q);
-      for (std::size_t j = 0; j < en.r; ++j)
-        if (host::column_is_zero(q, en.cols, j, en.cols))
-          host::fill_gaussian({q + j * en.cols, en.cols}, host::mix_seed(opt_.seed, t, step, j + 1));
+      ops<Space>::copy(e, q_.cview().subspan(en.q_off, en.cols * en.r), q);
+      ops<Space>::redraw_zero_columns(e, q, en.cols, en.r, opt_.seed, static_cast<std::uint64_t>(t), step);
     }
   }
 
-  bool compressed_step(std::span<float> grad) {
-    start_q();
-    // 1. M = g + e, in grad; P = M Q (one pass per matrix); pack the dense tensors.
-    ef_.begin(compressed_, false);
+  void queue_compressed_step(span<float> grad) {
+    const auto e = exec();
+    const int P = comm_.size();
+    queue_start_q();
+    // 1. M = g + e (in m_; grad is only read); P = M Q (one pass per matrix); pack the dense tensors.
     for (const auto& en : entries_) {
       const std::size_t nm = en.rows * en.cols;
-      const std::span<float> g(grad.data() + en.offset, nm);
+      const auto g = span<const float>(grad.subspan(en.offset, nm));
       if (!en.compressed) {
-        std::memcpy(dense_.data() + en.d_off, g.data(), nm * sizeof(float));
+        ops<Space>::copy(e, g, dense_.view().subspan(en.d_off, nm));
         continue;
       }
-      const auto e = ef_.residual_segment(en.e_off, nm);
-      const std::span<float> P(p_.data() + en.p_off, en.rows * en.r);
-      const std::span<const float> Q(q_next_.data() + en.q_off, en.cols * en.r);
-      if (e.empty()) host::lowrank_project(g, en.rows, en.cols, Q, en.r, P);  // no residual yet: M = g
-      else host::lowrank_project_ef(g, e, en.rows, en.cols, Q, en.r, P);
+      const auto res = has_residual_ ? residual_.cview().subspan(en.e_off, nm) : span<const float>{};
+      ops<Space>::lowrank_project(e, g, res, m_.view().subspan(en.e_off, nm), en.rows, en.cols, q_next_cview(en),
+                                  en.r, p_view(en));
     }
-    // 2. allreduce P (sum) and the dense part (mean).
-    if (!p_.empty()) comm_.allreduce(std::span<float>(p_.data(), p_.size()), reduce_op::sum);
-    if (!dense_.empty()) comm_.allreduce(std::span<float>(dense_.data(), dense_.size()), reduce_op::sum);
-    if (!finite_or_end(std::span<const float>(p_.data(), p_.size()), "allreduced P factor", grad)) return false;
-    if (!finite_or_end(std::span<const float>(dense_.data(), dense_.size()), "allreduced uncompressed part", grad))
-      return false;
+    // 2. allreduce P (sum) and the dense part (sum, then the mean); check both.
+    if (!p_.empty()) comm_.allreduce(p_.view(), reduce_op::sum);
+    if (!dense_.empty()) comm_.allreduce(dense_.view(), reduce_op::sum);
+    ops<Space>::check_finite(e, p_.cview(), status_word(0));
+    ops<Space>::mean(e, dense_.view(), P, status_word(1));
     // 3. orthonormalise P; Q = M^T P.
     for (const auto& en : entries_) {
       if (!en.compressed) continue;
-      host::orthonormalize_columns(p_.data() + en.p_off, en.rows, static_cast<int>(en.r), en.rows);
-      host::lowrank_back_project(std::span<const float>(grad.data() + en.offset, en.rows * en.cols), en.rows, en.cols,
-                                 std::span<const float>(p_.data() + en.p_off, en.rows * en.r), en.r,
-                                 std::span<float>(q_next_.data() + en.q_off, en.cols * en.r));
+      ops<Space>::orthonormalize(e, p_view(en), en.rows, en.r);
+      ops<Space>::lowrank_back_project(e, m_.cview().subspan(en.e_off, en.rows * en.cols), en.rows, en.cols,
+                                       span<const float>(p_view(en)), en.r,
+                                       q_next_.view().subspan(en.q_off, en.cols * en.r));
     }
-    // 4. allreduce Q (mean).
-    if (!q_next_.empty()) comm_.allreduce(std::span<float>(q_next_.data(), q_next_.size()), reduce_op::sum);
-    if (!finite_or_end(std::span<const float>(q_next_.data(), q_next_.size()), "allreduced Q factor", grad)) {
-      q_ready_ = false;  // redraw Q from the seed at the next step (the same on every rank)
-      return false;
-    }
-    const int P = comm_.size();
-    for (auto& q : q_next_) q = mean_of(q, P);
-    // 5. g = A = P Q^T and the candidate residual M - A (one pass); dense tensors get the mean.
+    // 4. allreduce Q (sum, then the mean; a non-finite Q is reported in word 2).
+    if (!q_next_.empty()) comm_.allreduce(q_next_.view(), reduce_op::sum);
+    ops<Space>::mean(e, q_next_.view(), P, status_word(2));
+    // 5. Only when every check passed: g = A = P Q^T and the candidate residual M - A
+    //    (in m_, one pass); the dense tensors get their mean.
     for (const auto& en : entries_) {
       const std::size_t nm = en.rows * en.cols;
-      const std::span<float> g(grad.data() + en.offset, nm);
+      const auto g = grad.subspan(en.offset, nm);
       if (!en.compressed) {
-        const float* d = dense_.data() + en.d_off;
-        for (std::size_t i = 0; i < nm; ++i) g[i] = mean_of(d[i], P);
+        ops<Space>::copy_if_clear(e, dense_.cview().subspan(en.d_off, nm), g, status_.cview());
         continue;
       }
-      host::lowrank_approx_residual(g, ef_.acc_segment(en.e_off, nm), en.rows, en.cols,
-                                    std::span<const float>(p_.data() + en.p_off, en.rows * en.r),
-                                    std::span<const float>(q_next_.data() + en.q_off, en.cols * en.r), en.r);
+      ops<Space>::lowrank_approx_residual(e, g, m_.view().subspan(en.e_off, nm), en.rows, en.cols,
+                                          span<const float>(p_view(en)), q_next_cview(en), en.r, status_.cview());
     }
-    ef_.commit();
-    std::swap(q_, q_next_);
-    q_ready_ = true;
-    return true;
   }
+  span<float> p_view(const entry& en) { return p_.view().subspan(en.p_off, en.rows * en.r); }
+  span<const float> q_next_cview(const entry& en) const { return q_next_.cview().subspan(en.q_off, en.cols * en.r); }
 
-  any_communicator comm_;
+  comm_type comm_;
   options opt_;
   tensor_layout layout_;
   std::vector<entry> entries_;
   std::size_t total_ = 0, compressed_ = 0;
-  fvec p_, q_, q_next_, dense_;
-  error_feedback ef_;
+  // p_, q_next_, dense_ and m_ (M, then the candidate residual) are the step's
+  // workspaces; q_ and residual_ the state, replaced by swapping at commit().
+  buffer<float> p_, q_, q_next_, dense_, residual_, m_, stage_;
+  buffer<std::uint32_t> status_;
+  std::array<std::uint32_t, status_words> status_host_{};
+  span<float> grad_{};
+  phase phase_;
+  outcome outcome_ = outcome::delivered;
+  bool dense_step_ = false;
+  bool has_residual_ = false;
   bool q_ready_ = false;
   bool checked_ = false;
   std::int64_t layout_hash_ = 0;

@@ -103,6 +103,15 @@ struct ops<deferred_space> {
   // training (DataParallel, Sgd)
   COMMPACT_DEFERRED_OP(add)
   COMMPACT_DEFERRED_OP(sgd_step)
+  // PowerCompressor
+  COMMPACT_DEFERRED_OP(check_finite)
+  COMMPACT_DEFERRED_OP(copy_if_clear)
+  COMMPACT_DEFERRED_OP(lowrank_project)
+  COMMPACT_DEFERRED_OP(lowrank_back_project)
+  COMMPACT_DEFERRED_OP(lowrank_approx_residual)
+  COMMPACT_DEFERRED_OP(orthonormalize)
+  COMMPACT_DEFERRED_OP(gaussian)
+  COMMPACT_DEFERRED_OP(redraw_zero_columns)
 #undef COMMPACT_DEFERRED_OP
 };
 

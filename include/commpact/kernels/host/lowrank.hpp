@@ -31,6 +31,7 @@
 //! |P - P_exact| <= (m / 8 + 11) u sum_j |M[i,j] Q[j,c]|, u = 2^-24; for Q = M^T P,
 //! (n + 1) u sum_i |M[i,j] P[i,c]|; for A, (r + 1) u sum_c |P[i,c] Q[j,c]|.
 
+#include <algorithm>
 #include <cstddef>
 #include <span>
 
@@ -98,29 +99,33 @@ inline void row_dots(const float* row, std::size_t m, const float* q, float* out
     }
 }
 
-//! P[:, 0..R) = M Q[:, 0..R); with Ef, first g = g + e row by row (M = the new g).
+//! P[:, 0..R) = M Q[:, 0..R) with M in g; with Ef, first g = src + e row by row (M =
+//! the new g; src == g in place).
 template <int R, bool Ef>
-inline void project_cols(float* g, const float* e, std::size_t n, std::size_t m, const float* q, float* p) noexcept {
+inline void project_cols(float* g, const float* src, const float* e, std::size_t n, std::size_t m, const float* q,
+                         float* p) noexcept {
   float out[R];
   for (std::size_t i = 0; i < n; ++i) {
     float* row = g + i * m;
     if constexpr (Ef) {
+      const float* sr = src + i * m;
       const float* er = e + i * m;
       std::size_t j = 0;
 #if COMMPACT_HOST_SIMD
       for (; j + simd::lanes <= m; j += simd::lanes)
-        simd::store(row + j, simd::load<simd::vf>(row + j) + simd::load<simd::vf>(er + j));
+        simd::store(row + j, simd::load<simd::vf>(sr + j) + simd::load<simd::vf>(er + j));
 #endif
-      for (; j < m; ++j) row[j] = row[j] + er[j];
+      for (; j < m; ++j) row[j] = sr[j] + er[j];
     }
     row_dots<R>(row, m, q, out);
     for (int c = 0; c < R; ++c) p[static_cast<std::size_t>(c) * n + i] = out[c];
   }
 }
 
+//! With Ef: g = src + e (src may be g) and P = g Q; else P = g Q.
 template <bool Ef>
-inline void project_dispatch(float* g, const float* e, std::size_t n, std::size_t m, const float* q, std::size_t r,
-                             float* p) noexcept {
+inline void project_dispatch(float* g, const float* src, const float* e, std::size_t n, std::size_t m, const float* q,
+                             std::size_t r, float* p) noexcept {
   // Columns are independent: groups of at most 8 (more than 8 reads M again per group).
   for (std::size_t c0 = 0; c0 < r; c0 += 8) {
     const std::size_t w = r - c0 < 8 ? r - c0 : 8;
@@ -131,9 +136,9 @@ inline void project_dispatch(float* g, const float* e, std::size_t n, std::size_
 #define COMMPACT_LOWRANK_CASE(W)                                       \
   case W:                                                              \
     if (ef)                                                            \
-      project_cols<W, true>(g, e, n, m, qc, pc);                       \
+      project_cols<W, true>(g, src, e, n, m, qc, pc);                  \
     else                                                               \
-      project_cols<W, false>(g, nullptr, n, m, qc, pc);                \
+      project_cols<W, false>(g, nullptr, nullptr, n, m, qc, pc);       \
     break;
       COMMPACT_LOWRANK_CASE(1)
       COMMPACT_LOWRANK_CASE(2)
@@ -221,15 +226,17 @@ inline V approx_at(const V* pv, const float* q, std::size_t m, std::size_t r, st
   return a;
 }
 
-//! Rows of A = P Q^T; with Residual, e = M - A (M read from g) and g = A, else g = A.
+//! Rows of A = P Q^T; with Residual, e = M - A (M read from src, which may be g or e:
+//! each element is read before it is written) and g = A, else g = A.
 template <int R, bool Residual>
-inline void approx_rows(float* g, float* e, std::size_t n, std::size_t m, const float* p, const float* q,
-                        std::size_t r) noexcept {
+inline void approx_rows(float* g, const float* src, float* e, std::size_t n, std::size_t m, const float* p,
+                        const float* q, std::size_t r) noexcept {
   constexpr std::size_t cap = R > 0 ? static_cast<std::size_t>(R) : 1;
   const std::size_t rr = R > 0 ? static_cast<std::size_t>(R) : r;
   for (std::size_t i = 0; i < n; ++i) {
     float* gr = g + i * m;
     float* er = Residual ? e + i * m : e;  // e may be null without Residual: no offset on null (UB)
+    const float* mr = Residual ? src + i * m : src;
     const float* pi = p + i;
     std::size_t j = 0;
 #if COMMPACT_HOST_SIMD
@@ -239,7 +246,7 @@ inline void approx_rows(float* g, float* e, std::size_t n, std::size_t m, const 
       for (std::size_t c = 0; c < cap; ++c) pv[c] = simd::vf{} + pi[c * n];
       for (; j + simd::lanes <= m; j += simd::lanes) {
         const simd::vf a = approx_at<R>(pv, q, m, rr, j);
-        if constexpr (Residual) simd::store(er + j, simd::load<simd::vf>(gr + j) - a);
+        if constexpr (Residual) simd::store(er + j, simd::load<simd::vf>(mr + j) - a);
         simd::store(gr + j, a);
       }
     }
@@ -252,25 +259,25 @@ inline void approx_rows(float* g, float* e, std::size_t n, std::size_t m, const 
         simd::opaque(t);
         a += t;
       }
-      if constexpr (Residual) er[j] = gr[j] - a;
+      if constexpr (Residual) er[j] = mr[j] - a;
       gr[j] = a;
     }
   }
 }
 
 template <bool Residual>
-inline void approx_dispatch(float* g, float* e, std::size_t n, std::size_t m, const float* p, const float* q,
-                            std::size_t r) noexcept {
+inline void approx_dispatch(float* g, const float* src, float* e, std::size_t n, std::size_t m, const float* p,
+                            const float* q, std::size_t r) noexcept {
   switch (r) {
-    case 1: approx_rows<1, Residual>(g, e, n, m, p, q, r); break;
-    case 2: approx_rows<2, Residual>(g, e, n, m, p, q, r); break;
-    case 3: approx_rows<3, Residual>(g, e, n, m, p, q, r); break;
-    case 4: approx_rows<4, Residual>(g, e, n, m, p, q, r); break;
-    case 5: approx_rows<5, Residual>(g, e, n, m, p, q, r); break;
-    case 6: approx_rows<6, Residual>(g, e, n, m, p, q, r); break;
-    case 7: approx_rows<7, Residual>(g, e, n, m, p, q, r); break;
-    case 8: approx_rows<8, Residual>(g, e, n, m, p, q, r); break;
-    default: approx_rows<0, Residual>(g, e, n, m, p, q, r); break;  // r > 8: scalar loop
+    case 1: approx_rows<1, Residual>(g, src, e, n, m, p, q, r); break;
+    case 2: approx_rows<2, Residual>(g, src, e, n, m, p, q, r); break;
+    case 3: approx_rows<3, Residual>(g, src, e, n, m, p, q, r); break;
+    case 4: approx_rows<4, Residual>(g, src, e, n, m, p, q, r); break;
+    case 5: approx_rows<5, Residual>(g, src, e, n, m, p, q, r); break;
+    case 6: approx_rows<6, Residual>(g, src, e, n, m, p, q, r); break;
+    case 7: approx_rows<7, Residual>(g, src, e, n, m, p, q, r); break;
+    case 8: approx_rows<8, Residual>(g, src, e, n, m, p, q, r); break;
+    default: approx_rows<0, Residual>(g, src, e, n, m, p, q, r); break;  // r > 8: scalar loop
   }
 }
 
@@ -281,7 +288,7 @@ inline void lowrank_project(std::span<const float> M, std::size_t n, std::size_t
                             std::size_t r, std::span<float> P) {
   detail::check_lowrank("lowrank_project", M.size(), n, m, P.size(), Q.size(), r);
   // Without error feedback the matrix is only read (the cast serves the shared signature).
-  detail::project_dispatch<false>(const_cast<float*>(M.data()), nullptr, n, m, Q.data(), r, P.data());
+  detail::project_dispatch<false>(const_cast<float*>(M.data()), nullptr, nullptr, n, m, Q.data(), r, P.data());
 }
 
 //! Error feedback fused with the first product: g = g + e (g[k] + e[k] per element; g
@@ -292,7 +299,27 @@ inline void lowrank_project_ef(std::span<float> g, std::span<const float> e, std
   require(e.size() == g.size(), "commpact::host::lowrank_project_ef: the residual holds ", e.size(),
           " floats but the gradient ", g.size(), "; pass a residual of the gradient's shape.");
   simd::check_no_partial_overlap("lowrank_project_ef", "g", g.data(), g.size(), "e", e.data(), e.size());
-  detail::project_dispatch<true>(g.data(), e.data(), n, m, Q.data(), r, P.data());
+  detail::project_dispatch<true>(g.data(), g.data(), e.data(), n, m, Q.data(), r, P.data());
+}
+
+//! The same product out of place, for a step that must leave g untouched (the space
+//! form, ops<Space>::lowrank_project): M = g + e (g[k] + e[k] per element), or M = g
+//! when e is empty, then P = M Q; the same bits as lowrank_project_ef / lowrank_project.
+inline void lowrank_project_into(std::span<const float> g, std::span<const float> e, std::span<float> M,
+                                 std::size_t n, std::size_t m, std::span<const float> Q, std::size_t r,
+                                 std::span<float> P) {
+  detail::check_lowrank("lowrank_project_into", g.size(), n, m, P.size(), Q.size(), r);
+  require(M.size() == g.size() && (e.empty() || e.size() == g.size()),
+          "commpact::host::lowrank_project_into: M holds ", M.size(), " floats and the residual ", e.size(),
+          " but the gradient ", g.size(), "; pass M (and a non-empty residual) of the gradient's shape.");
+  simd::check_no_partial_overlap("lowrank_project_into", "g", g.data(), g.size(), "M", M.data(), M.size());
+  simd::check_no_partial_overlap("lowrank_project_into", "e", e.data(), e.size(), "M", M.data(), M.size());
+  if (e.empty()) {
+    if (M.data() != g.data()) std::copy(g.begin(), g.end(), M.begin());
+    detail::project_dispatch<false>(M.data(), nullptr, nullptr, n, m, Q.data(), r, P.data());
+  } else {
+    detail::project_dispatch<true>(M.data(), g.data(), e.data(), n, m, Q.data(), r, P.data());
+  }
 }
 
 //! Q = M^T P: M row-major n x m, P column-major n x r, Q column-major m x r (written).
@@ -327,14 +354,28 @@ inline void lowrank_approx_residual(std::span<float> g, std::span<float> e, std:
           "commpact::host::lowrank_approx_residual: the residual must be a separate buffer of the gradient's size (",
           g.size(), " floats; got ", e.size(), (e.data() == g.data() ? ", the same buffer" : ""), ").");
   simd::check_no_partial_overlap("lowrank_approx_residual", "g", g.data(), g.size(), "e", e.data(), e.size());
-  detail::approx_dispatch<true>(g.data(), e.data(), n, m, P.data(), Q.data(), r);
+  detail::approx_dispatch<true>(g.data(), g.data(), e.data(), n, m, P.data(), Q.data(), r);
+}
+
+//! The approximation with the residual in place of M (the space form,
+//! ops<Space>::lowrank_approx_residual): with M the row-major n x m matrix in `me`,
+//! A = P Q^T, me = M - A and g = A; the same bits as lowrank_approx_residual.
+inline void lowrank_approx_residual_inplace(std::span<float> g, std::span<float> me, std::size_t n, std::size_t m,
+                                            std::span<const float> P, std::span<const float> Q, std::size_t r) {
+  detail::check_lowrank("lowrank_approx_residual_inplace", g.size(), n, m, P.size(), Q.size(), r);
+  require(me.size() == g.size() && (me.data() != g.data() || g.empty()),
+          "commpact::host::lowrank_approx_residual_inplace: M must be a separate buffer of the gradient's size (",
+          g.size(), " floats; got ", me.size(), ").");
+  simd::check_no_partial_overlap("lowrank_approx_residual_inplace", "g", g.data(), g.size(), "M", me.data(),
+                                 me.size());
+  detail::approx_dispatch<true>(g.data(), me.data(), me.data(), n, m, P.data(), Q.data(), r);
 }
 
 //! A = P Q^T only (row-major n x m), same arithmetic as lowrank_approx_residual.
 inline void lowrank_approx(std::span<float> A, std::size_t n, std::size_t m, std::span<const float> P,
                            std::span<const float> Q, std::size_t r) {
   detail::check_lowrank("lowrank_approx", A.size(), n, m, P.size(), Q.size(), r);
-  detail::approx_dispatch<false>(A.data(), nullptr, n, m, P.data(), Q.data(), r);
+  detail::approx_dispatch<false>(A.data(), nullptr, nullptr, n, m, P.data(), Q.data(), r);
 }
 
 }  // namespace commpact::host

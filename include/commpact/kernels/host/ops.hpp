@@ -17,6 +17,8 @@
 #include "../status.hpp"
 #include "commit.hpp"
 #include "sgd.hpp"
+#include "lowrank.hpp"
+#include "orthogonalize.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -118,6 +120,41 @@ struct ops<host_space> {
   static void add(exec, span<float> y, span<const float> x) { host::add(y, x); }
   static void sgd_step(exec, span<float> x, span<float> v, span<const float> g, float lr, float mu, float wd) {
     host::sgd_step(x, v, g, lr, mu, wd);
+  }
+
+  // ---- PowerCompressor (PowerSGD; kernels/host/lowrank.hpp, orthogonalize.hpp) -------
+  static void check_finite(exec, span<const float> v, span<std::uint32_t> status) {
+    if (host::first_nonfinite(v) != v.size()) status[0] |= status_nonfinite;
+  }
+  static void copy_if_clear(exec, span<const float> src, span<float> dst, span<const std::uint32_t> status) {
+    for (std::uint32_t w : status)
+      if (w != 0) return;
+    copy(exec{}, src, dst);
+  }
+  static void lowrank_project(exec, span<const float> g, span<const float> res, span<float> M, std::size_t n,
+                              std::size_t m, span<const float> Q, std::size_t r, span<float> P) {
+    host::lowrank_project_into(g, res, M, n, m, Q, r, P);
+  }
+  static void lowrank_back_project(exec, span<const float> M, std::size_t n, std::size_t m, span<const float> P,
+                                   std::size_t r, span<float> Q) {
+    host::lowrank_back_project(M, n, m, P, r, Q);
+  }
+  static void lowrank_approx_residual(exec, span<float> g, span<float> M, std::size_t n, std::size_t m,
+                                      span<const float> P, span<const float> Q, std::size_t r,
+                                      span<const std::uint32_t> status) {
+    for (std::uint32_t w : status)
+      if (w != 0) return;
+    host::lowrank_approx_residual_inplace(g, M, n, m, P, Q, r);
+  }
+  static void orthonormalize(exec, span<float> a, std::size_t rows, std::size_t cols) {
+    (void)host::orthonormalize_columns(a, rows, cols);
+  }
+  static void gaussian(exec, span<float> v, std::uint64_t seed) { host::fill_gaussian(v, seed); }
+  static void redraw_zero_columns(exec, span<float> q, std::size_t rows, std::size_t cols, std::uint64_t seed,
+                                  std::uint64_t tensor, std::uint64_t step) {
+    for (std::size_t j = 0; j < cols; ++j)
+      if (host::column_is_zero(q.data(), rows, j, rows))
+        host::fill_gaussian(q.subspan(j * rows, rows), host::mix_seed(seed, tensor, step, j + 1));
   }
 };
 
