@@ -22,6 +22,10 @@
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
 //! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
 //! | `tree_local / tree_payload / tree_absorb / tree_scatter / tree_zero_delivered` | gTop-k's data plane (kernels/host/sparse_tree.hpp) |
+//! | `gossip_check(e, x, on, words)` | GossipMixer: words = {1 when on and x holds a NaN/Inf else 0, x's first non-finite index (n when none), 0} (kernels/host/gossip.hpp) |
+//! | `gossip_pack(e, x, msg)` | GossipMixer: msg = the 4n bytes of x |
+//! | `gossip_mix(e, x, recv, w, w_self, acc, words)` | GossipMixer (D-PSGD): when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the k-th 4n bytes of recv, k ascending |
+//! | `choco_update(e, x, hat, q, hat_nb, q_nb, w, gamma, acc, words)` | GossipMixer (CHOCO): when words[0] = words[2] = 0, hat += q, hat_nb += q_nb, then x = float(x + gamma sum_k w[k] (hat_nb[k] - hat)) in double |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

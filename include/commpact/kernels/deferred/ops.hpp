@@ -100,6 +100,11 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_absorb)
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
+  // GossipMixer
+  COMMPACT_DEFERRED_OP(gossip_check)
+  COMMPACT_DEFERRED_OP(gossip_pack)
+  COMMPACT_DEFERRED_OP(gossip_mix)
+  COMMPACT_DEFERRED_OP(choco_update)
 #undef COMMPACT_DEFERRED_OP
 };
 
