@@ -20,7 +20,6 @@
 #include <cstdint>
 #include <span>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -96,7 +95,7 @@ class choco_algorithm {
                                   gamma_, acc_.view(), span<const std::int64_t>(ex.words()));
   }
   //! Why the last round's message from a neighbour was malformed (the codec's sentence).
-  std::string_view why() const { return why_; }
+  const std::string& why() const { return why_; }
   //! Every rank saw a codec write a message shorter than max_encoded_bytes(n).
   [[noreturn]] void raise_short() const {
     throw invalid_argument(detail::cat(

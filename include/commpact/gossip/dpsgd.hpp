@@ -12,7 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string_view>
+#include <string>
 
 #include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
@@ -54,7 +54,7 @@ class dpsgd_algorithm {
                                 span<const std::int64_t>(ex.words()));
   }
   //! Why the last round's messages were malformed (D-PSGD's are never: the size is known).
-  std::string_view why() const { return {}; }
+  const std::string& why() const { return why_; }
   [[noreturn]] void raise_short() const { throw wire_error("commpact::GossipMixer (D-PSGD): unreachable"); }
   void commit() {}
 
@@ -72,6 +72,7 @@ class dpsgd_algorithm {
  private:
   std::size_t n_;
   typename space_type::template buffer<double> acc_;
+  std::string why_;
 };
 
 }  // namespace detail

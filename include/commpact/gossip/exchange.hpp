@@ -20,7 +20,7 @@
 #include <array>
 #include <cstdint>
 #include <span>
-#include <string_view>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -170,7 +170,8 @@ class neighbor_exchange {
   //! message) leaves the counters as in `before`; a malformed message raises wire_error
   //! on its receiver (nothing changed). Returns the agreed flag: 0 mixed, 1 a non-finite
   //! model (nonfinite_round), 2 a codec's short message (the algorithm raises).
-  std::int64_t finish_round(const gossip_stats& before, std::string_view why) {
+  //! `why` is read after the fence (the decode kernel writes it).
+  std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
     const auto e = exec();
     K::to_host(e, words_.cview(), std::span<std::int64_t>(words_host_));
     space_type::fence(e, no_deadline());
