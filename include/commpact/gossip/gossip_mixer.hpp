@@ -34,6 +34,12 @@
 //! the first call checks with one small allreduce that every rank built the same mixer.
 //! A round that raises (a malformed message, a non-finite model) leaves the model and
 //! the mixer's state as they were.
+//!
+//! Space (v3): D-PSGD and CHOCO run in the communicator's space (comm_space_t<Comm>;
+//! `mix` takes its span, a deferred_span<float> over DeferredComm<C>): the round is
+//! queued (non-finite check, CHOCO's encode, the 8-byte agreement, the known-size
+//! exchange, decode, mix; kernels/host/gossip.hpp, gossip/choco_kernels.hpp) and fenced
+//! once, with the same bits as over a host communicator. PowerGossip mixes host memory.
 
 #include <algorithm>
 #include <array>
