@@ -51,6 +51,8 @@ class choco_algorithm {
   static constexpr const char* name = "CHOCO";
   //! Runs in the communicator's space (GossipMixer drives round_bytes(), queue(), commit()).
   static constexpr bool over_space = true;
+  //! The message is encoded into the exchange's send buffer.
+  static constexpr bool own_message = true;
   using space_type = comm_space_t<Comm>;
   template <class T>
   using span = typename space_type::template span<T>;
@@ -89,8 +91,8 @@ class choco_algorithm {
     kernels::encode(e, codec_, span<const float>(x), hat_self_.cview(), diff_.view(), ex.message(), q_self_.view(),
                     ex.words(), framed);
     ex.agree_flag(opt);
-    ex.exchange_same_known();
-    kernels::decode(e, codec_, ex.received_all(), ex.message().size(), framed, q_nb_.view(), ex.words(), why_);
+    ex.exchange_same_known(span<const std::byte>(ex.message()));
+    kernels::decode(e, codec_, ex.received_all(), ex.message_bytes(), framed, q_nb_.view(), ex.words(), why_);
     ops<space_type>::choco_update(e, x, hat_self_.view(), q_self_.cview(), hat_nb_.view(), q_nb_.cview(), ex.weights(),
                                   gamma_, acc_.view(), span<const std::int64_t>(ex.words()));
   }

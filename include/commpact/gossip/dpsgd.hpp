@@ -6,7 +6,7 @@
 //! in ascending order). 4n bytes per edge per round, each way.
 //!
 //! Runs in the communicator's space: the model is packed into one message of 4n bytes
-//! (ops::gossip_pack), sent to every neighbour with known-size point-to-point, and mixed
+//! (ops::gossip_pack; on host memory x itself is sent), sent to every neighbour with known-size point-to-point, and mixed
 //! by ops::gossip_mix, which leaves x as it was when the round failed (kernels/host/gossip.hpp).
 
 #include <cstddef>
@@ -34,6 +34,8 @@ class dpsgd_algorithm {
   //! Runs in the communicator's space (GossipMixer drives queue() and commit()).
   static constexpr bool over_space = true;
   using space_type = comm_space_t<Comm>;
+  //! A space whose spans are host memory sends x itself; another packs it first.
+  static constexpr bool own_message = !space_type::host_accessible;
   template <class T>
   using span = typename space_type::template span<T>;
 
@@ -48,8 +50,12 @@ class dpsgd_algorithm {
     const auto e = ex.exec();
     acc_.resize(n_);
     ex.agree_flag(opt);
-    ops<space_type>::gossip_pack(e, span<const float>(x), ex.message());
-    ex.exchange_same_known();
+    if constexpr (space_type::host_accessible) {
+      ex.exchange_same_known(std::as_bytes(x));  // host memory: the model itself is the message
+    } else {
+      ops<space_type>::gossip_pack(e, span<const float>(x), ex.message());
+      ex.exchange_same_known(span<const std::byte>(ex.message()));
+    }
     ops<space_type>::gossip_mix(e, x, ex.received_all(), ex.weights(), ex.self_weight(), acc_.view(),
                                 span<const std::int64_t>(ex.words()));
   }

@@ -129,13 +129,15 @@ class neighbor_exchange {
 
   auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
 
-  //! Starts a round on x: sizes the status words, the message buffers (msg_bytes to send,
-  //! one block of msg_bytes per neighbour to receive) and the weights (uploaded at the
-  //! first round), and queues the non-finite check of x (status words, kernels/host/gossip.hpp).
-  void begin_round(span<const float> x, std::size_t msg_bytes, const gossip_options& opt) {
+  //! Starts a round on x: sizes the status words, the message buffers (msg_bytes to send
+  //! when `own_message`, one block of msg_bytes per neighbour to receive) and the weights
+  //! (uploaded at the first round), and queues the non-finite check of x (status words,
+  //! kernels/host/gossip.hpp).
+  void begin_round(span<const float> x, std::size_t msg_bytes, const gossip_options& opt, bool own_message) {
     const auto e = exec();
+    msg_bytes_ = msg_bytes;
     words_.resize(host::gossip::status_words);
-    send_dev_.resize(msg_bytes);
+    send_dev_.resize(own_message ? msg_bytes : 0);
     recv_dev_.resize(msg_bytes * nb_.size());
     if (w_dev_.size() != nb_.size()) {
       w_dev_.resize(nb_.size());
@@ -150,14 +152,16 @@ class neighbor_exchange {
   }
   span<std::int64_t> words() { return words_.view(); }
   span<const double> weights() const { return w_dev_.cview(); }
+  //! The send buffer (sized by begin_round when own_message) and this round's message size.
   span<std::byte> message() { return send_dev_.view(); }
+  std::size_t message_bytes() const { return msg_bytes_; }
   span<const std::byte> received_all() const { return recv_dev_.cview(); }
 
-  //! Sends the message to every neighbour, then receives one message of the same size
-  //! from each in ascending order (known-size point-to-point on the space's spans).
-  void exchange_same_known() {
-    const std::size_t m = send_dev_.size();
-    const span<const std::byte> out = send_dev_.cview();
+  //! Sends `out` (this round's message_bytes()) to every neighbour, then receives one
+  //! message of that size from each in ascending order (known-size point-to-point on the
+  //! space's spans).
+  void exchange_same_known(span<const std::byte> out) {
+    const std::size_t m = msg_bytes_;
     for (std::size_t k = 0; k < nb_.size(); ++k) {
       send_known(comm_, nb_[k], out);
       stats_.bytes_sent += m;
@@ -228,6 +232,7 @@ class neighbor_exchange {
   buffer<std::int64_t> words_;
   buffer<double> w_dev_;
   buffer<std::byte> send_dev_, recv_dev_;
+  std::size_t msg_bytes_ = 0;
   std::array<std::int64_t, host::gossip::status_words> words_host_{};
 };
 

@@ -156,7 +156,7 @@ class GossipMixer {
     auto& st = ex_.stats();
     if constexpr (over_space) {
       const gossip_stats before = st;
-      ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_);
+      ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
       algo_.queue(x, ex_, opt_);
       const std::int64_t flag = ex_.finish_round(before, algo_.why());
       if (flag == 2) algo_.raise_short();
