@@ -156,9 +156,15 @@ class GossipMixer {
     auto& st = ex_.stats();
     if constexpr (over_space) {
       const gossip_stats before = st;
-      ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
-      algo_.queue(x, ex_, opt_);
-      const std::int64_t flag = ex_.finish_round(before, algo_.why());
+      std::int64_t flag = 0;
+      try {
+        ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
+        algo_.queue(x, ex_, opt_);
+        flag = ex_.finish_round(before, algo_.why());
+      } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
+        st = before;
+        throw;
+      }
       if (flag == 2) algo_.raise_short();
       if (flag == 1) {
         ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps));
