@@ -7,8 +7,16 @@
 // gathered with allgather, so every rank computes the same averages in rank order.
 // Failures are collected in a `verdict` and `settle`d (tests/common/sparse_checks.hpp):
 // wrap a check in REQUIRE_NOTHROW(run_threads(...)) or REQUIRE_NOTHROW(mpi_guard(...)).
+//
+// The checks are templates over the communicator, so over its space too: with
+// DeferredComm<C> the models live in deferred buffers (mix_host copies them in and out
+// around each mix(); tests/test_space_gossip.cpp, tests/mpi/test_gossip_mpi.cpp), and
+// the PowerGossip cases, which run over host communicators only, are left out.
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
+#include <commpact/comm/known_size.hpp>
+#include <commpact/kernels/deferred/ops.hpp>
+#include <commpact/kernels/host/ops.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/topology/complete.hpp>
 #include <commpact/topology/exponential.hpp>
@@ -26,6 +34,7 @@
 #include <span>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -76,6 +85,30 @@ double lambda2(const Topo& t) {
   return P > 1 ? ev[1] : 0.0;
 }
 
+//! True when Comm's data plane runs on host memory (PowerGossip's cases run only there).
+template <class Comm>
+inline constexpr bool host_data_plane = commpact::comm_space_t<Comm>::host_accessible;
+
+//! mixer.mix on a host vector x: at once on a host communicator; over another space
+//! (DeferredComm) through a buffer of that space, copied in before and out after (x is
+//! unchanged when mix raises).
+template <class Mixer, class Comm>
+bool mix_host(Mixer& mixer, Comm& comm, std::vector<float>& x) {
+  using S = commpact::comm_space_t<Comm>;
+  if constexpr (S::host_accessible) {
+    return mixer.mix(std::span<float>(x));
+  } else {
+    const auto e = commpact::comm_exec(comm);
+    typename S::template buffer<float> b;
+    b.resize(x.size());
+    commpact::ops<S>::from_host(e, std::span<const float>(x), b.view());
+    const bool mixed = mixer.mix(b.view());
+    commpact::ops<S>::to_host(e, b.cview(), std::span<float>(x));
+    S::fence(e, commpact::no_deadline());
+    return mixed;
+  }
+}
+
 //! Every rank's buffer, gathered in rank order on every rank.
 template <class Comm>
 std::vector<std::vector<float>> gather_models(Comm& comm, const std::vector<float>& x) {
@@ -97,7 +130,7 @@ std::pair<std::vector<float>, std::vector<double>> run_mixing(Comm& comm, int st
   auto x = rank_model(comm.rank(), seed);
   dist[0] = commpact::consensus_distance(comm, std::span<const float>(x));
   for (int s = 0; s < steps; ++s) {
-    mixer.mix(std::span<float>(x));
+    mix_host(mixer, comm, x);
     dist[s + 1] = commpact::consensus_distance(comm, std::span<const float>(x));
   }
   return {x, dist};
@@ -128,15 +161,18 @@ void check_average_preserved_all_modes(Comm& comm) {
   check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring");
   check_average_preserved<Torus2D>(comm, exact_mixing{}, "D-PSGD torus");
   check_average_preserved<Complete>(comm, exact_mixing{}, "D-PSGD complete");
-  check_average_preserved<Ring>(comm, power_gossip<1>{}, "PowerGossip r1 ring");
-  check_average_preserved<Torus2D>(comm, power_gossip<1>{}, "PowerGossip r1 torus");
-  check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
-  check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
-  check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
+  if constexpr (host_data_plane<Comm>) {
+    check_average_preserved<Ring>(comm, power_gossip<1>{}, "PowerGossip r1 ring");
+    check_average_preserved<Torus2D>(comm, power_gossip<1>{}, "PowerGossip r1 torus");
+    check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
+    check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
+    check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
+  }
   check_average_preserved<Ring>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k ring");
   check_average_preserved<Torus2D>(comm, choco_gossip<sign_codec>{{}, 0.3}, "CHOCO sign torus");
   check_average_preserved<Complete>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k complete");
-  check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
+  if constexpr (host_data_plane<Comm>)
+    check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
 }
 
 //! D-PSGD over T rounds on Ring, Torus2D and Complete: the consensus distance shrinks at
@@ -247,7 +283,8 @@ void check_gossip_topology_size(Comm& comm) {
 }
 
 //! Ranks that build different mixers (rank P-1 lists the same number of values in other
-//! shapes) all raise mismatch_error at the first mix. Needs P >= 2.
+//! shapes) all raise mismatch_error at the first mix (PowerGossip; D-PSGD over a space
+//! that is not host memory). Needs P >= 2.
 template <class Comm>
 void check_gossip_mixer_mismatch(Comm& comm) {
   using namespace commpact;
@@ -255,10 +292,11 @@ void check_gossip_mixer_mismatch(Comm& comm) {
   if (P < 2) return;
   verdict v;
   const tensor_layout l = comm.rank() == P - 1 ? tensor_layout{{10, 12}} : tensor_layout{{12, 10}};
-  GossipMixer<Ring, power_gossip<1>, Comm> m{comm, Ring(P), l};
+  using Mode = std::conditional_t<host_data_plane<Comm>, power_gossip<1>, exact_mixing>;
+  GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l};
   std::vector<float> x(120, 1.0f);
   std::string what;
-  const int got = throws_as<mismatch_error>([&] { m.mix(std::span<float>(x)); }, &what);
+  const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
   v.expect(got == 1, "expected mismatch_error, got ", got, ": ", what);
   v.expect(what.find("GossipMixer setup") != std::string::npos, "message: ", what);
   settle(comm, v, "check_gossip_mixer_mismatch");

@@ -7,10 +7,14 @@
 // topology of another size, ranks that build different mixers) raises on every rank
 // without hanging.
 // The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
+// Over the deferred space (DeferredComm<CheckedComm<MpiComm>>): D-PSGD and CHOCO equal
+// host_space bit for bit, NaN on one rank raises or skips alike, and the checks above run
+// too (tests/common/gossip_space_checks.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 
 #include "common/gossip_checks.hpp"
+#include "common/gossip_space_checks.hpp"
 #include "common/checked_mpi.hpp"
 
 using namespace commpact;
@@ -43,6 +47,26 @@ TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicato
     check_gossip_topology_size(comm);
     check_gossip_mixer_mismatch(comm);
     check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring after the errors");
+  }));
+}
+
+TEST_CASE("MPI: gossip over the deferred space equals host_space bit for bit; NaN on one rank alike",
+          "[mpi][gossip][space]") {
+  auto comm = commpact_test::checked_mpi_world(60s);
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    check_gossip_deferred_twins(comm);
+    check_gossip_deferred_nonfinite(comm);
+  }));
+}
+
+TEST_CASE("MPI: gossip checks over DeferredComm<MpiComm>: average, contraction, bad input", "[mpi][gossip][space]") {
+  auto comm = commpact_test::checked_mpi_world(60s);
+  REQUIRE_NOTHROW(mpi_guard(comm, [&] {
+    DeferredComm<commpact_test::checked_mpi_comm> dc{comm};
+    check_average_preserved_all_modes(dc);
+    check_dpsgd_contraction(dc, 6);
+    check_gossip_topology_size(dc);
+    check_gossip_mixer_mismatch(dc);
   }));
 }
 

@@ -8,11 +8,18 @@
 //!   x_i += gamma sum_j w_ij (x_hat_j - x_hat_i).
 //! Bytes per edge per round: the codec's message (8k for topk_codec, 4 + ceil(n/8) for
 //! sign_codec). Keeps degree + 1 model copies.
+//!
+//! Runs in the communicator's space: the public copies and every scratch vector are the
+//! space's buffers, the codec runs through choco_kernels (encode before the exchange,
+//! decode of every message after it) and the update through ops::choco_update, which
+//! changes nothing when the round failed. Messages have a known size: the codec's
+//! max_encoded_bytes(n) (4 more for a variable_length_codec, which sends its length).
 
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -21,6 +28,7 @@
 #include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
+#include "choco_kernels.hpp"
 #include "exchange.hpp"
 
 namespace commpact {
@@ -41,55 +49,77 @@ class choco_algorithm {
  public:
   static constexpr std::int64_t id = 3;
   static constexpr const char* name = "CHOCO";
+  //! Runs in the communicator's space (GossipMixer drives round_bytes(), queue(), commit()).
+  static constexpr bool over_space = true;
+  //! The message is encoded into the exchange's send buffer.
+  static constexpr bool own_message = true;
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
 
   choco_algorithm(const tensor_layout&, std::size_t n, choco_gossip<Q> pol, neighbor_exchange<Comm>& ex)
-      : codec_(std::move(pol.codec)), gamma_(pol.gamma), n_(n) {
+      : codec_(std::move(pol.codec)), gamma_(pol.gamma), n_(n), deg_(ex.degree()), exec_(ex.exec()) {
     require(std::isfinite(gamma_) && gamma_ > 0.0 && gamma_ <= 1.0, "commpact::choco_gossip: gamma = ", gamma_,
             " must be in (0, 1] (CHOCO's consensus step size).");
     if constexpr (req::codec_has_bind_rank<Q>) codec_.bind_rank(ex.rank());  // stochastic codecs: own streams
-    hat_self_.assign(n_, 0.0f);
-    hat_nb_.assign(ex.degree(), std::vector<float>(n_, 0.0f));
-    q_nb_.assign(ex.degree(), std::vector<float>(n_, 0.0f));
-    diff_.assign(n_, 0.0f);
-    q_self_.assign(n_, 0.0f);
-    acc_.assign(n_, 0.0);
+    hat_self_.resize(n_);
+    hat_nb_.resize(deg_ * n_);
+    q_nb_.resize(deg_ * n_);
+    diff_.resize(n_);
+    q_self_.resize(n_);
+    acc_.resize(n_);
+    ops<space_type>::fill(exec_, hat_self_.view(), 0.0f);
+    ops<space_type>::fill(exec_, hat_nb_.view(), 0.0f);
+    space_type::fence(exec_, no_deadline());
   }
 
-  void mix(std::span<float> x, neighbor_exchange<Comm>& ex) {
+  //! The bytes of this round's message: the codec's max_encoded_bytes(n) at this round
+  //! (after begin_step), behind a 4-byte length for a variable-length codec.
+  std::size_t round_bytes() {
     if constexpr (req::codec_has_begin_step<Q>) codec_.begin_step(static_cast<std::int64_t>(round_));
-    for (std::size_t i = 0; i < n_; ++i) diff_[i] = x[i] - hat_self_[i];
-    msg_.resize(codec_.max_encoded_bytes(n_));
-    const std::size_t len = codec_.encode(std::span<const float>(diff_), std::span<std::byte>(msg_), std::span<float>(q_self_));
-    ex.exchange_same(std::span<const std::byte>(msg_).first(len));
-    // Decode every message before changing anything: a malformed one leaves the state as it was.
-    for (std::size_t k = 0; k < ex.degree(); ++k) {
-      std::fill(q_nb_[k].begin(), q_nb_[k].end(), 0.0f);
-      codec_.decode_add(ex.received(k), std::span<float>(q_nb_[k]));
-    }
-    for (std::size_t i = 0; i < n_; ++i) hat_self_[i] += q_self_[i];
-    for (std::size_t k = 0; k < ex.degree(); ++k)
-      for (std::size_t i = 0; i < n_; ++i) hat_nb_[k][i] += q_nb_[k][i];
-    for (std::size_t i = 0; i < n_; ++i) acc_[i] = 0.0;
-    for (std::size_t k = 0; k < ex.degree(); ++k) {
-      const float* h = hat_nb_[k].data();
-      const double w = ex.weight(k);
-      for (std::size_t i = 0; i < n_; ++i) acc_[i] += w * (static_cast<double>(h[i]) - static_cast<double>(hat_self_[i]));
-    }
-    for (std::size_t i = 0; i < n_; ++i) x[i] = static_cast<float>(x[i] + gamma_ * acc_[i]);
-    ++round_;
+    return message_bytes();
   }
 
-  std::size_t message_bytes() const { return codec_.max_encoded_bytes(n_); }
+  //! Queues the round after the exchange's check: q_self = Q(x - hat_self) (skipped when
+  //! this model is not finite), the flag's agreement (a codec's short message counts),
+  //! the exchange, every neighbour's message decoded, then the update of the public
+  //! copies and of x (nothing when the round failed).
+  void queue(span<float> x, neighbor_exchange<Comm>& ex, const gossip_options& opt) {
+    const auto e = exec_;
+    kernels::encode(e, codec_, span<const float>(x), hat_self_.cview(), diff_.view(), ex.message(), q_self_.view(),
+                    ex.words(), framed);
+    ex.agree_flag(opt);
+    ex.exchange_same_known(span<const std::byte>(ex.message()));
+    kernels::decode(e, codec_, ex.received_all(), ex.message_bytes(), framed, q_nb_.view(), ex.words(), why_);
+    ops<space_type>::choco_update(e, x, hat_self_.view(), q_self_.cview(), hat_nb_.view(), q_nb_.cview(), ex.weights(),
+                                  gamma_, acc_.view(), span<const std::int64_t>(ex.words()));
+  }
+  //! Why the last round's message from a neighbour was malformed (the codec's sentence).
+  const std::string& why() const { return why_; }
+  //! Every rank saw a codec write a message shorter than max_encoded_bytes(n).
+  [[noreturn]] void raise_short() const {
+    throw invalid_argument(detail::cat(
+        "commpact::GossipMixer (CHOCO): a rank's codec wrote a message shorter than its max_encoded_bytes(", n_,
+        ") = ", codec_.max_encoded_bytes(n_), " bytes; the gossip exchange sends messages of a known size. Make "
+        "encode() write exactly max_encoded_bytes(n) bytes, or specialise commpact::variable_length_codec<YourCodec> "
+        "as std::true_type (each message then carries a 4-byte length)."));
+  }
+  void commit() { ++round_; }
+
+  std::size_t message_bytes() const { return codec_.max_encoded_bytes(n_) + (framed ? 4 : 0); }
 
   void save(state::writer& w) const {
     w.i64(22, static_cast<std::int64_t>(round_));
-    w.f32s(20, hat_self_);
-    for (const auto& h : hat_nb_) w.f32s(21, h);
+    const auto self = to_host(hat_self_), nb = to_host(hat_nb_);
+    w.f32s(20, self);
+    for (std::size_t k = 0; k < deg_; ++k) w.f32s(21, std::span<const float>(nb).subspan(k * n_, n_));
   }
   struct staged {
     std::uint64_t round = 0;
     std::vector<float> self;
-    std::vector<std::vector<float>> nb;
+    std::vector<float> nb;
   };
   staged read(state::reader& r) const {
     staged s;
@@ -97,23 +127,45 @@ class choco_algorithm {
     r.require_that<wire_error>(round >= 0, "the CHOCO round ", round, " is negative; the state is corrupted.");
     s.round = static_cast<std::uint64_t>(round);
     s.self = r.f32s(20, n_);
-    for (std::size_t k = 0; k < hat_nb_.size(); ++k) s.nb.push_back(r.f32s(21, n_));
+    s.nb.reserve(deg_ * n_);
+    for (std::size_t k = 0; k < deg_; ++k) {
+      const auto h = r.f32s(21, n_);
+      s.nb.insert(s.nb.end(), h.begin(), h.end());
+    }
     return s;
   }
   void install(staged&& s) {
     round_ = s.round;
-    hat_self_ = std::move(s.self);
-    hat_nb_ = std::move(s.nb);
+    ops<space_type>::from_host(exec_, std::span<const float>(s.self), hat_self_.view());
+    if (!s.nb.empty()) ops<space_type>::from_host(exec_, std::span<const float>(s.nb), hat_nb_.view());
+    space_type::fence(exec_, no_deadline());
+  }
+
+  template <class Out>
+  void add_signature(Out& s) const {
+    for (const auto* b : {&hat_self_, &hat_nb_, &q_nb_, &diff_, &q_self_}) s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(acc_.data(), acc_.capacity());
   }
 
  private:
+  using kernels = choco_kernels<Q, space_type>;
+  static constexpr bool framed = variable_length_codec<Q>::value;
+
+  std::vector<float> to_host(const buffer<float>& b) const {
+    std::vector<float> h(b.size());
+    if (h.empty()) return h;
+    ops<space_type>::to_host(exec_, b.cview(), std::span<float>(h));
+    space_type::fence(exec_, no_deadline());
+    return h;
+  }
+
   Q codec_;
   double gamma_;
-  std::size_t n_;
-  std::vector<float> hat_self_, diff_, q_self_;
-  std::vector<std::vector<float>> hat_nb_, q_nb_;
-  std::vector<double> acc_;
-  std::vector<std::byte> msg_;
+  std::size_t n_, deg_;
+  typename space_type::exec exec_;
+  buffer<float> hat_self_, hat_nb_, q_nb_, diff_, q_self_;
+  buffer<double> acc_;
+  std::string why_;
   std::uint64_t round_ = 0;
 };
 

@@ -8,16 +8,29 @@
 //! Exchange order: a rank first sends to every neighbour, then receives from every
 //! neighbour in ascending order, so no topology can deadlock as long as `Comm::send`
 //! does not wait for the receiver (ThreadComm, MpiComm).
+//!
+//! Space (v3): D-PSGD and CHOCO run in the communicator's space (comm_space_t<Comm>):
+//! the round's status words, the weights and the messages are the space's buffers, the
+//! exchange is known-size point-to-point on its spans (exchange_same_known; DeferredComm
+//! queues it), and finish_round() fences once, reads the status and rolls the counters
+//! back when the round failed. PowerGossip still uses the host buffers (send_buffer,
+//! exchange, all_finite).
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "../comm/agree.hpp"
+#include "../comm/known_size.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../kernels/deferred/ops.hpp"
+#include "../kernels/host/gossip.hpp"
+#include "../kernels/host/ops.hpp"
 #include "../nonfinite.hpp"
 
 namespace commpact {
@@ -103,13 +116,99 @@ class neighbor_exchange {
     std::int64_t flag = bad == x.size() ? 0 : 1;
     comm_.allreduce(std::span<std::int64_t>(&flag, 1), reduce_op::max);
     if (flag == 0) return true;
+    return nonfinite_round(bad, x.size(), opt, round);
+  }
+
+  // ---- the data plane in the communicator's space (D-PSGD, CHOCO) -------------------
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
+  using K = ops<space_type>;
+
+  auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
+
+  //! Starts a round on x: sizes the status words, the message buffers (msg_bytes to send
+  //! when `own_message`, one block of msg_bytes per neighbour to receive) and the weights
+  //! (uploaded at the first round), and queues the non-finite check of x (status words,
+  //! kernels/host/gossip.hpp).
+  void begin_round(span<const float> x, std::size_t msg_bytes, const gossip_options& opt, bool own_message) {
+    const auto e = exec();
+    msg_bytes_ = msg_bytes;
+    words_.resize(host::gossip::status_words);
+    send_dev_.resize(own_message ? msg_bytes : 0);
+    recv_dev_.resize(msg_bytes * nb_.size());
+    if (w_dev_.size() != nb_.size()) {
+      w_dev_.resize(nb_.size());
+      if (!nb_.empty()) K::from_host(e, std::span<const double>(w_), w_dev_.view());
+    }
+    K::gossip_check(e, x, opt.check_finite, words_.view());
+  }
+  //! Queues the agreement on the round's flag: one 8-byte allreduce (max), unless
+  //! check_finite is off.
+  void agree_flag(const gossip_options& opt) {
+    if (opt.check_finite) comm_.allreduce(words_.view().first(1), reduce_op::max);
+  }
+  span<std::int64_t> words() { return words_.view(); }
+  span<const double> weights() const { return w_dev_.cview(); }
+  //! The send buffer (sized by begin_round when own_message) and this round's message size.
+  span<std::byte> message() { return send_dev_.view(); }
+  std::size_t message_bytes() const { return msg_bytes_; }
+  span<const std::byte> received_all() const { return recv_dev_.cview(); }
+
+  //! Sends `out` (this round's message_bytes()) to every neighbour, then receives one
+  //! message of that size from each in ascending order (known-size point-to-point on the
+  //! space's spans).
+  void exchange_same_known(span<const std::byte> out) {
+    const std::size_t m = msg_bytes_;
+    for (std::size_t k = 0; k < nb_.size(); ++k) {
+      send_known(comm_, nb_[k], out);
+      stats_.bytes_sent += m;
+      ++stats_.messages_sent;
+    }
+    for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+  }
+
+  //! Fences once and reads the status words. A round that failed (any flag, a malformed
+  //! message) leaves the counters as in `before`; a malformed message raises wire_error
+  //! on its receiver (nothing changed). Returns the agreed flag: 0 mixed, 1 a non-finite
+  //! model (nonfinite_round), 2 a codec's short message (the algorithm raises).
+  //! `why` is read after the fence (the decode kernel writes it).
+  std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
+    const auto e = exec();
+    K::to_host(e, words_.cview(), std::span<std::int64_t>(words_host_));
+    space_type::fence(e, no_deadline());
+    if (words_host_[0] == 0 && words_host_[2] == 0) return 0;
+    stats_ = before;
+    if (words_host_[2] != 0)
+      throw wire_error(detail::cat("commpact::GossipMixer::mix: rank ", comm_.rank(), " received a malformed message from rank ",
+                                   nb_[static_cast<std::size_t>(words_host_[2] - 1)], ": ", why,
+                                   " The round changed nothing on this rank."));
+    return words_host_[0];
+  }
+  //! This rank's first non-finite index at the last finish_round (n when none).
+  std::size_t bad_index() const { return static_cast<std::size_t>(words_host_[1]); }
+
+  //! A round with a non-finite model somewhere (every rank knows it): raises
+  //! numeric_error on every rank, or returns false under skip_step.
+  bool nonfinite_round(std::size_t bad, std::size_t n, const gossip_options& opt, std::int64_t round) const {
     if (opt.on_nonfinite == nonfinite::raise)
       throw numeric_error(detail::cat("commpact::GossipMixer::mix: the model of ",
-                                      bad == x.size() ? "another rank" : detail::cat("rank ", comm_.rank(), " (index ", bad, ")"),
+                                      bad == n ? "another rank" : detail::cat("rank ", comm_.rank(), " (index ", bad, ")"),
                                       " is not finite (NaN or Inf) at round ", round,
                                       "; every rank raises this error. Fix the training step, or set on_nonfinite = "
                                       "nonfinite::skip_step to skip such rounds on every rank."));
     return false;
+  }
+
+  //! Address and capacity of the exchange's space buffers (GossipMixer::workspace_signature).
+  template <class Out>
+  void add_signature(Out& s) const {
+    s.emplace_back(words_.data(), words_.capacity());
+    s.emplace_back(w_dev_.data(), w_dev_.capacity());
+    s.emplace_back(send_dev_.data(), send_dev_.capacity());
+    s.emplace_back(recv_dev_.data(), recv_dev_.capacity());
   }
 
   gossip_stats& stats() { return stats_; }
@@ -130,6 +229,11 @@ class neighbor_exchange {
   std::vector<std::vector<std::byte>> send_, recv_;
   gossip_stats stats_;
   bool checked_ = false;
+  buffer<std::int64_t> words_;
+  buffer<double> w_dev_;
+  buffer<std::byte> send_dev_, recv_dev_;
+  std::size_t msg_bytes_ = 0;
+  std::array<std::int64_t, host::gossip::status_words> words_host_{};
 };
 
 }  // namespace commpact

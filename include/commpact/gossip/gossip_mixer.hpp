@@ -34,7 +34,14 @@
 //! the first call checks with one small allreduce that every rank built the same mixer.
 //! A round that raises (a malformed message, a non-finite model) leaves the model and
 //! the mixer's state as they were.
+//!
+//! Space (v3): D-PSGD and CHOCO run in the communicator's space (comm_space_t<Comm>;
+//! `mix` takes its span, a deferred_span<float> over DeferredComm<C>): the round is
+//! queued (non-finite check, CHOCO's encode, the 8-byte agreement, the known-size
+//! exchange, decode, mix; kernels/host/gossip.hpp, gossip/choco_kernels.hpp) and fenced
+//! once, with the same bits as over a host communicator. PowerGossip mixes host memory.
 
+#include <algorithm>
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -94,6 +101,9 @@ struct gossip_algorithm<choco_gossip<Q>, Comm> {
   using type = choco_algorithm<Q, Comm>;
   static params make(choco_gossip<Q> p) { return p; }
 };
+
+template <class A>
+concept gossip_over_space = requires { requires A::over_space; };
 }  // namespace detail
 
 template <class Topology, class Codec = exact_mixing, class Comm = ThreadComm>
@@ -101,10 +111,18 @@ class GossipMixer {
   static_assert(diagnose_topology<Topology>());
   using selector = detail::gossip_algorithm<Codec, Comm>;
   using algorithm = typename selector::type;
+  static constexpr bool over_space = detail::gossip_over_space<algorithm>;
+  static_assert(over_space || std::is_same_v<comm_space_t<Comm>, host_space>,
+                "commpact::GossipMixer: PowerGossip runs over host communicators only (ThreadComm, MpiComm, ...) so "
+                "far; use exact_mixing or CHOCO (choco_gossip<Codec>) over DeferredComm and other device spaces.");
 
  public:
   //! What the codec parameter configures (the codec itself, or the algorithm's parameters).
   using params = typename selector::params;
+  //! Where the model lives: the communicator's space (host_space: std::span<float>).
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
 
   GossipMixer(Comm comm, Topology topo, tensor_layout layout, Codec codec = Codec(), gossip_options opt = {})
       : topo_(std::move(topo)),
@@ -123,18 +141,44 @@ class GossipMixer {
     hash_ = detail::hash_words(words);
   }
 
-  //! One gossip round on the flat parameter buffer x (in place). Returns false when the
-  //! round was skipped (a non-finite model under nonfinite::skip_step; x unchanged).
-  bool mix(std::span<float> x) {
+  //! One gossip round on the flat parameter buffer x (in place; a span of the
+  //! communicator's space). Returns false when the round was skipped (a non-finite model
+  //! under nonfinite::skip_step; x unchanged).
+  //!
+  //! D-PSGD and CHOCO queue the whole round in the space (check, agreement, exchange,
+  //! mix) and fence once; a round that raises or is skipped changes nothing: x, the
+  //! public copies and the counters are as before (the same decision on every rank,
+  //! except a malformed message, which raises wire_error on its receiver).
+  bool mix(span<float> x) {
     require(x.size() == n_, "commpact::GossipMixer::mix: rank ", ex_.rank(), " passed ", x.size(),
             " floats but the registered shapes hold ", n_, "; pass the whole flat parameter buffer.");
     ex_.check_setup(hash_);
     auto& st = ex_.stats();
-    if (!ex_.all_finite(x, opt_, static_cast<std::int64_t>(st.steps))) {
-      ++st.steps, ++st.skipped;
-      return false;
+    if constexpr (over_space) {
+      const gossip_stats before = st;
+      std::int64_t flag = 0;
+      try {
+        ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
+        algo_.queue(x, ex_, opt_);
+        flag = ex_.finish_round(before, algo_.why());
+      } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
+        st = before;
+        throw;
+      }
+      if (flag == 2) algo_.raise_short();
+      if (flag == 1) {
+        ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps));
+        ++st.steps, ++st.skipped;
+        return false;
+      }
+      algo_.commit();
+    } else {
+      if (!ex_.all_finite(x, opt_, static_cast<std::int64_t>(st.steps))) {
+        ++st.steps, ++st.skipped;
+        return false;
+      }
+      algo_.mix(x, ex_);
     }
-    algo_.mix(x, ex_);
     ++st.steps;
     return true;
   }
@@ -175,6 +219,18 @@ class GossipMixer {
   Comm& comm() { return ex_.comm(); }
   //! Bytes one call of mix() sends to each neighbour (payload; PowerGossip: first phase).
   std::size_t message_bytes() const { return algo_.message_bytes(); }
+
+  //! Address and capacity of every buffer of the mixer's data plane, sorted (D-PSGD and
+  //! CHOCO; tests check that nothing is allocated after the first mix()).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    if constexpr (over_space) {
+      ex_.add_signature(s);
+      algo_.add_signature(s);
+    }
+    std::sort(s.begin(), s.end());
+    return s;
+  }
 
  private:
   Topology topo_;

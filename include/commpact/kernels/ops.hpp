@@ -32,6 +32,10 @@
 //! | `orthonormalize(e, a, rows, cols)` | the columns of column-major a, orthonormalised in host::orthonormalize_columns' fixed order (PowerCompressor) |
 //! | `gaussian(e, v, seed)` | v = host::fill_gaussian(seed): Box-Muller over splitmix64, in double (PowerCompressor) |
 //! | `redraw_zero_columns(e, q, rows, cols, seed, t, step)` | every column j of column-major q that is exactly zero = gaussian(mix_seed(seed, t, step, j + 1)) (PowerCompressor) |
+//! | `gossip_check(e, x, on, words)` | GossipMixer: words = {1 when on and x holds a NaN/Inf else 0, x's first non-finite index (n when none), 0} (kernels/host/gossip.hpp) |
+//! | `gossip_pack(e, x, msg)` | GossipMixer: msg = the 4n bytes of x |
+//! | `gossip_mix(e, x, recv, w, w_self, acc, words)` | GossipMixer (D-PSGD): when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the k-th 4n bytes of recv, k ascending |
+//! | `choco_update(e, x, hat, q, hat_nb, q_nb, w, gamma, acc, words)` | GossipMixer (CHOCO): when words[0] = words[2] = 0, hat += q, hat_nb += q_nb, then x = float(x + gamma sum_k w[k] (hat_nb[k] - hat)) in double |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

@@ -112,6 +112,11 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(orthonormalize)
   COMMPACT_DEFERRED_OP(gaussian)
   COMMPACT_DEFERRED_OP(redraw_zero_columns)
+  // GossipMixer
+  COMMPACT_DEFERRED_OP(gossip_check)
+  COMMPACT_DEFERRED_OP(gossip_pack)
+  COMMPACT_DEFERRED_OP(gossip_mix)
+  COMMPACT_DEFERRED_OP(choco_update)
 #undef COMMPACT_DEFERRED_OP
 };
 

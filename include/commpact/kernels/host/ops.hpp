@@ -19,6 +19,7 @@
 #include "sgd.hpp"
 #include "lowrank.hpp"
 #include "orthogonalize.hpp"
+#include "gossip.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -155,6 +156,21 @@ struct ops<host_space> {
     for (std::size_t j = 0; j < cols; ++j)
       if (host::column_is_zero(q.data(), rows, j, rows))
         host::fill_gaussian(q.subspan(j * rows, rows), host::mix_seed(seed, tensor, step, j + 1));
+  }
+
+  // ---- GossipMixer (kernels/host/gossip.hpp); words: the round's 3 status words -------
+  static void gossip_check(exec, span<const float> x, bool on, span<std::int64_t> words) {
+    host::gossip::check(x, on, words);
+  }
+  static void gossip_pack(exec, span<const float> x, span<std::byte> msg) { host::gossip::pack(x, msg); }
+  static void gossip_mix(exec, span<float> x, span<const std::byte> recv, span<const double> w, double self_w,
+                         span<double> acc, span<const std::int64_t> words) {
+    host::gossip::mix_exact(x, recv, w, self_w, acc, words);
+  }
+  static void choco_update(exec, span<float> x, span<float> hat_self, span<const float> q_self, span<float> hat_nb,
+                           span<const float> q_nb, span<const double> w, double gamma, span<double> acc,
+                           span<const std::int64_t> words) {
+    host::gossip::choco_update(x, hat_self, q_self, hat_nb, q_nb, w, gamma, acc, words);
   }
 };
 

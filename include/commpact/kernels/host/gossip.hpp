@@ -1,0 +1,80 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file gossip.hpp
+//! The host kernels of GossipMixer's data plane (D-PSGD and CHOCO-SGD, gossip/): the
+//! non-finite check, packing the model into a message, D-PSGD's weighted mix and
+//! CHOCO's update of the public copies and of the model. They are the reference of the
+//! ops rows `gossip_check`, `gossip_pack`, `gossip_mix`, `choco_update` (kernels/ops.hpp).
+//!
+//! Every round keeps a status of three int64 words in the space's memory:
+//! words[0] the round's flag (0 clear; 1 a non-finite model; 2 a codec wrote a message
+//! shorter than its known size), allreduced with max so that every rank reads the same;
+//! words[1] the first non-finite index of this rank's model (n when none); words[2]
+//! 1 + k when neighbour k's message was malformed (0 when none). The kernels that change
+//! the model or the mixer's state do nothing unless words[0] and words[2] are 0, so a
+//! failed round changes nothing and no kernel throws.
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <span>
+
+#include "vector_ops.hpp"
+
+namespace commpact::host::gossip {
+
+//! The status words of a round (see the file comment).
+inline constexpr std::size_t status_words = 3;
+
+//! True when the round may change the model: no rank flagged it, no message was malformed.
+inline bool clear(std::span<const std::int64_t> words) { return words[0] == 0 && words[2] == 0; }
+
+//! words = {1 when x holds a NaN/Inf (and `on`), its first index or n, 0}.
+inline void check(std::span<const float> x, bool on, std::span<std::int64_t> words) {
+  const std::size_t bad = on ? first_nonfinite(x) : x.size();
+  words[0] = bad != x.size() ? 1 : 0;
+  words[1] = static_cast<std::int64_t>(bad);
+  words[2] = 0;
+}
+
+//! msg = the bytes of x (4n bytes).
+inline void pack(std::span<const float> x, std::span<std::byte> msg) {
+  if (!x.empty()) std::memcpy(msg.data(), x.data(), x.size_bytes());
+}
+
+//! D-PSGD: when clear, x = float(w_self x + sum_k w[k] x_k) in double, neighbours in
+//! ascending order; x_k is the k-th block of 4n bytes of recv. acc: n doubles of scratch.
+inline void mix_exact(std::span<float> x, std::span<const std::byte> recv, std::span<const double> w, double self_w,
+                      std::span<double> acc, std::span<const std::int64_t> words) {
+  if (!clear(words)) return;
+  const std::size_t n = x.size();
+  for (std::size_t i = 0; i < n; ++i) acc[i] = self_w * x[i];
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    const auto* xj = reinterpret_cast<const float*>(recv.data() + k * 4 * n);
+    const double wk = w[k];
+    for (std::size_t i = 0; i < n; ++i) acc[i] += wk * static_cast<double>(xj[i]);
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(acc[i]);
+}
+
+//! CHOCO-SGD: when clear, the public copies take the decoded messages (hat_self +=
+//! q_self, hat_nb[k] += q_nb[k]; the k-th blocks of n floats), then
+//! x = float(x + gamma sum_k w[k] (hat_nb[k] - hat_self)) with the sum in double.
+inline void choco_update(std::span<float> x, std::span<float> hat_self, std::span<const float> q_self,
+                         std::span<float> hat_nb, std::span<const float> q_nb, std::span<const double> w, double gamma,
+                         std::span<double> acc, std::span<const std::int64_t> words) {
+  if (!clear(words)) return;
+  const std::size_t n = x.size(), deg = w.size();
+  for (std::size_t i = 0; i < n; ++i) hat_self[i] += q_self[i];
+  for (std::size_t j = 0; j < deg * n; ++j) hat_nb[j] += q_nb[j];
+  for (std::size_t i = 0; i < n; ++i) acc[i] = 0.0;
+  for (std::size_t k = 0; k < deg; ++k) {
+    const float* h = hat_nb.data() + k * n;
+    const double wk = w[k];
+    for (std::size_t i = 0; i < n; ++i)
+      acc[i] += wk * (static_cast<double>(h[i]) - static_cast<double>(hat_self[i]));
+  }
+  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(x[i] + gamma * acc[i]);
+}
+
+}  // namespace commpact::host::gossip
