@@ -31,9 +31,9 @@
 
 using namespace commpact;
 using commpact_test::rank_model;
-using commpact_test::same_bits;  // tests/common/sparse_checks.hpp (space_copies.hpp defines it again)
-using commpact_test::gossip_device_copy;
-using commpact_test::gossip_host_copy;
+using commpact_test::same_bits;
+using commpact_test::device_copy;
+using commpact_test::host_copy;
 using commpact_test::gossip_saved;
 
 namespace {
@@ -114,7 +114,7 @@ TEST_CASE("GossipMixer over a space: a codec's short message raises on every ran
         DC dc{comm};
         GossipMixer<Ring, short_sign, DC> d{dc, Ring(P), kLayout};
         auto x = rank_model(comm.rank(), 5);
-        auto xd = gossip_device_copy(dc.exec(), x);
+        auto xd = device_copy(dc.exec(), x);
         std::string what;
         try {
           d.mix(xd.view());
@@ -122,7 +122,7 @@ TEST_CASE("GossipMixer over a space: a codec's short message raises on every ran
           what = e.what();
         }
         s.expect(what.find("variable_length_codec") != std::string::npos, "no invalid_argument naming the fix: " + what);
-        s.expect(same_bits(x, gossip_host_copy(dc.exec(), xd.cview())) && d.stats().steps == 0, "the round changed something");
+        s.expect(same_bits(x, host_copy(dc.exec(), xd.cview())) && d.stats().steps == 0, "the round changed something");
         // Declared variable-length: the same rounds on both spaces, 4 + max bytes per edge.
         commpact_test::verdict v;
         commpact_test::gossip_twin_rounds<Ring>(comm, framed_short_sign{}, 3, v, "framed short codec");
@@ -150,7 +150,7 @@ TEST_CASE("GossipMixer over a space: a malformed message raises wire_error on it
         codec.bad_rank = 1;
         GossipMixer<Ring, picky_sign, DC> d{dc, Ring(P), kLayout, codec};
         auto x = rank_model(comm.rank(), 5);
-        auto xd = gossip_device_copy(dc.exec(), x);
+        auto xd = device_copy(dc.exec(), x);
         const auto before = gossip_saved(d);
         std::string what;
         bool mixed = false;
@@ -159,7 +159,7 @@ TEST_CASE("GossipMixer over a space: a malformed message raises wire_error on it
         } catch (const wire_error& e) {
           what = e.what();
         }
-        const auto now = gossip_host_copy(dc.exec(), xd.cview());
+        const auto now = host_copy(dc.exec(), xd.cview());
         if (comm.rank() == 1) {
           s.expect(what.find("picky_sign") != std::string::npos && what.find("from rank 0") != std::string::npos,
                    "message: " + what);

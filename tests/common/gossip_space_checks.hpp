@@ -23,26 +23,9 @@
 #include <vector>
 
 #include "gossip_checks.hpp"
+#include "space_copies.hpp"
 
 namespace commpact_test {
-
-//! A host copy of a deferred span (queued, then fenced).
-inline std::vector<float> gossip_host_copy(const commpact::deferred_space::exec& e,
-                                           commpact::deferred_span<const float> s) {
-  std::vector<float> h(s.size());
-  commpact::ops<commpact::deferred_space>::to_host(e, s, std::span<float>(h));
-  commpact::deferred_space::fence(e, commpact::no_deadline());
-  return h;
-}
-//! A deferred buffer holding h.
-inline commpact::deferred_space::buffer<float> gossip_device_copy(const commpact::deferred_space::exec& e,
-                                                                  const std::vector<float>& h) {
-  commpact::deferred_space::buffer<float> b;
-  b.resize(h.size());
-  commpact::ops<commpact::deferred_space>::from_host(e, std::span<const float>(h), b.view());
-  commpact::deferred_space::fence(e, commpact::no_deadline());
-  return b;
-}
 
 template <class M>
 std::vector<std::byte> gossip_saved(const M& m) {
@@ -64,7 +47,7 @@ void gossip_twin_rounds(C& comm, Mode mode, int rounds, verdict& v, const char* 
   GossipMixer<Topo, Mode, C> h{comm, Topo(P), kGossipLayout, mode};
   GossipMixer<Topo, Mode, DC> d{dc, Topo(P), kGossipLayout, mode};
   auto x = rank_model(comm.rank(), 11);
-  auto xd = gossip_device_copy(dc.exec(), x);
+  auto xd = device_copy(dc.exec(), x);
   std::vector<std::pair<const void*, std::size_t>> sig_h, sig_d;
   for (int r = 0; r < rounds; ++r) {
     const bool mh = h.mix(std::span<float>(x));
@@ -73,7 +56,7 @@ void gossip_twin_rounds(C& comm, Mode mode, int rounds, verdict& v, const char* 
     v.expect(dc.exec().q->fences == fences + (r == 0 ? 2 : 1) && dc.exec().pending() == 0, name,
              ": not one fence per mix() at round ", r);
     v.expect(mh && md, name, ": round ", r, " was skipped");
-    v.expect(same_bits(x, gossip_host_copy(dc.exec(), xd.cview())), name, ": round ", r, " differs from host_space");
+    v.expect(same_bits(x, host_copy(dc.exec(), xd.cview())), name, ": round ", r, " differs from host_space");
     if (r == 0) sig_h = h.workspace_signature(), sig_d = d.workspace_signature();
   }
   v.expect(gossip_saved(h) == gossip_saved(d), name, ": the saved states differ");
@@ -120,13 +103,13 @@ void check_gossip_deferred_nonfinite(C& comm) {
     GossipMixer<Ring, Mode, C> h{comm, Ring(P), kGossipLayout, mode, opt};
     GossipMixer<Ring, Mode, DC> d{dc, Ring(P), kGossipLayout, mode, opt};
     auto x = rank_model(comm.rank(), 3);
-    auto xd = gossip_device_copy(dc.exec(), x);
+    auto xd = device_copy(dc.exec(), x);
     h.mix(std::span<float>(x));
     d.mix(xd.view());
     auto y = x;
     if (comm.rank() == bad) y[5] = std::numeric_limits<float>::quiet_NaN();
     const auto y0 = y;
-    auto yd = gossip_device_copy(dc.exec(), y);
+    auto yd = device_copy(dc.exec(), y);
     const auto before_h = gossip_saved(h), before_d = gossip_saved(d);
     const auto stats_d = d.stats();
     std::string what_h, what_d;
@@ -149,7 +132,7 @@ void check_gossip_deferred_nonfinite(C& comm) {
                    std::string::npos,
                name, how, ": message ", what_d);
     v.expect(std::memcmp(y.data(), y0.data(), 4 * y.size()) == 0 &&
-                 same_bits(y, gossip_host_copy(dc.exec(), yd.cview())),
+                 same_bits(y, host_copy(dc.exec(), yd.cview())),
              name, how, ": the model changed");
     v.expect(skip ? d.stats().steps == stats_d.steps + 1 && d.stats().skipped == 1
                   : gossip_saved(d) == before_d && gossip_saved(h) == before_h,
@@ -157,7 +140,7 @@ void check_gossip_deferred_nonfinite(C& comm) {
     v.expect(d.stats().bytes_sent == stats_d.bytes_sent, name, how, ": a failed round counted bytes");
     h.mix(std::span<float>(x));
     d.mix(xd.view());
-    v.expect(same_bits(x, gossip_host_copy(dc.exec(), xd.cview())), name, how, ": the next round differs");
+    v.expect(same_bits(x, host_copy(dc.exec(), xd.cview())), name, how, ": the next round differs");
   };
   for (bool skip : {false, true}) {
     run(exact_mixing{}, skip, "D-PSGD");

@@ -11,6 +11,8 @@
 
 #include <catch2/catch.hpp>
 
+#include "bits.hpp"
+
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -73,10 +75,6 @@ inline std::vector<float> ps_reference(std::size_t n, int W, int T, double momen
     opt(x, sum, ps_lr(t));
   }
   return x;
-}
-
-inline bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
 }
 
 // Runs the worker loop of ps_reference on the parameter server and returns the final

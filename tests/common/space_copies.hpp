@@ -2,6 +2,8 @@
 // vectors and deferred buffers (queued, then fenced).
 #pragma once
 
+#include "bits.hpp"
+
 #include <commpact/kernels/deferred/ops.hpp>
 #include <commpact/space/deferred.hpp>
 
@@ -10,10 +12,6 @@
 #include <vector>
 
 namespace commpact_test {
-
-inline bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
 
 //! A host copy of a deferred span (queued, then fenced).
 inline std::vector<float> host_copy(const commpact::deferred_space::exec& e, commpact::deferred_span<const float> s) {

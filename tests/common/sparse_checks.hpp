@@ -1,4 +1,6 @@
 #pragma once
+
+#include "bits.hpp"
 // Checks of TopK and gTopK written once over any communicator, run from ThreadComm tests
 // (tests/test_compress_gtopk.cpp, tests/test_compress_topk.cpp) and MPI tests
 // (tests/mpi/test_compress_gtopk_mpi.cpp).
@@ -257,10 +259,6 @@ struct ref_gtopk_step {
     return r;
   }
 };
-
-inline bool same_bits(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
-}
 
 inline std::size_t nnz(std::span<const float> v) {
   return static_cast<std::size_t>(std::count_if(v.begin(), v.end(), [](float x) { return x != 0.0f; }));
