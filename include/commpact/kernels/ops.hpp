@@ -22,6 +22,9 @@
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
 //! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
 //! | `tree_local / tree_payload / tree_absorb / tree_scatter / tree_zero_delivered` | gTop-k's data plane (kernels/host/sparse_tree.hpp) |
+//! | `cast_encode<Cast>(e, g, r, codes, cand)` | CastAllreduce: a = g + r (g when r is empty); codes[i] = Cast::to_code(a), cand[i] = a - from_code(codes[i]) (cand may be empty); a non-finite a sends the NaN code 0x7FFF and keeps r[i] (kernels/host/cast.hpp) |
+//! | `cast_add<Cast>(e, in, mine)` | CastAllreduce's ring combine of a chunk: mine[i] = Cast::add(in[i], mine[i]) |
+//! | `cast_decode_mean<Cast>(e, sums, out, P, status)` | when every sums[i] is a finite code: out[i] = mean_of(from_code(sums[i]), P); else status \|= nonfinite and out is untouched |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

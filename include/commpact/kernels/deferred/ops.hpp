@@ -101,6 +101,16 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
 #undef COMMPACT_DEFERRED_OP
+  // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
+#define COMMPACT_DEFERRED_OP_T(name)                                                                       \
+  template <class K, class... A>                                                                           \
+  static void name(const exec& e, A&&... a) {                                                              \
+    detail::deferred::queue(e, [](auto&&... x) { H::template name<K>({}, x...); }, std::forward<A>(a)...); \
+  }
+  COMMPACT_DEFERRED_OP_T(cast_encode)       // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(cast_add)          // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(cast_decode_mean)  // CastAllreduce
+#undef COMMPACT_DEFERRED_OP_T
 };
 
 }  // namespace commpact

@@ -15,6 +15,7 @@
 #include "../../space/host.hpp"
 #include "../ops.hpp"
 #include "../status.hpp"
+#include "cast.hpp"
 #include "commit.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
@@ -111,6 +112,22 @@ struct ops<host_space> {
   static void tree_zero_delivered(exec, span<const sparse_tree_meta> m, span<float> residual, span<float> velocity,
                                   const tree_views& b) {
     host::tree::zero_delivered(m[0], residual, velocity, b);
+  }
+
+  // ---- CastAllreduce (kernels/host/cast.hpp) ----------------------------------------
+  template <class Cast>
+  static void cast_encode(exec, span<const float> g, span<const float> r, span<std::uint16_t> codes,
+                          span<float> cand) {
+    host::cast_encode<Cast>(g, r, codes, cand);
+  }
+  template <class Cast>
+  static void cast_add(exec, span<const std::uint16_t> in, span<std::uint16_t> mine) {
+    host::cast_add<Cast>(in, mine);
+  }
+  template <class Cast>
+  static void cast_decode_mean(exec, span<const std::uint16_t> sums, span<float> out, int P,
+                               span<std::uint32_t> status) {
+    if (!host::cast_decode_mean<Cast>(sums, out, P)) status[0] |= status_nonfinite;
   }
 };
 
