@@ -100,6 +100,14 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_absorb)
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
+  COMMPACT_DEFERRED_OP(oktopk_local)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_frames)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_region_sum)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_mags)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_theta)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_select)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_output)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_clear_selected)  // OkTopK
 #undef COMMPACT_DEFERRED_OP
   // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \
