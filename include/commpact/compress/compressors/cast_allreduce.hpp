@@ -15,7 +15,7 @@
 //! acc = g + residual; h_i = codec.to_code(acc_i) (saturating: |acc_i| above the
 //! format's largest finite value sends that value) and, for a non-finite acc_i, a NaN
 //! code, so that every rank's sum shows it; residual candidate = acc - from_code(h).
-//! The codes are summed by ring_allreduce (comm/ring.hpp) with the codec's `add`: IEEE
+//! The codes are summed by ring_allreduce_spans (comm/ring.hpp) with the codec's `add`: IEEE
 //! addition in the 16-bit type (round to nearest even, overflow to Inf), chunk c in the
 //! ring order c, c + 1, ..., c - 1. Every rank then holds the same sums; a non-finite
 //! sum (NaN input anywhere, or an overflow of the 16-bit sum) takes the non-finite

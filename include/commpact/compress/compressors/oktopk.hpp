@@ -143,7 +143,8 @@ class OkTopK {
     ops<space_type>::oktopk_frames(e, flags ? span<const std::int32_t>{} : lidx_.cview(),
                                    flags ? span<const float>{} : lval_.cview(), dbounds_.cview(), status_.cview(),
                                    flags, static_cast<std::int64_t>(n), static_cast<std::int64_t>(kk), steps_,
-                                   hdr_out_.view(), pay_out());
+                                   hdr_out_.view().first(static_cast<std::size_t>(P) * header),
+                                   flags ? span<std::byte>{} : pay_out());
     phase_ = phase::started;
     try {
       run_exchange(P, me);
