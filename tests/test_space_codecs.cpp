@@ -132,7 +132,7 @@ TEST_CASE("TopK over the deferred space: the result is in grad only after finish
 namespace {
 // A codec that corrupts its message on one rank at one step (for the wire_error path).
 struct corrupting_codec {
-  sign_codec inner;
+  sign_codec inner{};
   int rank = 0, bad_rank = -1;
   std::int64_t step = 0, bad_step = -1;
   void bind_rank(int r) { rank = r; }
@@ -155,7 +155,7 @@ TEST_CASE("CodecCompressor over the deferred space: NaN on one rank and a malfor
   std::vector<int> ok(P, 0);
   run_threads(P, [&](ThreadComm& comm) {
     using D = dev_c<corrupting_codec>;
-    D d{DC{comm}, corrupting_codec{.bad_rank = 2, .bad_step = 2}, {.momentum = 0.5f}};
+    D d{DC{comm}, corrupting_codec{.inner = {}, .bad_rank = 2, .bad_step = 2}, {.momentum = 0.5f}};
     D ref{DC{comm}, corrupting_codec{}, {.momentum = 0.5f}};
     const auto e = d.comm().exec();
     const auto e2 = ref.comm().exec();

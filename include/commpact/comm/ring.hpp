@@ -48,11 +48,16 @@ void ring_step(C& c, int next, int prev, std::span<const std::byte> out, std::sp
 }
 }  // namespace detail
 
-//! Reduces `data` over the ranks of `c` in place with `combine(a, b)` (a from the ring's
-//! earlier ranks); see the file comment for the order and the bytes.
-template <class C, class T, class Combine>
-  requires std::is_trivially_copyable_v<T>
-void ring_allreduce(C& c, std::span<T> data, std::span<T> scratch, Combine combine) {
+//! The ring of ring_allreduce over the spans of any space (host_space, deferred_space,
+//! ...): the same chunks, schedule and bytes, with known-size point-to-point that a
+//! queueing communicator (DeferredComm) queues, and `add(in, mine)` to combine a received
+//! chunk into this rank's (mine = combine(in, mine) element-wise, in from the ring's
+//! earlier ranks): a kernel of the space, queued or run. Over a communicator without
+//! isend/irecv the send is issued before the receive, which needs buffered sends.
+template <class C, class Span, class Add>
+void ring_allreduce_spans(C& c, Span data, Span scratch, Add add) {
+  using std::as_bytes;
+  using std::as_writable_bytes;
   const int P = c.size(), r = c.rank();
   if (P <= 1) return;
   const std::uint64_t n = data.size();
@@ -66,18 +71,31 @@ void ring_allreduce(C& c, std::span<T> data, std::span<T> scratch, Combine combi
   };
   auto chunk = [&](int i) { return data.subspan(offset(i), wire::ring_chunk(n, P, i)); };
   const int next = mod(r + 1), prev = mod(r - 1);
+  auto step = [&](Span out, Span in) {
+    if constexpr (req::has_nonblocking_send_recv<C>) {
+      detail::ring_step(c, next, prev, as_bytes(out), as_writable_bytes(in));
+    } else {
+      send_known(c, next, as_bytes(out));
+      recv_known(c, prev, as_writable_bytes(in));
+    }
+  };
   for (int s = 0; s < P - 1; ++s) {
-    const auto out = chunk(mod(r - s));
     const auto mine = chunk(mod(r - s - 1));
     const auto in = scratch.first(mine.size());
-    detail::ring_step(c, next, prev, std::as_bytes(out), std::as_writable_bytes(in));
+    step(chunk(mod(r - s)), in);
+    add(in, mine);
+  }
+  for (int s = 0; s < P - 1; ++s) step(chunk(mod(r + 1 - s)), chunk(mod(r - s)));
+}
+
+//! Reduces `data` over the ranks of `c` in place with `combine(a, b)` (a from the ring's
+//! earlier ranks); see the file comment for the order and the bytes.
+template <class C, class T, class Combine>
+  requires std::is_trivially_copyable_v<T>
+void ring_allreduce(C& c, std::span<T> data, std::span<T> scratch, Combine combine) {
+  ring_allreduce_spans(c, data, scratch, [&](std::span<T> in, std::span<T> mine) {
     for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = combine(in[i], mine[i]);
-  }
-  for (int s = 0; s < P - 1; ++s) {
-    const auto out = chunk(mod(r + 1 - s));
-    const auto in = chunk(mod(r - s));
-    detail::ring_step(c, next, prev, std::as_bytes(out), std::as_writable_bytes(in));
-  }
+  });
 }
 
 }  // namespace commpact

@@ -36,6 +36,17 @@
 //! | `gossip_pack(e, x, msg)` | GossipMixer: msg = the 4n bytes of x |
 //! | `gossip_mix(e, x, recv, w, w_self, acc, words)` | GossipMixer (D-PSGD): when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the k-th 4n bytes of recv, k ascending |
 //! | `choco_update(e, x, hat, q, hat_nb, q_nb, w, gamma, acc, words)` | GossipMixer (CHOCO): when words[0] = words[2] = 0, hat += q, hat_nb += q_nb, then x = float(x + gamma sum_k w[k] (hat_nb[k] - hat)) in double |
+//! | `cast_encode<Cast>(e, g, r, codes, cand)` | CastAllreduce: a = g + r (g when r is empty); codes[i] = Cast::to_code(a), cand[i] = a - from_code(codes[i]) (cand may be empty); a non-finite a sends the NaN code 0x7FFF and keeps r[i] (kernels/host/cast.hpp) |
+//! | `cast_add<Cast>(e, in, mine)` | CastAllreduce's ring combine of a chunk: mine[i] = Cast::add(in[i], mine[i]) |
+//! | `cast_decode_mean<Cast>(e, sums, out, P, status)` | when every sums[i] is a finite code: out[i] = mean_of(from_code(sums[i]), P); else status \|= nonfinite and out is untouched |
+//! | `oktopk_local(e, acc, k, status, idx, val, ws)` | OkTopK: topk_abs(acc, k, idx, val) unless status shows a non-finite acc (kernels/host/oktopk.hpp, like every oktopk_ row) |
+//! | `oktopk_frames(e, idx, val, bounds, status, flags, n, k, step, hdr, pay)` | OkTopK: the reduce-scatter frame of every region: 40-byte header (magic, flags, count, n, k, step) and count indices then values; flagged frames are empty |
+//! | `oktopk_region_sum(e, hdr_out, pay_out, hdr_in, pay_in, me, lo, hi, reg, touched, status)` | OkTopK: checks the peers' entries (else status \|= wire), then reg = the region's sums in rank order, touched where sent |
+//! | `oktopk_mags(e, reg, touched, mags, ws)` | OkTopK: the mags.size() largest \|sum\| of the region, descending, zero-padded |
+//! | `oktopk_theta(e, all, k, theta)` | OkTopK: theta[0] = the k-th largest of all |
+//! | `oktopk_select(e, reg, touched, theta, lo, me, block, ws)` | OkTopK: this region's allgather block: nonzero sums with \|sum\| >= theta, at most cap (the largest, ties to the smaller index), ascending |
+//! | `oktopk_output(e, blocks, bounds, me, grad, status)` | OkTopK: checks the other blocks (else status \|= wire, grad untouched), then grad = 0 except mean_of(sum, P) at every selected index |
+//! | `oktopk_clear_selected(e, acc, idx, blocks, bounds, status, next)` | OkTopK: acc[idx[e]] = 0 where idx[e] was selected; next = the regions rebalanced by the selection |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

@@ -111,6 +111,19 @@ struct deferred_access {
   }
 };
 
+//! The bytes of a deferred span, still in the deferred space (for known-size
+//! point-to-point of typed buffers; found by argument-dependent lookup, as std::as_bytes
+//! is for std::span).
+template <class T>
+deferred_span<const std::byte> as_bytes(deferred_span<T> s) {
+  return deferred_access::wrap(std::as_bytes(deferred_access::host(s)));
+}
+template <class T>
+  requires(!std::is_const_v<T>)
+deferred_span<std::byte> as_writable_bytes(deferred_span<T> s) {
+  return deferred_access::wrap(std::as_writable_bytes(deferred_access::host(s)));
+}
+
 //! Grow-only device storage of the deferred space. New storage is poisoned (NaN bits
 //! for floats, 0xA5 bytes otherwise), so a kernel that reads what nobody wrote shows.
 template <class T>

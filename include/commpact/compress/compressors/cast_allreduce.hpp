@@ -15,7 +15,7 @@
 //! acc = g + residual; h_i = codec.to_code(acc_i) (saturating: |acc_i| above the
 //! format's largest finite value sends that value) and, for a non-finite acc_i, a NaN
 //! code, so that every rank's sum shows it; residual candidate = acc - from_code(h).
-//! The codes are summed by ring_allreduce (comm/ring.hpp) with the codec's `add`: IEEE
+//! The codes are summed by ring_allreduce_spans (comm/ring.hpp) with the codec's `add`: IEEE
 //! addition in the 16-bit type (round to nearest even, overflow to Inf), chunk c in the
 //! ring order c, c + 1, ..., c - 1. Every rank then holds the same sums; a non-finite
 //! sum (NaN input anywhere, or an overflow of the 16-bit sum) takes the non-finite
@@ -29,10 +29,15 @@
 //! Dense's ring allreduce of n floats; 2 (P - 1) messages. The first step (and a length
 //! change, on every rank) agrees on n and the format with one small allreduce of int64.
 //!
-//! Two-phase like Dense: `start(grad)` encodes and reduces (grad untouched),
-//! `finish()` checks the sums and writes grad, `commit()` keeps the residual and counts
-//! the step, `cancel()` drops it. Host space only (the CUDA space's issue adds the
-//! device cast kernels and NCCL's native half sum).
+//! Space (v3): every step runs in the communicator's space (host_space for ThreadComm
+//! and MpiComm, deferred_space for DeferredComm<C>) through rows of ops<Space>: the cast
+//! with error feedback (cast_encode), the ring's per-chunk add (cast_add, after each
+//! known-size transfer of comm/ring.hpp's ring_allreduce_spans) and the decode into the
+//! mean (cast_decode_mean, which reports a non-finite sum in the step status). Two-phase
+//! like Dense: `start(grad)` queues the encode and the ring (grad untouched),
+//! `finish()` queues the decode into grad, fences once and reads the status (grad
+//! untouched on a raise), `commit()` keeps the residual (a swap) and counts the step,
+//! `cancel()` drops it. `reduce` = start + finish + commit.
 
 #include <algorithm>
 #include <cmath>
@@ -50,7 +55,8 @@
 #include "../../comm/ring.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
-#include "../../kernels/mean.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
 #include "../../state.hpp"
 #include "../codecs/casts.hpp"
 #include "../codecs/sparse_options.hpp"
@@ -82,80 +88,77 @@ class CastAllreduce {
   static_assert(diagnose_communicator<Comm>());
   static_assert(req::cast_codec<Cast>, "commpact::CastAllreduce: the codec must be a 16-bit cast (fp16_codec or "
                                        "bf16_codec): static to_code, from_code, finite_code and add.");
-  static_assert(std::is_same_v<comm_space_t<Comm>, host_space>,
-                "commpact::CastAllreduce runs on host memory (ThreadComm, MpiComm); its device form is part of the "
-                "CUDA space.");
 
  public:
   using options = cast_allreduce_options;
-  using space_type = host_space;
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
 
   explicit CastAllreduce(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {}
 
   //! Averages grad over the ranks in place. Returns false when the step was skipped.
-  bool reduce(std::span<float> grad) {
-    start(grad);
-    bool ok = false;
-    try {
-      ok = finish();
-    } catch (...) {
-      cancel();
-      throw;
-    }
-    commit();
-    return ok;
-  }
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
-  //! Encodes grad (plus the residual) and sums the codes over the ranks; grad is
-  //! untouched until finish().
-  void start(std::span<float> grad) {
+  //! Queues the encode of grad (plus the residual) and the sum of the codes over the
+  //! ranks (host_space: runs them); grad is untouched until finish().
+  void start(span<float> grad) {
     phase_.require_idle(who);
     const auto n = static_cast<std::int64_t>(grad.size());
+    const auto e = exec();
     if (n != checked_size_) {
       const auto problem = detail::length_problem(who, n, static_cast<std::int64_t>(residual_.size()));
       agree(comm_, who, {{"the gradient length", n}, {"the 16-bit format (fp16 1, bf16 2)", format_id()}}, problem,
             steps_);
       checked_size_ = n;
-      if (opt_.error_feedback && residual_.empty()) residual_.assign(grad.size(), 0.0f);
+      if (opt_.error_feedback && residual_.empty()) {
+        residual_.resize(grad.size());
+        ops<space_type>::fill(e, residual_.view(), 0.0f);
+      }
     }
     const std::size_t N = grad.size();
     codes_.resize(N);
     if (opt_.error_feedback) candidate_.resize(N);
     scratch_.resize(wire::ring_chunk(N, comm_.size(), 0));
-    for (std::size_t i = 0; i < N; ++i) {
-      const float a = opt_.error_feedback ? grad[i] + residual_[i] : grad[i];
-      if (!std::isfinite(a)) {
-        codes_[i] = nan_code;
-        if (opt_.error_feedback) candidate_[i] = residual_[i];
-        continue;
-      }
-      codes_[i] = Cast::to_code(a);
-      if (opt_.error_feedback) candidate_[i] = a - Cast::from_code(codes_[i]);
-    }
-    ring_allreduce(comm_, std::span<std::uint16_t>(codes_), std::span<std::uint16_t>(scratch_),
-                   [](std::uint16_t a, std::uint16_t b) { return Cast::add(a, b); });
-    grad_ = grad;
+    status_.resize(1);
+    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), residual_.cview(), codes_.view(),
+                                                candidate_.view());
     phase_ = phase::started;
+    try {
+      ring_allreduce_spans(comm_, codes_.view(), scratch_.view(), [&](span<std::uint16_t> in, span<std::uint16_t> mine) {
+        ops<space_type>::template cast_add<Cast>(e, span<const std::uint16_t>(in), mine);
+      });
+    } catch (...) {
+      cancel();
+      throw;
+    }
+    grad_ = grad;
   }
 
-  //! Raises numeric_error on every rank for a non-finite sum (grad untouched), or under
-  //! skip_step zeroes grad and returns false; otherwise writes the mean into grad.
+  //! Queues the decode of the sums into grad, fences once, then raises numeric_error on
+  //! every rank for a non-finite sum (grad untouched), or under skip_step zeroes grad
+  //! and returns false.
   bool finish() {
     phase_.require_started(who);
+    const auto e = exec();
+    try {
+      ops<space_type>::template cast_decode_mean<Cast>(e, codes_.cview(), grad_, comm_.size(), status_.view());
+      ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+      space_type::fence(e, no_deadline());
+    } catch (...) {
+      phase_ = phase::idle;
+      throw;
+    }
     phase_ = phase::idle;
-    std::size_t bad = codes_.size();
-    for (std::size_t i = 0; i < codes_.size(); ++i)
-      if (!Cast::finite_code(codes_[i])) {
-        bad = i;
-        break;
-      }
-    skipped_step_ = bad != codes_.size();
+    skipped_step_ = (status_host_ & status_nonfinite) != 0;
     if (skipped_step_) {
-      if (opt_.on_nonfinite == nonfinite::raise) detail::raise_nonfinite(who, "summed gradient", bad, steps_);
-      std::fill(grad_.begin(), grad_.end(), 0.0f);
-    } else {
-      const int P = comm_.size();
-      for (std::size_t i = 0; i < codes_.size(); ++i) grad_[i] = mean_of(Cast::from_code(codes_[i]), P);
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite(who, "summed gradient", static_cast<std::size_t>(-1), steps_);
+      ops<space_type>::fill(e, grad_, 0.0f);
+      space_type::fence(e, no_deadline());
     }
     phase_ = phase::finished;
     return !skipped_step_;
@@ -164,25 +167,32 @@ class CastAllreduce {
   //! Keeps the residual of a delivered step and counts the step.
   void commit() {
     phase_.require_finished(who);
-    if (!skipped_step_ && opt_.error_feedback) std::swap(residual_, candidate_);
+    if (!skipped_step_ && opt_.error_feedback) residual_.swap(candidate_);
     ++steps_;
     if (skipped_step_) ++skipped_;
     phase_ = phase::idle;
   }
 
-  //! Drops a started or finished step: the residual and counters stay as before it.
-  void cancel() noexcept { phase_ = phase::idle; }
+  //! Drops a started or finished step: the residual and counters stay as before it
+  //! (queued work is completed first).
+  void cancel() noexcept {
+    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
+  }
 
   void save_state(std::vector<std::byte>& out) const {
+    require(phase_ == phase::idle, "commpact::CastAllreduce::save_state: a step is in flight; finish and commit it "
+                                   "first.");
     state::writer w{out, kind};
     state::write_counters(w, steps_, skipped_);
-    w.f32s(2, residual_);
+    w.f32s(2, to_host(residual_));
     w.finish();
   }
 
   //! Restores what save_state wrote; raises and changes nothing on a malformed state (a
   //! residual of another length than the next gradient is rejected at that step).
   void load_state(std::span<const std::byte> in) {
+    require(phase_ == phase::idle, "commpact::CastAllreduce::load_state: a step is in flight; finish and commit it "
+                                   "first.");
     state::reader r{in, kind, who};
     const auto [s, k] = state::read_counters(r);
     auto res = r.f32s(2);
@@ -191,7 +201,10 @@ class CastAllreduce {
     r.done();
     steps_ = s;
     skipped_ = k;
-    residual_ = std::move(res);
+    residual_.clear();
+    residual_.resize(res.size());
+    ops<space_type>::from_host(exec(), std::span<const float>(res), residual_.view());
+    space_type::fence(exec(), no_deadline());
     checked_size_ = -1;
   }
 
@@ -202,27 +215,46 @@ class CastAllreduce {
     checked_size_ = -1;
   }
 
-  std::span<const float> residual() const { return residual_; }
+  //! The residual, in the space's memory.
+  span<const float> residual() const { return residual_.view(); }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   Comm& comm() { return comm_; }
+
+  //! Address and capacity of every internal buffer, sorted, to check that steps after the
+  //! first allocate nothing (tests compare it across steps).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    auto add = [&](const auto& b) { s.emplace_back(b.data(), b.capacity()); };
+    add(residual_), add(candidate_), add(codes_), add(scratch_), add(status_);
+    std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
+    return s;
+  }
 
  private:
   using phase = detail::step_phase;
   static constexpr const char* who = "CastAllreduce";
   static constexpr std::string_view kind = "commpact.CastAllreduce";
-  static constexpr std::uint16_t nan_code = 0x7FFFu;  // a NaN in fp16 and bf16 alike
   static std::int64_t format_id() {
     if constexpr (std::is_same_v<Cast, fp16_codec>) return 1;
     else if constexpr (std::is_same_v<Cast, bf16_codec>) return 2;
     else return 3;
   }
+  auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
+  std::vector<float> to_host(const buffer<float>& b) const {
+    std::vector<float> h(b.size());
+    ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));
+    space_type::fence(exec(), no_deadline());
+    return h;
+  }
 
   Comm comm_;
   options opt_;
-  std::vector<float> residual_, candidate_;
-  std::vector<std::uint16_t> codes_, scratch_;
-  std::span<float> grad_{};
+  buffer<float> residual_, candidate_;
+  buffer<std::uint16_t> codes_, scratch_;
+  buffer<std::uint32_t> status_;
+  std::uint32_t status_host_ = 0;
+  span<float> grad_{};
   phase phase_;
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;

@@ -117,7 +117,25 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(gossip_pack)
   COMMPACT_DEFERRED_OP(gossip_mix)
   COMMPACT_DEFERRED_OP(choco_update)
+  COMMPACT_DEFERRED_OP(oktopk_local)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_frames)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_region_sum)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_mags)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_theta)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_select)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_output)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_clear_selected)  // OkTopK
 #undef COMMPACT_DEFERRED_OP
+  // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
+#define COMMPACT_DEFERRED_OP_T(name)                                                                       \
+  template <class K, class... A>                                                                           \
+  static void name(const exec& e, A&&... a) {                                                              \
+    detail::deferred::queue(e, [](auto&&... x) { H::template name<K>({}, x...); }, std::forward<A>(a)...); \
+  }
+  COMMPACT_DEFERRED_OP_T(cast_encode)       // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(cast_add)          // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(cast_decode_mean)  // CastAllreduce
+#undef COMMPACT_DEFERRED_OP_T
 };
 
 }  // namespace commpact

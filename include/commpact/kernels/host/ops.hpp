@@ -15,11 +15,13 @@
 #include "../../space/host.hpp"
 #include "../ops.hpp"
 #include "../status.hpp"
+#include "cast.hpp"
 #include "commit.hpp"
 #include "sgd.hpp"
 #include "lowrank.hpp"
 #include "orthogonalize.hpp"
 #include "gossip.hpp"
+#include "oktopk.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -171,6 +173,60 @@ struct ops<host_space> {
                            span<const float> q_nb, span<const double> w, double gamma, span<double> acc,
                            span<const std::int64_t> words) {
     host::gossip::choco_update(x, hat_self, q_self, hat_nb, q_nb, w, gamma, acc, words);
+  }
+
+  // ---- CastAllreduce (kernels/host/cast.hpp) ----------------------------------------
+  template <class Cast>
+  static void cast_encode(exec, span<const float> g, span<const float> r, span<std::uint16_t> codes,
+                          span<float> cand) {
+    host::cast_encode<Cast>(g, r, codes, cand);
+  }
+  template <class Cast>
+  static void cast_add(exec, span<const std::uint16_t> in, span<std::uint16_t> mine) {
+    host::cast_add<Cast>(in, mine);
+  }
+  template <class Cast>
+  static void cast_decode_mean(exec, span<const std::uint16_t> sums, span<float> out, int P,
+                               span<std::uint32_t> status) {
+    if (!host::cast_decode_mean<Cast>(sums, out, P)) status[0] |= status_nonfinite;
+  }
+
+  // ---- OkTopK (kernels/host/oktopk.hpp) ------------------------------------------------
+  static void oktopk_local(exec, span<const float> acc, std::size_t k, span<const std::uint32_t> status,
+                           span<std::int32_t> idx, span<float> val, host::topk_workspace& ws) {
+    host::oktopk::local(acc, k, status, idx, val, ws);
+  }
+  static void oktopk_frames(exec, span<const std::int32_t> idx, span<const float> val,
+                            span<const std::int64_t> bounds, span<const std::uint32_t> status, std::uint32_t flags,
+                            std::int64_t n, std::int64_t k, std::int64_t step, span<std::byte> hdr,
+                            span<std::byte> pay) {
+    host::oktopk::frames(idx, val, bounds, status, flags, n, k, step, hdr, pay);
+  }
+  static void oktopk_region_sum(exec, span<const std::byte> hdr_out, span<const std::byte> pay_out,
+                                span<const std::byte> hdr_in, span<const std::byte> pay_in, int me, std::int64_t lo,
+                                std::int64_t hi, span<float> reg, span<std::uint8_t> touched,
+                                span<std::uint32_t> status) {
+    host::oktopk::region_sum(hdr_out, pay_out, hdr_in, pay_in, me, lo, hi, reg, touched, status);
+  }
+  static void oktopk_mags(exec, span<const float> reg, span<const std::uint8_t> touched, span<float> mags,
+                          span<float> ws) {
+    host::oktopk::mags(reg, touched, mags, ws);
+  }
+  static void oktopk_theta(exec, span<float> all, std::size_t k, span<float> theta) {
+    host::oktopk::theta(all, k, theta);
+  }
+  static void oktopk_select(exec, span<const float> reg, span<const std::uint8_t> touched, span<const float> theta,
+                            std::int64_t lo, int me, span<std::byte> block, span<std::int32_t> ws) {
+    host::oktopk::select(reg, touched, theta, lo, me, block, ws);
+  }
+  static void oktopk_output(exec, span<const std::byte> blocks, span<const std::int64_t> bounds, int me,
+                            span<float> grad, span<std::uint32_t> status) {
+    host::oktopk::output(blocks, bounds, me, grad, status);
+  }
+  static void oktopk_clear_selected(exec, span<float> acc, span<const std::int32_t> idx, span<const std::byte> blocks,
+                                    span<const std::int64_t> bounds, span<const std::uint32_t> status,
+                                    span<std::int64_t> next) {
+    host::oktopk::clear_selected(acc, idx, blocks, bounds, status, next);
   }
 };
 

@@ -1,0 +1,59 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file cast.hpp
+//! The host kernels of CastAllreduce (compress/compressors/cast_allreduce.hpp): the 16-bit
+//! cast with error feedback, the per-chunk add of the ring, and the decode of the sums
+//! into the mean. `Cast` is a 16-bit cast codec (fp16_codec, bf16_codec): static
+//! to_code, from_code, finite_code and add. The rows cast_encode, cast_add and
+//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them.
+
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include "../mean.hpp"
+
+namespace commpact::host {
+
+//! The code that makes every rank's sum non-finite: a NaN in fp16 and bf16 alike.
+inline constexpr std::uint16_t cast_nan_code = 0x7FFFu;
+
+//! a = g + r (g when r is empty: no error feedback); codes[i] = Cast::to_code(a) and
+//! cand[i] = a - from_code(codes[i]) (when cand is not empty); a non-finite a sends
+//! cast_nan_code and keeps r[i] as its candidate.
+template <class Cast>
+void cast_encode(std::span<const float> g, std::span<const float> r, std::span<std::uint16_t> codes,
+                 std::span<float> cand) {
+  const bool ef = !r.empty();
+  const std::size_t n = g.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = ef ? g[i] + r[i] : g[i];
+    if (!std::isfinite(a)) {
+      codes[i] = cast_nan_code;
+      if (!cand.empty()) cand[i] = r[i];
+      continue;
+    }
+    codes[i] = Cast::to_code(a);
+    if (!cand.empty()) cand[i] = a - Cast::from_code(codes[i]);
+  }
+}
+
+//! The ring's combine of one chunk: mine[i] = Cast::add(in[i], mine[i]) (in from the
+//! ring's earlier ranks).
+template <class Cast>
+void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
+  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
+}
+
+//! When every sums[i] is finite: out[i] = mean_of(from_code(sums[i]), P) and true; else
+//! out is untouched and false.
+template <class Cast>
+bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
+  for (std::size_t i = 0; i < sums.size(); ++i)
+    if (!Cast::finite_code(sums[i])) return false;
+  for (std::size_t i = 0; i < sums.size(); ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);
+  return true;
+}
+
+}  // namespace commpact::host
