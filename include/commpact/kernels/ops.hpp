@@ -22,6 +22,11 @@
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
 //! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
 //! | `tree_local / tree_payload / tree_absorb / tree_scatter / tree_zero_delivered` | gTop-k's data plane (kernels/host/sparse_tree.hpp) |
+//! | `linear_encode(e, codec, acc, block, status)` | LinearCompressor: block[0, m) = A acc (the LinearCodec's compress) and block[m] = 0; when status holds nonfinite, block = 0 and block[m] = 1 |
+//! | `linear_decode(e, codec, block, out, P, status)` | Allreduce<C>: when block[m] = 0, block[j] = mean_of(block[j], P) for j < m and out = B block[0, m) (zeroed first); else status \|= nonfinite, out untouched |
+//! | `linear_feedback(e, codec, acc, approx, dense)` | LinearCompressor: acc -= B A acc (the delivered indices zeroed, or through approx (m) and dense (n)) |
+//! | `signum_update(e, next, m, g, beta, status)` | MajorityVote: next = beta m + (1 - beta) g (g when m is empty); status \|= nonfinite when a value is not finite |
+//! | `sign_vote(e, blocks, block_floats, scaled, out, status)` | Vote<C>: every block's sign payload checked (else status \|= wire, out untouched), then out[i] = s sign(sum_r sign_r[i]), s the mean scale or 1 (kernels/host/linear_vote.hpp) |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

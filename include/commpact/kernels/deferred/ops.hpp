@@ -100,6 +100,12 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(tree_absorb)
   COMMPACT_DEFERRED_OP(tree_scatter)
   COMMPACT_DEFERRED_OP(tree_zero_delivered)
+  // LinearCompressor (Allreduce<C>) and MajorityVote (Vote<C>)
+  COMMPACT_DEFERRED_OP(linear_encode)
+  COMMPACT_DEFERRED_OP(linear_decode)
+  COMMPACT_DEFERRED_OP(linear_feedback)
+  COMMPACT_DEFERRED_OP(signum_update)
+  COMMPACT_DEFERRED_OP(sign_vote)
 #undef COMMPACT_DEFERRED_OP
 };
 

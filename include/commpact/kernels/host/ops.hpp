@@ -16,6 +16,7 @@
 #include "../ops.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
+#include "linear_vote.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -111,6 +112,30 @@ struct ops<host_space> {
   static void tree_zero_delivered(exec, span<const sparse_tree_meta> m, span<float> residual, span<float> velocity,
                                   const tree_views& b) {
     host::tree::zero_delivered(m[0], residual, velocity, b);
+  }
+
+  // ---- LinearCompressor (Allreduce<C>) and MajorityVote (Vote<C>): kernels/host/linear_vote.hpp
+  template <class K>
+  static void linear_encode(exec, K& codec, span<const float> acc, span<float> block,
+                            span<const std::uint32_t> status) {
+    host::linear_encode(codec, acc, block, status);
+  }
+  template <class K>
+  static void linear_decode(exec, const K& codec, span<float> block, span<float> out, int P,
+                            span<std::uint32_t> status) {
+    host::linear_decode(codec, block, out, P, status);
+  }
+  template <class K>
+  static void linear_feedback(exec, K& codec, span<float> acc, span<float> approx, span<float> dense) {
+    host::linear_feedback(codec, acc, approx, dense);
+  }
+  static void signum_update(exec, span<float> next, span<const float> m, span<const float> g, float beta,
+                            span<std::uint32_t> status) {
+    host::signum_update(next, m, g, beta, status);
+  }
+  static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
+                        span<std::uint32_t> status) {
+    host::sign_vote(blocks, block_floats, scaled, out, status);
   }
 };
 
