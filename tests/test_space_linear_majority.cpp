@@ -56,7 +56,77 @@ struct corrupting_comm : ThreadComm {
   }
   int bad_rank, bad_call, calls = 0;
 };
+
+// A LinearCodec that is not a projection (no delivered()): A sums pairs, B spreads half of
+// each sum back to both, so error feedback keeps acc - B A acc through linear_feedback's
+// approx and dense buffers.
+struct pair_codec {
+  std::size_t size(std::size_t n) const { return (n + 1) / 2; }
+  void compress(std::span<const float> v, std::span<float> out) {
+    for (std::size_t j = 0; j < out.size(); ++j) out[j] = v[2 * j] + (2 * j + 1 < v.size() ? v[2 * j + 1] : 0.0f);
+  }
+  void decompress_add(std::span<const float> in, std::span<float> acc) const {
+    for (std::size_t j = 0; j < in.size(); ++j) {
+      acc[2 * j] += 0.5f * in[j];
+      if (2 * j + 1 < acc.size()) acc[2 * j + 1] += 0.5f * in[j];
+    }
+  }
+};
+static_assert(LinearCodec<pair_codec>);
 }  // namespace
+
+TEST_CASE("LinearCompressor<user codec without delivered()>: host and deferred alike; the reference mean and "
+          "residual",
+          "[space][linear]") {
+  const int P = GENERATE(1, 2, 3, 5);
+  const std::size_t n = 101;  // odd: the last pair has one value
+  const int steps = 3;
+  CAPTURE(P);
+  auto grad = [](int s, int r) { return normal(500 * s + r, n); };
+  std::vector<std::vector<vec>> out(P);
+  std::vector<vec> res(P);
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    LinearCompressor<pair_codec, ThreadComm> h{comm};
+    LinearCompressor<pair_codec, DC> d{DC{comm}};
+    const auto e = d.comm().exec();
+    bool good = true;
+    for (int s = 0; s < steps; ++s) {
+      auto g = grad(s, comm.rank());
+      auto dg = device_copy(e, g);
+      good = good && h.reduce(std::span<float>(g)) && d.reduce(dg.view());
+      good = good && same_bits(g, host_copy(e, dg.cview())) && same_bits(h.residual(), host_copy(e, d.residual()));
+      out[comm.rank()].push_back(g);
+    }
+    res[comm.rank()].assign(h.residual().begin(), h.residual().end());
+    ok[comm.rank()] = good;
+  });
+  for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+  // Reference: acc = e + g; the mean of A acc over the ranks, spread by B; e = acc - B A acc.
+  pair_codec k;
+  const std::size_t m = k.size(n);
+  std::vector<vec> e(P, vec(n, 0.0f));
+  for (int s = 0; s < steps; ++s) {
+    vec sum(m, 0.0f);
+    for (int r = 0; r < P; ++r) {
+      const vec g = grad(s, r);
+      vec acc(n), c(m), dense(n, 0.0f);
+      for (std::size_t i = 0; i < n; ++i) acc[i] = e[r][i] + g[i];
+      k.compress(acc, c);
+      for (std::size_t j = 0; j < m; ++j) sum[j] += c[j];
+      k.decompress_add(c, dense);
+      for (std::size_t i = 0; i < n; ++i) e[r][i] = acc[i] - dense[i];
+    }
+    vec mean(n, 0.0f), mc(m);
+    for (std::size_t j = 0; j < m; ++j) mc[j] = sum[j] / float(P);
+    k.decompress_add(mc, mean);
+    for (int r = 0; r < P; ++r) {
+      CHECK(same_bits(out[r][s], out[0][s]));  // the same bits on every rank
+      for (std::size_t i = 0; i < n; ++i) CHECK(out[r][s][i] == Approx(mean[i]).margin(1e-5));
+    }
+  }
+  for (int r = 0; r < P; ++r) CHECK(same_bits(res[r], e[r]));  // the residual is local: exact
+}
 
 TEST_CASE("LinearCompressor<randomk_codec> over the deferred space equals host_space bit for bit",
           "[space][linear]") {

@@ -64,7 +64,8 @@ struct codec_options {
 };
 
 //! Codec + aggregation + error feedback = a Compressor. `Codec` is any type modelling
-//! the Codec concept; `Aggregation` any type modelling Aggregation (Allgather<C>). The
+//! the Codec concept; `Aggregation` any type modelling BlockAggregation (Allgather<C>:
+//! every rank's frame header is read through received(); combine decodes). The
 //! step runs in the aggregation's space (that of its communicator): host_space runs it
 //! at once, deferred_space queues it until the fences of finish() (two: after the
 //! exchange, for the headers; after the decode, for the status).
