@@ -41,6 +41,7 @@
 #include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
+#include "../../space/copies.hpp"
 #include "../../state.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
@@ -323,17 +324,10 @@ class CodecCompressor {
   }
 
   std::vector<float> to_host(const buffer<float>& b, std::int64_t n) const {
-    std::vector<float> h(static_cast<std::size_t>(n));
-    if (n == 0) return h;
-    ops<space_type>::to_host(exec(), b.cview().first(h.size()), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
-    return h;
+    return copy_to_host<space_type>(exec(), b.cview().first(static_cast<std::size_t>(n)));
   }
   void from_host(const std::vector<float>& h, buffer<float>& b) {
-    b.resize(h.size());
-    if (h.empty()) return;
-    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
-    space_type::fence(exec(), no_deadline());
+    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
   Aggregation agg_;

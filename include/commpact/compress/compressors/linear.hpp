@@ -49,6 +49,7 @@
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
 #include "../../nonfinite.hpp"
+#include "../../space/copies.hpp"
 #include "../../state.hpp"
 #include "../aggregations/allreduce.hpp"
 #include "../codecs/randomk.hpp"
@@ -171,7 +172,7 @@ class LinearCompressor {
     require(phase_ == phase::idle, "commpact::", name_, "::save_state: a step is in flight; finish and commit it first.");
     state::writer w{out, "commpact." + name_};
     state::write_counters(w, steps_, skipped_);
-    w.f32s(10, to_host(residual_, ef_n_));
+    w.f32s(10, copy_to_host<space_type>(exec(), residual()));
     w.f32s(11, std::vector<float>{});
     w.finish();
   }
@@ -184,8 +185,7 @@ class LinearCompressor {
     require(keeps_residual() || ef.size() == 0, "commpact::", name_, "::load_state: the state holds a residual of ",
             ef.size(), " values, but this codec runs without error feedback (scaled random-k keeps none); load it "
             "into a compressor whose codec keeps a residual (unscaled random-k), or start this one without a state.");
-    const auto r = ef.residual();
-    from_host(std::vector<float>(r.begin(), r.end()), residual_);
+    copy_from_host<space_type>(exec(), ef.residual(), residual_);
     ef_n_ = ef.size();
     steps_ = steps, skipped_ = skipped;
     agreed_ = false;
@@ -225,20 +225,6 @@ class LinearCompressor {
   enum class outcome { delivered, skipped };
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
-
-  std::vector<float> to_host(const buffer<float>& b, std::int64_t n) const {
-    std::vector<float> h(static_cast<std::size_t>(n));
-    if (n == 0) return h;
-    ops<space_type>::to_host(exec(), b.cview().first(h.size()), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
-    return h;
-  }
-  void from_host(const std::vector<float>& h, buffer<float>& b) {
-    b.resize(h.size());
-    if (h.empty()) return;
-    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
-    space_type::fence(exec(), no_deadline());
-  }
 
   aggregation_type agg_;
   K codec_;

@@ -44,6 +44,7 @@
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
 #include "../../nonfinite.hpp"
+#include "../../space/copies.hpp"
 #include "../../state.hpp"
 #include "../aggregations/vote.hpp"
 #include "../codec_kernels.hpp"
@@ -195,11 +196,7 @@ class MajorityVote {
   //! Saves the counters and Signum's momentum (state.hpp, kind "commpact.MajorityVote").
   void save_state(std::vector<std::byte>& out) const {
     require(phase_ == phase::idle, "commpact::MajorityVote::save_state: a step is in flight; finish and commit it first.");
-    std::vector<float> m(m_n_);
-    if (m_n_ > 0) {
-      ops<space_type>::to_host(exec(), m_.cview().first(m_n_), std::span<float>(m));
-      space_type::fence(exec(), no_deadline());
-    }
+    const std::vector<float> m = copy_to_host<space_type>(exec(), momentum());
     state::writer w{out, "commpact.MajorityVote"};
     state::write_counters(w, steps_, skipped_);
     w.f32s(10, m);
@@ -212,11 +209,7 @@ class MajorityVote {
     const auto [s, k] = state::read_counters(r);
     auto m = r.f32s(10);
     r.done();
-    m_.resize(m.size());
-    if (!m.empty()) {
-      ops<space_type>::from_host(exec(), std::span<const float>(m), m_.view());
-      space_type::fence(exec(), no_deadline());
-    }
+    copy_from_host<space_type>(exec(), std::span<const float>(m), m_);
     m_n_ = m.size(), steps_ = s, skipped_ = k, agreed_ = false;
   }
 

@@ -18,7 +18,6 @@
 #include <cstring>
 #include <span>
 
-#include "../../concepts/codec.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
