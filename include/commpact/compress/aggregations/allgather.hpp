@@ -5,16 +5,27 @@
 //! ring allgather of C). `CodecCompressor<Codec, Allgather<C>>` (compressors/codec_compressor.hpp)
 //! composes it with any Codec and error feedback; the blocks carry the frame of frame.hpp.
 //!
+//! combine(codec, out, status) decodes every block's payload in rank order into a zeroed
+//! sum (the same float additions on every rank) and writes the mean into out when every
+//! sum value is finite (else status_nonfinite, out untouched). The headers are the
+//! compressor's to check first (frame::check_headers on received()); a payload the
+//! codec finds malformed raises wire_error from the codec's decode_add (out of the
+//! fence on the deferred space), before out changes.
+//!
 //! Bytes per rank per step: (P - 1) * capacity, capacity = 48 + max_encoded_bytes(n)
 //! rounded up to 4. For top-k: (P - 1) * (48 + 8k).
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "../../comm/known_size.hpp"
 #include "../../concepts.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../codec_kernels.hpp"
 
 namespace commpact {
 
@@ -48,6 +59,16 @@ class Allgather {
     return all_.view().subspan(static_cast<std::size_t>(r) * b, b);
   }
   int sources() const { return comm_.size(); }
+  //! After exchange(): out = mean over the sources of the codec's decode of their
+  //! payloads (decoded in rank order into a zeroed sum); status_nonfinite and out
+  //! untouched when the sum is not finite (it overflowed).
+  template <class K>
+  void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
+    const auto e = comm_exec(comm_);
+    sum_.resize(out.size());
+    codec_kernels<K, space_type>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view());
+    ops<space_type>::mean_into(e, sum_.cview(), out, comm_.size(), status);
+  }
   C& comm() { return comm_; }
   const C& comm() const { return comm_; }
 
@@ -55,6 +76,7 @@ class Allgather {
   void add_signature(Out& s) const {
     s.emplace_back(static_cast<const void*>(mine_.data()), mine_.capacity());
     s.emplace_back(static_cast<const void*>(all_.data()), all_.capacity());
+    s.emplace_back(static_cast<const void*>(sum_.data()), sum_.capacity());
   }
   void reserve(std::size_t capacity) {
     mine_.reserve(capacity / 4);
@@ -64,7 +86,7 @@ class Allgather {
  private:
   C comm_;
   // bytes in float storage: the concept's allgather moves floats
-  typename space_type::template buffer<float> mine_, all_;
+  typename space_type::template buffer<float> mine_, all_, sum_;  // sum_: combine's decoded sum
 };
 
 }  // namespace commpact

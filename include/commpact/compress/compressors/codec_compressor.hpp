@@ -41,6 +41,7 @@
 #include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
+#include "../../space/copies.hpp"
 #include "../../state.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
@@ -64,14 +65,15 @@ struct codec_options {
 };
 
 //! Codec + aggregation + error feedback = a Compressor. `Codec` is any type modelling
-//! the Codec concept; `Aggregation` any type modelling Aggregation (Allgather<C>). The
+//! the Codec concept; `Aggregation` any type modelling BlockAggregation (Allgather<C>:
+//! every rank's frame header is read through received(); combine decodes). The
 //! step runs in the aggregation's space (that of its communicator): host_space runs it
 //! at once, deferred_space queues it until the fences of finish() (two: after the
 //! exchange, for the headers; after the decode, for the status).
 template <class Codec, class Aggregation>
 class CodecCompressor {
   static_assert(diagnose_codec<Codec>());
-  static_assert(diagnose_aggregation<Aggregation>());
+  static_assert(diagnose_block_aggregation<Aggregation>());
 
  public:
   using options = codec_options;
@@ -176,12 +178,11 @@ class CodecCompressor {
         frame::check_headers(std::as_bytes(std::span<const float>(hdr_host_)), agg_.sources(), cap_, name_);
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
-    sum_.resize(grad_.size());
-    kernels::decode_sum(e, codec_, agg_.received(), cap_ / 4, sum_.view());
-    // Every rank decoded the same blocks into the same sum, so every rank decides alike;
-    // a sum of finite values that overflowed is caught here (dividing by P keeps the
+    // The aggregation decodes the blocks in rank order into a sum and writes the mean:
+    // every rank decoded the same blocks into the same sum, so every rank decides alike;
+    // a sum of finite values that overflowed is caught there (dividing by P keeps the
     // rest finite), before grad is written.
-    ops<space_type>::mean_into(e, sum_.cview(), grad_, agg_.sources(), status_.view());
+    agg_.combine(codec_, grad_, status_.view());
     ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
     space_type::fence(e, no_deadline());
     if (status_host_ & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");
@@ -267,7 +268,7 @@ class CodecCompressor {
     std::vector<std::pair<const void*, std::size_t>> s;
     if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
-    for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &sum_, &scale_})
+    for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &scale_})
       s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
     s.emplace_back(static_cast<const void*>(hdr_host_.data()), hdr_host_.capacity());
@@ -323,17 +324,10 @@ class CodecCompressor {
   }
 
   std::vector<float> to_host(const buffer<float>& b, std::int64_t n) const {
-    std::vector<float> h(static_cast<std::size_t>(n));
-    if (n == 0) return h;
-    ops<space_type>::to_host(exec(), b.cview().first(h.size()), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
-    return h;
+    return copy_to_host<space_type>(exec(), b.cview().first(static_cast<std::size_t>(n)));
   }
   void from_host(const std::vector<float>& h, buffer<float>& b) {
-    b.resize(h.size());
-    if (h.empty()) return;
-    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
-    space_type::fence(exec(), no_deadline());
+    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
   Aggregation agg_;
@@ -342,7 +336,7 @@ class CodecCompressor {
   std::string name_;
   using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
-  buffer<float> residual_, velocity_, acc_, u_next_, approx_, sum_, scale_;
+  buffer<float> residual_, velocity_, acc_, u_next_, approx_, scale_;
   buffer<std::uint32_t> status_;
   std::vector<float> hdr_host_;  // every rank's frame header, on the host after the fence
   std::uint32_t status_host_ = 0;

@@ -23,6 +23,14 @@
 //! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
 //! (wire::ring_allreduce gives it exactly). n is agreed by one small allreduce of int64
 //! on the first step and whenever it changes.
+//!
+//! Space (v3): a LinearCodec composed with the aggregation Allreduce<C>
+//! (aggregations/allreduce.hpp), run in the communicator's space through the ops rows
+//! ef_accumulate, linear_encode, linear_decode and linear_feedback (host_space: at once;
+//! deferred_space: queued, the codec's host code running at the fence). Two-phase:
+//! `start(grad)` queues the step, `finish()` fences once and reads the status (raises
+//! alike on every rank; grad untouched), `commit()` installs the residual, `cancel()`
+//! drops the step; `reduce` = start + finish + commit.
 
 #include <algorithm>
 #include <concepts>
@@ -34,17 +42,24 @@
 #include <utility>
 #include <vector>
 
+#include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
-#include "../../state.hpp"
-#include "../codecs/randomk.hpp"
-#include "../error_feedback.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
 #include "../../nonfinite.hpp"
+#include "../../space/copies.hpp"
+#include "../../state.hpp"
+#include "../aggregations/allreduce.hpp"
+#include "../codecs/randomk.hpp"
 #include "../codecs/sparse_options.hpp"
+#include "../error_feedback.hpp"
+#include "../step_phase.hpp"
 
 namespace commpact {
 
-//! LinearCodec + allreduce + error feedback = a Compressor (see the file comment).
+//! LinearCodec + Allreduce<C> + error feedback = a Compressor (see the file comment).
 template <class K, class C>
 class LinearCompressor {
   static_assert(LinearCodec<K>, "commpact: LinearCompressor needs a LinearCodec: size(n), compress(v, out), "
@@ -52,66 +67,134 @@ class LinearCompressor {
   static_assert(diagnose_communicator<C>());
 
  public:
+  using codec_type = K;
+  using aggregation_type = Allreduce<C>;
+  using space_type = comm_space_t<C>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
+
   explicit LinearCompressor(C comm, K codec = K(), nonfinite on_nonfinite = nonfinite::raise,
                             std::string_view name = "LinearCompressor")
-      : comm_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {}
+      : agg_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {}
 
   //! Replaces grad by the mean over the ranks of B A (g_r + e_r), the same bits on every
-  //! rank. Returns false when the step was skipped (nonfinite::skip_step).
-  bool reduce(std::span<float> grad) {
-    const int P = comm_.size();
+  //! rank. Returns false when the step was skipped (nonfinite::skip_step). A step that
+  //! raises changes nothing, grad included.
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
+
+  //! Queues acc = g + residual, its compression (with the flag) into the aggregation's
+  //! block and the allreduce (host_space: runs them). grad must stay alive until
+  //! finish(), which writes it. Raises alike on every rank (nothing changed) when the
+  //! ranks disagree on the length or some rank's input is rejected.
+  void start(span<float> grad) {
+    phase_.require_idle(name_);
+    const auto e = exec();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (requires { codec_.begin_step(steps_); }) codec_.begin_step(steps_);
-    std::string problem = grad.empty() ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at "
-                                                     "least one entry.")
-                                       : detail::length_problem(name_.c_str(), n, ef_.size());
-    if (!agreed_ || n != n_ || !problem.empty()) agree(n, problem);
-    const std::size_t m = codec_.size(grad.size());
-    buf_.assign(m + 1, 0.0f);
-    if (!ef_.accumulate(grad)) buf_[m] = 1.0f;
-    else codec_.compress(ef_.acc(), std::span<float>(buf_).first(m));
-    comm_.allreduce(std::span<float>(buf_), reduce_op::sum);
-    if (buf_[m] != 0.0f) {
-      detail::end_nonfinite_step(policy_, name_ + "::reduce", "gradient (with its residual) of some rank",
-                                 static_cast<std::size_t>(-1), steps_, grad);
-      ++steps_, ++skipped_;
-      return false;
+    const std::string problem = grad.empty() ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
+                                                           "pass at least one entry.")
+                                             : detail::length_problem(name_.c_str(), n, ef_n_);
+    if (!agreed_ || n != n_ || !problem.empty()) {
+      commpact::agree(agg_.comm(), name_.c_str(), {{"the gradient length", n}}, problem, steps_);
+      n_ = n, agreed_ = true;
     }
-    for (std::size_t j = 0; j < m; ++j) buf_[j] = mean_of(buf_[j], P);
-    std::fill(grad.begin(), grad.end(), 0.0f);
-    codec_.decompress_add(std::span<const float>(buf_).first(m), grad);
-    if (!keeps_residual()) {
-      // No error feedback (an unbiased codec): the residual stays empty, acc was g.
-    } else if constexpr (requires { codec_.delivered(); }) {
-      ef_.commit();
-      ef_.clear_delivered(codec_.delivered());
-    } else {
-      approx_.resize(m);
-      codec_.compress(ef_.acc(), std::span<float>(approx_));
-      dense_.assign(grad.size(), 0.0f);
-      codec_.decompress_add(std::span<const float>(approx_), std::span<float>(dense_));
-      ef_.subtract(dense_);
-      ef_.commit();
+    const std::size_t N = grad.size(), m = codec_.size(N);
+    const auto block = agg_.block(4 * (m + 1));
+    status_.resize(1);
+    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    acc_.resize(N);
+    if (ef_n_ == 0) {  // no residual (yet, or ever for an unbiased codec): it counts as zero
+      residual_.resize(N);
+      ops<space_type>::fill(e, residual_.view(), 0.0f);
     }
-    ++steps_;
-    return true;
+    ops<space_type>::ef_accumulate(e, acc_.view(), span<float>{}, span<const float>{}, residual_.cview(),
+                                   span<const float>(grad), 0.0f, span<const float>{}, status_.view());
+    ops<space_type>::linear_encode(e, codec_, acc_.cview(), block, status_.cview());
+    agg_.exchange();
+    grad_ = grad;
+    phase_ = phase::started;
   }
 
-  void save_state(std::vector<std::byte>& out) const { save_feedback_state(out, "commpact." + name_, ef_, steps_, skipped_); }
+  //! Fences once and reads the status: when some rank's input was not finite (every rank
+  //! sees the summed flag), raises numeric_error on every rank with grad untouched, or
+  //! under skip_step zeroes grad and returns false; else grad holds B (the mean).
+  bool finish() {
+    phase_.require_started(name_);
+    phase_ = phase::idle;
+    const auto e = exec();
+    agg_.combine(codec_, grad_, status_.view());
+    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    space_type::fence(e, no_deadline());
+    outcome_ = outcome::delivered;
+    if (status_host_ & status_nonfinite) {
+      if (policy_ == nonfinite::raise)
+        detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank",
+                                static_cast<std::size_t>(-1), steps_);
+      ops<space_type>::fill(e, grad_, 0.0f);
+      space_type::fence(e, no_deadline());
+      outcome_ = outcome::skipped;
+    }
+    phase_ = phase::finished;
+    return outcome_ == outcome::delivered;
+  }
+
+  //! Installs a finished step: acc - B A acc becomes the residual (a codec that keeps
+  //! none: nothing), the counters advance.
+  void commit() {
+    phase_.require_finished(name_);
+    phase_ = phase::idle;
+    if (outcome_ == outcome::skipped) {
+      ++steps_, ++skipped_;
+      return;
+    }
+    if (keeps_residual()) {
+      if constexpr (!requires { codec_.delivered(); }) {
+        approx_.resize(codec_.size(acc_.size()));
+        dense_.resize(acc_.size());
+      }
+      ops<space_type>::linear_feedback(exec(), codec_, acc_.view(), approx_.view(), dense_.view());
+      residual_.swap(acc_);
+      ef_n_ = static_cast<std::int64_t>(residual_.size());
+    }
+    ++steps_;
+  }
+
+  //! Drops a started or finished step: residual and counters as before start(). Queued
+  //! work is completed first.
+  void cancel() noexcept {
+    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
+  }
+
+  //! Saves the counters and the residual (state.hpp, kind "commpact.<name>").
+  void save_state(std::vector<std::byte>& out) const {
+    require(phase_ == phase::idle, "commpact::", name_, "::save_state: a step is in flight; finish and commit it first.");
+    state::writer w{out, "commpact." + name_};
+    state::write_counters(w, steps_, skipped_);
+    w.f32s(10, copy_to_host<space_type>(exec(), residual()));
+    w.f32s(11, std::vector<float>{});
+    w.finish();
+  }
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
+    require(phase_ == phase::idle, "commpact::", name_, "::load_state: a step is in flight; finish and commit it first.");
     error_feedback ef;
     std::int64_t steps = 0, skipped = 0;
     load_feedback_state(in, "commpact." + name_, name_, false, ef, steps, skipped);
     require(keeps_residual() || ef.size() == 0, "commpact::", name_, "::load_state: the state holds a residual of ",
             ef.size(), " values, but this codec runs without error feedback (scaled random-k keeps none); load it "
             "into a compressor whose codec keeps a residual (unscaled random-k), or start this one without a state.");
-    ef_ = std::move(ef);
+    copy_from_host<space_type>(exec(), ef.residual(), residual_);
+    ef_n_ = ef.size();
     steps_ = steps, skipped_ = skipped;
     agreed_ = false;
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
-  std::span<const float> residual() const { return ef_.residual(); }
+  //! The residual in the space's memory (empty before the first committed step, and
+  //! always for a codec that keeps none).
+  span<const float> residual() const { return residual_.cview().first(static_cast<std::size_t>(ef_n_)); }
   K& codec() { return codec_; }
   //! Whether this compressor keeps error feedback (the codec's keeps_residual(), true
   //! when it has none); without it residual() stays empty.
@@ -123,28 +206,38 @@ class LinearCompressor {
     else
       return true;
   }
-  C& comm() { return comm_; }
+  C& comm() { return agg_.comm(); }
+  aggregation_type& aggregation() { return agg_; }
 
- private:
-  void agree(std::int64_t n, const std::string& problem) {
-    std::int64_t v[3] = {n, -n, problem.empty() ? 0 : 1};
-    comm_.allreduce(std::span<std::int64_t>(v, 3), reduce_op::max);
-    if (v[2]) detail::raise_rejected(name_.c_str(), problem, steps_);
-    if (v[0] != -v[1])
-      throw mismatch_error(detail::cat("commpact::", name_, "::reduce: ranks disagree on the gradient length: this "
-                                       "rank has n = ", n, ", the lengths range over [", -v[1], ", ", v[0],
-                                       "]; every rank must pass gradients of the same length."));
-    n_ = n, agreed_ = true;
+  //! Address and capacity of every internal buffer, sorted (tests check that nothing is
+  //! allocated after the first step).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    agg_.add_signature(s);
+    for (const auto* b : {&residual_, &acc_, &approx_, &dense_}) s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(status_.data(), status_.capacity());
+    std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
+    return s;
   }
 
-  C comm_;
+ private:
+  using phase = detail::step_phase;
+  enum class outcome { delivered, skipped };
+
+  auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+
+  aggregation_type agg_;
   K codec_;
   nonfinite policy_;
   std::string name_;
-  error_feedback ef_;
-  std::vector<float> buf_, approx_, dense_;
+  buffer<float> residual_, acc_, approx_, dense_;
+  buffer<std::uint32_t> status_;
+  std::uint32_t status_host_ = 0;
+  span<float> grad_{};
+  phase phase_;
+  outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
-  std::int64_t n_ = -1, steps_ = 0, skipped_ = 0;
+  std::int64_t n_ = -1, ef_n_ = 0, steps_ = 0, skipped_ = 0;
 };
 
 }  // namespace commpact

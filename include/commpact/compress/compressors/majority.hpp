@@ -20,23 +20,39 @@
 //! allreduce would be the better aggregation. s is the mean of the ranks' scales when
 //! `scaled` (the default: the update keeps the gradient's size), else 1 (the paper's
 //! sign, for a learning rate sized to it). No error feedback: the vote is the method.
+//!
+//! Space (v3): sign_codec (the scale and the sign bits, encoded behind the frame header
+//! by codec_kernels' encode_frame) composed with the aggregation Vote<C>
+//! (aggregations/vote.hpp), run in the communicator's space through the ops rows
+//! signum_update and sign_vote (host_space: at once; deferred_space: queued). Two-phase:
+//! `start(grad)` queues the step; `finish()` fences, checks every rank's header alike
+//! (frame.hpp), queues the vote and fences again for the status; `commit()` installs
+//! Signum's momentum; `cancel()` drops the step; `reduce` = start + finish + commit.
 
 #include <algorithm>
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
 #include <string>
-#include <type_traits>
+#include <utility>
 #include <vector>
 
+#include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
 #include "../../error.hpp"
-#include "../../state.hpp"
-#include "codec_compressor.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
 #include "../../nonfinite.hpp"
+#include "../../space/copies.hpp"
+#include "../../state.hpp"
+#include "../aggregations/vote.hpp"
+#include "../codec_kernels.hpp"
 #include "../codecs/sparse_options.hpp"
+#include "../codecs/topk_sign.hpp"
+#include "../frame.hpp"
+#include "../step_phase.hpp"
+#include "codec_compressor.hpp"
 
 namespace commpact {
 
@@ -46,14 +62,22 @@ struct majority_options {
   nonfinite on_nonfinite = nonfinite::raise;
 };
 
+//! sign_codec + Vote<C> (+ Signum's momentum) = a Compressor (see the file comment).
 template <class C>
 class MajorityVote {
   static_assert(diagnose_communicator<C>());
-  static_assert(std::is_same_v<comm_space_t<C>, host_space>,
-                "commpact::MajorityVote runs on host memory (ThreadComm, MpiComm); it is not written over a space yet.");
 
  public:
-  explicit MajorityVote(C comm, majority_options opt = {}) : agg_(std::move(comm)), opt_(opt) {
+  using options = majority_options;
+  using codec_type = sign_codec;
+  using aggregation_type = Vote<C>;
+  using space_type = comm_space_t<C>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
+
+  explicit MajorityVote(C comm, majority_options opt = {}) : agg_(std::move(comm), opt.scaled), opt_(opt) {
     require(opt.momentum >= 0.0f && opt.momentum < 1.0f, "commpact::MajorityVote: momentum = ", opt.momentum,
             " is outside [0, 1); Signum uses 0.9, signSGD 0.");
   }
@@ -64,118 +88,169 @@ class MajorityVote {
 
   //! Replaces grad by s sign(sum of the ranks' signs). Returns false when the step was
   //! skipped (NaN/Inf under nonfinite::skip_step). A step that raises changes nothing.
-  bool reduce(std::span<float> grad) {
+  bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
+
+  //! Queues Signum's momentum (signSGD: the gradient itself), its encoding behind the
+  //! frame header and the exchange (host_space: runs them). grad must stay alive until
+  //! finish(), which writes it.
+  void start(span<float> grad) {
+    phase_.require_idle("MajorityVote");
+    const auto e = exec();
     const int P = agg_.sources();
     const std::size_t n = grad.size();
-    std::string problem;
-    if (n == 0) problem = "commpact::MajorityVote::reduce: the gradient is empty; pass at least one entry.";
-    else if (opt_.momentum > 0.0f && !m_.empty() && m_.size() != n)
-      problem = detail::length_problem("MajorityVote", static_cast<std::int64_t>(n), static_cast<std::int64_t>(m_.size()));
+    const bool momentum = opt_.momentum > 0.0f;
+    problem_.clear();
+    if (n == 0) problem_ = "commpact::MajorityVote::reduce: the gradient is empty; pass at least one entry.";
+    else if (momentum && m_n_ > 0 && m_n_ != n)
+      problem_ = detail::length_problem("MajorityVote", static_cast<std::int64_t>(n), static_cast<std::int64_t>(m_n_));
     const std::size_t cap = block_bytes(n);
-    if (!agreed_ || cap != cap_) agree(static_cast<std::int64_t>(n), cap, problem);
-
+    if (!agreed_ || cap != cap_) {
+      commpact::agree(agg_.comm(), "MajorityVote", {{"the gradient length", static_cast<std::int64_t>(n)}}, problem_,
+                      steps_);
+      agg_.reserve(cap);
+      cap_ = cap, agreed_ = true;
+    }
     frame::header h;
     h.n = static_cast<std::int64_t>(n);
     h.step = steps_;
     h.capacity = static_cast<std::int64_t>(cap_);
-    auto block = std::as_writable_bytes(agg_.block(cap_));
-    auto payload = block.subspan(frame::header_bytes);
-    std::fill(payload.begin(), payload.end(), std::byte{0});
-    bool finite = true;
-    next_.assign(grad.begin(), grad.end());
-    if (opt_.momentum > 0.0f && !m_.empty())
-      for (std::size_t i = 0; i < n; ++i) next_[i] = opt_.momentum * m_[i] + (1.0f - opt_.momentum) * grad[i];
-    for (float x : next_) finite = finite && std::isfinite(x);
-    if (!problem.empty()) {
+    const auto block = agg_.block(cap_);
+    status_.resize(1);
+    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    if (!problem_.empty()) {
       h.flags = frame::rejected_input;
-    } else if (!finite) {
-      h.flags = frame::nonfinite_input;
     } else {
-      double l1 = 0.0;
-      for (float x : next_) l1 += std::abs(static_cast<double>(x));
-      const auto scale = static_cast<float>(l1 / static_cast<double>(n));
-      std::memcpy(payload.data(), &scale, 4);
-      for (std::size_t i = 0; i < n; ++i)
-        if (next_[i] < 0.0f) payload[4 + i / 8] |= std::byte{static_cast<unsigned char>(1u << (i % 8))};
-      h.payload = static_cast<std::uint32_t>(payload_bytes(n));
+      next_.resize(n);
+      if (momentum) m_.reserve(n);  // the other half of the swap: nothing allocated after step one
+      const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
+      ops<space_type>::signum_update(e, next_.view(), m, span<const float>(grad), opt_.momentum, status_.view());
     }
-    frame::write(block, h);
+    codec_kernels<sign_codec, space_type>::encode_frame(e, codec_, next_.cview(), block, h, span<float>{},
+                                                        status_.cview());
     agg_.exchange();
-
-    std::vector<std::byte>& hdrs = hdrs_;  // every rank's header, checked alike on every rank (frame.hpp)
-    hdrs.resize(static_cast<std::size_t>(P) * frame::header_bytes);
+    // The headers come to the host (48 bytes per rank); the payloads stay in the space.
+    hdr_host_.resize(static_cast<std::size_t>(P) * header_floats);
     for (int r = 0; r < P; ++r)
-      std::memcpy(hdrs.data() + static_cast<std::size_t>(r) * frame::header_bytes, agg_.received(r).data(),
-                  frame::header_bytes);
-    const std::uint16_t flags = frame::check_headers(hdrs, P, cap_, "MajorityVote");
-    if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem, steps_);
+      ops<space_type>::to_host(e, agg_.received(r).first(header_floats),
+                               std::span<float>(hdr_host_).subspan(static_cast<std::size_t>(r) * header_floats,
+                                                                   header_floats));
+    grad_ = grad;
+    phase_ = phase::started;
+  }
+
+  //! Fences, checks every rank's header alike (mismatch_error, a rejected input, a
+  //! non-finite input: numeric_error or, under skip_step, grad zeroed and false), then
+  //! votes into grad; a malformed vote raises wire_error on every rank. grad is
+  //! untouched when it raises.
+  bool finish() {
+    phase_.require_started("MajorityVote");
+    phase_ = phase::idle;
+    const auto e = exec();
+    space_type::fence(e, no_deadline());
+    const std::uint16_t flags =
+        frame::check_headers(std::as_bytes(std::span<const float>(hdr_host_)), agg_.sources(), cap_, "MajorityVote");
+    if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem_, steps_);
+    outcome_ = outcome::delivered;
     if (flags & frame::nonfinite_input) {
-      detail::end_nonfinite_step(opt_.on_nonfinite, "MajorityVote::reduce", "gradient (or momentum) of some rank",
-                                 static_cast<std::size_t>(-1), steps_, grad);
-      ++steps_, ++skipped_;
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite("MajorityVote::reduce", "gradient (or momentum) of some rank",
+                                static_cast<std::size_t>(-1), steps_);
+      ops<space_type>::fill(e, grad_, 0.0f);
+      space_type::fence(e, no_deadline());
+      outcome_ = outcome::skipped;
+      phase_ = phase::finished;
       return false;
     }
-    votes_.assign(n, 0);
-    double scales = 0.0;
-    for (int r = 0; r < P; ++r) {  // validate every block before anything changes
-      const auto blk = std::as_bytes(agg_.received(r));
-      const auto hr = frame::read(blk, r);
-      const auto msg = blk.subspan(frame::header_bytes, hr.payload);
-      require<wire_error>(msg.size() == payload_bytes(n), "commpact::MajorityVote: rank ", r, "'s vote has ",
-                          msg.size(), " bytes; n = ", n, " needs ", payload_bytes(n), ".");
-      float s;
-      std::memcpy(&s, msg.data(), 4);
-      require<wire_error>(std::isfinite(s) && s >= 0.0f, "commpact::MajorityVote: rank ", r, "'s vote has scale ", s,
-                          "; a scale must be finite and >= 0.");
-      require<wire_error>(n % 8 == 0 || (static_cast<unsigned>(msg[4 + n / 8]) >> (n % 8)) == 0u,
-                          "commpact::MajorityVote: rank ", r, "'s vote sets bits past its ", n, " values.");
-      scales += s;
-      for (std::size_t i = 0; i < n; ++i) votes_[i] += ((static_cast<unsigned>(msg[4 + i / 8]) >> (i % 8)) & 1u) ? -1 : 1;
-    }
-    const float s = opt_.scaled ? static_cast<float>(scales / P) : 1.0f;
-    for (std::size_t i = 0; i < n; ++i) grad[i] = votes_[i] > 0 ? s : (votes_[i] < 0 ? -s : 0.0f);
-    if (opt_.momentum > 0.0f) m_.swap(next_);
-    ++steps_;
+    agg_.combine(codec_, grad_, status_.view());
+    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    space_type::fence(e, no_deadline());
+    if (status_host_ & status_wire)
+      throw wire_error(detail::cat("commpact::MajorityVote::reduce: a rank's vote at step ", steps_, " is malformed "
+                                   "(a payload that is not 4 + ceil(n / 8) = ", payload_bytes(grad_.size()),
+                                   " bytes, a scale that is not finite and >= 0, or sign bits set past its n values); "
+                                   "every rank received the same votes and abandons the step."));
+    phase_ = phase::finished;
     return true;
+  }
+
+  //! Installs a finished step: Signum's new momentum; the counters advance.
+  void commit() {
+    phase_.require_finished("MajorityVote");
+    phase_ = phase::idle;
+    ++steps_;
+    if (outcome_ == outcome::skipped) {
+      ++skipped_;
+      return;
+    }
+    if (opt_.momentum > 0.0f) {
+      m_.swap(next_);
+      m_n_ = m_.size();
+    }
+  }
+
+  //! Drops a started or finished step (queued work is completed first).
+  void cancel() noexcept {
+    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
   }
 
   //! Saves the counters and Signum's momentum (state.hpp, kind "commpact.MajorityVote").
   void save_state(std::vector<std::byte>& out) const {
+    require(phase_ == phase::idle, "commpact::MajorityVote::save_state: a step is in flight; finish and commit it first.");
+    const std::vector<float> m = copy_to_host<space_type>(exec(), momentum());
     state::writer w{out, "commpact.MajorityVote"};
     state::write_counters(w, steps_, skipped_);
-    w.f32s(10, m_);
+    w.f32s(10, m);
     w.finish();
   }
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
+    require(phase_ == phase::idle, "commpact::MajorityVote::load_state: a step is in flight; finish and commit it first.");
     state::reader r{in, "commpact.MajorityVote", "MajorityVote"};
     const auto [s, k] = state::read_counters(r);
     auto m = r.f32s(10);
     r.done();
-    m_ = std::move(m), steps_ = s, skipped_ = k, agreed_ = false;
+    copy_from_host<space_type>(exec(), std::span<const float>(m), m_);
+    m_n_ = m.size(), steps_ = s, skipped_ = k, agreed_ = false;
   }
 
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
-  std::span<const float> momentum() const { return m_; }
+  //! Signum's momentum in the space's memory (empty for signSGD and before the first step).
+  span<const float> momentum() const { return m_.cview().first(m_n_); }
   auto& comm() { return agg_.comm(); }
+  aggregation_type& aggregation() { return agg_; }
 
- private:
-  void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
-    std::int64_t v[3] = {n, -n, problem.empty() ? 0 : 1};
-    agg_.comm().allreduce(std::span<std::int64_t>(v, 3), reduce_op::max);
-    if (v[2]) detail::raise_rejected("MajorityVote", problem, steps_);
-    if (v[0] != -v[1])
-      throw mismatch_error(detail::cat("commpact::MajorityVote::reduce: ranks disagree on the gradient length: this rank "
-                                       "has n = ", n, ", the lengths range over [", -v[1], ", ", v[0],
-                                       "]; every rank must pass gradients of the same length."));
-    cap_ = cap, agreed_ = true;
+  //! Address and capacity of every internal buffer, sorted (tests check that nothing is
+  //! allocated after the first step).
+  std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
+    std::vector<std::pair<const void*, std::size_t>> s;
+    agg_.add_signature(s);
+    for (const auto* b : {&m_, &next_}) s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(status_.data(), status_.capacity());
+    s.emplace_back(static_cast<const void*>(hdr_host_.data()), hdr_host_.capacity());
+    std::sort(s.begin(), s.end());  // the momentum and its candidate swap roles at every commit
+    return s;
   }
 
-  Allgather<C> agg_;
+ private:
+  using phase = detail::step_phase;
+  enum class outcome { delivered, skipped };
+  static constexpr std::size_t header_floats = frame::header_bytes / 4;
+
+  auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+
+  aggregation_type agg_;
   majority_options opt_;
-  std::vector<float> m_, next_;
-  std::vector<int> votes_;
-  std::vector<std::byte> hdrs_;
+  sign_codec codec_;
+  buffer<float> m_, next_;
+  std::size_t m_n_ = 0;
+  buffer<std::uint32_t> status_;
+  std::vector<float> hdr_host_;  // every rank's frame header, on the host after the fence
+  std::uint32_t status_host_ = 0;
+  span<float> grad_{};
+  std::string problem_;
+  phase phase_;
+  outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -125,6 +125,12 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(oktopk_select)  // OkTopK
   COMMPACT_DEFERRED_OP(oktopk_output)  // OkTopK
   COMMPACT_DEFERRED_OP(oktopk_clear_selected)  // OkTopK
+  // LinearCompressor (Allreduce<C>) and MajorityVote (Vote<C>)
+  COMMPACT_DEFERRED_OP(linear_encode)
+  COMMPACT_DEFERRED_OP(linear_decode)
+  COMMPACT_DEFERRED_OP(linear_feedback)
+  COMMPACT_DEFERRED_OP(signum_update)
+  COMMPACT_DEFERRED_OP(sign_vote)
 #undef COMMPACT_DEFERRED_OP
   // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \

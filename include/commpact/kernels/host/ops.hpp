@@ -22,6 +22,7 @@
 #include "orthogonalize.hpp"
 #include "gossip.hpp"
 #include "oktopk.hpp"
+#include "linear_vote.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -227,6 +228,30 @@ struct ops<host_space> {
                                     span<const std::int64_t> bounds, span<const std::uint32_t> status,
                                     span<std::int64_t> next) {
     host::oktopk::clear_selected(acc, idx, blocks, bounds, status, next);
+  }
+
+  // ---- LinearCompressor (Allreduce<C>) and MajorityVote (Vote<C>): kernels/host/linear_vote.hpp
+  template <class K>
+  static void linear_encode(exec, K& codec, span<const float> acc, span<float> block,
+                            span<const std::uint32_t> status) {
+    host::linear_encode(codec, acc, block, status);
+  }
+  template <class K>
+  static void linear_decode(exec, const K& codec, span<float> block, span<float> out, int P,
+                            span<std::uint32_t> status) {
+    host::linear_decode(codec, block, out, P, status);
+  }
+  template <class K>
+  static void linear_feedback(exec, K& codec, span<float> acc, span<float> approx, span<float> dense) {
+    host::linear_feedback(codec, acc, approx, dense);
+  }
+  static void signum_update(exec, span<float> next, span<const float> m, span<const float> g, float beta,
+                            span<std::uint32_t> status) {
+    host::signum_update(next, m, g, beta, status);
+  }
+  static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
+                        span<std::uint32_t> status) {
+    host::sign_vote(blocks, block_floats, scaled, out, status);
   }
 };
 
