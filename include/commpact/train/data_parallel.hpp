@@ -85,6 +85,7 @@
 #include "../comm/agree.hpp"
 #include "../comm/mean_allreduce.hpp"
 #include "../nonfinite.hpp"
+#include "../space/copies.hpp"
 #include "../compress/transaction.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
@@ -550,24 +551,10 @@ class DataParallel {
   }
 
   auto exec() const { return comm_exec(const_cast<Compressor&>(compressor_).comm()); }
-  //! The saved parameters as host floats (state blobs are host bytes).
-  std::vector<float> to_host(const buffer<float>& b) const {
-    if constexpr (std::is_same_v<space_type, host_space>) {
-      const auto v = b.cview();
-      return std::vector<float>(v.begin(), v.end());
-    } else {
-      std::vector<float> h(b.size());
-      if (h.empty()) return h;
-      ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));
-      space_type::fence(exec(), no_deadline());
-      return h;
-    }
-  }
+  //! The saved parameters as host floats (state blobs are host bytes), and back.
+  std::vector<float> to_host(const buffer<float>& b) const { return copy_to_host<space_type>(exec(), b.cview()); }
   void from_host(const std::vector<float>& h, buffer<float>& b) {
-    b.resize(h.size());
-    if (h.empty()) return;
-    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
-    space_type::fence(exec(), no_deadline());
+    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
   Compressor compressor_;

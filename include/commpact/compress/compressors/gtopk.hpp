@@ -71,6 +71,7 @@
 #include <vector>
 
 #include "../../comm/agree.hpp"
+#include "../../space/copies.hpp"
 #include "../../comm/known_size.hpp"
 #include "../../comm/tree_comm.hpp"
 #include "../../concepts.hpp"
@@ -345,16 +346,9 @@ class gTopK {
     agreed_ = true;
   }
 
-  std::vector<float> to_host(const buffer<float>& b) const {
-    std::vector<float> h(b.size());
-    ops<space_type>::to_host(exec(), b.view(), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
-    return h;
-  }
+  std::vector<float> to_host(const buffer<float>& b) const { return copy_to_host<space_type>(exec(), b.cview()); }
   void from_host(const std::vector<float>& h, buffer<float>& b) {
-    b.resize(h.size());
-    ops<space_type>::from_host(exec(), std::span<const float>(h), b.view());
-    space_type::fence(exec(), no_deadline());
+    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
   tree_type tree_;
