@@ -109,14 +109,12 @@ inline std::uint16_t to_half(float f) {
 }
 inline float from_half(std::uint16_t h) {
   const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
-  // One test for the common case, normal numbers (e = 1 ... 30); the rare cases after it.
-  if (e - 1u < 30u) [[likely]]
-    return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
   if (e == 0) {
     const float v = static_cast<float>(m) * 0x1.0p-24f;  // exact
     return sign ? -v : v;
   }
-  return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
+  if (e == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
+  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
 }
 //! float -> bfloat16 (the top half), round to nearest even, finite values saturated.
 inline std::uint16_t to_bf16(float f) {
