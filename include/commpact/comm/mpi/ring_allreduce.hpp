@@ -46,6 +46,7 @@
 #include <vector>
 
 #include "combine.hpp"
+#include "gather_pieces.hpp"
 
 namespace commpact::detail {
 
@@ -113,6 +114,11 @@ class mpi_ring_op {
     direct_ = true;
     in_ = in.data();
     block_ = in.size();
+    if (isolate && P > 1 && mpi_gather_pieces::wanted(block_)) {  // large blocks: by cache-sized pieces
+      by_pieces_ = true;
+      pieces_.reset(in_, d_, block_, r, P, tag);
+      return;
+    }
     const std::size_t need = isolate ? block_ * static_cast<std::size_t>(P - 1) : 0;
     if (scratch_.size() < need) scratch_.resize(need);
   }
@@ -205,6 +211,7 @@ class mpi_ring_op {
   //! may still write into scratch, which the caller then leaks with this object).
   template <class State>
   void give_up(State& s) noexcept {
+    if (by_pieces_) pieces_.give_up(s);
     s.abandon(q_[0]);
     if (q_[1] != MPI_REQUEST_NULL) MPI_Request_free(&q_[1]);
     const std::size_t m = static_cast<std::size_t>(P_ - 1);
@@ -233,6 +240,7 @@ class mpi_ring_op {
   int slot_rank(int i) const { return (r_ + 1 + i) % P_; }
   template <class State>
   bool advance_direct(State& s) {
+    if (by_pieces_) return done_ = pieces_.advance(s, what_);
     const int m = P_ - 1;
     if (!posted_) {
       dq_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
@@ -284,6 +292,7 @@ class mpi_ring_op {
     direct_ = false;
     lazy_ = false;
     held_ = false;
+    by_pieces_ = false;
     done_ = P == 1 || n_ == 0;
     error_ = nullptr;
     q_[0] = q_[1] = MPI_REQUEST_NULL;
@@ -324,6 +333,8 @@ class mpi_ring_op {
   std::vector<MPI_Request> dq_;        // its requests (kept: no allocation once warm)
   std::vector<int> idx_;
   std::vector<std::byte> scratch_;  // one chunk: the receive target of the reduce-scatter
+  bool by_pieces_ = false;          // an isolated direct allgather of large blocks (gather_pieces.hpp)
+  mpi_gather_pieces pieces_;
   std::exception_ptr error_;
 };
 
