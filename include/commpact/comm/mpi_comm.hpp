@@ -44,7 +44,8 @@
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
 //!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
 //!   allgathers a direct exchange over point to point, both advanced by every wait
-//!   (mpi/ring_allreduce.hpp); larger broadcasts use MPI_Ibcast (libnbc).
+//!   (mpi/ring_allreduce.hpp; isolated blocks above 128 KiB move in cache-sized pieces,
+//!   mpi/gather_pieces.hpp); larger broadcasts use MPI_Ibcast (libnbc).
 //! - One path per size: a blocking collective runs exactly what its nonblocking form
 //!   then wait() runs, so ranks may mix the forms (as on ThreadComm). Up to 64 KiB the
 //!   nonblocking form completes before it returns; a ring advances in every wait of the

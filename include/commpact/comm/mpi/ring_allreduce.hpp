@@ -12,7 +12,9 @@
 //! before, does): each rank's block goes from `in` straight into `out`, and with
 //! isolated buffers each received block is copied out of its slot of scratch as soon
 //! as it arrived (MPI_Iallgather into staging copied the whole output once more, and
-//! its own block twice). The ring's allgather half alone (reset_gather) was no better
+//! its own block twice); blocks above 128 KiB travel as 64 KiB pieces through a few
+//! slots of scratch per peer that stay in cache (gather_pieces.hpp), so that copy reads
+//! from cache, not memory. The ring's allgather half alone (reset_gather) was no better
 //! within the noise at P = 4 on 2 cores, where each of its P-1 dependent steps waits
 //! for a neighbour to be scheduled.
 //!
@@ -46,6 +48,7 @@
 #include <vector>
 
 #include "combine.hpp"
+#include "gather_pieces.hpp"
 
 namespace commpact::detail {
 
@@ -113,6 +116,11 @@ class mpi_ring_op {
     direct_ = true;
     in_ = in.data();
     block_ = in.size();
+    if (isolate && P > 1 && mpi_gather_pieces::wanted(block_)) {  // large blocks: by cache-sized pieces
+      by_pieces_ = true;
+      pieces_.reset(in_, d_, block_, r, P, tag);
+      return;
+    }
     const std::size_t need = isolate ? block_ * static_cast<std::size_t>(P - 1) : 0;
     if (scratch_.size() < need) scratch_.resize(need);
   }
@@ -205,6 +213,7 @@ class mpi_ring_op {
   //! may still write into scratch, which the caller then leaks with this object).
   template <class State>
   void give_up(State& s) noexcept {
+    if (by_pieces_) pieces_.give_up(s);
     s.abandon(q_[0]);
     if (q_[1] != MPI_REQUEST_NULL) MPI_Request_free(&q_[1]);
     const std::size_t m = static_cast<std::size_t>(P_ - 1);
@@ -233,6 +242,7 @@ class mpi_ring_op {
   int slot_rank(int i) const { return (r_ + 1 + i) % P_; }
   template <class State>
   bool advance_direct(State& s) {
+    if (by_pieces_) return done_ = pieces_.advance(s, what_);
     const int m = P_ - 1;
     if (!posted_) {
       dq_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
@@ -284,6 +294,7 @@ class mpi_ring_op {
     direct_ = false;
     lazy_ = false;
     held_ = false;
+    by_pieces_ = false;
     done_ = P == 1 || n_ == 0;
     error_ = nullptr;
     q_[0] = q_[1] = MPI_REQUEST_NULL;
@@ -324,6 +335,8 @@ class mpi_ring_op {
   std::vector<MPI_Request> dq_;        // its requests (kept: no allocation once warm)
   std::vector<int> idx_;
   std::vector<std::byte> scratch_;  // one chunk: the receive target of the reduce-scatter
+  bool by_pieces_ = false;          // an isolated direct allgather of large blocks (gather_pieces.hpp)
+  mpi_gather_pieces pieces_;
   std::exception_ptr error_;
 };
 
