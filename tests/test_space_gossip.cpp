@@ -1,5 +1,5 @@
-// GossipMixer over the deferred space (issue 18): D-PSGD and CHOCO-SGD with the model,
-// the public copies and every message in deferred buffers, the exchange queued on
+// GossipMixer over the deferred space (issue 18): D-PSGD, CHOCO-SGD and PowerGossip with
+// the model, the public copies, the shared factors and every message in deferred buffers, the exchange queued on
 // DeferredComm<ThreadComm> until mix()'s one fence. Against the same mixer over
 // ThreadComm (host_space), on Ring and Torus2D for P = 1 ... 5: the same model bits after
 // every round, the same saved state and bytes; NaN on one rank raises (or skips) alike on
@@ -86,7 +86,7 @@ struct seen {
 
 }  // namespace
 
-TEST_CASE("GossipMixer over the deferred space equals host_space bit for bit (D-PSGD, CHOCO; ring, torus)",
+TEST_CASE("GossipMixer over the deferred space equals host_space bit for bit (D-PSGD, CHOCO, PowerGossip; ring, torus)",
           "[space][gossip]") {
   const int P = GENERATE(1, 2, 3, 4, 5);
   CAPTURE(P);
@@ -187,6 +187,7 @@ TEST_CASE("gossip checks over DeferredComm<CheckedComm<ThreadComm>>: average, co
         DCC comm{c};
         commpact_test::check_average_preserved_all_modes(comm);
         commpact_test::check_dpsgd_contraction(comm, 6);
+        commpact_test::check_power_gossip_contraction(comm, 6);
         commpact_test::check_gossip_topology_size(comm);
         commpact_test::check_gossip_mixer_mismatch(comm);
       },

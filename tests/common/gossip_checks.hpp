@@ -10,8 +10,7 @@
 //
 // The checks are templates over the communicator, so over its space too: with
 // DeferredComm<C> the models live in deferred buffers (mix_host copies them in and out
-// around each mix(); tests/test_space_gossip.cpp, tests/mpi/test_gossip_mpi.cpp), and
-// the PowerGossip cases, which run over host communicators only, are left out.
+// around each mix(); tests/test_space_gossip.cpp, tests/mpi/test_gossip_mpi.cpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/known_size.hpp>
@@ -85,7 +84,7 @@ double lambda2(const Topo& t) {
   return P > 1 ? ev[1] : 0.0;
 }
 
-//! True when Comm's data plane runs on host memory (PowerGossip's cases run only there).
+//! True when Comm's data plane runs on host memory.
 template <class Comm>
 inline constexpr bool host_data_plane = commpact::comm_space_t<Comm>::host_accessible;
 
@@ -161,18 +160,15 @@ void check_average_preserved_all_modes(Comm& comm) {
   check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring");
   check_average_preserved<Torus2D>(comm, exact_mixing{}, "D-PSGD torus");
   check_average_preserved<Complete>(comm, exact_mixing{}, "D-PSGD complete");
-  if constexpr (host_data_plane<Comm>) {
-    check_average_preserved<Ring>(comm, power_gossip<1>{}, "PowerGossip r1 ring");
-    check_average_preserved<Torus2D>(comm, power_gossip<1>{}, "PowerGossip r1 torus");
-    check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
-    check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
-    check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
-  }
+  check_average_preserved<Ring>(comm, power_gossip<1>{}, "PowerGossip r1 ring");
+  check_average_preserved<Torus2D>(comm, power_gossip<1>{}, "PowerGossip r1 torus");
+  check_average_preserved<Complete>(comm, power_gossip<1>{}, "PowerGossip r1 complete");
+  check_average_preserved<Ring>(comm, power_gossip<3>{}, "PowerGossip r3 ring");
+  check_average_preserved<Torus2D>(comm, power_gossip<2>{}, "PowerGossip r2 torus");
   check_average_preserved<Ring>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k ring");
   check_average_preserved<Torus2D>(comm, choco_gossip<sign_codec>{{}, 0.3}, "CHOCO sign torus");
   check_average_preserved<Complete>(comm, choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k complete");
-  if constexpr (host_data_plane<Comm>)
-    check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
+  check_average_preserved<Exponential>(comm, power_gossip<1>{}, "PowerGossip r1 exponential");
 }
 
 //! D-PSGD over T rounds on Ring, Torus2D and Complete: the consensus distance shrinks at
@@ -283,8 +279,8 @@ void check_gossip_topology_size(Comm& comm) {
 }
 
 //! Ranks that build different mixers (rank P-1 lists the same number of values in other
-//! shapes) all raise mismatch_error at the first mix (PowerGossip; D-PSGD over a space
-//! that is not host memory). Needs P >= 2.
+//! shapes) all raise mismatch_error at the first mix (PowerGossip; and D-PSGD over a
+//! space that is not host memory). Needs P >= 2.
 template <class Comm>
 void check_gossip_mixer_mismatch(Comm& comm) {
   using namespace commpact;
@@ -292,13 +288,16 @@ void check_gossip_mixer_mismatch(Comm& comm) {
   if (P < 2) return;
   verdict v;
   const tensor_layout l = comm.rank() == P - 1 ? tensor_layout{{10, 12}} : tensor_layout{{12, 10}};
-  using Mode = std::conditional_t<host_data_plane<Comm>, power_gossip<1>, exact_mixing>;
-  GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l};
-  std::vector<float> x(120, 1.0f);
-  std::string what;
-  const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
-  v.expect(got == 1, "expected mismatch_error, got ", got, ": ", what);
-  v.expect(what.find("GossipMixer setup") != std::string::npos, "message: ", what);
+  auto run = [&]<class Mode>(Mode, const char* name) {
+    GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l};
+    std::vector<float> x(120, 1.0f);
+    std::string what;
+    const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
+    v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
+    v.expect(what.find("GossipMixer setup") != std::string::npos, name, ": message: ", what);
+  };
+  run(power_gossip<1>{}, "PowerGossip");
+  if constexpr (!host_data_plane<Comm>) run(exact_mixing{}, "D-PSGD");
   settle(comm, v, "check_gossip_mixer_mismatch");
 }
 

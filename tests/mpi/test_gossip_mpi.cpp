@@ -7,8 +7,8 @@
 // topology of another size, ranks that build different mixers) raises on every rank
 // without hanging.
 // The communicator is CheckedComm over an unchecked MpiComm (tests/common/checked_mpi.hpp).
-// Over the deferred space (DeferredComm<CheckedComm<MpiComm>>): D-PSGD and CHOCO equal
-// host_space bit for bit, NaN on one rank raises or skips alike, and the checks above run
+// Over the deferred space (DeferredComm<CheckedComm<MpiComm>>): D-PSGD, CHOCO and
+// PowerGossip equal host_space bit for bit, NaN on one rank raises or skips alike, and the checks above run
 // too (tests/common/gossip_space_checks.hpp).
 #include <commpact/comm/mpi_comm.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
@@ -65,6 +65,7 @@ TEST_CASE("MPI: gossip checks over DeferredComm<MpiComm>: average, contraction, 
     DeferredComm<commpact_test::checked_mpi_comm> dc{comm};
     check_average_preserved_all_modes(dc);
     check_dpsgd_contraction(dc, 6);
+    check_power_gossip_contraction(dc, 6);
     check_gossip_topology_size(dc);
     check_gossip_mixer_mismatch(dc);
   }));

@@ -9,12 +9,13 @@
 //! neighbour in ascending order, so no topology can deadlock as long as `Comm::send`
 //! does not wait for the receiver (ThreadComm, MpiComm).
 //!
-//! Space (v3): D-PSGD and CHOCO run in the communicator's space (comm_space_t<Comm>):
+//! Space (v3): every algorithm runs in the communicator's space (comm_space_t<Comm>):
 //! the round's status words, the weights and the messages are the space's buffers, the
-//! exchange is known-size point-to-point on its spans (exchange_same_known; DeferredComm
-//! queues it), and finish_round() fences once, reads the status and rolls the counters
-//! back when the round failed. PowerGossip still uses the host buffers (send_buffer,
-//! exchange, all_finite).
+//! exchange is known-size point-to-point on its spans (exchange_same_known: one message
+//! for every neighbour; exchange_each_known: PowerGossip's message per neighbour;
+//! DeferredComm queues them), and finish_round() fences once, reads the status and
+//! rolls the counters back when the round failed. The host buffers (send_buffer,
+//! exchange, all_finite) remain for host-memory callers.
 
 #include <cstddef>
 #include <array>
@@ -169,6 +170,23 @@ class neighbor_exchange {
     }
     for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
   }
+
+  //! Sends the k-th block of message_bytes() of `out` to neighbour k (every k), then
+  //! receives one message of that size from each in ascending order (PowerGossip: a
+  //! different message per edge; known-size point-to-point on the space's spans).
+  void exchange_each_known(span<const std::byte> out) {
+    const std::size_t m = msg_bytes_;
+    for (std::size_t k = 0; k < nb_.size(); ++k) {
+      send_known(comm_, nb_[k], out.subspan(k * m, m));
+      stats_.bytes_sent += m;
+      ++stats_.messages_sent;
+    }
+    for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+  }
+
+  //! Reserves the receive buffer for messages of up to max_bytes (an algorithm whose
+  //! message size changes between rounds: no allocation after the first round).
+  void reserve_messages(std::size_t max_bytes) { recv_dev_.reserve(max_bytes * nb_.size()); }
 
   //! Fences once and reads the status words. A round that failed (any flag, a malformed
   //! message) leaves the counters as in `before`; a malformed message raises wire_error

@@ -35,11 +35,12 @@
 //! A round that raises (a malformed message, a non-finite model) leaves the model and
 //! the mixer's state as they were.
 //!
-//! Space (v3): D-PSGD and CHOCO run in the communicator's space (comm_space_t<Comm>;
+//! Space (v3): every algorithm runs in the communicator's space (comm_space_t<Comm>;
 //! `mix` takes its span, a deferred_span<float> over DeferredComm<C>): the round is
-//! queued (non-finite check, CHOCO's encode, the 8-byte agreement, the known-size
-//! exchange, decode, mix; kernels/host/gossip.hpp, gossip/choco_kernels.hpp) and fenced
-//! once, with the same bits as over a host communicator. PowerGossip mixes host memory.
+//! queued (non-finite check, CHOCO's encode or PowerGossip's projections, the 8-byte
+//! agreement, the known-size exchange, decode, mix; kernels/host/gossip.hpp,
+//! gossip/choco_kernels.hpp, kernels/host/power_gossip.hpp) and fenced once, with the
+//! same bits as over a host communicator.
 
 #include <algorithm>
 #include <array>
@@ -111,10 +112,8 @@ class GossipMixer {
   static_assert(diagnose_topology<Topology>());
   using selector = detail::gossip_algorithm<Codec, Comm>;
   using algorithm = typename selector::type;
-  static constexpr bool over_space = detail::gossip_over_space<algorithm>;
-  static_assert(over_space || std::is_same_v<comm_space_t<Comm>, host_space>,
-                "commpact::GossipMixer: PowerGossip runs over host communicators only (ThreadComm, MpiComm, ...) so "
-                "far; use exact_mixing or CHOCO (choco_gossip<Codec>) over DeferredComm and other device spaces.");
+  static_assert(detail::gossip_over_space<algorithm>,
+                "commpact::GossipMixer: every gossip algorithm runs in its communicator's space (over_space).");
 
  public:
   //! What the codec parameter configures (the codec itself, or the algorithm's parameters).
@@ -145,8 +144,8 @@ class GossipMixer {
   //! communicator's space). Returns false when the round was skipped (a non-finite model
   //! under nonfinite::skip_step; x unchanged).
   //!
-  //! D-PSGD and CHOCO queue the whole round in the space (check, agreement, exchange,
-  //! mix) and fence once; a round that raises or is skipped changes nothing: x, the
+  //! Every algorithm queues the whole round in the space (check, agreement, exchange,
+  //! mix) and fences once; a round that raises or is skipped changes nothing: x, the
   //! public copies and the counters are as before (the same decision on every rank,
   //! except a malformed message, which raises wire_error on its receiver).
   bool mix(span<float> x) {
@@ -154,31 +153,23 @@ class GossipMixer {
             " floats but the registered shapes hold ", n_, "; pass the whole flat parameter buffer.");
     ex_.check_setup(hash_);
     auto& st = ex_.stats();
-    if constexpr (over_space) {
-      const gossip_stats before = st;
-      std::int64_t flag = 0;
-      try {
-        ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
-        algo_.queue(x, ex_, opt_);
-        flag = ex_.finish_round(before, algo_.why());
-      } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
-        st = before;
-        throw;
-      }
-      if (flag == 2) algo_.raise_short();
-      if (flag == 1) {
-        ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps));
-        ++st.steps, ++st.skipped;
-        return false;
-      }
-      algo_.commit();
-    } else {
-      if (!ex_.all_finite(x, opt_, static_cast<std::int64_t>(st.steps))) {
-        ++st.steps, ++st.skipped;
-        return false;
-      }
-      algo_.mix(x, ex_);
+    const gossip_stats before = st;
+    std::int64_t flag = 0;
+    try {
+      ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
+      algo_.queue(x, ex_, opt_);
+      flag = ex_.finish_round(before, algo_.why());
+    } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
+      st = before;
+      throw;
     }
+    if (flag == 2) algo_.raise_short();
+    if (flag == 1) {
+      ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps));
+      ++st.steps, ++st.skipped;
+      return false;
+    }
+    algo_.commit();
     ++st.steps;
     return true;
   }
@@ -220,14 +211,12 @@ class GossipMixer {
   //! Bytes one call of mix() sends to each neighbour (payload; PowerGossip: first phase).
   std::size_t message_bytes() const { return algo_.message_bytes(); }
 
-  //! Address and capacity of every buffer of the mixer's data plane, sorted (D-PSGD and
-  //! CHOCO; tests check that nothing is allocated after the first mix()).
+  //! Address and capacity of every buffer of the mixer's data plane, sorted (tests
+  //! check that nothing is allocated after the first mix()).
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
-    if constexpr (over_space) {
-      ex_.add_signature(s);
-      algo_.add_signature(s);
-    }
+    ex_.add_signature(s);
+    algo_.add_signature(s);
     std::sort(s.begin(), s.end());
     return s;
   }

@@ -15,19 +15,28 @@
 //! Vectors (biases) are mixed exactly as in D-PSGD. Bytes per edge per round, each way:
 //! 4 r (m or n) per matrix plus 4 n per vector. The rank is clamped per matrix to
 //! min(n, m).
+//!
+//! Runs in the communicator's space (comm_space_t<Comm>): the shared factors, their
+//! orthonormalised copies, the differences and the messages are the space's buffers;
+//! each round queues, per edge and matrix, the orthonormalisation
+//! (ops::power_gossip_orthonormalize) and the projection (ops::lowrank_back_project or
+//! lowrank_project), the exchange of a different message per edge (known size), and
+//! the updates (ops::power_gossip_update, power_gossip_vectors), which change nothing
+//! when the round failed; commit() then makes the differences the shared factors.
 
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
-#include "../kernels/host/lowrank.hpp"
+#include "../kernels/deferred/ops.hpp"
+#include "../kernels/host/ops.hpp"
 #include "../kernels/host/orthogonalize.hpp"
 #include "../state.hpp"
 #include "exchange.hpp"
@@ -56,9 +65,19 @@ class power_gossip_algorithm {
  public:
   static constexpr std::int64_t id = 2;
   static constexpr const char* name = "PowerGossip";
+  //! Runs in the communicator's space (GossipMixer drives round_bytes(), queue(), commit()).
+  static constexpr bool over_space = true;
+  //! The messages (one per neighbour) live in the algorithm's buffer, not the exchange's.
+  static constexpr bool own_message = false;
+  using space_type = comm_space_t<Comm>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
+  using K = ops<space_type>;
 
   power_gossip_algorithm(const tensor_layout& layout, std::size_t, power_gossip<R> pol, neighbor_exchange<Comm>& ex)
-      : pol_(pol), me_(ex.rank()) {
+      : pol_(pol), me_(ex.rank()), self_w_(ex.self_weight()), exec_(ex.exec()) {
     require(std::isfinite(pol_.gamma) && pol_.gamma > 0.0 && pol_.gamma <= 1.0, "commpact::power_gossip: gamma = ",
             pol_.gamma, " must be in (0, 1].");
     std::size_t off = 0, voff = 0;
@@ -72,22 +91,34 @@ class power_gossip_algorithm {
       if (!t.matrix) {
         t.v_off = voff;
         voff += t.rows * t.cols;
+      } else {
+        t.v_off = slot_floats_;  // the matrix's slot in an edge's factors
+        slot_floats_ += std::max(t.rows, t.cols) * t.r;
+        max_nm_ = std::max(max_nm_, t.rows * t.cols);
       }
       off += t.rows * t.cols;
       t_.push_back(t);
     }
     n_vec_ = voff;
     nb_.assign(ex.neighbors().begin(), ex.neighbors().end());
-    shared_.resize(nb_.size());
+    for (std::size_t k = 0; k < nb_.size(); ++k) w_.push_back(ex.weight(k));
+    // The first shared factors: n x r Gaussian from the edge's seed, the rest of each slot 0.
+    std::vector<float> init(nb_.size() * slot_floats_, 0.0f);
     for (std::size_t k = 0; k < nb_.size(); ++k)
-      for (std::size_t i = 0; i < t_.size(); ++i) {
-        if (!t_[i].matrix) continue;
-        std::vector<float> f(std::max(t_[i].rows, t_[i].cols) * t_[i].r, 0.0f);
-        host::fill_gaussian(std::span<float>(f.data(), t_[i].rows * t_[i].r), edge_seed(k, i, ~0ull, 0));
-        shared_[k].push_back(std::move(f));
-      }
-    ortho_ = shared_;
-    diff_ = shared_;
+      for (std::size_t i = 0; i < t_.size(); ++i)
+        if (t_[i].matrix)
+          host::fill_gaussian(std::span<float>(init.data() + k * slot_floats_ + t_[i].v_off, t_[i].rows * t_[i].r),
+                              host::mix_seed(edge_seed(k), i, ~0ull, 0));
+    const std::size_t max_bytes = std::max(message_bytes(0), message_bytes(1));
+    for (auto* b : {&shared_, &ortho_, &diff_}) {
+      b->resize(init.size());
+      if (!init.empty()) K::from_host(exec_, std::span<const float>(init), b->view());
+    }
+    send_.resize(nb_.size() * (max_bytes / 4));
+    upd_.resize(max_nm_);
+    vacc_.resize(n_vec_);
+    ex.reserve_messages(max_bytes);
+    space_type::fence(exec_, no_deadline());
   }
 
   //! Bytes of one message in the current phase (0: m x r projections, 1: n x r).
@@ -97,133 +128,139 @@ class power_gossip_algorithm {
       if (t.matrix) f += (phase == 0 ? t.cols : t.rows) * t.r;
     return 4 * f;
   }
+  //! The bytes of this round's message to each neighbour.
+  std::size_t round_bytes() { return message_bytes(phase()); }
 
-  void mix(std::span<float> x, neighbor_exchange<Comm>& ex) {
-    const int phase = static_cast<int>(round_ % 2);  // 0: shared is n x r; 1: shared is m x r
-    const std::size_t bytes = message_bytes(phase);
-    // 1. Orthonormalise (a copy of) the shared factors and build each neighbour's message.
+  //! Queues the round after the exchange's check: per edge, the orthonormalised shared
+  //! factors and the projections of x (this edge's message, then the vectors), the
+  //! flag's agreement, the exchange, then the vectors' exact mix and, per edge and
+  //! matrix, the update (nothing when the round failed).
+  void queue(span<float> x, neighbor_exchange<Comm>& ex, const gossip_options& opt) {
+    const auto e = exec_;
+    const int ph = phase();
+    const std::size_t bytes = message_bytes(ph), floats = bytes / 4;
+    const span<const float> xc(x);
     for (std::size_t k = 0; k < nb_.size(); ++k) {
-      auto& msg = ex.send_buffer(k);
-      msg.resize(bytes);
-      auto* out = reinterpret_cast<float*>(msg.data());
-      std::size_t mi = 0;
+      const auto msg = send_.view().subspan(k * floats, floats);
+      std::size_t pos = 0;
       for (std::size_t i = 0; i < t_.size(); ++i) {
         const auto& t = t_[i];
         if (!t.matrix) continue;
-        const std::size_t len = phase == 0 ? t.rows : t.cols;  // length of the shared columns
-        float* s = ortho_[k][mi].data();
-        std::copy_n(shared_[k][mi].data(), len * t.r, s);
-        ++mi;
-        orthonormalize_shared(s, len, t.r, k, i);
-        const std::span<const float> X(x.data() + t.offset, t.rows * t.cols);
-        const std::span<const float> S(s, len * t.r);
-        const std::size_t ql = phase == 0 ? t.cols : t.rows;
-        if (phase == 0) host::lowrank_back_project(X, t.rows, t.cols, S, t.r, {out, ql * t.r});  // X^T s: m x r
-        else host::lowrank_project(X, t.rows, t.cols, S, t.r, {out, ql * t.r});                 // X s: n x r
-        out += ql * t.r;
+        const std::size_t len = ph == 0 ? t.rows : t.cols, ql = ph == 0 ? t.cols : t.rows;
+        const auto S = ortho_.view().subspan(k * slot_floats_ + t.v_off, len * t.r);
+        K::copy(e, shared_.cview().subspan(k * slot_floats_ + t.v_off, len * t.r), S);
+        K::power_gossip_orthonormalize(e, S, len, t.r, edge_seed(k), static_cast<std::uint64_t>(i), round_ + 1);
+        const auto out = msg.subspan(pos, ql * t.r);
+        const std::size_t nm = t.rows * t.cols;
+        if (ph == 0) K::lowrank_back_project(e, xc.subspan(t.offset, nm), t.rows, t.cols, span<const float>(S), t.r, out);
+        else K::lowrank_project(e, xc.subspan(t.offset, nm), span<const float>(), x.subspan(t.offset, nm), t.rows,
+                                t.cols, span<const float>(S), t.r, out);
+        pos += ql * t.r;
       }
       for (const auto& t : t_)
-        if (!t.matrix) std::memcpy(out + t.v_off, x.data() + t.offset, 4 * t.rows * t.cols);
+        if (!t.matrix) K::copy(e, xc.subspan(t.offset, t.rows * t.cols), msg.subspan(pos + t.v_off, t.rows * t.cols));
     }
-    ex.exchange();
-    for (std::size_t k = 0; k < nb_.size(); ++k)
-      require<wire_error>(ex.received(k).size() == bytes, "commpact::GossipMixer (PowerGossip): rank ", nb_[k],
-                          " sent ", ex.received(k).size(), " bytes; this round's message is ", bytes, " bytes.");
-    // 2. Vectors: exact D-PSGD mixing, from the values before this round's update.
-    vacc_.resize(n_vec_);
+    ex.agree_flag(opt);
+    using std::as_bytes;
+    ex.exchange_each_known(as_bytes(send_.cview().first(nb_.size() * floats)));
+    const auto recv = ex.received_all();
+    const auto words = span<const std::int64_t>(ex.words());
+    // The vectors: exact D-PSGD mixing (the matrices' updates below do not touch them).
+    const std::size_t vec_pos = floats - n_vec_;
     for (const auto& t : t_)
       if (!t.matrix)
-        for (std::size_t i = 0; i < t.rows * t.cols; ++i) vacc_[t.v_off + i] = ex.self_weight() * x[t.offset + i];
+        K::power_gossip_vectors(e, x.subspan(t.offset, t.rows * t.cols), recv, bytes, 4 * (vec_pos + t.v_off),
+                                ex.weights(), self_w_, vacc_.view().first(t.rows * t.cols), words);
+    // The matrices: per edge (ascending) the same product at both ends, added with opposite signs.
     for (std::size_t k = 0; k < nb_.size(); ++k) {
-      const auto* mine = reinterpret_cast<const float*>(ex.send_buffer(k).data());
-      const auto* theirs = reinterpret_cast<const float*>(ex.received(k).data());
       const bool lower = me_ < nb_[k];
-      const float* q_low = lower ? mine : theirs;
-      const float* q_high = lower ? theirs : mine;
-      const auto coef = static_cast<float>((lower ? 1.0 : -1.0) * pol_.gamma * ex.weight(k));
-      std::size_t pos = 0, mi = 0;
+      const auto coef = static_cast<float>((lower ? 1.0 : -1.0) * pol_.gamma * w_[k]);
+      std::size_t pos = 0;
       for (const auto& t : t_) {
         if (!t.matrix) continue;
-        const float* s = ortho_[k][mi].data();
-        float* d = diff_[k][mi].data();
-        ++mi;
-        const std::size_t dl = phase == 0 ? t.cols : t.rows;  // length of d's columns
-        for (std::size_t i = 0; i < dl * t.r; ++i) d[i] = q_high[pos + i] - q_low[pos + i];
+        const std::size_t len = ph == 0 ? t.rows : t.cols, dl = ph == 0 ? t.cols : t.rows;
+        const std::size_t slot = k * slot_floats_ + t.v_off, nm = t.rows * t.cols;
+        K::power_gossip_update(e, x.subspan(t.offset, nm), t.rows, t.cols, ortho_.cview().subspan(slot, len * t.r),
+                               send_.cview().subspan(k * floats + pos, dl * t.r),
+                               recv.subspan(k * bytes + 4 * pos, 4 * dl * t.r), diff_.view().subspan(slot, dl * t.r),
+                               t.r, ph, lower, coef, upd_.view().first(nm), words);
         pos += dl * t.r;
-        // X += coef * (phase 0: s d^T; phase 1: d s^T), n x m row-major. Both ends
-        // compute the same product U and add it with opposite signs, so the pair's sum is kept.
-        const std::size_t nm = t.rows * t.cols;
-        upd_.resize(nm);
-        host::lowrank_approx(upd_, t.rows, t.cols, {phase == 0 ? s : d, t.rows * t.r},
-                             {phase == 0 ? d : s, t.cols * t.r}, t.r);
-        float* X = x.data() + t.offset;
-        for (std::size_t i = 0; i < nm; ++i) X[i] += coef * upd_[i];
-      }
-      if (n_vec_) {
-        const float* v = theirs + pos;
-        const double w = ex.weight(k);
-        for (std::size_t i = 0; i < n_vec_; ++i) vacc_[i] += w * static_cast<double>(v[i]);
       }
     }
-    for (const auto& t : t_)
-      if (!t.matrix)
-        for (std::size_t i = 0; i < t.rows * t.cols; ++i) x[t.offset + i] = static_cast<float>(vacc_[t.v_off + i]);
-    // 3. The difference becomes the next shared factor (both ends hold the same d).
-    std::swap(shared_, diff_);
+  }
+  //! PowerGossip's messages are never malformed (the size is known).
+  const std::string& why() const { return why_; }
+  [[noreturn]] void raise_short() const { throw wire_error("commpact::GossipMixer (PowerGossip): unreachable"); }
+  //! A round that mixed: the differences become the next shared factors (both ends hold the same d).
+  void commit() {
+    shared_.swap(diff_);
     ++round_;
   }
 
   void save(state::writer& w) const {
     w.i64(20, static_cast<std::int64_t>(round_));
-    for (const auto& edge : shared_)
-      for (const auto& f : edge) w.f32s(21, f);
+    std::vector<float> h(shared_.size());
+    if (!h.empty()) {
+      K::to_host(exec_, shared_.cview(), std::span<float>(h));
+      space_type::fence(exec_, no_deadline());
+    }
+    for (std::size_t k = 0; k < nb_.size(); ++k)
+      for (const auto& t : t_)
+        if (t.matrix) w.f32s(21, std::span<const float>(h).subspan(k * slot_floats_ + t.v_off, slot_of(t)));
   }
   struct staged {
     std::uint64_t round = 0;
-    std::vector<std::vector<std::vector<float>>> shared;
+    std::vector<float> shared;
   };
   staged read(state::reader& r) const {
     staged s;
     const auto round = r.i64(20);
     r.require_that<wire_error>(round >= 0, "the PowerGossip round ", round, " is negative; the state is corrupted.");
     s.round = static_cast<std::uint64_t>(round);
-    s.shared = shared_;
-    for (auto& edge : s.shared)
-      for (auto& f : edge) f = r.f32s(21, f.size());
+    s.shared.reserve(shared_.size());
+    for (std::size_t k = 0; k < nb_.size(); ++k)
+      for (const auto& t : t_)
+        if (t.matrix) {
+          const auto f = r.f32s(21, slot_of(t));
+          s.shared.insert(s.shared.end(), f.begin(), f.end());
+        }
     return s;
   }
   void install(staged&& s) {
     round_ = s.round;
-    shared_ = std::move(s.shared);
+    if (!s.shared.empty()) K::from_host(exec_, std::span<const float>(s.shared), shared_.view());
+    space_type::fence(exec_, no_deadline());
+  }
+
+  template <class Out>
+  void add_signature(Out& s) const {
+    for (const auto* b : {&shared_, &ortho_, &diff_, &send_, &upd_}) s.emplace_back(b->data(), b->capacity());
+    s.emplace_back(vacc_.data(), vacc_.capacity());
   }
 
  private:
-  std::uint64_t edge_seed(std::size_t k, std::size_t t, std::uint64_t step, std::uint64_t col) const {
+  int phase() const { return static_cast<int>(round_ % 2); }  // 0: shared is n x r; 1: shared is m x r
+  static std::size_t slot_of(const tensor& t) { return std::max(t.rows, t.cols) * t.r; }
+
+  //! The seed both ends of edge k share (mixed with the tensor, the round and the column).
+  std::uint64_t edge_seed(std::size_t k) const {
     const auto lo = static_cast<std::uint64_t>(std::min(me_, nb_[k]));
     const auto hi = static_cast<std::uint64_t>(std::max(me_, nb_[k]));
-    return host::mix_seed(pol_.seed ^ (lo << 32 | hi), t, step, col);
-  }
-
-  //! Orthonormalises a shared factor (len x r); zero columns are redrawn from the edge
-  //! seed and the round, identically at both ends.
-  void orthonormalize_shared(float* s, std::size_t len, std::size_t r, std::size_t k, std::size_t t) {
-    int kept = host::orthonormalize_columns(s, len, static_cast<int>(r), len);
-    for (int attempt = 0; kept < static_cast<int>(r) && attempt < 2; ++attempt) {
-      for (std::size_t c = 0; c < r; ++c)
-        if (host::column_is_zero(s, len, c, len))
-          host::fill_gaussian(std::span<float>(s + c * len, len), edge_seed(k, t, round_ + 1, c + 1 + attempt * r));
-      kept = host::orthonormalize_columns(s, len, static_cast<int>(r), len);
-    }
+    return pol_.seed ^ (lo << 32 | hi);
   }
 
   power_gossip<R> pol_;
   int me_;
+  double self_w_;
+  typename space_type::exec exec_;
   std::vector<tensor> t_;
-  std::size_t n_vec_ = 0;
+  std::size_t n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0;
   std::vector<int> nb_;
-  std::vector<std::vector<std::vector<float>>> shared_, ortho_, diff_;
-  std::vector<double> vacc_;
-  std::vector<float> upd_;
+  std::vector<double> w_;
+  // Per edge k, one slot of max(n, m) r floats per matrix at k slot_floats_ + its offset.
+  buffer<float> shared_, ortho_, diff_, send_, upd_;
+  buffer<double> vacc_;
+  std::string why_;
   std::uint64_t round_ = 0;
 };
 

@@ -52,6 +52,9 @@
 //! | `linear_feedback(e, codec, acc, approx, dense)` | LinearCompressor: acc -= B A acc (the delivered indices zeroed, or through approx (m) and dense (n)) |
 //! | `signum_update(e, next, m, g, beta, status)` | MajorityVote: next = beta m + (1 - beta) g (g when m is empty); status \|= nonfinite when a value is not finite |
 //! | `sign_vote(e, blocks, block_floats, scaled, out, status)` | Vote<C>: every block's sign payload checked (else status \|= wire, out untouched), then out[i] = s sign(sum_r sign_r[i]), s the mean scale or 1 (kernels/host/linear_vote.hpp) |
+//! | `power_gossip_orthonormalize(e, s, len, r, seed, t, step)` | PowerGossip: orthonormalize(s, len, r); while a column stays zero (at most twice, attempt a = 0, 1), every zero column c = gaussian(mix_seed(seed, t, step, c + 1 + a r)) and orthonormalize again (kernels/host/power_gossip.hpp) |
+//! | `power_gossip_update(e, X, n, m, S, mine, theirs, d, r, phase, lower, coef, upd, words)` | PowerGossip: when words[0] = words[2] = 0, d = q_high - q_low (mine is q_low when lower; theirs: bytes of floats), upd = S d^T (phase 0) or d S^T (phase 1) in lowrank.hpp's order, X += coef upd in float |
+//! | `power_gossip_vectors(e, x, recv, stride, offset, w, w_self, acc, words)` | PowerGossip: when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the floats at byte offset of recv's k-th block of stride bytes, k ascending |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

@@ -131,6 +131,9 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(linear_feedback)
   COMMPACT_DEFERRED_OP(signum_update)
   COMMPACT_DEFERRED_OP(sign_vote)
+  COMMPACT_DEFERRED_OP(power_gossip_orthonormalize)  // PowerGossip
+  COMMPACT_DEFERRED_OP(power_gossip_update)  // PowerGossip
+  COMMPACT_DEFERRED_OP(power_gossip_vectors)  // PowerGossip
 #undef COMMPACT_DEFERRED_OP
   // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \

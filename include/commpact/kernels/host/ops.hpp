@@ -23,6 +23,7 @@
 #include "gossip.hpp"
 #include "oktopk.hpp"
 #include "linear_vote.hpp"
+#include "power_gossip.hpp"  // PowerGossip
 #include "sparse_tree.hpp"
 #include "topk.hpp"
 #include "vector_ops.hpp"
@@ -252,6 +253,23 @@ struct ops<host_space> {
   static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
                         span<std::uint32_t> status) {
     host::sign_vote(blocks, block_floats, scaled, out, status);
+  }
+
+  // ---- PowerGossip (kernels/host/power_gossip.hpp); words: the round's 3 status words ----
+  static void power_gossip_orthonormalize(exec, span<float> s, std::size_t len, std::size_t r, std::uint64_t seed,
+                                          std::uint64_t tensor, std::uint64_t step) {  // PowerGossip
+    host::power_gossip::orthonormalize_shared(s, len, r, seed, tensor, step);
+  }
+  static void power_gossip_update(exec, span<float> X, std::size_t n, std::size_t m, span<const float> S,
+                                  span<const float> mine, span<const std::byte> theirs, span<float> d, std::size_t r,
+                                  int phase, bool lower, float coef, span<float> upd,
+                                  span<const std::int64_t> words) {  // PowerGossip
+    host::power_gossip::update(X, n, m, S, mine, theirs, d, r, phase, lower, coef, upd, words);
+  }
+  static void power_gossip_vectors(exec, span<float> x, span<const std::byte> recv, std::size_t stride,
+                                   std::size_t offset, span<const double> w, double self_w, span<double> acc,
+                                   span<const std::int64_t> words) {  // PowerGossip
+    host::power_gossip::vectors(x, recv, stride, offset, w, self_w, acc, words);
   }
 };
 
