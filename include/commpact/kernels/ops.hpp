@@ -52,6 +52,8 @@
 //! | `linear_feedback(e, codec, acc, approx, dense)` | LinearCompressor: acc -= B A acc (the delivered indices zeroed, or through approx (m) and dense (n)) |
 //! | `signum_update(e, next, m, g, beta, status)` | MajorityVote: next = beta m + (1 - beta) g (g when m is empty); status \|= nonfinite when a value is not finite |
 //! | `sign_vote(e, blocks, block_floats, scaled, out, status)` | Vote<C>: every block's sign payload checked (else status \|= wire, out untouched), then out[i] = s sign(sum_r sign_r[i]), s the mean scale or 1 (kernels/host/linear_vote.hpp) |
+//! | `tree_begin(e, m, block, self, b)` | TreeMerge: starts the tree merge from this rank's block (a sparse_wire frame): the state tree_local leaves; a malformed block sets status_wire with wire_peer = self (kernels/host/tree_block.hpp) |
+//! | `tree_status(e, m, status)` | TreeMerge: status \|= wire (malformed frame), nonfinite (flagged or non-finite sum), rejected (a rank rejected its input, or n or k differ): 0 exactly when tree_scatter wrote |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

@@ -131,6 +131,8 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(linear_feedback)
   COMMPACT_DEFERRED_OP(signum_update)
   COMMPACT_DEFERRED_OP(sign_vote)
+  COMMPACT_DEFERRED_OP(tree_begin)  // TreeMerge
+  COMMPACT_DEFERRED_OP(tree_status)  // TreeMerge
 #undef COMMPACT_DEFERRED_OP
   // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \

@@ -25,6 +25,7 @@
 #include "linear_vote.hpp"
 #include "sparse_tree.hpp"
 #include "topk.hpp"
+#include "tree_block.hpp"
 #include "vector_ops.hpp"
 
 namespace commpact {
@@ -252,6 +253,15 @@ struct ops<host_space> {
   static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
                         span<std::uint32_t> status) {
     host::sign_vote(blocks, block_floats, scaled, out, status);
+  }
+
+  // ---- TreeMerge<Tree> (kernels/host/tree_block.hpp) ------------------------------------
+  static void tree_begin(exec, span<sparse_tree_meta> m, span<const std::byte> block, int self,
+                         const tree_views& b) {  // TreeMerge
+    host::tree::begin(m[0], block, self, b);
+  }
+  static void tree_status(exec, span<const sparse_tree_meta> m, span<std::uint32_t> status) {  // TreeMerge
+    host::tree::status(m[0], status);
   }
 };
 
