@@ -10,6 +10,8 @@
 #include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/aggregations/tree_merge.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/kernels/host/topk.hpp>
 
 #include <algorithm>
 #include <bit>
@@ -21,6 +23,7 @@
 #include <vector>
 
 #include "common/bits.hpp"
+#include "common/random.hpp"
 
 using namespace commpact;
 using DC = DeferredComm<ThreadComm>;
@@ -210,4 +213,27 @@ TEST_CASE("TreeMerge::block rejects a capacity that is not a sparse frame's, nam
     CHECK_THROWS_WITH(agg.block(52), Catch::Contains("sparse_tree_frame_bytes"));
     CHECK_NOTHROW(agg.block(sparse_tree_frame_bytes(3, false)));
   });
+}
+
+TEST_CASE("TreeMerge fed by blocks of each rank's top-k gives gTopK's first step bit for bit (the fused local "
+          "phase and the block path merge alike)",
+          "[aggregation][tree_merge]") {
+  const int P = GENERATE(1, 2, 3, 5);
+  const std::size_t n = 300;
+  CAPTURE(P);
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    const auto g = commpact_test::normal(77 + comm.rank(), n);
+    gTopK<TreeComm<ThreadComm>> gt{comm, {.density = 0.05}};
+    auto grad = g;
+    const bool delivered = gt.reduce(std::span<float>(grad));
+    const auto k = static_cast<std::size_t>(gt.k());
+    sparse_set s{std::vector<std::int32_t>(k), std::vector<float>(k)};
+    host::topk_workspace ws;
+    host::topk_abs(std::span<const float>(g), k, std::span<std::int32_t>(s.idx), std::span<float>(s.val), ws);
+    const auto blk = frame(s, static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), k);
+    const auto r = drive(comm, blk, n);
+    ok[comm.rank()] = delivered && r.shape && r.status == 0 && commpact_test::same_bits(r.out, grad);
+  });
+  for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }
