@@ -67,7 +67,8 @@ sparse_set merge(const sparse_set& a, const sparse_set& b, std::size_t k) {
     else it->second = it->second + b.val[e];
   }
   std::vector<std::pair<std::int32_t, float>> v(u.begin(), u.end());
-  std::stable_sort(v.begin(), v.end(), [](const auto& x, const auto& y) { return std::fabs(x.second) > std::fabs(y.second); });
+  std::stable_sort(v.begin(), v.end(),
+                   [](const auto& x, const auto& y) { return std::fabs(x.second) > std::fabs(y.second); });
   if (v.size() > k) v.resize(k);
   std::sort(v.begin(), v.end());
   sparse_set s;
@@ -207,7 +208,8 @@ TEST_CASE("TreeMerge: a flagged, malformed or mismatched block leaves out untouc
   }
 }
 
-TEST_CASE("TreeMerge::block rejects a capacity that is not a sparse frame's, naming the fix", "[aggregation][tree_merge]") {
+TEST_CASE("TreeMerge::block rejects a capacity that is not a sparse frame's, naming the fix",
+          "[aggregation][tree_merge]") {
   run_threads(1, [&](ThreadComm& comm) {
     TreeMerge<TreeComm<ThreadComm>> agg{TreeComm<ThreadComm>{comm}};
     CHECK_THROWS_WITH(agg.block(52), Catch::Contains("sparse_tree_frame_bytes"));

@@ -102,7 +102,9 @@ class TreeMerge {
           "commpact::TreeMerge::block: this space has no tree_begin kernel yet; feed the merge through "
           "local_set() (as gTopK does) or run it over host_space or deferred_space.");
     }
-    require(capacity >= sparse_wire::header_bytes && (capacity - sparse_wire::header_bytes) % sparse_wire::entry_bytes == 0,
+    const bool framed = capacity >= sparse_wire::header_bytes &&
+                        (capacity - sparse_wire::header_bytes) % sparse_wire::entry_bytes == 0;
+    require(framed,
             "commpact::TreeMerge::block: a capacity of ", capacity,
             " bytes is not a sparse frame's; pass sparse_tree_frame_bytes(kcap, false) = 48 + 8 kcap.");
     const std::size_t kcap = (capacity - sparse_wire::header_bytes) / sparse_wire::entry_bytes;

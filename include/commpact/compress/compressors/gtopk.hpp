@@ -39,8 +39,9 @@
 //! load_state()) adds one allreduce of 7 int64 that agrees on n, the largest k and the
 //! step count.
 //!
-//! Space (v3). The exchange and the combination are TreeMerge<Tree>
-//! (aggregations/tree_merge.hpp), fed by the fused local phase. The data plane runs in the space of the tree's communicator
+//! Space (v3). Steps 2 and 3 are the aggregation TreeMerge<Tree>
+//! (aggregations/tree_merge.hpp), fed by the fused local phase (step 1). The data plane
+//! runs in the space of the tree's communicator
 //! (comm_space_t: host_space for ThreadComm and MpiComm, deferred_space for
 //! DeferredComm<C>, the CUDA space with NcclComm): every kernel is a row of ops<Space>,
 //! and the step is transactional in two phases:
@@ -169,18 +170,19 @@ class gTopK {
     }
     phase_ = phase::idle;
     const sparse_tree_meta& m = meta_host_;
+    const int me = agg_.comm().rank();
     if (m.status & status_wire) {
-      const auto why = detail::cat("gTopK: rank ", agg_.comm().rank(), " received a malformed frame from rank ", m.wire_peer,
+      const auto why = detail::cat("gTopK: rank ", me, " received a malformed frame from rank ", m.wire_peer,
                                    " at step ", steps_, ".");
       agg_.comm().abort(why);
       throw wire_error(detail::cat("commpact::", why, " The step is abandoned on every rank."));
     }
     if (m.cur.n_min != m.cur.n_max)
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the gradient length: rank ",
-                                       agg_.comm().rank(), " has n = ", m.n, ", the lengths range over [", m.cur.n_min, ", ",
+                                       me, " has n = ", m.n, ", the lengths range over [", m.cur.n_min, ", ",
                                        m.cur.n_max, "]; every rank must pass gradients of the same length."));
     if (m.cur.k_min != m.cur.k_max)
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", agg_.comm().rank(), " has k = ",
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", me, " has k = ",
                                        m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
                                        "]; every rank must use the same options and step count."));
     if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
