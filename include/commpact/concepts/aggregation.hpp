@@ -69,7 +69,8 @@ concept has_aggregation_comm = requires(A& a) {
 //!   status_nonfinite for a non-finite input or result) and then leaves out untouched;
 //! - `sources()`: how many ranks contributed.
 //! Models: Allgather<C> (decode in rank order, then the mean), Allreduce<C> (linear
-//! codecs: the sum is the compressed sum), Vote<C> (majority vote of sign bits).
+//! codecs: the sum is the compressed sum), Vote<C> (majority vote of sign bits),
+//! TreeMerge<Tree> (gTop-k's tree merge of sparse sets).
 template <class A>
 concept Aggregation = req::has_blocks<A> && req::has_aggregation_comm<A> && req::has_combine<A>;
 

@@ -55,6 +55,8 @@
 //! | `power_gossip_orthonormalize(e, s, len, r, seed, t, step)` | PowerGossip: orthonormalize(s, len, r); while a column stays zero (at most twice, attempt a = 0, 1), every zero column c = gaussian(mix_seed(seed, t, step, c + 1 + a r)) and orthonormalize again (kernels/host/power_gossip.hpp) |
 //! | `power_gossip_update(e, X, n, m, S, mine, theirs, d, r, phase, lower, coef, upd, words)` | PowerGossip: when words[0] = words[2] = 0, d = q_high - q_low (mine is q_low when lower; theirs: bytes of floats), upd = S d^T (phase 0) or d S^T (phase 1) in lowrank.hpp's order, X += coef upd in float |
 //! | `power_gossip_vectors(e, x, recv, stride, offset, w, w_self, acc, words)` | PowerGossip: when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the floats at byte offset of recv's k-th block of stride bytes, k ascending |
+//! | `tree_begin(e, m, block, self, b)` | TreeMerge: starts the tree merge from this rank's block (a sparse_wire frame): the state tree_local leaves; a malformed block sets status_wire with wire_peer = self (kernels/host/tree_block.hpp) |
+//! | `tree_status(e, m, status)` | TreeMerge: status \|= wire (malformed frame), nonfinite (flagged or non-finite sum), rejected (a rank rejected its input, or n or k differ): 0 exactly when tree_scatter wrote |
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the

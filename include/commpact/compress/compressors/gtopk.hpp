@@ -39,7 +39,9 @@
 //! load_state()) adds one allreduce of 7 int64 that agrees on n, the largest k and the
 //! step count.
 //!
-//! Space (v3). The data plane runs in the space of the tree's communicator
+//! Space (v3). Steps 2 and 3 are the aggregation TreeMerge<Tree>
+//! (aggregations/tree_merge.hpp), fed by the fused local phase (step 1). The data plane
+//! runs in the space of the tree's communicator
 //! (comm_space_t: host_space for ThreadComm and MpiComm, deferred_space for
 //! DeferredComm<C>, the CUDA space with NcclComm): every kernel is a row of ops<Space>,
 //! and the step is transactional in two phases:
@@ -79,6 +81,7 @@
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/host/sparse_tree.hpp"
 #include "../../state.hpp"
+#include "../aggregations/tree_merge.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../codecs/sparse_wire.hpp"
 #include "../step_phase.hpp"
@@ -99,7 +102,7 @@ class gTopK {
   template <class T>
   using buffer = typename space_type::template buffer<T>;
 
-  explicit gTopK(tree_type tree, options opt = {}) : tree_(std::move(tree)), opt_(std::move(opt)) {
+  explicit gTopK(tree_type tree, options opt = {}) : agg_(std::move(tree)), opt_(std::move(opt)) {
     detail::validate_sparse_options(opt_, "gTopK");
   }
   //! Builds the tree schedule from a communicator: gTopK<TreeComm<C>>{comm, opt}.
@@ -118,7 +121,7 @@ class gTopK {
   void start(span<float> grad) {
     phase_.require_idle("gTopK");
     const auto e = exec();
-    const int P = tree_.size();
+    const int P = agg_.sources();
     const auto n = static_cast<std::int64_t>(grad.size());
     if (!agreed_) agree(n);
     k_ = detail::k_at(opt_, steps_, n);
@@ -126,7 +129,7 @@ class gTopK {
     if (problem_.empty()) problem_ = detail::length_problem("gTopK", n, n_);
     // Frames are sized from what every rank agreed (n_ and the step count), so that a
     // rank whose own n or k is wrong still sends a frame of the right size, flagged.
-    frame_k_ = static_cast<std::size_t>(std::clamp<std::int64_t>(detail::k_at(opt_, steps_, n_), 1, kmax_));
+    const auto frame_k = static_cast<std::size_t>(std::clamp<std::int64_t>(detail::k_at(opt_, steps_, n_), 1, kmax_));
     grad_ = grad;
     const bool ok = problem_.empty();
     const std::uint16_t flags = ok ? 0 : sparse_wire::flag_failed;
@@ -136,16 +139,17 @@ class gTopK {
       if (opt_.clip_norm > 0.0f) ops<space_type>::clip_scale(e, cview(grad), opt_.clip_norm, P, scale_.view());
     }
     const auto none = span<float>{};
-    ops<space_type>::tree_local(e, meta_.view(), n, k_, flags, ok ? acc_.view() : none,
+    // The fused local phase writes this rank's set straight into the tree merge's buffers.
+    const auto local = agg_.local_set(frame_k);
+    ops<space_type>::tree_local(e, local.meta, n, k_, flags, ok ? acc_.view() : none,
                                 ok && opt_.momentum > 0.0f ? u_next_.view() : none, residual_.cview(),
                                 velocity_.cview(), cview(grad), opt_.momentum,
-                                opt_.clip_norm > 0.0f && ok ? scale_.cview() : span<const float>{}, views_, ws_);
+                                opt_.clip_norm > 0.0f && ok ? scale_.cview() : span<const float>{}, local.views, ws_);
     phase_ = phase::started;
     try {
-      stepper s{*this};
-      tree_.reduce_frames(s);
-      ops<space_type>::tree_scatter(e, meta_.cview(), grad, views_, P);
-      ops<space_type>::to_host(e, meta_.cview(), std::span<sparse_tree_meta>(&meta_host_, 1));
+      agg_.exchange();
+      agg_.combine(no_codec{}, grad, span<std::uint32_t>{});  // the status: the meta, read after the fence
+      ops<space_type>::to_host(e, agg_.meta(), std::span<sparse_tree_meta>(&meta_host_, 1));
     } catch (...) {
       phase_ = phase::idle;
       throw;
@@ -166,18 +170,19 @@ class gTopK {
     }
     phase_ = phase::idle;
     const sparse_tree_meta& m = meta_host_;
+    const int me = agg_.comm().rank();
     if (m.status & status_wire) {
-      const auto why = detail::cat("gTopK: rank ", tree_.rank(), " received a malformed frame from rank ", m.wire_peer,
+      const auto why = detail::cat("gTopK: rank ", me, " received a malformed frame from rank ", m.wire_peer,
                                    " at step ", steps_, ".");
-      tree_.abort(why);
+      agg_.comm().abort(why);
       throw wire_error(detail::cat("commpact::", why, " The step is abandoned on every rank."));
     }
     if (m.cur.n_min != m.cur.n_max)
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the gradient length: rank ",
-                                       tree_.rank(), " has n = ", m.n, ", the lengths range over [", m.cur.n_min, ", ",
+                                       me, " has n = ", m.n, ", the lengths range over [", m.cur.n_min, ", ",
                                        m.cur.n_max, "]; every rank must pass gradients of the same length."));
     if (m.cur.k_min != m.cur.k_max)
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", tree_.rank(), " has k = ",
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", me, " has k = ",
                                        m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
                                        "]; every rank must use the same options and step count."));
     if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
@@ -202,7 +207,7 @@ class gTopK {
     if (outcome_ == outcome::delivered) {
       residual_.swap(acc_);
       if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
-      ops<space_type>::tree_zero_delivered(exec(), meta_.cview(), residual_.view(), velocity_.view(), views_);
+      ops<space_type>::tree_zero_delivered(exec(), agg_.meta(), residual_.view(), velocity_.view(), agg_.views());
       last_count_ = meta_host_.cur_count;
     } else {
       ++skipped_;
@@ -267,19 +272,18 @@ class gTopK {
   //! Entries of the global set G of the last completed step (<= k).
   std::size_t last_count() const { return last_count_; }
   const options& opts() const { return opt_; }
-  tree_type& comm() { return tree_; }
+  tree_type& comm() { return agg_.comm(); }
+  //! The tree merge (an Aggregation) that this compressor feeds with its fused local phase.
+  const TreeMerge<tree_type>& aggregation() const { return agg_; }
 
   //! Address and capacity of every internal buffer, sorted, to check that steps after the
   //! first allocate nothing (tests compare it across steps).
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     auto add = [&](const auto& b) { s.emplace_back(b.data(), b.capacity()); };
-    add(mine_idx_), add(cur_idx_), add(oth_idx_), add(out_idx_), add(extra_idx_);
-    add(cur_val_), add(oth_val_), add(out_val_), add(mine_alive_), add(extra_alive_), add(mask_in_);
-    add(send_), add(recv_), add(meta_), add(scale_);
-    add(residual_), add(acc_), add(velocity_), add(u_next_);
+    add(scale_), add(residual_), add(acc_), add(velocity_), add(u_next_);
     s.emplace_back(ws_.data(), ws_.capacity_bytes());
-    s.emplace_back(mws_.data(), mws_.capacity_bytes());
+    agg_.add_signature(s);
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
   }
@@ -288,27 +292,10 @@ class gTopK {
   using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
 
-  //! TreeComm's reducer: queues the frame of each step and the merge of what arrives.
-  struct stepper {
-    gTopK& g;
-    span<const std::byte> frame_out(const tree_step& s) { return g.send_.view().first(g.frame_bytes(s)); }
-    span<std::byte> frame_in(const tree_step& s) { return g.recv_.view().first(g.frame_bytes(s)); }
-    void payload(const tree_step& s) {
-      ops<space_type>::tree_payload(g.exec(), g.meta_.cview(), s.stage, g.send_.view().first(g.frame_bytes(s)),
-                                    g.views_);
-    }
-    void absorb(const tree_step& s) {
-      ops<space_type>::tree_absorb(g.exec(), g.meta_.view(), s.stage, g.tree_.rank() < s.peer, s.peer,
-                                   span<const std::byte>(g.recv_.view().first(g.frame_bytes(s))), g.views_, g.mws_);
-    }
-  };
+  //! TreeMerge::combine's codec argument: the merged set needs no decoding.
+  struct no_codec {};
 
-  std::size_t frame_bytes(const tree_step& s) const {
-    const bool unfold = s.stage == tree_stage::unfold_send || s.stage == tree_stage::unfold_recv;
-    return sparse_tree_frame_bytes(frame_k_, unfold);
-  }
-
-  auto exec() const { return comm_exec(const_cast<tree_type&>(tree_)); }
+  auto exec() const { return comm_exec(const_cast<tree_type&>(agg_.comm())); }
 
   template <class T>
   static span<const T> cview(span<T> s) {
@@ -321,28 +308,18 @@ class gTopK {
     const auto km = detail::k_max(opt_, n);
     std::string problem = detail::sparse_problem("gTopK", n, std::max<std::int64_t>(detail::k_at(opt_, steps_, n), 0));
     if (problem.empty()) problem = detail::length_problem("gTopK", n, n_);
-    commpact::agree(tree_, "gTopK",
+    commpact::agree(agg_.comm(), "gTopK",
                     {{"the gradient length", n}, {"the largest k", km}, {"the step count", steps_},
                      {"the residual length", static_cast<std::int64_t>(residual_.size())}},
                     problem, steps_);
     n_ = n;
     kmax_ = std::max<std::int64_t>(km, 1);
-    const auto kc = static_cast<std::size_t>(kmax_);
-    for (auto* b : {&mine_idx_, &cur_idx_, &oth_idx_, &out_idx_, &extra_idx_}) b->resize(kc);
-    for (auto* b : {&cur_val_, &oth_val_, &out_val_}) b->resize(kc);
-    for (auto* b : {&mine_alive_, &extra_alive_, &mask_in_}) b->resize(kc);
-    const std::size_t fb = sparse_tree_frame_bytes(kc, true);
-    send_.resize(fb);
-    recv_.resize(fb);
-    meta_.resize(1);
+    agg_.reserve(static_cast<std::size_t>(kmax_));
     scale_.resize(1);
     const auto un = static_cast<std::size_t>(n);
     for (auto* b : {&acc_, &residual_}) b->reserve(un);
     if (opt_.momentum > 0.0f)
       for (auto* b : {&u_next_, &velocity_}) b->reserve(un);
-    views_ = {mine_idx_.view(),   cur_idx_.view(),     oth_idx_.view(), out_idx_.view(),
-              extra_idx_.view(),  cur_val_.view(),     oth_val_.view(), out_val_.view(),
-              mine_alive_.view(), extra_alive_.view(), mask_in_.view()};
     agreed_ = true;
   }
 
@@ -351,17 +328,10 @@ class gTopK {
     copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
-  tree_type tree_;
+  TreeMerge<tree_type> agg_;  // the exchange and the combination (compress/aggregations/tree_merge.hpp)
   options opt_;
   typename ops<space_type>::topk_workspace ws_;
-  typename ops<space_type>::merge_workspace mws_;
   buffer<float> residual_, acc_, velocity_, u_next_, scale_;
-  buffer<std::int32_t> mine_idx_, cur_idx_, oth_idx_, out_idx_, extra_idx_;
-  buffer<float> cur_val_, oth_val_, out_val_;
-  buffer<std::uint8_t> mine_alive_, extra_alive_, mask_in_;
-  buffer<std::byte> send_, recv_;
-  buffer<sparse_tree_meta> meta_;
-  typename ops<space_type>::tree_views views_{};
   sparse_tree_meta meta_host_{};
   span<float> grad_{};
   std::string problem_;
@@ -369,7 +339,7 @@ class gTopK {
   phase phase_;
   outcome outcome_ = outcome::delivered;
   std::int64_t n_ = 0, kmax_ = 1, k_ = 0;
-  std::size_t frame_k_ = 1, last_count_ = 0;
+  std::size_t last_count_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

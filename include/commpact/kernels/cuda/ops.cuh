@@ -21,6 +21,7 @@
 //! | tree_local | ef kernel (__fadd_rn/__fmul_rn as the host's ef_body) + topk_abs | bits |
 //! | tree_payload / tree_absorb | frame encode; decode + validation + merge (sparse_tree.cuh) | bits (frames byte for byte) |
 //! | tree_scatter / tree_zero_delivered | gated by the meta on the device | bits |
+//! | tree_status (TreeMerge) | one thread | bits (tree_begin, TreeMerge's block path, has no CUDA kernel yet) |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
 //! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN
@@ -335,6 +336,10 @@ struct ops<cuda_space> {
         cuda_access::ptr(m), cuda_access::ptr(residual), velocity.empty() ? nullptr : cuda_access::ptr(velocity),
         residual.size(), p);
     ck(cudaGetLastError(), "tree_zero_delivered");
+  }
+  static void tree_status(const exec& e, span<const sparse_tree_meta> m, span<std::uint32_t> status) {  // TreeMerge
+    cuda_kernels::detail::tree_status_kernel<<<1, 1, 0, e.stream()>>>(cuda_access::ptr(m), cuda_access::ptr(status));
+    ck(cudaGetLastError(), "tree_status");
   }
 
  private:

@@ -419,6 +419,13 @@ __global__ void tree_zero_delivered_kernel(const sparse_tree_meta* m, float* res
     if (velocity) velocity[i] = 0.0f;
   }
 }
+//! TreeMerge: status[0] |= the merge's outcome, as host::tree::status (kernels/host/tree_block.hpp). One thread.
+__global__ void tree_status_kernel(const sparse_tree_meta* m, std::uint32_t* status) {
+  std::uint32_t s = m->status & status_wire;
+  if (m->cur.flags & sparse_wire::flag_nonfinite) s |= status_nonfinite;
+  if ((m->cur.flags & sparse_wire::flag_failed) || (!healthy_dev(*m) && !(s & status_nonfinite))) s |= status_rejected;
+  status[0] |= s;
+}
 
 }  // namespace detail
 

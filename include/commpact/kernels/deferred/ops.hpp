@@ -134,6 +134,8 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(power_gossip_orthonormalize)  // PowerGossip
   COMMPACT_DEFERRED_OP(power_gossip_update)  // PowerGossip
   COMMPACT_DEFERRED_OP(power_gossip_vectors)  // PowerGossip
+  COMMPACT_DEFERRED_OP(tree_begin)  // TreeMerge
+  COMMPACT_DEFERRED_OP(tree_status)  // TreeMerge
 #undef COMMPACT_DEFERRED_OP
   // A row templated on a codec type K: ops<deferred_space>::name<K>(e, args...).
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \

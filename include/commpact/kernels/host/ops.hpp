@@ -26,6 +26,7 @@
 #include "power_gossip.hpp"  // PowerGossip
 #include "sparse_tree.hpp"
 #include "topk.hpp"
+#include "tree_block.hpp"
 #include "vector_ops.hpp"
 
 namespace commpact {
@@ -270,6 +271,15 @@ struct ops<host_space> {
                                    std::size_t offset, span<const double> w, double self_w, span<double> acc,
                                    span<const std::int64_t> words) {  // PowerGossip
     host::power_gossip::vectors(x, recv, stride, offset, w, self_w, acc, words);
+  }
+
+  // ---- TreeMerge<Tree> (kernels/host/tree_block.hpp) ------------------------------------
+  static void tree_begin(exec, span<sparse_tree_meta> m, span<const std::byte> block, int self,
+                         const tree_views& b) {  // TreeMerge
+    host::tree::begin(m[0], block, self, b);
+  }
+  static void tree_status(exec, span<const sparse_tree_meta> m, span<std::uint32_t> status) {  // TreeMerge
+    host::tree::status(m[0], status);
   }
 };
 
