@@ -14,8 +14,7 @@
 //! exchange is known-size point-to-point on its spans (exchange_same_known: one message
 //! for every neighbour; exchange_each_known: PowerGossip's message per neighbour;
 //! DeferredComm queues them), and finish_round() fences once, reads the status and
-//! rolls the counters back when the round failed. The host buffers (send_buffer,
-//! exchange, all_finite) remain for host-memory callers.
+//! rolls the counters back when the round failed.
 
 #include <cstddef>
 #include <array>
@@ -70,8 +69,6 @@ class neighbor_exchange {
     for (int j : topo.neighbors(me)) nb_.push_back(static_cast<int>(j));
     self_w_ = static_cast<double>(topo.weight(me, me));
     for (int j : nb_) w_.push_back(static_cast<double>(topo.weight(me, j)));
-    send_.resize(nb_.size());
-    recv_.resize(nb_.size());
     for (int r = 0; r < comm_.size(); ++r)
       for (int j : topo.neighbors(r)) edges_.push_back(static_cast<std::int64_t>(r) * comm_.size() + j);
   }
@@ -86,20 +83,6 @@ class neighbor_exchange {
   //! Every edge (r, j) of the topology as r * P + j, for the setup hash.
   const std::vector<std::int64_t>& edges() const { return edges_; }
 
-  std::vector<std::byte>& send_buffer(std::size_t k) { return send_[k]; }
-  std::span<const std::byte> received(std::size_t k) const { return recv_[k]; }
-
-  //! Sends send_buffer(k) to neighbour k (every k), then receives from each in order.
-  void exchange() {
-    for (std::size_t k = 0; k < nb_.size(); ++k) send(k, send_[k]);
-    for (std::size_t k = 0; k < nb_.size(); ++k) comm_.recv(nb_[k], recv_[k]);
-  }
-  //! Sends the same message to every neighbour, then receives.
-  void exchange_same(std::span<const std::byte> msg) {
-    for (std::size_t k = 0; k < nb_.size(); ++k) send(k, msg);
-    for (std::size_t k = 0; k < nb_.size(); ++k) comm_.recv(nb_[k], recv_[k]);
-  }
-
   //! Once: every rank built the same setup (one small allreduce; mismatch_error on every rank).
   void check_setup(std::int64_t hash) {
     if (checked_) return;
@@ -107,17 +90,6 @@ class neighbor_exchange {
                  "the GossipMixer setup (a hash of the algorithm, the layout and the topology's edges; build the same "
                  "mixer on every rank)");
     checked_ = true;
-  }
-
-  //! True when every rank's x is finite (the same answer on every rank). Otherwise
-  //! raises numeric_error on every rank, or returns false under skip_step.
-  bool all_finite(std::span<const float> x, const gossip_options& opt, std::int64_t round) {
-    if (!opt.check_finite) return true;
-    const std::size_t bad = detail::first_nonfinite(x);
-    std::int64_t flag = bad == x.size() ? 0 : 1;
-    comm_.allreduce(std::span<std::int64_t>(&flag, 1), reduce_op::max);
-    if (flag == 0) return true;
-    return nonfinite_round(bad, x.size(), opt, round);
   }
 
   // ---- the data plane in the communicator's space (D-PSGD, CHOCO) -------------------
@@ -233,18 +205,11 @@ class neighbor_exchange {
   const gossip_stats& stats() const { return stats_; }
 
  private:
-  void send(std::size_t k, std::span<const std::byte> msg) {
-    comm_.send(nb_[k], msg);
-    stats_.bytes_sent += msg.size();
-    ++stats_.messages_sent;
-  }
-
   Comm comm_;
   std::vector<int> nb_;
   std::vector<double> w_;
   double self_w_ = 1.0;
   std::vector<std::int64_t> edges_;
-  std::vector<std::vector<std::byte>> send_, recv_;
   gossip_stats stats_;
   bool checked_ = false;
   buffer<std::int64_t> words_;
