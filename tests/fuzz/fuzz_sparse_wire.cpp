@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <span>
 #include <vector>
 
@@ -57,7 +58,9 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   std::size_t room = h.count, mask_room = h.mask_bits;
   switch ((control >> 1) & 3u) {
     case 0: break;                                   // exactly what the header says
-    case 1: e.n = h.n_max + (control >> 3); break;   // the receiver's own n may differ
+    case 1:  // the receiver's own n may differ (without overflowing a header's n near INT64_MAX)
+      e.n = h.n_max <= std::numeric_limits<std::int64_t>::max() - 32 ? h.n_max + (control >> 3) : h.n_max;
+      break;
     case 2:                                          // a smaller limit or less room
       e.max_count = h.count / 2 + (control >> 3);
       room = h.count ? h.count - 1 : 0;
