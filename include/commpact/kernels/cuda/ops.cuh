@@ -50,6 +50,10 @@
 #include "../ops.hpp"
 #include "../status.hpp"
 #include "check.cuh"
+#include "rows_cast_vote.cuh"
+#include "rows_gossip.cuh"
+#include "rows_oktopk.cuh"
+#include "rows_power.cuh"
 #include "sparse_tree.cuh"
 #include "topk.cuh"
 #include "vector.cuh"
@@ -106,8 +110,10 @@ class merge_workspace {
 };
 }  // namespace cuda_kernels
 
+//! The rows of PowerCompressor, PowerGossip, CastAllreduce, LinearCompressor, MajorityVote,
+//! GossipMixer and OkTopK live in rows_*.cuh (one file per consumer) and are inherited.
 template <>
-struct ops<cuda_space> {
+struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::gossip, cuda_rows::oktopk {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
