@@ -70,7 +70,8 @@ concept has_aggregation_comm = requires(A& a) {
 //! - `sources()`: how many ranks contributed.
 //! Models: Allgather<C> (decode in rank order, then the mean), Allreduce<C> (linear
 //! codecs: the sum is the compressed sum), Vote<C> (majority vote of sign bits),
-//! TreeMerge<Tree> (gTop-k's tree merge of sparse sets).
+//! TreeMerge<Tree> (gTop-k's tree merge of sparse sets), SparseReduceScatter<C> (Ok-Topk's
+//! sparse reduce-scatter and selection).
 template <class A>
 concept Aggregation = req::has_blocks<A> && req::has_aggregation_comm<A> && req::has_combine<A>;
 

@@ -40,7 +40,8 @@
 //! | `cast_add<Cast>(e, in, mine)` | CastAllreduce's ring combine of a chunk: mine[i] = Cast::add(in[i], mine[i]) |
 //! | `cast_decode_mean<Cast>(e, sums, out, P, status)` | when every sums[i] is a finite code: out[i] = mean_of(from_code(sums[i]), P); else status \|= nonfinite and out is untouched |
 //! | `oktopk_local(e, acc, k, status, idx, val, ws)` | OkTopK: topk_abs(acc, k, idx, val) unless status shows a non-finite acc (kernels/host/oktopk.hpp, like every oktopk_ row) |
-//! | `oktopk_frames(e, idx, val, bounds, status, flags, n, k, step, hdr, pay)` | OkTopK: the reduce-scatter frame of every region: 40-byte header (magic, flags, count, n, k, step) and count indices then values; flagged frames are empty |
+//! | `oktopk_begin(e, block, n, k, idx, val, status)` | SparseReduceScatter's block path: idx/val = the entries of the sparse_wire frame in block (n and k single values, no mask), the other slots index INT32_MAX and value 0; a flagged frame sets status_nonfinite (flag_nonfinite) or status_rejected, a malformed one status_rejected, idx/val untouched |
+//! | `oktopk_frames(e, idx, val, bounds, status, flags, n, k, step, hdr, pay)` | OkTopK: the reduce-scatter frame of every region: 40-byte header (magic, flags \| 1 when status holds nonfinite \| 2 when it holds rejected, count, n, k, step) and count indices then values; flagged frames are empty |
 //! | `oktopk_region_sum(e, hdr_out, pay_out, hdr_in, pay_in, me, lo, hi, reg, touched, status)` | OkTopK: checks the peers' entries (else status \|= wire), then reg = the region's sums in rank order, touched where sent |
 //! | `oktopk_mags(e, reg, touched, mags, ws)` | OkTopK: the mags.size() largest \|sum\| of the region, descending, zero-padded |
 //! | `oktopk_theta(e, all, k, theta)` | OkTopK: theta[0] = the k-th largest of all |

@@ -118,6 +118,7 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(gossip_mix)
   COMMPACT_DEFERRED_OP(choco_update)
   COMMPACT_DEFERRED_OP(oktopk_local)  // OkTopK
+  COMMPACT_DEFERRED_OP(oktopk_begin)  // SparseReduceScatter
   COMMPACT_DEFERRED_OP(oktopk_frames)  // OkTopK
   COMMPACT_DEFERRED_OP(oktopk_region_sum)  // OkTopK
   COMMPACT_DEFERRED_OP(oktopk_mags)  // OkTopK

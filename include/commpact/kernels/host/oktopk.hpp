@@ -18,8 +18,11 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <span>
 
+#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../error.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
 #include "topk.hpp"
@@ -59,15 +62,44 @@ inline void local(std::span<const float> acc, std::size_t k, std::span<const std
   topk_abs(acc, k, idx, val, ws);
 }
 
+//! This rank's set from a codec's block (SparseReduceScatter's block path): a sparse_wire
+//! frame with n_min = n_max = n, k_min = k_max = k and no mask. Its count entries go to
+//! idx/val (k slots) and the other slots get index INT32_MAX (past every region, so no
+//! frame and no residual clear ever uses them) and value 0. A flagged frame sets
+//! status_nonfinite (flag_nonfinite) or status_rejected (flag_failed); a malformed one
+//! sets status_rejected; either way idx/val are left as they were.
+inline void begin(std::span<const std::byte> block, std::int64_t n, std::int64_t k, std::span<std::int32_t> idx,
+                  std::span<float> val, std::span<std::uint32_t> status) {
+  sparse_wire::header h;
+  try {
+    h = sparse_wire::decode_header(block, true);
+    if (h.n_min != n || h.n_max != n || h.k_min != k || h.k_max != k || h.mask_bits != 0) {
+      status[0] |= status_rejected;
+      return;
+    }
+    if (h.flags) {
+      status[0] |= (h.flags & sparse_wire::flag_nonfinite) ? status_nonfinite : status_rejected;
+      return;
+    }
+    h = sparse_wire::decode(block, {n, idx.size(), 0}, idx, val, {}, true);
+  } catch (const wire_error&) {
+    status[0] |= status_rejected;
+    return;
+  }
+  std::fill(idx.begin() + static_cast<std::ptrdiff_t>(h.count), idx.end(), std::numeric_limits<std::int32_t>::max());
+  std::fill(val.begin() + static_cast<std::ptrdiff_t>(h.count), val.end(), 0.0f);
+}
+
 //! Splits the local entries (idx ascending) by the regions and writes every slot's frame:
-//! flags = `flags` | (bit 0 when status shows a non-finite acc); a flagged frame has no
-//! entries.
+//! flags = `flags` | (bit 0 when status shows a non-finite acc) | (bit 1 when status shows
+//! a rejected input); a flagged frame has no entries.
 inline void frames(std::span<const std::int32_t> idx, std::span<const float> val,
                    std::span<const std::int64_t> bounds, std::span<const std::uint32_t> status, std::uint32_t flags,
                    std::int64_t n, std::int64_t k, std::int64_t step, std::span<std::byte> hdr,
                    std::span<std::byte> pay) {
   const std::size_t P = bounds.size() - 1, stride = pay.size() / P;
   if (status[0] & status_nonfinite) flags |= 1u;
+  if (status[0] & status_rejected) flags |= 2u;
   std::size_t at = 0;
   for (std::size_t j = 0; j < P; ++j) {
     std::size_t end = at;

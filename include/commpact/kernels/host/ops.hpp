@@ -199,6 +199,10 @@ struct ops<host_space> {
                            span<std::int32_t> idx, span<float> val, host::topk_workspace& ws) {
     host::oktopk::local(acc, k, status, idx, val, ws);
   }
+  static void oktopk_begin(exec, span<const std::byte> block, std::int64_t n, std::int64_t k, span<std::int32_t> idx,
+                           span<float> val, span<std::uint32_t> status) {  // SparseReduceScatter
+    host::oktopk::begin(block, n, k, idx, val, status);
+  }
   static void oktopk_frames(exec, span<const std::int32_t> idx, span<const float> val,
                             span<const std::int64_t> bounds, span<const std::uint32_t> status, std::uint32_t flags,
                             std::int64_t n, std::int64_t k, std::int64_t step, span<std::byte> hdr,

@@ -1,0 +1,368 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file sparse_reduce_scatter.hpp
+//! Ok-Topk's aggregation (Li and Hoefler, PPoPP 2022): a sparse allreduce whose bytes per
+//! rank stay about 2k (P - 1)/P entries whatever P, over any PointToPoint communicator.
+//! `OkTopK<C>` (compressors/oktopk.hpp) is its local phase (error feedback + local top-k)
+//! followed by this aggregation.
+//!
+//! Every rank contributes a sparse set of at most k entries (ascending indices in [0, n)):
+//! - sparse reduce-scatter: the index space is cut into P contiguous regions; each rank
+//!   sends the entries of region j to rank j, which sums what it receives in rank order;
+//! - global selection: region owners keep the summed entries with |sum| >= theta, at most
+//!   cap = ceil(2k / P) each (the largest, ties to the smaller index). theta is
+//!   re-estimated every `period` steps (and at the first, and after the regions reset):
+//!   every owner allgathers its cap largest |sum| and theta is the k-th largest of them;
+//! - allgather of the selected entries by a ring of P - 1 point-to-point rounds;
+//! - combine: out = 0 except the selected sums' mean_of(sum, P);
+//! - the regions are rebalanced so that each held as many of this step's selected entries
+//!   (`clear_selected`, which also removes the delivered entries from the residual).
+//! The regions and theta are this aggregation's state, kept by `commit()`.
+//!
+//! This rank's contribution enters in one of two ways, each once per step, after
+//! `begin(n, k, step, flags, status)`:
+//! - `local_set()`: k index and value slots that a fused local phase fills (the ops row
+//!   oktopk_local, OkTopK's path): the local top-k, index-sorted;
+//! - `block(capacity)` (the Aggregation concept): float storage for a sparse_wire frame
+//!   (codecs/sparse_wire.hpp) of at most k entries with n_min = n_max = n, k_min = k_max
+//!   = k, no mask, zero padding to capacity (48 + 8k bytes or more); exchange() reads it
+//!   (ops row oktopk_begin). A flagged frame (flag_nonfinite, flag_failed) contributes
+//!   nothing and flags the step; a malformed one counts as rejected input on every rank.
+//!
+//! Messages (known-size point-to-point): reduce-scatter: a 40-byte header (u32 magic
+//! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input; u64 count; i64 n, k,
+//! step), then count int32 indices (ascending, in the receiver's region) and count float32
+//! values, sent as two messages (the header, then the 8 count bytes of entries when count
+//! > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
+//! the origin's region) and count float32 values, sent as the 8-byte header (a ring of
+//! P - 1 rounds) and then the entries (a second ring). Bytes per rank per step: sum over
+//! peers j of (40 + 8 c_j) (c_j: this rank's local entries in region j) plus (P - 1) 8 + 8
+//! (the selected entries of every region except the next rank's), at most about 8k + 16k;
+//! plus (P - 1) 4 cap (about 8k) on a threshold step: flat in P, where an allgather of
+//! top-k sets is (P - 1) 8k. Every rank reads every peer's header, so a rejected or
+//! non-finite input anywhere is seen by every rank alike (`flags()`).
+//!
+//! Space: the data plane runs in the communicator's space through the oktopk_ rows of
+//! ops<Space> (kernels/host/oktopk.hpp). A message's size is known when it is posted (no
+//! probe): the entries of a frame follow its header, whose count the host reads at a
+//! fence. So exchange() fences twice (after the reduce-scatter's headers, and after the
+//! selection and the allgather's headers); combine and clear_selected are queued.
+//! exchange() raises, the same on every rank, mismatch_error when ranks disagree on n, k
+//! or the step, and wire_error (after aborting the communicator) for a malformed frame.
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "../../comm/known_size.hpp"
+#include "../../concepts.hpp"
+#include "../../error.hpp"
+#include "../../kernels/deferred/ops.hpp"
+#include "../../kernels/host/oktopk.hpp"
+#include "../../kernels/host/ops.hpp"
+#include "../../kernels/status.hpp"
+#include "../codecs/sparse_wire.hpp"
+
+namespace commpact {
+
+namespace detail {
+//! Whether ops<S> has the block path of SparseReduceScatter.
+template <class S>
+concept has_oktopk_begin = requires(typename S::exec e, typename S::template span<const std::byte> f,
+                                    typename S::template span<std::int32_t> i, typename S::template span<float> v,
+                                    typename S::template span<std::uint32_t> st) {
+  ops<S>::oktopk_begin(e, f, std::int64_t{}, std::int64_t{}, i, v, st);
+};
+}  // namespace detail
+
+//! Ok-Topk's sparse reduce-scatter, global selection and allgather over C.
+template <class C>
+class SparseReduceScatter {
+  static_assert(diagnose_point_to_point<C>());
+  static constexpr std::size_t header = host::oktopk::header_bytes;
+
+ public:
+  using comm_type = C;
+  using space_type = comm_space_t<C>;
+  template <class T>
+  using span = typename space_type::template span<T>;
+  template <class T>
+  using buffer = typename space_type::template buffer<T>;
+
+  //! period: steps between threshold re-estimations (>= 1).
+  explicit SparseReduceScatter(C comm, std::int64_t period = 32) : comm_(std::move(comm)), period_(period) {
+    require(period >= 1, "commpact::SparseReduceScatter: period = ", period,
+            " must be >= 1 (steps between re-estimations of the threshold).");
+  }
+
+  //! What one region may select, and the magnitudes it contributes to theta: ceil(2k / P), at most k.
+  static std::size_t region_cap(std::size_t k, int P) {
+    return std::min(k, (2 * k + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P));
+  }
+
+  //! Starts a step over n entries, of which every rank contributes at most k (the same n,
+  //! k and step on every rank). flags = 2 when this rank rejected its input (it then
+  //! contributes nothing and every rank sees the flag; n-sized buffers are not grown).
+  //! status (two words in the space, the caller's step status, kept until combine): a
+  //! status_nonfinite bit set by the local phase flags this rank's input as non-finite;
+  //! status_wire with status[1] = the peer reports a malformed frame.
+  void begin(std::size_t n, std::size_t k, std::int64_t step, std::uint32_t flags, span<std::uint32_t> status) {
+    const int P = comm_.size();
+    step_bounds_.assign(bounds_.begin(), bounds_.end());
+    reset_ = step_bounds_.size() != static_cast<std::size_t>(P) + 1 || step_bounds_.back() != static_cast<std::int64_t>(n);
+    if (reset_) {
+      step_bounds_.resize(static_cast<std::size_t>(P) + 1);
+      for (int j = 0; j <= P; ++j) step_bounds_[static_cast<std::size_t>(j)] = static_cast<std::int64_t>(n) * j / P;
+    }
+    estimate_ = reset_ || !theta_valid_ || step % period_ == 0;
+    n_ = n, k_ = std::max<std::size_t>(k, 1), cap_ = region_cap(k_, P), P_ = P, step_ = step;
+    my_flags_ = flags, all_flags_ = 0;
+    status_ = status;
+    from_block_ = false;
+    size_buffers(flags == 0);
+    ops<space_type>::from_host(exec(), std::span<const std::int64_t>(step_bounds_), dbounds_.view());
+  }
+
+  //! The k index and value slots of this rank's set (index-sorted), for a fused local phase.
+  struct local_target {
+    span<std::int32_t> idx;
+    span<float> val;
+  };
+  local_target local_set() {
+    from_block_ = false;
+    return {lidx_.view(), lval_.view()};
+  }
+
+  //! This rank's block: capacity (>= 48 + 8k, a multiple of 4) bytes of float storage for
+  //! a sparse_wire frame of at most k entries (the file comment says what goes there).
+  span<float> block(std::size_t capacity) {
+    if constexpr (!detail::has_oktopk_begin<space_type>) {
+      throw invalid_argument(
+          "commpact::SparseReduceScatter::block: this space has no oktopk_begin kernel yet; feed the step through "
+          "local_set() (as OkTopK does) or run it over host_space or deferred_space.");
+    }
+    require(capacity % 4 == 0 && capacity >= sparse_wire::header_bytes + sparse_wire::entry_bytes * k_,
+            "commpact::SparseReduceScatter::block: a capacity of ", capacity, " bytes cannot hold a frame of k = ", k_,
+            " entries; pass a multiple of 4 of at least 48 + 8k = ", sparse_wire::header_bytes + 8 * k_, ".");
+    block_in_.resize(capacity / 4);
+    from_block_ = true;
+    return block_in_.view();
+  }
+
+  //! The reduce-scatter, the region sums, theta, the selection and the allgather (queued
+  //! on the communicator's executor; two fences). Collective.
+  void exchange() {
+    const auto e = exec();
+    const auto up = static_cast<std::size_t>(P_);
+    const int me = comm_.rank();
+    const bool accepted = my_flags_ == 0;
+    if constexpr (detail::has_oktopk_begin<space_type>) {
+      if (from_block_ && accepted)
+        ops<space_type>::oktopk_begin(e, as_bytes(span<const float>(block_in_.view())), static_cast<std::int64_t>(n_),
+                                      static_cast<std::int64_t>(k_), lidx_.view(), lval_.view(), status_);
+    }
+    ops<space_type>::oktopk_frames(e, accepted ? lidx_.cview() : span<const std::int32_t>{},
+                                   accepted ? lval_.cview() : span<const float>{}, dbounds_.cview(),
+                                   span<const std::uint32_t>(status_), my_flags_, static_cast<std::int64_t>(n_),
+                                   static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
+                                   accepted ? pay_out() : span<std::byte>{});
+    auto slot = [&](auto& b, std::size_t j) { return b.view().subspan(j * header, header); };
+    for (int j = 0; j < P_; ++j)
+      if (j != me) send_known(comm_, j, span<const std::byte>(slot(hdr_out_, static_cast<std::size_t>(j))));
+    for (int j = 0; j < P_; ++j)
+      if (j != me) recv_known(comm_, j, slot(hdr_in_, static_cast<std::size_t>(j)));
+    ops<space_type>::to_host(e, hdr_out_.cview().first(up * header), std::span<std::byte>(hdr_out_host_));
+    ops<space_type>::to_host(e, hdr_in_.cview().first(up * header), std::span<std::byte>(hdr_in_host_));
+    space_type::fence(e, no_deadline());
+    if (!check_headers(me)) return;  // a flagged step: no entries move
+    // The entries of every frame, sized by the headers.
+    auto count = [&](const std::vector<std::byte>& h, int j) {
+      return static_cast<std::size_t>(host::oktopk::read_header(h.data() + static_cast<std::size_t>(j) * header).count);
+    };
+    for (int j = 0; j < P_; ++j)
+      if (const auto c = count(hdr_out_host_, j); j != me && c)
+        send_known(comm_, j, span<const std::byte>(pay_out_.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c)));
+    for (int j = 0; j < P_; ++j)
+      if (const auto c = count(hdr_in_host_, j); j != me && c)
+        recv_known(comm_, j, pay_in_.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c));
+    const auto lo = step_bounds_[static_cast<std::size_t>(me)], hi = step_bounds_[static_cast<std::size_t>(me) + 1];
+    const auto len = static_cast<std::size_t>(hi - lo);
+    const auto reg = reg_.view().first(len);
+    const auto touched = touched_.view().first(len);
+    ops<space_type>::oktopk_region_sum(e, hdr_out_.cview().first(up * header), pay_out_.cview().first(up * pay_stride()),
+                                       hdr_in_.cview().first(up * header), pay_in_.cview().first(up * pay_stride()), me,
+                                       lo, hi, reg, touched, status_);
+    if (estimate_) {
+      ops<space_type>::oktopk_mags(e, span<const float>(reg), span<const std::uint8_t>(touched), mags_.view().first(cap_),
+                                   magws_.view());
+      comm_.allgather(mags_.cview().first(cap_), allmags_.view().first(cap_ * up));
+      ops<space_type>::oktopk_theta(e, allmags_.view().first(cap_ * up), k_, theta_dev_.view());
+    } else {
+      ops<space_type>::fill(e, theta_dev_.view(), theta_);
+    }
+    ops<space_type>::oktopk_select(e, span<const float>(reg), span<const std::uint8_t>(touched), theta_dev_.cview(), lo,
+                                   me, block(static_cast<std::size_t>(me), 0, block_stride()), selws_.view());
+    // The allgather's headers (origin, count): a ring of P - 1 rounds of 8 bytes.
+    auto mod = [P = P_](int x) { return static_cast<std::size_t>(((x % P) + P) % P); };
+    for (int s = 0; s < P_ - 1; ++s) {
+      send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(mod(me - s), 0, 8)));
+      recv_known(comm_, static_cast<int>(mod(me - 1)), block(mod(me - s - 1), 0, 8));
+    }
+    std::uint32_t st[2] = {0, 0};
+    ops<space_type>::to_host(e, span<const std::uint32_t>(status_), std::span<std::uint32_t>(st));
+    ops<space_type>::to_host(e, theta_dev_.cview(), std::span<float>(&theta_step_, 1));
+    for (std::size_t o = 0; o < up; ++o)
+      ops<space_type>::to_host(e, span<const std::byte>(block(o, 0, 8)), std::span<std::byte>(block_hdr_host_).subspan(8 * o, 8));
+    space_type::fence(e, no_deadline());
+    if (st[0] & status_wire)
+      wire_failure(detail::cat("the frame of rank ", st[1], " has entries out of order, outside this region or not finite"));
+    auto bcount = [&](std::size_t o) { return static_cast<std::size_t>(host::oktopk::get<std::uint32_t>(block_hdr_host_.data() + 8 * o + 4)); };
+    for (std::size_t o = 0; o < up; ++o) {
+      const auto origin = host::oktopk::get<std::uint32_t>(block_hdr_host_.data() + 8 * o);
+      if (origin != o || bcount(o) > cap_)
+        wire_failure(detail::cat("the allgather block of rank ", o, " is malformed (origin ", origin, ", ", bcount(o),
+                                 " entries, at most ", cap_, ")"));
+    }
+    // The selected entries: a second ring, sized by the headers.
+    for (int s = 0; s < P_ - 1; ++s) {
+      const auto so = mod(me - s), ro = mod(me - s - 1);
+      if (bcount(so)) send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(so, 8, 8 * bcount(so))));
+      if (bcount(ro)) recv_known(comm_, static_cast<int>(mod(me - 1)), block(ro, 8, 8 * bcount(ro)));
+    }
+  }
+
+  //! After exchange(): the union of every rank's flags (bit 0: some input was not finite,
+  //! bit 1: some rank rejected its input). When it is not 0 the step has no result: the
+  //! caller raises or skips alike on every rank, and does not call combine.
+  std::uint32_t flags() const { return all_flags_; }
+
+  //! After exchange() of an unflagged step: checks the other ranks' allgather blocks (else
+  //! status_wire with status[1] = the origin, out untouched), then out = 0 except
+  //! mean_of(sum, P) at every selected index. The codec is not used.
+  template <class K>
+  void combine(const K&, span<float> out, span<std::uint32_t> status) {
+    ops<space_type>::oktopk_output(exec(), blocks(), dbounds_.cview(), comm_.rank(), out, status);
+  }
+
+  //! Unless status is set: acc[i] = 0 for this rank's entries i that were selected
+  //! globally (error feedback's delivered entries), and the next step's regions are
+  //! rebalanced by the selection (installed by commit). Queued; read after the fence.
+  void clear_selected(span<float> acc, span<const std::uint32_t> status) {
+    const auto e = exec();
+    ops<space_type>::oktopk_clear_selected(e, acc, lidx_.cview(), blocks(), dbounds_.cview(), status,
+                                           dbounds_next_.view());
+    ops<space_type>::to_host(e, dbounds_next_.cview(), std::span<std::int64_t>(bounds_next_));
+  }
+
+  //! Installs the step (after the caller's fence): delivered, the rebalanced regions and
+  //! this step's theta; else (a skipped step) the step's regions, and theta is kept only
+  //! when the regions did not reset.
+  void commit(bool delivered) {
+    if (delivered) {
+      bounds_.assign(bounds_next_.begin(), bounds_next_.end());
+      theta_ = theta_step_;
+      theta_valid_ = true;
+    } else {
+      bounds_.assign(step_bounds_.begin(), step_bounds_.end());
+      theta_valid_ = theta_valid_ && !reset_;
+    }
+  }
+  //! The regions and theta restart (an even split and a new estimate at the next step).
+  void reset() { bounds_.clear(), theta_valid_ = false; }
+
+  //! The region boundaries for the next step (P + 1 values; empty before the first) and
+  //! the current threshold.
+  std::span<const std::int64_t> bounds() const { return bounds_; }
+  float theta() const { return theta_; }
+  int sources() const { return comm_.size(); }
+  C& comm() { return comm_; }
+  const C& comm() const { return comm_; }
+
+  template <class Out>
+  void add_signature(Out& s) const {
+    auto add = [&](const auto& b) { s.emplace_back(static_cast<const void*>(b.data()), b.capacity()); };
+    add(lidx_), add(lval_), add(hdr_out_), add(hdr_in_), add(pay_out_), add(pay_in_), add(block_in_);
+    add(reg_), add(touched_), add(mags_), add(allmags_), add(magws_), add(selws_), add(blocks_);
+    add(theta_dev_), add(dbounds_), add(dbounds_next_);
+    add(step_bounds_), add(bounds_next_), add(hdr_out_host_), add(hdr_in_host_), add(block_hdr_host_);
+  }
+
+ private:
+  auto exec() const { return comm_exec(const_cast<C&>(comm_)); }
+  std::size_t pay_stride() const { return 8 * k_; }
+  std::size_t block_stride() const { return 8 + 8 * cap_; }
+  span<std::byte> pay_out() { return pay_out_.view().first(static_cast<std::size_t>(P_) * pay_stride()); }
+  span<const std::byte> blocks() const { return blocks_.view().first(static_cast<std::size_t>(P_) * block_stride()); }
+  span<std::byte> block(std::size_t o, std::size_t off, std::size_t len) {
+    return blocks_.view().subspan(o * block_stride() + off, len);
+  }
+
+  //! Grows every buffer to this step's sizes (n-sized ones only for an accepted input).
+  void size_buffers(bool accepted) {
+    const std::size_t P = static_cast<std::size_t>(P_);
+    theta_dev_.resize(1), dbounds_.resize(P + 1), dbounds_next_.resize(P + 1);
+    bounds_next_.resize(P + 1), hdr_out_host_.resize(P * header), hdr_in_host_.resize(P * header);
+    block_hdr_host_.resize(P * 8);
+    hdr_out_.resize(P * header), hdr_in_.resize(P * header);
+    if (!accepted) return;
+    reg_.resize(n_), touched_.resize(n_), magws_.resize(n_), selws_.resize(n_);
+    lidx_.resize(k_), lval_.resize(k_);
+    pay_out_.resize(P * pay_stride()), pay_in_.resize(P * pay_stride());
+    mags_.resize(cap_), allmags_.resize(cap_ * P), blocks_.resize(P * block_stride());
+  }
+
+  [[noreturn]] void wire_failure(const std::string& what) {
+    const auto why = detail::cat("OkTopK (SparseReduceScatter): rank ", comm_.rank(), " at step ", step_, ": ", what, ".");
+    comm_.abort(why);
+    throw wire_error(detail::cat("commpact::", why, " Every rank must run the same commpact; the step is abandoned."));
+  }
+
+  //! Reads every peer's header (after the fence): raises the same error on every rank for
+  //! a malformed header or another n, k or step; collects the flags. Returns false for a
+  //! flagged step.
+  bool check_headers(int me) {
+    const auto own = host::oktopk::read_header(hdr_out_host_.data() + static_cast<std::size_t>(me) * header);
+    std::uint32_t all = own.flags;
+    for (int j = 0; j < P_; ++j) {
+      if (j == me) continue;
+      const auto h = host::oktopk::read_header(hdr_in_host_.data() + static_cast<std::size_t>(j) * header);
+      if (h.magic != host::oktopk::magic || h.flags > 3u)
+        wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
+      if (h.flags) {
+        all |= h.flags;
+        continue;
+      }
+      if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
+        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
+                                         " at step ", h.step, "; this rank n = ", n_, ", k = ", k_, " at step ", step_,
+                                         ". Every rank must pass the same lengths with the same options."));
+      if (h.count > k_) wire_failure(detail::cat("rank ", j, " announced ", h.count, " entries, above k = ", k_));
+    }
+    all_flags_ = all;
+    return all == 0;
+  }
+
+  C comm_;
+  std::int64_t period_;
+  buffer<float> lval_, reg_, mags_, allmags_, magws_, theta_dev_, block_in_;
+  buffer<std::int32_t> lidx_, selws_;
+  buffer<std::uint8_t> touched_;
+  buffer<std::byte> hdr_out_, hdr_in_, pay_out_, pay_in_, blocks_;
+  buffer<std::int64_t> dbounds_, dbounds_next_;
+  std::vector<std::int64_t> bounds_, step_bounds_, bounds_next_;
+  std::vector<std::byte> hdr_out_host_, hdr_in_host_, block_hdr_host_;
+  span<std::uint32_t> status_{};
+  std::size_t n_ = 0, k_ = 1, cap_ = 1;
+  int P_ = 1;
+  std::int64_t step_ = 0;
+  std::uint32_t my_flags_ = 0, all_flags_ = 0;
+  bool reset_ = false, estimate_ = false, from_block_ = false;
+  float theta_ = 0.0f, theta_step_ = 0.0f;
+  bool theta_valid_ = false;
+};
+
+}  // namespace commpact
