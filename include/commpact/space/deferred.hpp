@@ -69,6 +69,8 @@ class deferred_span {
     return deferred_span(p_ + off, c);
   }
   deferred_span first(std::size_t count) const { return subspan(0, count); }
+  //! Where the span starts, for identity checks only (never dereference it: device memory).
+  const void* address() const { return p_; }
 
   //! Host code cannot read device memory: copy it with ops<deferred_space>::to_host and
   //! fence first.

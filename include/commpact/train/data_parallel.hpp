@@ -117,7 +117,7 @@ concept has_optimizer_state = requires(U& u) {
 };
 //! A compressor that can start its reduction during backward (Bucketed).
 template <class C>
-concept overlappable = requires(C& c, std::span<float> g, std::size_t layer) {
+concept overlappable = requires(C& c, typename space_of_t<C>::template span<float> g, std::size_t layer) {
   c.begin(g);
   c.ready(layer);
   c.cancel();
@@ -171,7 +171,7 @@ class DataParallel {
   //! steps of Local SGD and QSR, parameter rounds) both calls do nothing. The result is
   //! bit for bit that of step() alone. Between begin_backward and step the
   //! communicator belongs to the buckets in flight: do not use it.
-  void begin_backward(std::span<float> grads, double lr)
+  void begin_backward(span<float> grads, double lr)
     requires req::overlappable<Compressor>
   {
     require(!overlap_, "commpact::DataParallel::begin_backward: called twice before step(); call step() once per "

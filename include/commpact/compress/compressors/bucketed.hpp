@@ -112,6 +112,10 @@ class Bucketed {
 
  public:
   using options = bucket_options;
+  //! The space of the buckets' compressor: grad is a span of it.
+  using space_type = space_of_t<C>;
+  template <class T>
+  using span = typename space_type::template span<T>;
 
   //! `make(const bucket_info&)` builds the compressor of each bucket (each holds its own
   //! error-feedback residual and, for PowerSGD, the layout of its layers).
@@ -141,7 +145,7 @@ class Bucketed {
   //! Before backward: the buckets of `grad` (the flat gradient, total_size() floats) will
   //! start as their layers become ready. `grad` must outlive the step: started buckets
   //! write into it until reduce() or cancel() (or the destructor) has waited for them.
-  void begin(std::span<float> grad) {
+  void begin(span<float> grad) {
     require(!active_ && !open_ && !inline_, "commpact::Bucketed::begin: the previous step's buckets are still in "
                                            "flight or open; call reduce() (or finish() and commit(), or cancel()) "
                                            "once per begin().");
@@ -175,7 +179,7 @@ class Bucketed {
 
   //! Averages grad over the ranks: start + finish + commit. Returns false when some
   //! bucket skipped the step (then no bucket changed its state).
-  bool reduce(std::span<float> grad) {
+  bool reduce(span<float> grad) {
     start(grad);
     const bool ok = finish();
     commit();
@@ -184,12 +188,12 @@ class Bucketed {
 
   //! Runs the buckets not started yet: after begin(), the rest of that step's buckets
   //! (on the worker); else every bucket, in order, on the calling thread.
-  void start(std::span<float> grad) {
+  void start(span<float> grad) {
     check_size(grad, "start");
     require(!open_, "commpact::Bucketed::start: the previous step is finished but neither committed nor cancelled; "
                     "call commit() or cancel() first.");
     if (active_) {
-      require(grad.data() == grad_.data(), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
+      require(address_of(grad) == address_of(grad_), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
                                            "reduce the buffer whose buckets are in flight.");
       while (started_ < info_.size()) launch(started_++);
     } else {
@@ -294,13 +298,19 @@ class Bucketed {
   const options& opts() const { return opt_; }
 
  private:
-  void check_size(std::span<float> grad, const char* who) const {
+  //! Where a span starts (a host span's data(), a device span's address()), for the
+  //! identity check of start() after begin().
+  static const void* address_of(span<float> s) {
+    if constexpr (requires { s.data(); }) return s.data();
+    else return s.address();
+  }
+  void check_size(span<float> grad, const char* who) const {
     require(grad.size() == total_, "commpact::Bucketed::", who, ": the gradient has ", grad.size(),
             " elements; the layers sum to ", total_, ". Pass the flat gradient of every layer, in forward order.");
   }
 
   // The outcome of a new step: nothing run, no error, no skip.
-  void new_step(std::span<float> grad) {
+  void new_step(span<float> grad) {
     grad_ = grad;
     failed_.v.store(false);
     error_ = nullptr;
@@ -341,7 +351,7 @@ class Bucketed {
   std::vector<char> layer_ready_;
   std::vector<detail::work_handle> pending_handles_;
   std::unique_ptr<detail::serial_worker> worker_;
-  std::span<float> grad_;
+  span<float> grad_{};
   bool active_ = false;   // begin() started buckets that finish() has not waited for
   bool inline_ = false;   // start() ran every bucket inline; finish() not called yet
   bool open_ = false;     // finished, neither committed nor cancelled
