@@ -44,6 +44,9 @@
 //!   buckets, `finish()` waits for them, `commit()` keeps every bucket's step, `cancel()`
 //!   drops them all; `reduce` = start + finish + commit. DataParallel commits only after
 //!   the user's update has returned.
+//! - Space (v3): grad is a span of the compressor's space (`space_type`, space_of_t<C>),
+//!   each bucket a subspan of it, so Bucketed<TopK<DeferredComm<C>>> runs its buckets'
+//!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).
 
 #include <algorithm>
 #include <atomic>
