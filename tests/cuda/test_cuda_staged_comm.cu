@@ -1,0 +1,189 @@
+// SPDX-License-Identifier: Apache-2.0
+// CudaStagedComm<ThreadComm> (comm/cuda_staged_comm.hpp): ThreadComm ranks, each with a
+// CUDA stream of its own, run the CUDA space's algorithms at P > 1 on one GPU.
+// - its collectives and point-to-point on device spans against ThreadComm's on the host
+//   (P = 3: allreduce sum and max, allgather, broadcast, exchange round a ring,
+//   send/recv_known);
+// - Dense and gTopK<TreeComm<...>> over it at P = 2, 3 and 5 against the same compressors
+//   over ThreadComm on the host, 4 steps, bit for bit (outputs and residuals), a NaN on one
+//   rank raising numeric_error on every rank, no device allocation after the first step.
+//
+// NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <span>
+#include <vector>
+
+#include "commpact/comm/cuda_staged_comm.hpp"
+#include "commpact/comm/thread_comm.hpp"
+#include "commpact/comm/tree_comm.hpp"
+#include "commpact/compress/compressors/dense.hpp"
+#include "commpact/compress/compressors/gtopk.hpp"
+#include "commpact/kernels/cuda/ops.cuh"
+#include "commpact/space/cuda.hpp"
+
+#include "cuda_test_common.cuh"
+
+namespace cp = commpact;
+using D = cp::ops<cp::cuda_space>;
+using SC = cp::CudaStagedComm<cp::ThreadComm>;
+
+namespace {
+
+std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
+#define EXPECT_MT(cond, ...)                        \
+  do {                                              \
+    std::lock_guard<std::mutex> lock(expect_mutex); \
+    EXPECT(cond, __VA_ARGS__);                      \
+  } while (0)
+
+template <class T>
+std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
+  std::vector<T> h(s.size());
+  D::to_host(e, s, std::span<T>(h));
+  cp::cuda_space::fence(e, cp::no_deadline());
+  return h;
+}
+template <class T>
+cp::cuda_buffer<T> upload(const cp::cuda_space::exec& e, const std::vector<T>& h) {
+  cp::cuda_buffer<T> b;
+  b.resize(h.size());
+  D::from_host(e, std::span<const T>(h), b.view());
+  cp::cuda_space::fence(e, cp::no_deadline());
+  return b;
+}
+template <class T>
+bool same(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+std::vector<float> values(std::uint64_t seed, std::size_t n) {
+  std::mt19937_64 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(g);
+  return v;
+}
+
+void check_collectives() {
+  const int P = 3;
+  cp::run_threads(P, [&](cp::ThreadComm& tc) {
+    SC c{tc};
+    const auto& e = c.exec();
+    const int r = c.rank();
+    const auto h = values(10 + r, 1001);
+    auto want = h;
+    tc.allreduce(std::span<float>(want));
+    auto d = upload(e, h);
+    c.allreduce(d.view());
+    EXPECT_MT(same(download(e, d.cview()), want), "rank %d: allreduce(sum) differs from ThreadComm's", r);
+    auto wmax = h;
+    tc.allreduce(std::span<float>(wmax), cp::reduce_op::max);
+    d = upload(e, h);
+    c.allreduce(d.view(), cp::reduce_op::max);
+    EXPECT_MT(same(download(e, d.cview()), wmax), "rank %d: allreduce(max) differs", r);
+    std::vector<float> all(h.size() * P);
+    tc.allgather(std::span<const float>(h), std::span<float>(all));
+    cp::cuda_buffer<float> g;
+    g.resize(all.size());
+    d = upload(e, h);
+    c.allgather(d.cview(), g.view());
+    EXPECT_MT(same(download(e, g.cview()), all), "rank %d: allgather differs", r);
+    auto b = h;
+    tc.broadcast(std::span<float>(b), 1);
+    d = upload(e, h);
+    c.broadcast(d.view(), 1);
+    EXPECT_MT(same(download(e, d.cview()), b), "rank %d: broadcast differs", r);
+    // A ring: send to the next rank, receive from the previous one.
+    std::vector<std::byte> msg(77);
+    for (std::size_t i = 0; i < msg.size(); ++i) msg[i] = std::byte(i * 3 + static_cast<std::size_t>(r));
+    std::vector<std::byte> from_prev(77);
+    for (std::size_t i = 0; i < msg.size(); ++i) from_prev[i] = std::byte(i * 3 + static_cast<std::size_t>((r + P - 1) % P));
+    auto out = upload(e, msg);
+    cp::cuda_buffer<std::byte> in;
+    in.resize(msg.size());
+    if (r % 2 == 0) {
+      c.send_known((r + 1) % P, out.cview());
+      c.recv_known((r + P - 1) % P, in.view());
+    } else {
+      c.recv_known((r + P - 1) % P, in.view());
+      c.send_known((r + 1) % P, out.cview());
+    }
+    EXPECT_MT(same(download(e, in.cview()), from_prev), "rank %d: send/recv_known round the ring", r);
+    cp::cuda_buffer<std::byte> in2;
+    in2.resize(msg.size());
+    const int peer = r ^ 1;
+    if (peer < P) {
+      c.exchange(peer, out.cview(), in2.view());
+      std::vector<std::byte> want_x(77);
+      for (std::size_t i = 0; i < want_x.size(); ++i) want_x[i] = std::byte(i * 3 + static_cast<std::size_t>(peer));
+      EXPECT_MT(same(download(e, in2.cview()), want_x), "rank %d: exchange with %d", r, peer);
+    }
+    c.barrier();
+  });
+}
+
+//! Four steps of the compressor made by `make` over CudaStagedComm and over ThreadComm.
+template <class MakeDev, class MakeHost>
+void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, MakeHost make_host) {
+  cp::run_threads(P, [&](cp::ThreadComm& tc) {
+    const int r = tc.rank();
+    SC c{tc};
+    const auto& e = c.exec();
+    auto dev = make_dev(c);
+    auto host = make_host(tc);
+    cp::cuda_buffer<float> g;
+    g.resize(n);
+    std::vector<std::pair<const void*, std::size_t>> sig;
+    for (int s = 0; s < 4; ++s) {
+      auto h = values(1000 * s + r, n);
+      D::from_host(e, std::span<const float>(h), g.view());
+      dev.reduce(g.view());
+      host.reduce(std::span<float>(h));
+      EXPECT_MT(same(download(e, g.cview()), h), "%s P=%d rank %d step %d: output differs from the host", name, P, r, s);
+      if constexpr (requires { dev.residual(); }) {
+        const auto hr = host.residual();
+        EXPECT_MT(same(download(e, dev.residual()), std::vector<float>(hr.begin(), hr.end())),
+                  "%s P=%d rank %d step %d: residual differs from the host", name, P, r, s);
+      }
+      if constexpr (requires { dev.workspace_signature(); }) {
+        if (s == 1) sig = dev.workspace_signature();
+        if (s > 1) EXPECT_MT(dev.workspace_signature() == sig, "%s rank %d step %d: reallocated", name, r, s);
+      }
+    }
+    // A NaN on the last rank: numeric_error on every rank.
+    auto h = values(99 + r, n);
+    if (r == P - 1) h[n / 3] = std::numeric_limits<float>::quiet_NaN();
+    D::from_host(e, std::span<const float>(h), g.view());
+    bool raised = false;
+    try {
+      dev.reduce(g.view());
+    } catch (const cp::numeric_error&) {
+      raised = true;
+    }
+    EXPECT_MT(raised, "%s P=%d rank %d: a NaN on rank %d did not raise numeric_error here", name, P, r, P - 1);
+  });
+}
+
+}  // namespace
+
+int main() {
+  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
+  check_collectives();
+  for (int P : {2, 3, 5}) {
+    check_compressor(
+        "Dense", P, 4099, [](SC c) { return cp::Dense<SC>{c}; },
+        [](cp::ThreadComm c) { return cp::Dense<cp::ThreadComm>{c}; });
+    check_compressor(
+        "gTopK", P, 20011, [](SC c) { return cp::gTopK<cp::TreeComm<SC>>{c, {.density = 0.01}}; },
+        [](cp::ThreadComm c) { return cp::gTopK<cp::TreeComm<cp::ThreadComm>>{c, {.density = 0.01}}; });
+  }
+  std::printf("%s: %d failures\n", commpact_test::failures ? "FAILED" : "ok", commpact_test::failures);
+  return commpact_test::failures ? 1 : 0;
+}
