@@ -27,36 +27,19 @@
 
 #include "common/bits.hpp"
 #include "common/random.hpp"
+#include "common/sparse_sets.hpp"
 
 using namespace commpact;
 using DC = DeferredComm<ThreadComm>;
+using commpact_test::random_set;
+using commpact_test::sparse_block;
+using commpact_test::sparse_set;
 
 static_assert(diagnose_aggregation<SparseReduceScatter<ThreadComm>>());
 static_assert(diagnose_aggregation<SparseReduceScatter<DC>>());
 static_assert(std::is_same_v<OkTopK<DC>::aggregation_type, SparseReduceScatter<DC>>);
 
 namespace {
-
-struct sparse_set {
-  std::vector<std::int32_t> idx;  // strictly increasing
-  std::vector<float> val;
-};
-
-// A random set of at most k entries in [0, n); values often tie in |v| and cancel in sums.
-sparse_set random_set(std::uint64_t seed, std::int64_t n, std::size_t k) {
-  std::mt19937_64 g(seed);
-  const std::size_t c = std::uniform_int_distribution<std::size_t>(0, k)(g);
-  std::vector<std::int32_t> all(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int32_t>(i);
-  std::shuffle(all.begin(), all.end(), g);
-  sparse_set s;
-  s.idx.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(c));
-  std::sort(s.idx.begin(), s.idx.end());
-  std::normal_distribution<float> nd;
-  const float few[] = {1.0f, -1.0f, 2.0f, -0.5f, 0.5f};
-  for (std::size_t e = 0; e < c; ++e) s.val.push_back(g() % 2 ? few[g() % 5] : nd(g));
-  return s;
-}
 
 // Ok-Topk's first step by brute force: even regions, rank-order sums, theta from every
 // region's cap largest |sum| (zero-padded), at most cap per region, output the means.
@@ -88,21 +71,6 @@ std::vector<float> reference(const std::vector<sparse_set>& sets, std::int64_t n
     for (auto i : pass) out[i] = mean_of(sum[i], P);
   }
   return out;
-}
-
-// This rank's block: the sparse_wire frame of (idx, val), zero-padded to 48 + 8 kcap bytes.
-std::vector<float> frame(const sparse_set& s, std::int64_t n, std::int64_t k, std::size_t kcap,
-                         std::uint16_t flags = 0) {
-  std::vector<float> b((sparse_wire::header_bytes + 8 * kcap) / 4);
-  sparse_wire::header h;
-  h.flags = flags;
-  h.n_min = h.n_max = n;
-  h.k_min = h.k_max = k;
-  const bool empty = flags != 0;
-  sparse_wire::encode_frame(std::as_writable_bytes(std::span<float>(b)), h,
-                            empty ? std::span<const std::int32_t>{} : std::span<const std::int32_t>(s.idx),
-                            empty ? std::span<const float>{} : std::span<const float>(s.val));
-  return b;
 }
 
 struct result {
@@ -167,7 +135,7 @@ bool same_as_oktopk(C comm, std::size_t n, int rank) {
     host::topk_workspace ws;
     host::topk_abs(std::span<const float>(a), k, std::span<std::int32_t>(s.idx), std::span<float>(s.val), ws);
     ops<S>::from_host(e, std::span<const float>(a), acc.view());
-    const auto got = drive<S>(agg, frame(s, static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), k), n, k, step);
+    const auto got = drive<S>(agg, sparse_block(s, static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), k), n, k, step);
     ops<S>::fill(e, st.view(), std::uint32_t{0});
     agg.clear_selected(acc.view(), st.cview());
     std::vector<float> want(n), kept(n), ok_res(n);
@@ -200,7 +168,7 @@ TEST_CASE("SparseReduceScatter: random sparse sets per rank give the brute-force
     const auto want = reference(sets, n, k);
     std::vector<result> host(P), def(P);
     run_threads(P, [&](ThreadComm& comm) {
-      const auto blk = frame(sets[comm.rank()], n, static_cast<std::int64_t>(k), kcap);
+      const auto blk = sparse_block(sets[comm.rank()], n, static_cast<std::int64_t>(k), kcap);
       host[comm.rank()] = drive_once(comm, blk, static_cast<std::size_t>(n), k);
       def[comm.rank()] = drive_once(DC{comm}, blk, static_cast<std::size_t>(n), k);
     });
@@ -245,14 +213,14 @@ TEST_CASE("SparseReduceScatter: a flagged, malformed or mismatched block flags t
   std::vector<result> host(P), def(P);
   run_threads(P, [&](ThreadComm& comm) {
     sparse_set s{{3, 9, 11}, {1.0f, 2.0f, 3.0f}};
-    std::vector<float> blk = frame(s, n, k, 6);
+    std::vector<float> blk = sparse_block(s, n, k, 6);
     if (comm.rank() == bad) {
       switch (f) {
-        case fault::nonfinite: blk = frame(s, n, k, 6, sparse_wire::flag_nonfinite); break;
-        case fault::failed: blk = frame(s, n, k, 6, sparse_wire::flag_failed); break;
-        case fault::unsorted: std::swap(s.idx[0], s.idx[1]), blk = frame(s, n, k, 6); break;
-        case fault::length: blk = frame(s, n + 1, k, 6); break;
-        case fault::too_many: blk = frame({{1, 2, 3, 4, 5}, {1, 1, 1, 1, 1}}, n, k, 6); break;
+        case fault::nonfinite: blk = sparse_block(s, n, k, 6, sparse_wire::flag_nonfinite); break;
+        case fault::failed: blk = sparse_block(s, n, k, 6, sparse_wire::flag_failed); break;
+        case fault::unsorted: std::swap(s.idx[0], s.idx[1]), blk = sparse_block(s, n, k, 6); break;
+        case fault::length: blk = sparse_block(s, n + 1, k, 6); break;
+        case fault::too_many: blk = sparse_block({{1, 2, 3, 4, 5}, {1, 1, 1, 1, 1}}, n, k, 6); break;
       }
     }
     host[comm.rank()] = drive_once(comm, blk, static_cast<std::size_t>(n), static_cast<std::size_t>(k));

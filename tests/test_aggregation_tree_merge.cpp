@@ -24,37 +24,19 @@
 
 #include "common/bits.hpp"
 #include "common/random.hpp"
+#include "common/sparse_sets.hpp"
 
 using namespace commpact;
 using DC = DeferredComm<ThreadComm>;
+using commpact_test::random_set;
+using commpact_test::sparse_block;
+using commpact_test::sparse_set;
 
 static_assert(diagnose_aggregation<TreeMerge<TreeComm<ThreadComm>>>());
 static_assert(diagnose_aggregation<TreeMerge<TreeComm<DC>>>());
 static_assert(Aggregation<TreeMerge<TreeComm<ThreadComm>>> && Aggregation<TreeMerge<TreeComm<DC>>>);
 
 namespace {
-
-struct sparse_set {
-  std::vector<std::int32_t> idx;  // strictly increasing
-  std::vector<float> val;
-};
-
-// A random set of at most k entries in [0, n); values often tie in |v| and cancel in sums.
-sparse_set random_set(std::uint64_t seed, std::int64_t n, std::size_t k) {
-  std::mt19937_64 g(seed);
-  const std::size_t c = std::uniform_int_distribution<std::size_t>(0, k)(g);
-  std::vector<std::int32_t> all(static_cast<std::size_t>(n));
-  for (std::size_t i = 0; i < all.size(); ++i) all[i] = static_cast<std::int32_t>(i);
-  std::shuffle(all.begin(), all.end(), g);
-  sparse_set s;
-  s.idx.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(c));
-  std::sort(s.idx.begin(), s.idx.end());
-  std::normal_distribution<float> nd;
-  const float few[] = {1.0f, -1.0f, 2.0f, -0.5f, 0.5f};
-  for (std::size_t e = 0; e < c; ++e)
-    s.val.push_back(g() % 2 ? few[g() % 5] : nd(g));
-  return s;
-}
 
 // The brute-force merge: union (a + b at equal indices), the k largest |v| (ties to the
 // smaller index), sorted by index.
@@ -89,21 +71,6 @@ std::vector<float> reference(const std::vector<sparse_set>& sets, std::int64_t n
   std::vector<float> out(static_cast<std::size_t>(n), 0.0f);
   for (std::size_t e = 0; e < s[0].idx.size(); ++e) out[s[0].idx[e]] = mean_of(s[0].val[e], P);
   return out;
-}
-
-// This rank's block: the sparse_wire frame of (idx, val), zero-padded to 48 + 8 kcap bytes.
-std::vector<float> frame(const sparse_set& s, std::int64_t n, std::int64_t k, std::size_t kcap,
-                         std::uint16_t flags = 0) {
-  std::vector<float> b(sparse_tree_frame_bytes(kcap, false) / 4);
-  sparse_wire::header h;
-  h.flags = flags;
-  h.n_min = h.n_max = n;
-  h.k_min = h.k_max = k;
-  const bool empty = flags != 0;
-  sparse_wire::encode_frame(std::as_writable_bytes(std::span<float>(b)), h,
-                            empty ? std::span<const std::int32_t>{} : std::span<const std::int32_t>(s.idx),
-                            empty ? std::span<const float>{} : std::span<const float>(s.val));
-  return b;
 }
 
 struct result {
@@ -152,7 +119,7 @@ TEST_CASE("TreeMerge: random sparse sets per rank merge as the brute-force seria
     const auto want = reference(sets, n, k);
     std::vector<result> host(P), def(P);
     run_threads(P, [&](ThreadComm& comm) {
-      const auto blk = frame(sets[comm.rank()], n, static_cast<std::int64_t>(k), kcap);
+      const auto blk = sparse_block(sets[comm.rank()], n, static_cast<std::int64_t>(k), kcap);
       host[comm.rank()] = drive(comm, blk, static_cast<std::size_t>(n));
       def[comm.rank()] = drive(DC{comm}, blk, static_cast<std::size_t>(n));
     });
@@ -179,13 +146,13 @@ TEST_CASE("TreeMerge: a flagged, malformed or mismatched block leaves out untouc
   std::vector<result> host(P), def(P);
   run_threads(P, [&](ThreadComm& comm) {
     sparse_set s{{3, 9, 11}, {1.0f, 2.0f, 3.0f}};
-    std::vector<float> blk = frame(s, n, k, std::size_t{4});
+    std::vector<float> blk = sparse_block(s, n, k, std::size_t{4});
     if (comm.rank() == bad) {
       switch (f) {
-        case fault::nonfinite: blk = frame(s, n, k, std::size_t{4}, sparse_wire::flag_nonfinite); break;
-        case fault::failed: blk = frame(s, n, k, std::size_t{4}, sparse_wire::flag_failed); break;
-        case fault::unsorted: std::swap(s.idx[0], s.idx[1]), blk = frame(s, n, k, std::size_t{4}); break;
-        case fault::length: blk = frame(s, n + 1, k, std::size_t{4}); break;
+        case fault::nonfinite: blk = sparse_block(s, n, k, std::size_t{4}, sparse_wire::flag_nonfinite); break;
+        case fault::failed: blk = sparse_block(s, n, k, std::size_t{4}, sparse_wire::flag_failed); break;
+        case fault::unsorted: std::swap(s.idx[0], s.idx[1]), blk = sparse_block(s, n, k, std::size_t{4}); break;
+        case fault::length: blk = sparse_block(s, n + 1, k, std::size_t{4}); break;
       }
     }
     host[comm.rank()] = drive(comm, blk, static_cast<std::size_t>(n));
@@ -233,7 +200,7 @@ TEST_CASE("TreeMerge fed by blocks of each rank's top-k gives gTopK's first step
     sparse_set s{std::vector<std::int32_t>(k), std::vector<float>(k)};
     host::topk_workspace ws;
     host::topk_abs(std::span<const float>(g), k, std::span<std::int32_t>(s.idx), std::span<float>(s.val), ws);
-    const auto blk = frame(s, static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), k);
+    const auto blk = sparse_block(s, static_cast<std::int64_t>(n), static_cast<std::int64_t>(k), k);
     const auto r = drive(comm, blk, n);
     ok[comm.rank()] = delivered && r.shape && r.status == 0 && commpact_test::same_bits(r.out, grad);
   });

@@ -26,6 +26,7 @@
 #include <span>
 #include <vector>
 
+#include "common/layers.hpp"
 #include "common/random.hpp"
 #include "common/space_copies.hpp"
 
@@ -37,22 +38,12 @@ namespace {
 
 const std::vector<tensor_shape> kShapes = {{24, 17}, {24, 1}, {16, 24}, {16, 1}, {5, 16}, {5, 1}};
 
-std::vector<std::size_t> layer_sizes() {
-  std::vector<std::size_t> v;
-  for (auto s : kShapes) v.push_back(static_cast<std::size_t>(s.numel()));
-  return v;
-}
-std::size_t model_size() {
-  const auto v = layer_sizes();
-  return std::accumulate(v.begin(), v.end(), std::size_t{0});
-}
+std::vector<std::size_t> layer_sizes() { return commpact_test::layer_sizes(kShapes); }
+std::size_t model_size() { return commpact_test::model_size(kShapes); }
 std::vector<float> gradient(int rank, int step) {
   return commpact_test::normal(static_cast<std::uint64_t>(rank * 7919 + step * 104729 + 3), model_size());
 }
-tensor_layout layout_of(const bucket_info& b) {
-  return tensor_layout(kShapes.begin() + static_cast<std::ptrdiff_t>(b.first_layer),
-                       kShapes.begin() + static_cast<std::ptrdiff_t>(b.end_layer));
-}
+tensor_layout layout_of(const bucket_info& b) { return commpact_test::layout_of(kShapes, b); }
 
 // One compressor family per kind, for a host (ThreadComm) or deferred (DC) communicator.
 struct dense_kind {  // Dense reduces in place: after a NaN, grad holds the mean (dense.hpp)

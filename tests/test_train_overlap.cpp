@@ -18,6 +18,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "common/layers.hpp"
 #include "common/random.hpp"
 
 #include <algorithm>
@@ -34,25 +35,14 @@ namespace {
 // Layers of a small MLP-like model: (rows, cols) matrices and bias vectors.
 const std::vector<tensor_shape> kShapes = {{24, 17}, {24, 1}, {16, 24}, {16, 1}, {5, 16}, {5, 1}};
 
-std::vector<std::size_t> layer_sizes() {
-  std::vector<std::size_t> v;
-  for (auto s : kShapes) v.push_back(static_cast<std::size_t>(s.numel()));
-  return v;
-}
-std::size_t model_size() {
-  auto v = layer_sizes();
-  return std::accumulate(v.begin(), v.end(), std::size_t{0});
-}
+std::vector<std::size_t> layer_sizes() { return commpact_test::layer_sizes(kShapes); }
+std::size_t model_size() { return commpact_test::model_size(kShapes); }
 
 std::vector<float> gradient(int rank, int step, std::size_t n) {
   return commpact_test::normal(static_cast<std::uint64_t>(rank * 7919 + step * 104729 + 1), n);
 }
 
-// The PowerSGD layout of the layers in one bucket.
-tensor_layout layout_of(const bucket_info& b) {
-  return tensor_layout(kShapes.begin() + static_cast<std::ptrdiff_t>(b.first_layer),
-                       kShapes.begin() + static_cast<std::ptrdiff_t>(b.end_layer));
-}
+tensor_layout layout_of(const bucket_info& b) { return commpact_test::layout_of(kShapes, b); }
 
 // One compressor family per kind, each built for one bucket.
 struct dense_kind {
