@@ -137,6 +137,19 @@ class cuda_span {
   std::size_t n_ = 0;
 };
 
+//! The bytes of a device span, still on the device (for known-size point-to-point of
+//! typed buffers, as comm/ring.hpp's ring_allreduce_spans sends CastAllreduce's codes;
+//! found by argument-dependent lookup, as std::as_bytes is for std::span).
+template <class T>
+cuda_span<const std::byte> as_bytes(cuda_span<T> s) {
+  return cuda_access::wrap(reinterpret_cast<const std::byte*>(cuda_access::ptr(s)), s.size_bytes());
+}
+template <class T>
+  requires(!std::is_const_v<T>)
+cuda_span<std::byte> as_writable_bytes(cuda_span<T> s) {
+  return cuda_access::wrap(reinterpret_cast<std::byte*>(cuda_access::ptr(s)), s.size_bytes());
+}
+
 namespace detail {
 inline void cuda_check_space(cudaError_t e, const char* what) {
   if (e != cudaSuccess)

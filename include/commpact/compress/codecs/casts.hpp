@@ -14,7 +14,9 @@
 #include <limits>
 #include <span>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../kernels/exact.hpp"
 #include "bits.hpp"
 
 namespace commpact {
@@ -88,9 +90,12 @@ class natural_codec {
 };
 
 namespace detail {
+// The casts below are COMMPACT_HOST_DEVICE and written in kernels/exact.hpp's operations,
+// so CastAllreduce's device rows (kernels/cuda/rows_cast_vote.cuh) run this very code.
+
 //! float -> IEEE half, round to nearest even, finite values saturated at +-65504.
-inline std::uint16_t to_half(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_half(float f) {
+  const std::uint32_t x = exact::bits(f);
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t ax = x & 0x7FFFFFFFu;
   if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
@@ -98,27 +103,27 @@ inline std::uint16_t to_half(float f) {
     // Adding 0.5 puts m in the low mantissa bits (float's unit there is 2^-24), rounded
     // to nearest even by the addition itself: the same m as nearbyint(|f| 2^24), without
     // a library call (the demo's gradients are mostly half subnormals).
-    const float t = std::bit_cast<float>(ax) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(t) - 0x3F000000u));
+    const float t = exact::add(exact::from_bits(ax), 0.5f);
+    return static_cast<std::uint16_t>(sign | (exact::bits(t) - 0x3F000000u));
   }
   const std::uint32_t mant = ax & 0x7FFFFFu;
   std::uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | (mant >> 13);
   const std::uint32_t rem = mant & 0x1FFFu;
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<std::uint16_t>(sign | std::min<std::uint32_t>(h, 0x7BFFu));
+  return static_cast<std::uint16_t>(sign | (h < 0x7BFFu ? h : 0x7BFFu));
 }
-inline float from_half(std::uint16_t h) {
+COMMPACT_HOST_DEVICE inline float from_half(std::uint16_t h) {
   const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0) {
-    const float v = static_cast<float>(m) * 0x1.0p-24f;  // exact
+    const float v = exact::mul(static_cast<float>(m), 0x1.0p-24f);  // exact
     return sign ? -v : v;
   }
-  if (e == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
-  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
+  if (e == 0x1Fu) return exact::from_bits(sign | 0x7F800000u | (m << 13));  // Inf, NaN
+  return exact::from_bits(sign | ((e - 15 + 127) << 23) | (m << 13));
 }
 //! float -> bfloat16 (the top half), round to nearest even, finite values saturated.
-inline std::uint16_t to_bf16(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_bf16(float f) {
+  const std::uint32_t x = exact::bits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
   if ((x & 0x7FFFFFFFu) == 0x7F800000u) return static_cast<std::uint16_t>(x >> 16);
   const std::uint32_t r = x + 0x7FFFu + ((x >> 16) & 1u);
@@ -126,19 +131,22 @@ inline std::uint16_t to_bf16(float f) {
   if ((b & 0x7FFFu) == 0x7F80u) b = static_cast<std::uint16_t>((b & 0x8000u) | 0x7F7Fu);
   return b;
 }
-inline float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+COMMPACT_HOST_DEVICE inline float from_bf16(std::uint16_t b) {
+  return exact::from_bits(static_cast<std::uint32_t>(b) << 16);
+}
 
 //! float -> binary16 as IEEE arithmetic rounds a result: to nearest even, overflowing to
 //! Inf (to_half saturates finite values instead: a codec's choice, not arithmetic's).
-inline std::uint16_t to_half_ieee(float f) {
-  const float a = std::fabs(f);
-  if (a >= 65520.0f && a <= std::numeric_limits<float>::max())  // rounds past 65504 (0x7BFF)
-    return static_cast<std::uint16_t>((std::bit_cast<std::uint32_t>(f) >> 16 & 0x8000u) | 0x7C00u);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_half_ieee(float f) {
+  const std::uint32_t ax = exact::bits(f) & 0x7FFFFFFFu;
+  // |f| >= 65520 (0x477FF000) and finite (<= FLT_MAX, 0x7F7FFFFF): rounds past 65504 (0x7BFF).
+  if (ax >= 0x477FF000u && ax <= 0x7F7FFFFFu)
+    return static_cast<std::uint16_t>((exact::bits(f) >> 16 & 0x8000u) | 0x7C00u);
   return to_half(f);
 }
 //! float -> bfloat16 as IEEE arithmetic rounds: to nearest even, overflowing to Inf.
-inline std::uint16_t to_bf16_ieee(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_bf16_ieee(float f) {
+  const std::uint32_t x = exact::bits(f);
   if ((x & 0x7FFFFFFFu) >= 0x7F800000u) return to_bf16(f);
   return static_cast<std::uint16_t>((x + 0x7FFFu + ((x >> 16) & 1u)) >> 16);
 }
@@ -149,14 +157,16 @@ template <std::uint16_t (*To)(float), float (*From)(std::uint16_t), std::uint16_
 struct cast16_codec {
   const char* who;
   //! One value's code (what encode writes): To, which saturates finite values.
-  static std::uint16_t to_code(float v) { return To(v); }
-  static float from_code(std::uint16_t h) { return From(h); }
+  COMMPACT_HOST_DEVICE static std::uint16_t to_code(float v) { return To(v); }
+  COMMPACT_HOST_DEVICE static float from_code(std::uint16_t h) { return From(h); }
   //! False for the codes of Inf and NaN.
-  static bool finite_code(std::uint16_t h) { return (h & ExpMask) != ExpMask; }
+  COMMPACT_HOST_DEVICE static bool finite_code(std::uint16_t h) { return (h & ExpMask) != ExpMask; }
   //! a + b in the 16-bit format: the float sum (exact, or off by less than a quarter of
   //! the format's unit in the last place, so never a double rounding) rounded once to
   //! nearest even, overflowing to Inf: IEEE 754 addition in the 16-bit type.
-  static std::uint16_t add(std::uint16_t a, std::uint16_t b) { return Round(From(a) + From(b)); }
+  COMMPACT_HOST_DEVICE static std::uint16_t add(std::uint16_t a, std::uint16_t b) {
+    return Round(exact::add(From(a), From(b)));
+  }
   std::size_t max_encoded_bytes(std::size_t n) const { return 2 * n; }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size();

@@ -56,6 +56,7 @@
 #include "rows_power.cuh"
 #include "sparse_tree.cuh"
 #include "topk.cuh"
+#include "tree_begin.cuh"
 #include "vector.cuh"
 
 namespace commpact {
@@ -343,6 +344,14 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
         residual.size(), p);
     ck(cudaGetLastError(), "tree_zero_delivered");
   }
+  static void tree_begin(const exec& e, span<sparse_tree_meta> m, span<const std::byte> block, int self,
+                         const tree_views& b) {  // TreeMerge (kernels/cuda/tree_begin.cuh)
+    auto* ctl = reinterpret_cast<cuda_kernels::absorb_ctl*>(static_cast<unsigned char*>(e.scratch(ctl_end)) +
+                                                            ctl_offset);
+    ck(cuda_kernels::tree_begin(cuda_access::ptr(m), cuda_access::ptr(block), block.size(), self, ptrs(b),
+                                static_cast<std::uint32_t>(b.mine_idx.size()), ctl, e.stream()),
+       "tree_begin");
+  }
   static void tree_status(const exec& e, span<const sparse_tree_meta> m, span<std::uint32_t> status) {  // TreeMerge
     cuda_kernels::detail::tree_status_kernel<<<1, 1, 0, e.stream()>>>(cuda_access::ptr(m), cuda_access::ptr(status));
     ck(cudaGetLastError(), "tree_status");
@@ -352,6 +361,8 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
   //! The executor's scratch: clip_scale's partial sums, then mean_into's flag.
   static constexpr std::size_t flag_offset = cuda_kernels::clip_scratch_bytes;
   static constexpr std::size_t scratch_bytes = flag_offset + 256;
+  //! tree_begin's absorb_ctl, after them.
+  static constexpr std::size_t ctl_offset = scratch_bytes, ctl_end = ctl_offset + sizeof(cuda_kernels::absorb_ctl);
   static void ck(cudaError_t err, const char* what) { cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>"); }
   static std::uint32_t& status_of(sparse_tree_meta* m) { return m->status; }  // an address, never dereferenced here
   static cuda_kernels::tree_ptrs ptrs(const tree_views& b) {

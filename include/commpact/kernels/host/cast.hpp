@@ -7,11 +7,12 @@
 //! to_code, from_code, finite_code and add. The rows cast_encode, cast_add and
 //! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them.
 
-#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 
+#include "../../config.hpp"
+#include "../exact.hpp"
 #include "../mean.hpp"
 
 namespace commpact::host {
@@ -19,24 +20,32 @@ namespace commpact::host {
 //! The code that makes every rank's sum non-finite: a NaN in fp16 and bf16 alike.
 inline constexpr std::uint16_t cast_nan_code = 0x7FFFu;
 
+//! One value of cast_encode (shared with the CUDA rows, kernels/cuda/rows_cast_vote.cuh):
+//! a = g + r[i] (g when r is null); returns Cast::to_code(a) and sets cand[i] = a -
+//! from_code(code) (when cand is not null); a non-finite a returns cast_nan_code and keeps
+//! r[i] (0 without r) as its candidate.
+template <class Cast>
+COMMPACT_HOST_DEVICE inline std::uint16_t cast_encode_value(float g, const float* r, std::size_t i, float* cand) {
+  const float a = r ? exact::add(g, r[i]) : g;
+  if (!exact::finite(a)) {
+    if (cand) cand[i] = r ? r[i] : 0.0f;
+    return cast_nan_code;
+  }
+  const std::uint16_t c = Cast::to_code(a);
+  if (cand) cand[i] = exact::sub(a, Cast::from_code(c));
+  return c;
+}
+
 //! a = g + r (g when r is empty: no error feedback); codes[i] = Cast::to_code(a) and
 //! cand[i] = a - from_code(codes[i]) (when cand is not empty); a non-finite a sends
 //! cast_nan_code and keeps r[i] as its candidate.
 template <class Cast>
 void cast_encode(std::span<const float> g, std::span<const float> r, std::span<std::uint16_t> codes,
                  std::span<float> cand) {
-  const bool ef = !r.empty();
+  const float* rp = r.empty() ? nullptr : r.data();
+  float* cp = cand.empty() ? nullptr : cand.data();
   const std::size_t n = g.size();
-  for (std::size_t i = 0; i < n; ++i) {
-    const float a = ef ? g[i] + r[i] : g[i];
-    if (!std::isfinite(a)) {
-      codes[i] = cast_nan_code;
-      if (!cand.empty()) cand[i] = r[i];
-      continue;
-    }
-    codes[i] = Cast::to_code(a);
-    if (!cand.empty()) cand[i] = a - Cast::from_code(codes[i]);
-  }
+  for (std::size_t i = 0; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
 }
 
 //! The ring's combine of one chunk: mine[i] = Cast::add(in[i], mine[i]) (in from the

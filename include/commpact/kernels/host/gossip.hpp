@@ -19,6 +19,8 @@
 #include <cstring>
 #include <span>
 
+#include "../../config.hpp"
+#include "../exact.hpp"
 #include "vector_ops.hpp"
 
 namespace commpact::host::gossip {
@@ -42,17 +44,35 @@ inline void pack(std::span<const float> x, std::span<std::byte> msg) {
   if (!x.empty()) std::memcpy(msg.data(), x.data(), x.size_bytes());
 }
 
+// The per-entry formulas, shared with the CUDA rows (kernels/cuda/rows_gossip.cuh).
+//! D-PSGD's start: self_w x in double.
+COMMPACT_HOST_DEVICE inline double mix_init(double self_w, float x) {
+  return exact::mul(self_w, static_cast<double>(x));
+}
+//! D-PSGD's term of neighbour k: acc + w_k x_k in double.
+COMMPACT_HOST_DEVICE inline double mix_term(double acc, double wk, float xk) {
+  return exact::add(acc, exact::mul(wk, static_cast<double>(xk)));
+}
+//! CHOCO's term of neighbour k: acc + w_k (hat_k - hat_self) in double.
+COMMPACT_HOST_DEVICE inline double choco_term(double acc, double wk, float hat_k, float hat_self) {
+  return exact::add(acc, exact::mul(wk, exact::sub(static_cast<double>(hat_k), static_cast<double>(hat_self))));
+}
+//! CHOCO's model: float(x + gamma acc), in double.
+COMMPACT_HOST_DEVICE inline float choco_result(float x, double gamma, double acc) {
+  return static_cast<float>(exact::add(static_cast<double>(x), exact::mul(gamma, acc)));
+}
+
 //! D-PSGD: when clear, x = float(w_self x + sum_k w[k] x_k) in double, neighbours in
 //! ascending order; x_k is the k-th block of 4n bytes of recv. acc: n doubles of scratch.
 inline void mix_exact(std::span<float> x, std::span<const std::byte> recv, std::span<const double> w, double self_w,
                       std::span<double> acc, std::span<const std::int64_t> words) {
   if (!clear(words)) return;
   const std::size_t n = x.size();
-  for (std::size_t i = 0; i < n; ++i) acc[i] = self_w * x[i];
+  for (std::size_t i = 0; i < n; ++i) acc[i] = mix_init(self_w, x[i]);
   for (std::size_t k = 0; k < w.size(); ++k) {
     const auto* xj = reinterpret_cast<const float*>(recv.data() + k * 4 * n);
     const double wk = w[k];
-    for (std::size_t i = 0; i < n; ++i) acc[i] += wk * static_cast<double>(xj[i]);
+    for (std::size_t i = 0; i < n; ++i) acc[i] = mix_term(acc[i], wk, xj[i]);
   }
   for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(acc[i]);
 }
@@ -71,10 +91,9 @@ inline void choco_update(std::span<float> x, std::span<float> hat_self, std::spa
   for (std::size_t k = 0; k < deg; ++k) {
     const float* h = hat_nb.data() + k * n;
     const double wk = w[k];
-    for (std::size_t i = 0; i < n; ++i)
-      acc[i] += wk * (static_cast<double>(h[i]) - static_cast<double>(hat_self[i]));
+    for (std::size_t i = 0; i < n; ++i) acc[i] = choco_term(acc[i], wk, h[i], hat_self[i]);
   }
-  for (std::size_t i = 0; i < n; ++i) x[i] = static_cast<float>(x[i] + gamma * acc[i]);
+  for (std::size_t i = 0; i < n; ++i) x[i] = choco_result(x[i], gamma, acc[i]);
 }
 
 }  // namespace commpact::host::gossip

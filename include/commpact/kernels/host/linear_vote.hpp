@@ -18,6 +18,8 @@
 #include <cstring>
 #include <span>
 
+#include "../../config.hpp"
+#include "../exact.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
@@ -69,6 +71,12 @@ void linear_feedback(K& codec, std::span<float> acc, std::span<float> approx, st
   }
 }
 
+//! One value of Signum's momentum: beta m + (1 - beta) g, each operation rounded on its
+//! own (shared with the CUDA row, kernels/cuda/rows_cast_vote.cuh).
+COMMPACT_HOST_DEVICE inline float signum_value(float beta, float m, float g) {
+  return exact::add(exact::mul(beta, m), exact::mul(exact::sub(1.0f, beta), g));
+}
+
 //! Signum's momentum: next = beta m + (1 - beta) g, or g when m is empty (the first
 //! step, or signSGD); status |= status_nonfinite when a value of next is not finite.
 inline void signum_update(std::span<float> next, std::span<const float> m, std::span<const float> g, float beta,
@@ -77,11 +85,38 @@ inline void signum_update(std::span<float> next, std::span<const float> m, std::
   if (m.empty()) {
     for (std::size_t i = 0; i < g.size(); ++i) next[i] = g[i];
   } else {
-    for (std::size_t i = 0; i < g.size(); ++i) next[i] = beta * m[i] + (1.0f - beta) * g[i];
+    for (std::size_t i = 0; i < g.size(); ++i) next[i] = signum_value(beta, m[i], g[i]);
   }
   for (float x : next) finite = finite && std::isfinite(x);
   if (!finite) status[0] |= status_nonfinite;
 }
+
+//! The bytes of a vote block: the frame header (frame::header_bytes), then sign_codec's
+//! payload (a float32 scale, then the sign bits).
+inline constexpr std::size_t vote_header_bytes = 48;
+
+//! Whether one rank's vote block is well formed (shared with the CUDA row): the payload
+//! length in the header (bytes 8..12, little-endian) is 4 + ceil(n / 8) and fits in
+//! `avail` (the bytes from the payload to the end of all blocks), the scale is finite and
+//! >= 0 (then written to `scale`), and no bit is set past n.
+COMMPACT_HOST_DEVICE inline bool vote_block_valid(const unsigned char* blk, std::size_t avail, std::size_t n,
+                                                  float& scale) {
+  auto word = [](const unsigned char* p) {
+    return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8) |
+           (static_cast<std::uint32_t>(p[2]) << 16) | (static_cast<std::uint32_t>(p[3]) << 24);
+  };
+  const std::size_t payload = 4 + (n + 7) / 8;
+  const unsigned char* msg = blk + vote_header_bytes;
+  if (word(blk + 8) != payload || avail < payload) return false;
+  const float s = exact::from_bits(word(msg));
+  if (!exact::finite(s) || !(s >= 0.0f)) return false;
+  if (n % 8 != 0 && (static_cast<unsigned>(msg[4 + n / 8]) >> (n % 8)) != 0u) return false;
+  scale = s;
+  return true;
+}
+
+//! One output of the vote: s when more ranks voted + than -, -s in the other case, 0 on a tie.
+COMMPACT_HOST_DEVICE inline float vote_value(int votes, float s) { return votes > 0 ? s : (votes < 0 ? -s : 0.0f); }
 
 //! The majority vote over P blocks of block_floats floats (frame header + sign_codec's
 //! payload; the headers were checked by the host): first every block's payload is
@@ -91,25 +126,20 @@ inline void signum_update(std::span<float> next, std::span<const float> m, std::
 //! when `scaled`, else 1.
 inline void sign_vote(std::span<const float> blocks, std::size_t block_floats, bool scaled, std::span<float> out,
                       std::span<std::uint32_t> status) {
-  constexpr std::size_t hb = 48;  // frame::header_bytes
-  const std::size_t n = out.size(), payload = 4 + (n + 7) / 8;
+  constexpr std::size_t hb = vote_header_bytes;
+  const std::size_t n = out.size();
   const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
   const auto bytes = std::as_bytes(blocks);
+  const auto* base = reinterpret_cast<const unsigned char*>(bytes.data());
   auto msg = [&](std::size_t r) { return bytes.subspan(r * block_floats * 4 + hb); };
   double scales = 0.0;
   for (std::size_t r = 0; r < P; ++r) {  // validate every block before anything changes
-    std::uint32_t len;
-    std::memcpy(&len, bytes.data() + r * block_floats * 4 + 8, 4);
     float s = 0.0f;
-    bool ok = len == payload && msg(r).size() >= payload;
-    if (ok) std::memcpy(&s, msg(r).data(), 4);
-    ok = ok && std::isfinite(s) && s >= 0.0f;
-    ok = ok && (n % 8 == 0 || (static_cast<unsigned>(msg(r)[4 + n / 8]) >> (n % 8)) == 0u);
-    if (!ok) {
+    if (!vote_block_valid(base + r * block_floats * 4, msg(r).size(), n, s)) {
       status[0] |= status_wire;
       return;
     }
-    scales += s;
+    scales = exact::add(scales, static_cast<double>(s));
   }
   const float s = scaled ? static_cast<float>(scales / static_cast<double>(P)) : 1.0f;
   for (std::size_t b = 0; b < (n + 7) / 8; ++b) {  // 8 values at a time: no workspace
@@ -118,8 +148,7 @@ inline void sign_vote(std::span<const float> blocks, std::size_t block_floats, b
       const auto v = static_cast<unsigned>(msg(r)[4 + b]);
       for (unsigned j = 0; j < 8; ++j) votes[j] += ((v >> j) & 1u) ? -1 : 1;
     }
-    for (std::size_t j = 0; j < 8 && 8 * b + j < n; ++j)
-      out[8 * b + j] = votes[j] > 0 ? s : (votes[j] < 0 ? -s : 0.0f);
+    for (std::size_t j = 0; j < 8 && 8 * b + j < n; ++j) out[8 * b + j] = vote_value(votes[j], s);
   }
 }
 
