@@ -137,6 +137,18 @@ class cuda_span {
   std::size_t n_ = 0;
 };
 
+//! The bytes of a device span, still on the device (known-size point-to-point of typed
+//! buffers, as deferred.hpp's; found by argument-dependent lookup like std::as_bytes).
+template <class T>
+cuda_span<const std::byte> as_bytes(cuda_span<T> s) {
+  return cuda_access::wrap(reinterpret_cast<const std::byte*>(cuda_access::ptr(s)), s.size_bytes());
+}
+template <class T>
+  requires(!std::is_const_v<T>)
+cuda_span<std::byte> as_writable_bytes(cuda_span<T> s) {
+  return cuda_access::wrap(reinterpret_cast<std::byte*>(cuda_access::ptr(s)), s.size_bytes());
+}
+
 namespace detail {
 inline void cuda_check_space(cudaError_t e, const char* what) {
   if (e != cudaSuccess)
