@@ -31,7 +31,6 @@
 #include "commpact/gossip/power_gossip.hpp"
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/kernels/host/ops.hpp"
-
 #include "cuda_test_common.cuh"
 
 namespace cp = commpact;
@@ -188,7 +187,8 @@ void check_orthonormalize_rows() {
         D::power_gossip_orthonormalize(E, db.view(), rows, cols, seed, t, step);
         EXPECT(diff(host(db), b) == 0, "power_gossip_orthonormalize %zux%zu kind %d differs", rows, cols, kind);
         std::vector<float> q = randn(rows * cols);
-        for (std::size_t c = 0; c < cols; c += 2) std::fill(q.begin() + c * rows, q.begin() + (c + 1) * rows, c ? -0.0f : 0.0f);
+        for (std::size_t c = 0; c < cols; c += 2)
+          std::fill(q.begin() + c * rows, q.begin() + (c + 1) * rows, c ? -0.0f : 0.0f);
         auto dq = dev(q);
         H::redraw_zero_columns({}, hs(q), rows, cols, seed, t, step);
         D::redraw_zero_columns(E, dq.view(), rows, cols, seed, t, step);
@@ -252,6 +252,29 @@ void check_gossip_rows() {
       }
 }
 
+//! Argument errors raise invalid_argument on the host, before anything is queued.
+void check_argument_errors() {
+  auto a = dev(randn(12)), b = dev(randn(4)), c = dev(randn(3));
+  auto st = dev(std::vector<std::uint32_t>{0});
+  auto raises = [](auto f) {
+    try {
+      f();
+    } catch (const cp::invalid_argument&) {
+      return true;
+    }
+    return false;
+  };
+  EXPECT(raises([&] { D::lowrank_project(E, a.cview(), {}, a.view(), 4, 3, c.cview(), 1, c.view()); }),
+         "lowrank_project with P of 3 floats for n = 4 did not raise");
+  EXPECT(raises([&] { D::lowrank_back_project(E, a.cview(), 4, 3, b.cview(), 2, c.view()); }),
+         "lowrank_back_project with r = 2 and 4 + 3 floats of factors did not raise");
+  EXPECT(raises([&] { D::lowrank_approx_residual(E, a.view(), a.view(), 4, 3, b.cview(), c.cview(), 1, st.cview()); }),
+         "lowrank_approx_residual with M the same buffer as g did not raise");
+  EXPECT(raises([&] { D::orthonormalize(E, a.view(), 5, 3); }), "orthonormalize 5 x 3 on 12 floats did not raise");
+  EXPECT(raises([&] { D::copy_if_clear(E, a.cview(), b.view(), st.cview()); }),
+         "copy_if_clear 12 into 4 did not raise");
+}
+
 //! PowerCompressor<R, cuda_space> over one NCCL rank against PowerCompressor<R> over one
 //! ThreadComm rank: output, residual and Q bits after each of 5 steps.
 template <int R>
@@ -308,6 +331,7 @@ int main() {
     check_lowrank_rows();
     check_orthonormalize_rows();
     check_gossip_rows();
+    check_argument_errors();
     for (bool warm : {true, false}) {
       check_compressor<1>(warm);
       check_compressor<2>(warm);

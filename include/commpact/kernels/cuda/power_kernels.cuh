@@ -43,7 +43,7 @@ using cuda_kernels::detail::nonfinite;
 using cuda_kernels::detail::vec_block;
 using cuda_kernels::detail::vec_grid;
 
-#define COMMPACT_GRID_STRIDE(i, n)                                                        \
+#define COMMPACT_GRID_STRIDE(i, n)                                                  \
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
        i += std::size_t(gridDim.x) * blockDim.x)
 
@@ -135,16 +135,16 @@ __global__ void back_project_kernel(const float* M, std::size_t n, std::size_t m
 }
 
 //! A[i, j] = sum over c (increasing) of Q[j, c] P[i, c], the first product not added to 0.
-__device__ __forceinline__ float approx_at(const float* p, const float* q, std::size_t n, std::size_t m,
-                                           std::size_t r, std::size_t i, std::size_t j) {
+__device__ __forceinline__ float approx_at(const float* p, const float* q, std::size_t n, std::size_t m, std::size_t r,
+                                           std::size_t i, std::size_t j) {
   float a = __fmul_rn(q[j], p[i]);
   for (std::size_t c = 1; c < r; ++c) a = __fadd_rn(a, __fmul_rn(q[c * m + j], p[c * n + i]));
   return a;
 }
 
 //! When every status word is 0: A = P Q^T, M = M - A, g = A.
-__global__ void approx_residual_kernel(float* g, float* M, std::size_t n, std::size_t m, const float* p,
-                                       const float* q, std::size_t r, const std::uint32_t* st, std::size_t words) {
+__global__ void approx_residual_kernel(float* g, float* M, std::size_t n, std::size_t m, const float* p, const float* q,
+                                       std::size_t r, const std::uint32_t* st, std::size_t words) {
   if (!words_clear(st, words)) return;
   COMMPACT_GRID_STRIDE(k, n * m) {
     const std::size_t i = k / m, j = k - i * m;
@@ -219,14 +219,15 @@ __global__ void __launch_bounds__(ortho_block) orthonormalize_kernel(float* a, s
 }
 
 //! host::power_gossip::orthonormalize_shared in one block.
-__global__ void __launch_bounds__(ortho_block) orthonormalize_shared_kernel(float* s, std::size_t len, std::size_t r,
-                                                                            std::uint64_t seed, std::uint64_t t,
-                                                                            std::uint64_t step) {
+__global__ void __launch_bounds__(ortho_block)
+    orthonormalize_shared_kernel(float* s, std::size_t len, std::size_t r, std::uint64_t seed, std::uint64_t t,
+                                 std::uint64_t step) {
   __shared__ double red;
   int kept = block_orthonormalize(s, len, r, &red);
   for (std::size_t attempt = 0; kept < static_cast<int>(r) && attempt < 2; ++attempt) {
     for (std::size_t c = 0; c < r; ++c) {
-      if (block_column_is_zero(s, len, c)) block_gaussian(s + c * len, len, host::mix_seed(seed, t, step, c + 1 + attempt * r));
+      if (block_column_is_zero(s, len, c))
+        block_gaussian(s + c * len, len, host::mix_seed(seed, t, step, c + 1 + attempt * r));
       __syncthreads();
     }
     kept = block_orthonormalize(s, len, r, &red);

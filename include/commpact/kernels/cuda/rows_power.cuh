@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file rows_power.cuh
-//! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: PowerCompressor's rows (check_finite, copy_if_clear, lowrank_project, lowrank_back_project, lowrank_approx_residual, orthonormalize, gaussian, redraw_zero_columns) and PowerGossip's (power_gossip_orthonormalize, power_gossip_update, power_gossip_vectors).
-//! Each row implements the specification of kernels/ops.hpp on the executor's stream.
+//! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: PowerCompressor's rows (check_finite, copy_if_clear,
+//! lowrank_project, lowrank_back_project, lowrank_approx_residual, orthonormalize, gaussian, redraw_zero_columns) and
+//! PowerGossip's (power_gossip_orthonormalize, power_gossip_update, power_gossip_vectors). Each row implements the
+//! specification of kernels/ops.hpp on the executor's stream.
 //!
 //! Bits: every row reproduces its host twin's order of operations (power_kernels.cuh), so
 //! the results are the host's bits, NaN payloads aside (ops.cuh), with one exception:
@@ -48,7 +50,8 @@ struct power {
   static void check_finite(const exec& e, span<const float> v, span<std::uint32_t> status) {
     require(!status.empty(), "commpact::ops::check_finite: pass a status word.");
     if (v.empty()) return;
-    power_kd::check_finite_kernel<<<power_kd::vec_grid(v.size()), power_kd::vec_block, 0, e.stream()>>>(ptr(v), v.size(), ptr(status));
+    power_kd::check_finite_kernel<<<power_kd::vec_grid(v.size()), power_kd::vec_block, 0, e.stream()>>>(
+        ptr(v), v.size(), ptr(status));
     ck(cudaGetLastError(), "check_finite");
   }
   static void copy_if_clear(const exec& e, span<const float> src, span<float> dst, span<const std::uint32_t> status) {
@@ -62,9 +65,9 @@ struct power {
   static void lowrank_project(const exec& e, span<const float> g, span<const float> res, span<float> M, std::size_t n,
                               std::size_t m, span<const float> Q, std::size_t r, span<float> P) {
     host::detail::check_lowrank("lowrank_project_into", g.size(), n, m, P.size(), Q.size(), r);
-    require(M.size() == g.size() && (res.empty() || res.size() == g.size()),
-            "commpact::ops::lowrank_project: M holds ", M.size(), " floats and the residual ", res.size(),
-            " but the gradient ", g.size(), "; pass M (and a non-empty residual) of the gradient's shape.");
+    require(M.size() == g.size() && (res.empty() || res.size() == g.size()), "commpact::ops::lowrank_project: M holds ",
+            M.size(), " floats and the residual ", res.size(), " but the gradient ", g.size(),
+            "; pass M (and a non-empty residual) of the gradient's shape.");
     host::simd::check_no_partial_overlap("lowrank_project", "g", ptr(g), g.size(), "M", ptr(M), M.size());
     host::simd::check_no_partial_overlap("lowrank_project", "e", ptr(res), res.size(), "M", ptr(M), M.size());
     if (n == 0) return;
@@ -80,8 +83,10 @@ struct power {
       float* p = ptr(P) + c0 * n;
       float* mp = ptr(M);
       switch (w) {
-#define COMMPACT_PROJECT_CASE(W) \
-  case W: power_kd::project_kernel<W><<<grid, power_kd::vec_block, 0, e.stream()>>>(src, rs, mp, write_m, n, m, q, p); break;
+#define COMMPACT_PROJECT_CASE(W)                                                                                 \
+  case W:                                                                                                        \
+    power_kd::project_kernel<W><<<grid, power_kd::vec_block, 0, e.stream()>>>(src, rs, mp, write_m, n, m, q, p); \
+    break;
         COMMPACT_PROJECT_CASE(1)
         COMMPACT_PROJECT_CASE(2)
         COMMPACT_PROJECT_CASE(3)
@@ -89,7 +94,9 @@ struct power {
         COMMPACT_PROJECT_CASE(5)
         COMMPACT_PROJECT_CASE(6)
         COMMPACT_PROJECT_CASE(7)
-        default: power_kd::project_kernel<8><<<grid, power_kd::vec_block, 0, e.stream()>>>(src, rs, mp, write_m, n, m, q, p); break;
+        default:
+          power_kd::project_kernel<8><<<grid, power_kd::vec_block, 0, e.stream()>>>(src, rs, mp, write_m, n, m, q, p);
+          break;
 #undef COMMPACT_PROJECT_CASE
       }
       ck(cudaGetLastError(), "lowrank_project");
@@ -104,8 +111,11 @@ struct power {
       const float* p = ptr(P) + c0 * n;
       float* q = ptr(Q) + c0 * m;
       switch (w) {
-#define COMMPACT_BACK_CASE(W) \
-  case W: power_kd::back_project_kernel<W><<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q); break;
+#define COMMPACT_BACK_CASE(W)                                                                \
+  case W:                                                                                    \
+    power_kd::back_project_kernel<W>                                                         \
+        <<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q); \
+    break;
         COMMPACT_BACK_CASE(1)
         COMMPACT_BACK_CASE(2)
         COMMPACT_BACK_CASE(3)
@@ -113,7 +123,10 @@ struct power {
         COMMPACT_BACK_CASE(5)
         COMMPACT_BACK_CASE(6)
         COMMPACT_BACK_CASE(7)
-        default: power_kd::back_project_kernel<8><<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q); break;
+        default:
+          power_kd::back_project_kernel<8>
+              <<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q);
+          break;
 #undef COMMPACT_BACK_CASE
       }
       ck(cudaGetLastError(), "lowrank_back_project");
@@ -141,7 +154,8 @@ struct power {
   }
   static void gaussian(const exec& e, span<float> v, std::uint64_t seed) {
     if (v.empty()) return;
-    power_kd::gaussian_kernel<<<power_kd::vec_grid((v.size() + 1) / 2), power_kd::vec_block, 0, e.stream()>>>(ptr(v), v.size(), seed);
+    power_kd::gaussian_kernel<<<power_kd::vec_grid((v.size() + 1) / 2), power_kd::vec_block, 0, e.stream()>>>(
+        ptr(v), v.size(), seed);
     ck(cudaGetLastError(), "gaussian");
   }
   static void redraw_zero_columns(const exec& e, span<float> q, std::size_t rows, std::size_t cols, std::uint64_t seed,
@@ -150,24 +164,24 @@ struct power {
             rows, " x ", cols, " factor needs ", rows * cols, ".");
     require(cols <= 0x7fffffffu, "commpact::ops::redraw_zero_columns: ", cols, " columns is too many for one grid.");
     if (q.empty()) return;
-    power_kd::redraw_zero_columns_kernel<<<static_cast<unsigned>(cols), power_kd::ortho_block, 0, e.stream()>>>(ptr(q), rows, seed,
-                                                                                                    tensor, step);
+    power_kd::redraw_zero_columns_kernel<<<static_cast<unsigned>(cols), power_kd::ortho_block, 0, e.stream()>>>(
+        ptr(q), rows, seed, tensor, step);
     ck(cudaGetLastError(), "redraw_zero_columns");
   }
 
   // ---- PowerGossip (kernels/host/power_gossip.hpp); words: the round's 3 status words ----
   static void power_gossip_orthonormalize(const exec& e, span<float> s, std::size_t len, std::size_t r,
                                           std::uint64_t seed, std::uint64_t tensor, std::uint64_t step) {
-    require(s.size() >= len * r, "commpact::ops::power_gossip_orthonormalize: the span holds ", s.size(),
-            " values; a ", len, " x ", r, " factor needs ", len * r, ".");
+    require(s.size() >= len * r, "commpact::ops::power_gossip_orthonormalize: the span holds ", s.size(), " values; a ",
+            len, " x ", r, " factor needs ", len * r, ".");
     if (len * r == 0) return;
-    power_kd::orthonormalize_shared_kernel<<<1, power_kd::ortho_block, 0, e.stream()>>>(ptr(s), len, r, seed, tensor, step);
+    power_kd::orthonormalize_shared_kernel<<<1, power_kd::ortho_block, 0, e.stream()>>>(ptr(s), len, r, seed, tensor,
+                                                                                        step);
     ck(cudaGetLastError(), "power_gossip_orthonormalize");
   }
   static void power_gossip_update(const exec& e, span<float> X, std::size_t n, std::size_t m, span<const float> S,
                                   span<const float> mine, span<const std::byte> theirs, span<float> d, std::size_t r,
-                                  int phase, bool lower, float coef, span<float> upd,
-                                  span<const std::int64_t> words) {
+                                  int phase, bool lower, float coef, span<float> upd, span<const std::int64_t> words) {
     const std::size_t len = phase == 0 ? n : m, dl = (phase == 0 ? m : n) * r;
     require(r >= 1 && X.size() == n * m && upd.size() == n * m && S.size() == len * r && mine.size() >= dl &&
                 theirs.size() >= 4 * dl && d.size() >= dl && words.size() >= 3,
@@ -181,8 +195,8 @@ struct power {
     if (n * m == 0) return;
     const float* p = phase == 0 ? ptr(S) : ptr(d);
     const float* q = phase == 0 ? ptr(d) : ptr(S);
-    power_kd::gossip_apply_kernel<<<power_kd::vec_grid(n * m), power_kd::vec_block, 0, e.stream()>>>(ptr(X), ptr(upd), n, m, p, q, r,
-                                                                                    coef, ptr(words));
+    power_kd::gossip_apply_kernel<<<power_kd::vec_grid(n * m), power_kd::vec_block, 0, e.stream()>>>(
+        ptr(X), ptr(upd), n, m, p, q, r, coef, ptr(words));
     ck(cudaGetLastError(), "power_gossip_update");
   }
   static void power_gossip_vectors(const exec& e, span<float> x, span<const std::byte> recv, std::size_t stride,
@@ -191,9 +205,9 @@ struct power {
     const std::size_t len = x.size();
     require(acc.size() >= len && words.size() >= 3 && offset % 4 == 0 && stride % 4 == 0 &&
                 (w.empty() || (w.size() - 1) * stride + offset + 4 * len <= recv.size()),
-            "commpact::ops::power_gossip_vectors: ", len, " floats at byte ", offset, " of ", w.size(),
-            " blocks of ", stride, " bytes need more than the ", recv.size(), " bytes received (or acc holds ",
-            acc.size(), " doubles, words ", words.size(), "); pass PowerGossip's message layout.");
+            "commpact::ops::power_gossip_vectors: ", len, " floats at byte ", offset, " of ", w.size(), " blocks of ",
+            stride, " bytes need more than the ", recv.size(), " bytes received (or acc holds ", acc.size(),
+            " doubles, words ", words.size(), "); pass PowerGossip's message layout.");
     if (len == 0) return;
     power_kd::gossip_vectors_kernel<<<power_kd::vec_grid(len), power_kd::vec_block, 0, e.stream()>>>(
         ptr(x), ptr(recv), stride, offset, w.empty() ? nullptr : ptr(w), w.size(), self_w, ptr(acc), len, ptr(words));
