@@ -65,6 +65,7 @@ cp::cuda_buffer<T> dev(const std::vector<T>& h) {
   cp::cuda_buffer<T> b;
   b.resize(h.size());  // poisoned, then overwritten
   if (!h.empty()) D::from_host(E, std::span<const T>(h), b.view());
+  cp::cuda_space::fence(E, cp::no_deadline());  // complete before another stream (NcclComm's) reads it
   return b;
 }
 template <class T>
