@@ -203,3 +203,36 @@ TEST_CASE("lowrank: shapes are checked", "[kernels][lowrank]") {
   CHECK_THROWS_WITH(h::lowrank_approx_residual(M, M, 4, 3, P, Q, 2), Catch::Contains("separate buffer"));
   CHECK_NOTHROW(h::lowrank_approx_residual(M, e, 4, 3, P, Q, 2));
 }
+
+TEST_CASE("fill_gaussian: the sequential Box-Muller stream, pair by pair through gaussian_pair",
+          "[kernels][lowrank][gaussian]") {
+  // The reference is the stream as first written: one splitmix64 state advanced twice per
+  // pair. gaussian_pair (shared with the CUDA rows) jumps to pair p directly.
+  auto reference = [](std::size_t n, std::uint64_t seed) {
+    std::vector<float> out(n);
+    std::uint64_t s = seed;
+    for (std::size_t i = 0; i < n; i += 2) {
+      const double u1 = (static_cast<double>(h::splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
+      const double u2 = static_cast<double>(h::splitmix64(s) >> 11) * 0x1.0p-53;
+      const double rad = std::sqrt(-2.0 * std::log(u1));
+      const double ang = 6.283185307179586476925286766559 * u2;
+      out[i] = static_cast<float>(rad * std::cos(ang));
+      if (i + 1 < n) out[i + 1] = static_cast<float>(rad * std::sin(ang));
+    }
+    return out;
+  };
+  for (std::uint64_t seed : {0ull, 0x51EDull, ~0ull, 0x9E3779B97F4A7C15ull})
+    for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{7}, std::size_t{4097}}) {
+      std::vector<float> v(n, std::numeric_limits<float>::quiet_NaN());
+      h::fill_gaussian(v, seed);
+      const auto ref = reference(n, seed);
+      for (std::size_t i = 0; i < n; ++i)
+        REQUIRE(std::bit_cast<std::uint32_t>(v[i]) == std::bit_cast<std::uint32_t>(ref[i]));
+      for (std::size_t p = 0; 2 * p < n; p += 97) {
+        float a = 0, b = 0;
+        h::gaussian_pair(seed, p, a, b);
+        CHECK(std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(v[2 * p]));
+        if (2 * p + 1 < n) CHECK(std::bit_cast<std::uint32_t>(b) == std::bit_cast<std::uint32_t>(v[2 * p + 1]));
+      }
+    }
+}

@@ -15,9 +15,53 @@
 #include <cstdint>
 #include <span>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
+#include "simd.hpp"
 
 namespace commpact::host {
+
+//! The per-element formulas of orthonormalize_columns, shared with the CUDA rows
+//! (kernels/cuda/rows_power.cuh) so that both compute the same bits: one IEEE operation
+//! each, the product rounded before the difference (never fused into an FMA, whatever
+//! the host's -march: simd::opaque; __dmul_rn / __dsub_rn on the device).
+//!
+//! One term of a Gram-Schmidt dot product: dot + double(a) double(b) (the product of two
+//! floats is exact in double).
+COMMPACT_HOST_DEVICE inline double gs_dot_step(double dot, float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(dot, __dmul_rn(static_cast<double>(a), static_cast<double>(b)));
+#else
+  return dot + static_cast<double>(a) * static_cast<double>(b);
+#endif
+}
+//! One element of a projection: float(double(c) - dot double(k)), the product rounded first.
+COMMPACT_HOST_DEVICE inline float gs_sub(float c, double dot, float k) {
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(__dsub_rn(static_cast<double>(c), __dmul_rn(dot, static_cast<double>(k))));
+#else
+  double p = dot * static_cast<double>(k);
+  simd::opaque(p);
+  return static_cast<float>(static_cast<double>(c) - p);
+#endif
+}
+//! One element of a normalisation: float(double(c) inv).
+COMMPACT_HOST_DEVICE inline float gs_scale(float c, double inv) {
+#if defined(__CUDA_ARCH__)
+  return __double2float_rn(__dmul_rn(static_cast<double>(c), inv));
+#else
+  return static_cast<float>(static_cast<double>(c) * inv);
+#endif
+}
+
+//! The normalising factor 1 / sqrt(nrm2) (both operations correctly rounded everywhere).
+COMMPACT_HOST_DEVICE inline double gs_inv_norm(double nrm2) {
+#if defined(__CUDA_ARCH__)
+  return __ddiv_rn(1.0, __dsqrt_rn(nrm2));
+#else
+  return 1.0 / std::sqrt(nrm2);
+#endif
+}
 
 //! Orthonormalises, in place, the `cols` columns of the column-major matrix `a`
 //! (`rows` x `cols`, leading dimension `ld` >= rows) by Gram-Schmidt (the modified
@@ -44,17 +88,16 @@ inline int orthonormalize_columns(float* a, std::size_t rows, std::size_t cols, 
       for (std::size_t k = 0; k < j; ++k) {
         const float* ck = a + k * ld;
         double dot = 0.0;
-        for (std::size_t i = 0; i < rows; ++i) dot += static_cast<double>(ck[i]) * static_cast<double>(cj[i]);
+        for (std::size_t i = 0; i < rows; ++i) dot = gs_dot_step(dot, ck[i], cj[i]);
         if (dot == 0.0) continue;
-        for (std::size_t i = 0; i < rows; ++i)
-          cj[i] = static_cast<float>(static_cast<double>(cj[i]) - dot * static_cast<double>(ck[i]));
+        for (std::size_t i = 0; i < rows; ++i) cj[i] = gs_sub(cj[i], dot, ck[i]);
       }
     }
     double nrm2 = 0.0;
-    for (std::size_t i = 0; i < rows; ++i) nrm2 += static_cast<double>(cj[i]) * static_cast<double>(cj[i]);
+    for (std::size_t i = 0; i < rows; ++i) nrm2 = gs_dot_step(nrm2, cj[i], cj[i]);
     if (nrm2 > 0.0 && std::isfinite(nrm2)) {
-      const double inv = 1.0 / std::sqrt(nrm2);
-      for (std::size_t i = 0; i < rows; ++i) cj[i] = static_cast<float>(static_cast<double>(cj[i]) * inv);
+      const double inv = gs_inv_norm(nrm2);
+      for (std::size_t i = 0; i < rows; ++i) cj[i] = gs_scale(cj[i], inv);
       ++kept;
     } else if (nrm2 == 0.0) {
       for (std::size_t i = 0; i < rows; ++i) cj[i] = 0.0f;
@@ -81,7 +124,7 @@ inline bool column_is_zero(const float* a, std::size_t rows, std::size_t j, std:
 }
 
 //! splitmix64: a portable 64-bit mixer (same sequence on every platform and compiler).
-inline std::uint64_t splitmix64(std::uint64_t& state) {
+COMMPACT_HOST_DEVICE inline std::uint64_t splitmix64(std::uint64_t& state) {
   std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
@@ -89,7 +132,8 @@ inline std::uint64_t splitmix64(std::uint64_t& state) {
 }
 
 //! Mixes several 64-bit words into one seed.
-inline std::uint64_t mix_seed(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0, std::uint64_t d = 0) {
+COMMPACT_HOST_DEVICE inline std::uint64_t mix_seed(std::uint64_t a, std::uint64_t b, std::uint64_t c = 0,
+                                                   std::uint64_t d = 0) {
   std::uint64_t s = a;
   std::uint64_t h = splitmix64(s);
   s = h ^ b;
@@ -100,18 +144,41 @@ inline std::uint64_t mix_seed(std::uint64_t a, std::uint64_t b, std::uint64_t c 
   return splitmix64(s);
 }
 
-//! Fills out with standard normal values drawn from `seed` (Box-Muller over
-//! splitmix64, computed in double): the same seed gives the same bits on every rank.
-inline void fill_gaussian(std::span<float> out, std::uint64_t seed) {
-  std::uint64_t s = seed;
+//! Pair p of the Gaussian stream of `seed` (values 2p and 2p + 1 of fill_gaussian):
+//! Box-Muller over the splitmix64 outputs 2p + 1 and 2p + 2 of the state `seed` (state
+//! seed + k golden after k calls), computed in double. Shared by the host loop and the
+//! CUDA rows. The same bits on both sides need the same log, sqrt, cos and sin: sqrt is
+//! correctly rounded everywhere, but CUDA's double log (1 ulp) and cos/sin (2 ulp) are
+//! not glibc's, so a value can differ in the last bit of the float when the two double
+//! results round to floats apart (about 2^-28 of the values; kernels/cuda/rows_power.cuh).
+COMMPACT_HOST_DEVICE inline void gaussian_pair(std::uint64_t seed, std::uint64_t p, float& first, float& second) {
+  std::uint64_t s = seed + 2 * p * 0x9E3779B97F4A7C15ull;
+  const std::uint64_t a = splitmix64(s), b = splitmix64(s);
   constexpr double two_pi = 6.283185307179586476925286766559;
+  // u1 in (0, 1], u2 in [0, 1); one IEEE operation per step (no fusable a + b c).
+  const double u1 = (static_cast<double>(a >> 11) + 1.0) * 0x1.0p-53;
+  const double u2 = static_cast<double>(b >> 11) * 0x1.0p-53;
+  const double ang = two_pi * u2;
+#if defined(__CUDA_ARCH__)
+  const double rad = ::sqrt(-2.0 * ::log(u1));
+  first = static_cast<float>(rad * ::cos(ang));
+  second = static_cast<float>(rad * ::sin(ang));
+#else
+  const double rad = std::sqrt(-2.0 * std::log(u1));
+  first = static_cast<float>(rad * std::cos(ang));
+  second = static_cast<float>(rad * std::sin(ang));
+#endif
+}
+
+//! Fills out with standard normal values drawn from `seed` (Box-Muller over
+//! splitmix64, computed in double; gaussian_pair): the same seed gives the same bits on
+//! every rank.
+inline void fill_gaussian(std::span<float> out, std::uint64_t seed) {
   for (std::size_t i = 0; i < out.size(); i += 2) {
-    // u1 in (0, 1], u2 in [0, 1)
-    const double u1 = (static_cast<double>(splitmix64(s) >> 11) + 1.0) * 0x1.0p-53;
-    const double u2 = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;
-    const double rad = std::sqrt(-2.0 * std::log(u1));
-    out[i] = static_cast<float>(rad * std::cos(two_pi * u2));
-    if (i + 1 < out.size()) out[i + 1] = static_cast<float>(rad * std::sin(two_pi * u2));
+    float a, b;
+    gaussian_pair(seed, i / 2, a, b);
+    out[i] = a;
+    if (i + 1 < out.size()) out[i + 1] = b;
   }
 }
 

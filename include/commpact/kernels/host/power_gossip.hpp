@@ -17,11 +17,38 @@
 #include <cstdint>
 #include <span>
 
+#include "../../config.hpp"
 #include "gossip.hpp"
 #include "lowrank.hpp"
 #include "orthogonalize.hpp"
+#include "simd.hpp"
 
 namespace commpact::host::power_gossip {
+
+//! The per-element formulas of update and vectors, shared with the CUDA rows
+//! (kernels/cuda/rows_power.cuh): one IEEE operation each, the product rounded before
+//! the sum (never fused into an FMA: simd::opaque here, __fmul_rn / __dmul_rn there).
+//!
+//! x + coef u in float (update's X[i] += coef U[i]).
+COMMPACT_HOST_DEVICE inline float add_scaled(float x, float coef, float u) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(x, __fmul_rn(coef, u));
+#else
+  float p = coef * u;
+  simd::opaque(p);
+  return x + p;
+#endif
+}
+//! acc + w double(v) in double (one neighbour's term of vectors' mix).
+COMMPACT_HOST_DEVICE inline double mix_term(double acc, double w, float v) {
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(acc, __dmul_rn(w, static_cast<double>(v)));
+#else
+  double p = w * static_cast<double>(v);
+  simd::opaque(p);
+  return acc + p;
+#endif
+}
 
 //! Orthonormalises the shared factor s (len x r, column-major) in
 //! orthonormalize_columns' order. While a column stays zero (the two ends' models agree
@@ -57,7 +84,18 @@ inline void update(std::span<float> X, std::size_t n, std::size_t m, std::span<c
   for (std::size_t i = 0; i < dl; ++i) d[i] = q_high[i] - q_low[i];
   const std::span<const float> dc(d.data(), dl);
   lowrank_approx(upd, n, m, phase == 0 ? S : dc, phase == 0 ? dc : S, r);
-  for (std::size_t i = 0; i < n * m; ++i) X[i] += coef * upd[i];
+  float* x = X.data();
+  const float* u = upd.data();
+  const std::size_t nm = n * m;
+  std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+  for (; i + simd::lanes <= nm; i += simd::lanes) {  // add_scaled, a vector at a time
+    simd::vf p = simd::load<simd::vf>(u + i) * coef;
+    simd::opaque(p);
+    simd::store(x + i, simd::load<simd::vf>(x + i) + p);
+  }
+#endif
+  for (; i < nm; ++i) x[i] = add_scaled(x[i], coef, u[i]);
 }
 
 //! One vector x (len floats), when the round is clear: x = float(self_w x + sum_k w[k]
@@ -73,7 +111,7 @@ inline void vectors(std::span<float> x, std::span<const std::byte> recv, std::si
   for (std::size_t k = 0; k < w.size(); ++k) {
     const auto* v = reinterpret_cast<const float*>(recv.data() + k * stride + offset);
     const double wk = w[k];
-    for (std::size_t i = 0; i < len; ++i) acc[i] += wk * static_cast<double>(v[i]);
+    for (std::size_t i = 0; i < len; ++i) acc[i] = mix_term(acc[i], wk, v[i]);
   }
   for (std::size_t i = 0; i < len; ++i) x[i] = static_cast<float>(acc[i]);
 }

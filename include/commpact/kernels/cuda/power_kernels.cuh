@@ -1,0 +1,291 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file power_kernels.cuh
+//! The kernels of PowerCompressor's and PowerGossip's rows of ops<cuda_space>
+//! (rows_power.cuh). Each reproduces its host twin's arithmetic order exactly, one IEEE
+//! operation per step (__fadd_rn, __fmul_rn, __dadd_rn, __dmul_rn: never fused into an
+//! FMA), so results are the host's bits:
+//!
+//! - project (host::detail::row_dots): 8 lanes per row of M; lane l sums the products of
+//!   columns j = l, l + 8, ... < m - m % 8 in increasing j; the lanes combine as
+//!   ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) by shuffles (a + b is b + a
+//!   exactly), then lane 0 adds the last m % 8 products in increasing j.
+//! - back_project (host::detail::back_cols): one thread per column j of M, summing over
+//!   the rows in increasing order from 0: n sequential steps per thread (the host's order
+//!   is sequential; there is no exact parallel split of it).
+//! - approx: one thread per element, the r products summed in increasing c.
+//! - orthonormalize: host::orthonormalize_columns in one thread block: every dot product
+//!   is summed by one thread in increasing row order (sequential, as on the host), the
+//!   updates and scalings are spread over the block (gs_sub / gs_scale, shared with the
+//!   host loop).
+//! - gaussian: host::gaussian_pair per pair of values (shared with the host loop).
+//!
+//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_rows_power.cu
+//! checks every row against its host twin once a device runs it).
+
+#if !defined(__CUDACC__)
+#error "commpact/kernels/cuda/power_kernels.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../host/orthogonalize.hpp"
+#include "../host/power_gossip.hpp"
+#include "../status.hpp"
+#include "vector.cuh"
+
+namespace commpact::cuda_kernels::power_detail {
+
+using cuda_kernels::detail::nonfinite;
+using cuda_kernels::detail::vec_block;
+using cuda_kernels::detail::vec_grid;
+
+#define COMMPACT_GRID_STRIDE(i, n)                                                  \
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
+       i += std::size_t(gridDim.x) * blockDim.x)
+
+__device__ __forceinline__ bool words_clear(const std::uint32_t* st, std::size_t words) {
+  for (std::size_t w = 0; w < words; ++w)
+    if (st[w] != 0) return false;
+  return true;
+}
+//! gossip::clear: words[0] = words[2] = 0.
+__device__ __forceinline__ bool gossip_clear(const std::int64_t* w) { return w[0] == 0 && w[2] == 0; }
+
+__global__ void check_finite_kernel(const float* v, std::size_t n, std::uint32_t* status) {
+  bool bad = false;
+  COMMPACT_GRID_STRIDE(i, n) bad |= nonfinite(v[i]);
+  if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
+}
+
+__global__ void copy_if_clear_kernel(const float* src, float* dst, std::size_t n, const std::uint32_t* st,
+                                     std::size_t words) {
+  if (!words_clear(st, words)) return;
+  COMMPACT_GRID_STRIDE(i, n) dst[i] = src[i];
+}
+
+//! Rows of M per block of project_kernel (8 lanes each).
+inline constexpr int project_rows = vec_block / 8;
+
+//! P[:, 0..W) = M Q[:, 0..W) (see the file comment). With res, M = g + res (written);
+//! else M = g (written when M is not g, and when write_m).
+template <int W>
+__global__ void __launch_bounds__(vec_block) project_kernel(const float* g, const float* res, float* M, bool write_m,
+                                                            std::size_t n, std::size_t m, const float* q, float* p) {
+  const unsigned lane = threadIdx.x % 8;
+  const std::size_t m8 = m - m % 8;
+  for (std::size_t base = blockIdx.x * std::size_t(project_rows); base < n;
+       base += std::size_t(gridDim.x) * project_rows) {
+    const std::size_t i = base + threadIdx.x / 8;
+    const bool active = i < n;
+    float s[W];
+#pragma unroll
+    for (int c = 0; c < W; ++c) s[c] = 0.0f;
+    if (active) {
+      const float* gr = g + i * m;
+      const float* rr = res ? res + i * m : nullptr;
+      float* mr = M + i * m;
+      for (std::size_t j = lane; j < m8; j += 8) {
+        const float a = rr ? __fadd_rn(gr[j], rr[j]) : gr[j];
+        if (write_m) mr[j] = a;
+#pragma unroll
+        for (int c = 0; c < W; ++c) s[c] = __fadd_rn(s[c], __fmul_rn(a, q[static_cast<std::size_t>(c) * m + j]));
+      }
+    }
+#pragma unroll
+    for (int c = 0; c < W; ++c) {
+      s[c] = __fadd_rn(s[c], __shfl_xor_sync(0xffffffffu, s[c], 4));
+      s[c] = __fadd_rn(s[c], __shfl_xor_sync(0xffffffffu, s[c], 2));
+      s[c] = __fadd_rn(s[c], __shfl_xor_sync(0xffffffffu, s[c], 1));
+    }
+    if (active && lane == 0) {
+      const float* gr = g + i * m;
+      const float* rr = res ? res + i * m : nullptr;
+      float* mr = M + i * m;
+      for (std::size_t j = m8; j < m; ++j) {
+        const float a = rr ? __fadd_rn(gr[j], rr[j]) : gr[j];
+        if (write_m) mr[j] = a;
+#pragma unroll
+        for (int c = 0; c < W; ++c) s[c] = __fadd_rn(s[c], __fmul_rn(a, q[static_cast<std::size_t>(c) * m + j]));
+      }
+#pragma unroll
+      for (int c = 0; c < W; ++c) p[static_cast<std::size_t>(c) * n + i] = s[c];
+    }
+  }
+}
+
+//! Q[j, 0..W) = M^T P[:, 0..W): one thread per j, rows in increasing order from 0.
+template <int W>
+__global__ void back_project_kernel(const float* M, std::size_t n, std::size_t m, const float* p, float* q) {
+  COMMPACT_GRID_STRIDE(j, m) {
+    float acc[W];
+#pragma unroll
+    for (int c = 0; c < W; ++c) acc[c] = 0.0f;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float a = M[i * m + j];
+#pragma unroll
+      for (int c = 0; c < W; ++c) acc[c] = __fadd_rn(acc[c], __fmul_rn(a, p[static_cast<std::size_t>(c) * n + i]));
+    }
+#pragma unroll
+    for (int c = 0; c < W; ++c) q[static_cast<std::size_t>(c) * m + j] = acc[c];
+  }
+}
+
+//! A[i, j] = sum over c (increasing) of Q[j, c] P[i, c], the first product not added to 0.
+__device__ __forceinline__ float approx_at(const float* p, const float* q, std::size_t n, std::size_t m, std::size_t r,
+                                           std::size_t i, std::size_t j) {
+  float a = __fmul_rn(q[j], p[i]);
+  for (std::size_t c = 1; c < r; ++c) a = __fadd_rn(a, __fmul_rn(q[c * m + j], p[c * n + i]));
+  return a;
+}
+
+//! When every status word is 0: A = P Q^T, M = M - A, g = A.
+__global__ void approx_residual_kernel(float* g, float* M, std::size_t n, std::size_t m, const float* p, const float* q,
+                                       std::size_t r, const std::uint32_t* st, std::size_t words) {
+  if (!words_clear(st, words)) return;
+  COMMPACT_GRID_STRIDE(k, n * m) {
+    const std::size_t i = k / m, j = k - i * m;
+    const float a = approx_at(p, q, n, m, r, i, j);
+    M[k] = __fsub_rn(M[k], a);
+    g[k] = a;
+  }
+}
+
+//! host::orthonormalize_columns(a, rows, cols, rows) by one block; returns kept (to every
+//! thread). red: one double of shared memory.
+__device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols, double* red) {
+  int kept = 0;
+  for (std::size_t j = 0; j < cols; ++j) {
+    float* cj = a + j * rows;
+    for (int pass = 0; pass < 2; ++pass)
+      for (std::size_t k = 0; k < j; ++k) {
+        const float* ck = a + k * rows;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+          double dot = 0.0;
+          for (std::size_t i = 0; i < rows; ++i) dot = host::gs_dot_step(dot, ck[i], cj[i]);
+          *red = dot;
+        }
+        __syncthreads();
+        const double dot = *red;
+        if (dot == 0.0) continue;
+        for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = host::gs_sub(cj[i], dot, ck[i]);
+      }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      double nrm2 = 0.0;
+      for (std::size_t i = 0; i < rows; ++i) nrm2 = host::gs_dot_step(nrm2, cj[i], cj[i]);
+      *red = nrm2;
+    }
+    __syncthreads();
+    const double nrm2 = *red;
+    if (nrm2 > 0.0 && isfinite(nrm2)) {
+      const double inv = host::gs_inv_norm(nrm2);
+      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = host::gs_scale(cj[i], inv);
+      ++kept;
+    } else if (nrm2 == 0.0) {
+      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = 0.0f;
+    }
+  }
+  __syncthreads();
+  return kept;
+}
+
+//! Column c of the column-major `rows`-row matrix a is exactly zero (block-wide).
+__device__ bool block_column_is_zero(const float* a, std::size_t rows, std::size_t c) {
+  bool nz = false;
+  for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) nz |= a[c * rows + i] != 0.0f;
+  return !__syncthreads_or(nz);
+}
+
+//! v[0, len) = host::fill_gaussian(seed), spread over the block.
+__device__ void block_gaussian(float* v, std::size_t len, std::uint64_t seed) {
+  for (std::size_t p = threadIdx.x; 2 * p < len; p += blockDim.x) {
+    float x, y;
+    host::gaussian_pair(seed, p, x, y);
+    v[2 * p] = x;
+    if (2 * p + 1 < len) v[2 * p + 1] = y;
+  }
+}
+
+inline constexpr int ortho_block = 256;
+
+__global__ void __launch_bounds__(ortho_block) orthonormalize_kernel(float* a, std::size_t rows, std::size_t cols) {
+  __shared__ double red;
+  (void)block_orthonormalize(a, rows, cols, &red);
+}
+
+//! host::power_gossip::orthonormalize_shared in one block.
+__global__ void __launch_bounds__(ortho_block)
+    orthonormalize_shared_kernel(float* s, std::size_t len, std::size_t r, std::uint64_t seed, std::uint64_t t,
+                                 std::uint64_t step) {
+  __shared__ double red;
+  int kept = block_orthonormalize(s, len, r, &red);
+  for (std::size_t attempt = 0; kept < static_cast<int>(r) && attempt < 2; ++attempt) {
+    for (std::size_t c = 0; c < r; ++c) {
+      if (block_column_is_zero(s, len, c))
+        block_gaussian(s + c * len, len, host::mix_seed(seed, t, step, c + 1 + attempt * r));
+      __syncthreads();
+    }
+    kept = block_orthonormalize(s, len, r, &red);
+  }
+}
+
+//! v = fill_gaussian(seed): one thread per pair of values.
+__global__ void gaussian_kernel(float* v, std::size_t n, std::uint64_t seed) {
+  COMMPACT_GRID_STRIDE(p, (n + 1) / 2) {
+    float x, y;
+    host::gaussian_pair(seed, p, x, y);
+    v[2 * p] = x;
+    if (2 * p + 1 < n) v[2 * p + 1] = y;
+  }
+}
+
+//! One block per column: a column of q that is exactly zero = gaussian(mix_seed(seed, t, step, j + 1)).
+__global__ void redraw_zero_columns_kernel(float* q, std::size_t rows, std::uint64_t seed, std::uint64_t t,
+                                           std::uint64_t step) {
+  const std::size_t j = blockIdx.x;
+  if (block_column_is_zero(q, rows, j)) block_gaussian(q + j * rows, rows, host::mix_seed(seed, t, step, j + 1));
+}
+
+//! PowerGossip's d = q_high - q_low when the round is clear.
+__global__ void gossip_diff_kernel(float* d, const float* mine, const float* theirs, std::size_t dl, bool lower,
+                                   const std::int64_t* words) {
+  if (!gossip_clear(words)) return;
+  const float* lo = lower ? mine : theirs;
+  const float* hi = lower ? theirs : mine;
+  COMMPACT_GRID_STRIDE(i, dl) d[i] = __fsub_rn(hi[i], lo[i]);
+}
+
+//! PowerGossip's U = P Q^T (upd) and X += coef U when the round is clear.
+__global__ void gossip_apply_kernel(float* X, float* upd, std::size_t n, std::size_t m, const float* p, const float* q,
+                                    std::size_t r, float coef, const std::int64_t* words) {
+  if (!gossip_clear(words)) return;
+  COMMPACT_GRID_STRIDE(k, n * m) {
+    const std::size_t i = k / m, j = k - i * m;
+    const float a = approx_at(p, q, n, m, r, i, j);
+    upd[k] = a;
+    X[k] = host::power_gossip::add_scaled(X[k], coef, a);
+  }
+}
+
+//! PowerGossip's exact mix of one vector when the round is clear.
+__global__ void gossip_vectors_kernel(float* x, const std::byte* recv, std::size_t stride, std::size_t offset,
+                                      const double* w, std::size_t nw, double self_w, double* acc, std::size_t len,
+                                      const std::int64_t* words) {
+  if (!gossip_clear(words)) return;
+  COMMPACT_GRID_STRIDE(i, len) {
+    double a = __dmul_rn(self_w, static_cast<double>(x[i]));
+    for (std::size_t k = 0; k < nw; ++k)
+      a = host::power_gossip::mix_term(a, w[k], reinterpret_cast<const float*>(recv + k * stride + offset)[i]);
+    acc[i] = a;
+    x[i] = __double2float_rn(a);
+  }
+}
+
+#undef COMMPACT_GRID_STRIDE
+
+}  // namespace commpact::cuda_kernels::power_detail
