@@ -22,6 +22,7 @@
 #include <span>
 
 #include "../../compress/codecs/sparse_wire.hpp"
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
@@ -117,6 +118,25 @@ inline void frames(std::span<const std::int32_t> idx, std::span<const float> val
   }
 }
 
+//! Whether the entry (index i after the index prev, value v) of a frame or block is
+//! well formed: strictly ascending, below hi, finite. The one formula of entries_ok and
+//! of the CUDA rows' checks (kernels/cuda/oktopk.cuh).
+COMMPACT_HOST_DEVICE inline bool entry_ok(std::int32_t i, std::int64_t prev, std::int64_t hi, float v) {
+  return i > prev && i < hi && std::isfinite(v);
+}
+
+//! Whether select keeps position r: touched, a nonzero sum and |sum| >= theta (host and
+//! CUDA rows).
+COMMPACT_HOST_DEVICE inline bool selectable(std::uint8_t touched, float sum, float theta) {
+  return touched && sum != 0.0f && std::abs(sum) >= theta;
+}
+
+//! The rank in G (the selected indices, ascending) of clear_selected's boundary j of P
+//! (host and CUDA rows).
+COMMPACT_HOST_DEVICE inline std::size_t rebalance_rank(std::size_t total, std::size_t j, std::size_t P) {
+  return total * j / P;
+}
+
 //! count entries at p (indices, then values): strictly ascending indices in [lo, hi)
 //! and finite values.
 inline bool entries_ok(const std::byte* p, std::size_t c, std::int64_t lo, std::int64_t hi) {
@@ -124,7 +144,7 @@ inline bool entries_ok(const std::byte* p, std::size_t c, std::int64_t lo, std::
   for (std::size_t e = 0; e < c; ++e) {
     const auto i = get<std::int32_t>(p + 4 * e);
     const auto v = get<float>(p + 4 * (c + e));
-    if (!(i > prev && i < hi && std::isfinite(v))) return false;
+    if (!entry_ok(i, prev, hi, v)) return false;
     prev = i;
   }
   return true;
@@ -193,7 +213,7 @@ inline void select(std::span<const float> reg, std::span<const std::uint8_t> tou
   const float t = theta[0];
   std::size_t m = 0;
   for (std::size_t r = 0; r < reg.size(); ++r)
-    if (touched[r] && reg[r] != 0.0f && std::abs(reg[r]) >= t) ws[m++] = static_cast<std::int32_t>(r);
+    if (selectable(touched[r], reg[r], t)) ws[m++] = static_cast<std::int32_t>(r);
   auto b = ws.begin(), e = ws.begin() + static_cast<std::ptrdiff_t>(m);
   if (m > cap) {
     std::stable_sort(b, e, [&](auto x, auto y) { return std::abs(reg[x]) > std::abs(reg[y]); });
@@ -262,7 +282,8 @@ inline void clear_selected(std::span<float> acc, std::span<const std::int32_t> i
   std::copy(bounds.begin(), bounds.end(), next.begin());
   if (total >= P) {
     o = 0, in = 0, g = 0;
-    for (std::size_t j = 1; j < P; ++j) next[j] = std::max(next[j - 1], static_cast<std::int64_t>(at(total * j / P)));
+    for (std::size_t j = 1; j < P; ++j)
+      next[j] = std::max(next[j - 1], static_cast<std::int64_t>(at(rebalance_rank(total, j, P))));
   }
 }
 
