@@ -163,14 +163,14 @@ __global__ void local_gate(const std::uint32_t* status, std::int64_t k, std::int
 }
 
 // ---- oktopk_frames -------------------------------------------------------------------
-//! One block: fl = flags | (bit 0 when status shows a non-finite acc); ends[j + 1] = the
+//! One block: fl = flags | (bit 0 when status shows a non-finite acc) | (bit 1 when it shows a rejected input); ends[j + 1] = the
 //! end of slot j's entries (the host's scan: the first entry from ends[j] on whose index
 //! is >= bounds[j + 1], idx ascending; 0 when fl); then every slot's 40-byte header.
 __global__ void __launch_bounds__(block) frames_head(const std::int32_t* idx, std::size_t m, const std::int64_t* bounds,
                                                      std::uint32_t P, const std::uint32_t* status, std::uint32_t flags,
                                                      std::int64_t n, std::int64_t k, std::int64_t step, std::byte* hdr,
                                                      std::uint64_t* ends, std::uint32_t* fl_out) {
-  const std::uint32_t fl = flags | ((status[0] & status_nonfinite) ? 1u : 0u);
+  const std::uint32_t fl = flags | ((status[0] & status_nonfinite) ? 1u : 0u) | ((status[0] & status_rejected) ? 2u : 0u);
   for (std::uint32_t j = threadIdx.x; j < P; j += blockDim.x) {
     std::uint64_t a = 0, b = fl ? 0 : m;
     while (a < b) {

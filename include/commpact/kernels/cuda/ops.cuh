@@ -21,7 +21,26 @@
 //! | tree_local | ef kernel (__fadd_rn/__fmul_rn as the host's ef_body) + topk_abs | bits |
 //! | tree_payload / tree_absorb | frame encode; decode + validation + merge (sparse_tree.cuh) | bits (frames byte for byte) |
 //! | tree_scatter / tree_zero_delivered | gated by the meta on the device | bits |
-//! | tree_status (TreeMerge) | one thread | bits (tree_begin, TreeMerge's block path, has no CUDA kernel yet) |
+//! | tree_status (TreeMerge) | one thread | bits |
+//! | tree_begin (TreeMerge) | tree_begin.cuh: absorb_head/absorb_scan with the block's n, one-thread decision, install kernel | bits (meta and sets) |
+//! | check_finite, copy_if_clear (rows_power.cuh) | grid-stride kernels, status words on the device | bits |
+//! | lowrank_project | 8 lanes per row of M, partial sums combined by shuffles in row_dots' order; M = g + res written | bits |
+//! | lowrank_back_project | one thread per column of M, rows in order (n sequential steps) | bits |
+//! | lowrank_approx_residual | one thread per element, gated by the status words | bits |
+//! | orthonormalize, power_gossip_orthonormalize | one block: dot products summed by one thread in row order (host::gs_*), redraws in-kernel | bits (redraws as gaussian) |
+//! | gaussian, redraw_zero_columns | host::gaussian_pair per pair of values (one block per zero column) | bits except CUDA's double log/cos/sin: a value may differ in the float's last bit (~2^-28) |
+//! | power_gossip_update, power_gossip_vectors | difference kernel + element kernel (host::power_gossip::add_scaled / mix_term), gated by words | bits |
+//! | cast_encode, cast_add, cast_decode_mean (rows_cast_vote.cuh) | host/cast.hpp's cast_encode_value and the casts' host-device to_code/from_code/add; finiteness flag, then mean_of | bits (NaN codes: any NaN code) |
+//! | linear_encode, linear_decode, linear_feedback (randomk_codec only) | indices drawn on the host, copied to the executor's scratch; gather; mean + zero + scatter; zero_delivered | bits; other LinearCodecs: static_assert |
+//! | signum_update, sign_vote | signum_value; per-block check and rank-order double scale sum in every block, one sign byte per thread | bits |
+//! | gossip_check, gossip_pack, gossip_mix, choco_update (rows_gossip.cuh) | atomicMin of the first bad index; memcpy; one thread per entry, k ascending (host/gossip.hpp's mix_term/choco_term) | bits |
+//! | oktopk_local (rows_oktopk.cuh) | select.cuh's radix select; k gated to 0 on the device by the status | bits |
+//! | oktopk_frames | one block: region ends + 40-byte headers; payload scatter | bits (frames byte for byte) |
+//! | oktopk_region_sum | entry checks (host::oktopk::entry_ok); per 2048-position chunk, slots in rank order with __fadd_rn | bits; status_wire and status[1] as the host |
+//! | oktopk_mags, oktopk_theta | radix select + cub::DeviceRadixSort descending; sort, then the k-th | bits (theta: either zero when +0 and -0 tie at the k-th) |
+//! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
+//! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
+//! | oktopk_begin (SparseReduceScatter's block path) | none yet: SparseReduceScatter::block raises on the CUDA space; OkTopK feeds local_set() | - |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
 //! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN
