@@ -4,9 +4,12 @@
 // - its collectives and point-to-point on device spans against ThreadComm's on the host
 //   (P = 3: allreduce sum and max, allgather, broadcast, exchange round a ring,
 //   send/recv_known);
-// - Dense and gTopK<TreeComm<...>> over it at P = 2, 3 and 5 against the same compressors
+// - Dense, gTopK<TreeComm<...>>, OkTopK, Fp16Allreduce, LinearCompressor<randomk_codec> and
+//   PowerCompressor<2, cuda_space> over it at P = 2, 3 and 5 against the same compressors
 //   over ThreadComm on the host, 4 steps, bit for bit (outputs and residuals), a NaN on one
-//   rank raising numeric_error on every rank, no device allocation after the first step.
+//   rank raising numeric_error on every rank, no device allocation after the first step;
+// - GossipMixer D-PSGD and PowerGossip<1> on a ring, 4 rounds, bit for bit (PowerGossip's
+//   Gaussian factors may differ in a float's last bit, about once in 2^28 values: ops.cuh).
 //
 // NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
 
@@ -24,8 +27,15 @@
 #include "commpact/comm/cuda_staged_comm.hpp"
 #include "commpact/comm/thread_comm.hpp"
 #include "commpact/comm/tree_comm.hpp"
+#include "commpact/compress/compressors/cast_allreduce.hpp"
 #include "commpact/compress/compressors/dense.hpp"
 #include "commpact/compress/compressors/gtopk.hpp"
+#include "commpact/compress/compressors/linear.hpp"
+#include "commpact/compress/compressors/oktopk.hpp"
+#include "commpact/compress/compressors/power.hpp"
+#include "commpact/gossip/gossip_mixer.hpp"
+#include "commpact/gossip/power_gossip.hpp"
+#include "commpact/topology/ring.hpp"
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/space/cuda.hpp"
 
@@ -147,8 +157,8 @@ void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, 
       dev.reduce(g.view());
       host.reduce(std::span<float>(h));
       EXPECT_MT(same(download(e, g.cview()), h), "%s P=%d rank %d step %d: output differs from the host", name, P, r, s);
-      if constexpr (requires { dev.residual(); }) {
-        const auto hr = host.residual();
+      if constexpr (requires { dev.residual(); std::span<const float>(host.residual()); }) {
+        const std::span<const float> hr = host.residual();
         EXPECT_MT(same(download(e, dev.residual()), std::vector<float>(hr.begin(), hr.end())),
                   "%s P=%d rank %d step %d: residual differs from the host", name, P, r, s);
       }
@@ -171,6 +181,29 @@ void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, 
   });
 }
 
+//! Four gossip rounds of GossipMixer<Ring, Mode> over CudaStagedComm and over ThreadComm
+//! from the same models: the same bits after every round.
+template <class Mode>
+void check_gossip(const char* name, int P, Mode mode) {
+  const cp::tensor_layout layout = {{12, 10}, {10}, {8, 16}, {5}, {20, 6}};
+  const std::size_t n = 120 + 10 + 128 + 5 + 120;
+  cp::run_threads(P, [&](cp::ThreadComm& tc) {
+    const int r = tc.rank();
+    SC c{tc};
+    const auto& e = c.exec();
+    cp::GossipMixer<cp::Ring, Mode, SC> dev{c, cp::Ring(P), layout, mode};
+    cp::GossipMixer<cp::Ring, Mode, cp::ThreadComm> host{tc, cp::Ring(P), layout, mode};
+    auto x = values(500 + r, n);
+    auto xd = upload(e, x);
+    for (int round = 0; round < 4; ++round) {
+      host.mix(std::span<float>(x));
+      dev.mix(xd.view());
+      EXPECT_MT(same(download(e, xd.cview()), x), "%s P=%d rank %d round %d: the model differs from the host", name, P,
+                r, round);
+    }
+  });
+}
+
 }  // namespace
 
 int main() {
@@ -183,6 +216,23 @@ int main() {
     check_compressor(
         "gTopK", P, 20011, [](SC c) { return cp::gTopK<cp::TreeComm<SC>>{c, {.density = 0.01}}; },
         [](cp::ThreadComm c) { return cp::gTopK<cp::TreeComm<cp::ThreadComm>>{c, {.density = 0.01}}; });
+    check_compressor(
+        "OkTopK", P, 20011, [](SC c) { return cp::OkTopK<SC>{c, {.density = 0.01, .period = 2}}; },
+        [](cp::ThreadComm c) { return cp::OkTopK<cp::ThreadComm>{c, {.density = 0.01, .period = 2}}; });
+    check_compressor(
+        "Fp16Allreduce", P, 4099, [](SC c) { return cp::Fp16Allreduce<SC>{c}; },
+        [](cp::ThreadComm c) { return cp::Fp16Allreduce<cp::ThreadComm>{c}; });
+    check_compressor(
+        "LinearCompressor<randomk>", P, 4099,
+        [](SC c) { return cp::LinearCompressor<cp::randomk_codec, SC>{c, cp::randomk_codec{0.05, 9}}; },
+        [](cp::ThreadComm c) { return cp::LinearCompressor<cp::randomk_codec, cp::ThreadComm>{c, cp::randomk_codec{0.05, 9}}; });
+    const cp::tensor_layout layout = {{64, 40}, {40}, {30, 20}};
+    check_compressor(
+        "PowerCompressor<2>", P, 64 * 40 + 40 + 600,
+        [&](SC c) { return cp::PowerCompressor<2, cp::cuda_space>{c, layout, {.min_compression_rate = 1.0}}; },
+        [&](cp::ThreadComm c) { return cp::PowerCompressor<2>{c, layout, {.min_compression_rate = 1.0}}; });
+    check_gossip("D-PSGD", P, cp::exact_mixing{});
+    check_gossip("PowerGossip<1>", P, cp::power_gossip<1>{});
   }
   std::printf("%s: %d failures\n", commpact_test::failures ? "FAILED" : "ok", commpact_test::failures);
   return commpact_test::failures ? 1 : 0;

@@ -121,6 +121,8 @@ class cuda_span {
     return cuda_span(p_ + off, c);
   }
   cuda_span first(std::size_t count) const { return subspan(0, count); }
+  //! Where the span starts, for identity checks only (a device address: never dereferenced on the host).
+  const void* address() const { return p_; }
 
   //! Device code only: host code cannot read device memory (copy it with
   //! ops<cuda_space>::to_host and fence first). nvcc rejects a call from host code.
