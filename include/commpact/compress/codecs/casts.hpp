@@ -14,6 +14,7 @@
 #include <limits>
 #include <span>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "bits.hpp"
 
@@ -88,9 +89,21 @@ class natural_codec {
 };
 
 namespace detail {
+//! The bits of a float and back (std::bit_cast, usable in device code too).
+COMMPACT_HOST_DEVICE inline std::uint32_t f32_bits(float f) {
+  std::uint32_t x;
+  std::memcpy(&x, &f, 4);
+  return x;
+}
+COMMPACT_HOST_DEVICE inline float f32_of(std::uint32_t x) {
+  float f;
+  std::memcpy(&f, &x, 4);
+  return f;
+}
+// The casts below are shared with the CUDA kernels (kernels/cuda/codecs.cuh).
 //! float -> IEEE half, round to nearest even, finite values saturated at +-65504.
-inline std::uint16_t to_half(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_half(float f) {
+  const auto x = f32_bits(f);
   const auto sign = static_cast<std::uint16_t>((x >> 16) & 0x8000u);
   const std::uint32_t ax = x & 0x7FFFFFFFu;
   if (ax >= 0x7F800000u) return static_cast<std::uint16_t>(sign | 0x7C00u | (ax > 0x7F800000u ? 0x200u : 0u));
@@ -98,27 +111,27 @@ inline std::uint16_t to_half(float f) {
     // Adding 0.5 puts m in the low mantissa bits (float's unit there is 2^-24), rounded
     // to nearest even by the addition itself: the same m as nearbyint(|f| 2^24), without
     // a library call (the demo's gradients are mostly half subnormals).
-    const float t = std::bit_cast<float>(ax) + 0.5f;
-    return static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(t) - 0x3F000000u));
+    const float t = f32_of(ax) + 0.5f;
+    return static_cast<std::uint16_t>(sign | (f32_bits(t) - 0x3F000000u));
   }
   const std::uint32_t mant = ax & 0x7FFFFFu;
   std::uint32_t h = ((((ax >> 23) - 127 + 15)) << 10) | (mant >> 13);
   const std::uint32_t rem = mant & 0x1FFFu;
   if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return static_cast<std::uint16_t>(sign | std::min<std::uint32_t>(h, 0x7BFFu));
+  return static_cast<std::uint16_t>(sign | (h < 0x7BFFu ? h : 0x7BFFu));
 }
-inline float from_half(std::uint16_t h) {
+COMMPACT_HOST_DEVICE inline float from_half(std::uint16_t h) {
   const std::uint32_t sign = (h & 0x8000u) << 16, e = (h >> 10) & 0x1Fu, m = h & 0x3FFu;
   if (e == 0) {
     const float v = static_cast<float>(m) * 0x1.0p-24f;  // exact
     return sign ? -v : v;
   }
-  if (e == 0x1Fu) return std::bit_cast<float>(sign | 0x7F800000u | (m << 13));  // Inf, NaN
-  return std::bit_cast<float>(sign | ((e - 15 + 127) << 23) | (m << 13));
+  if (e == 0x1Fu) return f32_of(sign | 0x7F800000u | (m << 13));  // Inf, NaN
+  return f32_of(sign | ((e - 15 + 127) << 23) | (m << 13));
 }
 //! float -> bfloat16 (the top half), round to nearest even, finite values saturated.
-inline std::uint16_t to_bf16(float f) {
-  const auto x = std::bit_cast<std::uint32_t>(f);
+COMMPACT_HOST_DEVICE inline std::uint16_t to_bf16(float f) {
+  const auto x = f32_bits(f);
   if ((x & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<std::uint16_t>((x >> 16) | 0x40u);  // NaN stays NaN
   if ((x & 0x7FFFFFFFu) == 0x7F800000u) return static_cast<std::uint16_t>(x >> 16);
   const std::uint32_t r = x + 0x7FFFu + ((x >> 16) & 1u);
@@ -126,7 +139,7 @@ inline std::uint16_t to_bf16(float f) {
   if ((b & 0x7FFFu) == 0x7F80u) b = static_cast<std::uint16_t>((b & 0x8000u) | 0x7F7Fu);
   return b;
 }
-inline float from_bf16(std::uint16_t b) { return std::bit_cast<float>(static_cast<std::uint32_t>(b) << 16); }
+COMMPACT_HOST_DEVICE inline float from_bf16(std::uint16_t b) { return f32_of(static_cast<std::uint32_t>(b) << 16); }
 
 //! float -> binary16 as IEEE arithmetic rounds a result: to nearest even, overflowing to
 //! Inf (to_half saturates finite values instead: a codec's choice, not arithmetic's).

@@ -29,6 +29,7 @@
 #include <limits>
 #include <span>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "bits.hpp"
 #include "casts.hpp"
@@ -149,6 +150,25 @@ class qsgd_codec {
   int rank_ = 0;
 };
 
+namespace detail {
+// TernGrad's per-element arithmetic, shared with its CUDA kernels (kernels/cuda/codecs.cuh).
+//! The running maximum of |x| as std::max(m, |x|) takes it (a NaN leaves m).
+COMMPACT_HOST_DEVICE inline float terngrad_max(float m, float x) {
+  const float a = x < 0.0f ? -x : x;
+  return m < a ? a : m;
+}
+//! Field of x under scale m with uniform u: 0 (zero), 1 (+m) or 2 (-m); on with
+//! probability |x| / m.
+COMMPACT_HOST_DEVICE inline unsigned terngrad_field(float x, float m, double u) {
+  const double ax = static_cast<double>(x < 0.0f ? -x : x);
+  const double p = m > 0.0f ? ax / static_cast<double>(m) : 0.0;
+  const bool on = u < p;
+  return on ? (x < 0.0f ? 2u : 1u) : 0u;
+}
+//! The value a field decodes to (0 for field 0).
+COMMPACT_HOST_DEVICE inline float terngrad_value(unsigned f, float m) { return f == 0u ? 0.0f : (f == 2u ? -m : m); }
+}  // namespace detail
+
 //! TernGrad: q_i = m sign(v_i) b_i, m = max |v|, b_i = 1 with probability |v_i| / m.
 //! Field i (2 bits): 0 zero, 1 +m, 2 -m (3 is malformed).
 class terngrad_codec {
@@ -157,20 +177,21 @@ class terngrad_codec {
   void begin_step(std::int64_t step) { step_ = step; }
   void bind_rank(int rank) { rank_ = rank; }
   std::size_t max_encoded_bytes(std::size_t n) const { return 4 + detail::packed_bytes(n, 2); }
+  //! The random stream of the current step and rank (the CUDA kernels replay it).
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     detail::check_capacity("terngrad_codec", msg, bytes, n);
     float m = 0.0f;
-    for (float x : v) m = std::max(m, std::abs(x));
+    for (float x : v) m = detail::terngrad_max(m, x);
     std::memcpy(msg.data(), &m, 4);
     const random_stream rng(seed_, step_, rank_);
     detail::bit_writer w(msg.data() + 4);
     for (std::size_t i = 0; i < n; ++i) {
-      const double p = m > 0.0f ? std::abs(static_cast<double>(v[i])) / m : 0.0;
-      const bool on = rng.uniform(i) < p, neg = on && v[i] < 0.0f;
-      w.put(on ? (neg ? 2u : 1u) : 0u, 2);
-      if (!approx.empty()) approx[i] = on ? (neg ? -m : m) : 0.0f;
+      const unsigned f = detail::terngrad_field(v[i], m, rng.uniform(i));
+      w.put(f, 2);
+      if (!approx.empty()) approx[i] = detail::terngrad_value(f, m);
     }
     w.flush();
     return bytes;
@@ -192,7 +213,7 @@ class terngrad_codec {
     detail::bit_reader r(msg.data() + 4);
     for (std::size_t i = 0; i < n; ++i) {
       const auto f = r.get(2);
-      if (f) acc[i] += f == 2u ? -m : m;
+      if (f) acc[i] += detail::terngrad_value(f, m);
     }
   }
 
