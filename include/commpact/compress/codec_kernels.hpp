@@ -17,9 +17,10 @@
 //! Blocks are float storage (the Communicator concept's allgather moves floats); the
 //! kernels view them as bytes. host_space calls the codec at once; deferred_space queues
 //! the same host calls until the fence (so a missing fence shows in CI); a codec has no
-//! kernels in any other space until that space's issue writes them (CUDA: topk_codec in
-//! codec_kernels_cuda.cuh; sign, casts, QSGD, TernGrad, random-k, threshold to come), and
-//! using one there fails to compile here.
+//! kernels in any other space until that space's issue writes them (CUDA:
+//! codec_kernels_cuda.cuh runs topk, threshold, sign, fp16, bf16 and TernGrad; QSGD,
+//! natural, 1-bit, Gaussian-k, DGC and per_tensor fail there with a sentence), and using
+//! one elsewhere fails to compile here.
 
 #include <algorithm>
 #include <cstddef>
@@ -40,8 +41,9 @@ namespace commpact {
 template <class Codec, class Space>
 struct codec_kernels {
   static_assert(sizeof(Space) == 0,
-                "commpact: this codec has no kernels in this execution space (only host_space and deferred_space run "
-                "codecs today); specialise commpact::codec_kernels<YourCodec, Space> with encode_frame, decode_sum and "
+                "commpact: this codec has no kernels in this execution space (host_space and deferred_space run "
+                "every codec; cuda_space those of compress/codec_kernels_cuda.cuh, include it from your .cu file); "
+                "specialise commpact::codec_kernels<YourCodec, Space> with encode_frame, decode_sum and "
                 "clear_delivered, or run the compressor over a host communicator.");
 };
 

@@ -11,6 +11,7 @@
 //!
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|
+//! | threshold_codec | codec_kernels_cuda_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
 //! | topk_codec | ops<cuda_space>::topk_abs's radix select written straight into the payload, then frame_finish | topk_validate, topk_add per rank in rank order, poison_on_wire | zero_delivered at the payload's indices | frames byte for byte; sum, mean and residual bits |
 //! | fp16_codec, bf16_codec | cast16_encode (detail::to_half / to_bf16), frame_finish | cast16_validate, cast16_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | terngrad_codec | terngrad_absmax (atomicMax on the bits), terngrad_encode (random_stream replayed), frame_finish | terngrad_validate, terngrad_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
@@ -24,7 +25,7 @@
 //!
 //! Every other codec fails to compile on the CUDA space (the static_assert of
 //! codec_kernels.hpp, whose instantiation names the codec): per_tensor<K> (segments of
-//! K's kernels: to write), natural compression, 1-bit SGD, the threshold codecs and QSGD
+//! K's kernels: to write), natural compression, 1-bit SGD, gaussiank_codec, dgc_codec and QSGD
 //! (natural compression's and QSGD's random numbers are counter-based, random_stream, so
 //! the device can reproduce them: kernels still to write). random-k is no Codec of this
 //! table (LinearCompressor's compress/decompress_add; Floyd's draw is sequential).
@@ -71,7 +72,8 @@ inline cuda_kernels::codec::header_words_t frame_words(const frame::header& h) {
 //! is 0 (none otherwise), the header goes in front (flag nonfinite_input and payload 0
 //! when the status, read on the device, holds status_nonfinite) and the rest is zeroed.
 inline void cuda_finish_frame(const cuda_space::exec& e, cuda_span<float> block, frame::header h, std::size_t len,
-                              cuda_span<const std::uint32_t> status) {
+                              cuda_span<const std::uint32_t> status, const std::uint32_t* d_entries = nullptr,
+                              std::uint32_t entry_bytes = 0) {
   require(block.size() * 4 >= frame::header_bytes && len <= block.size() * 4 - frame::header_bytes,
           "commpact::CodecCompressor: the codec wrote ", len, " bytes into a block of ", block.size() * 4,
           " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
@@ -83,11 +85,51 @@ inline void cuda_finish_frame(const cuda_space::exec& e, cuda_span<float> block,
   cuda_kernels::codec::frame_finish<<<cuda_kernels::codec::grid_for(nw), cuda_kernels::codec::block_threads, 0,
                                       e.stream()>>>(reinterpret_cast<std::uint32_t*>(cuda_access::ptr(block)), nw,
                                                     frame_words(ok), frame_words(bad), ok.payload,
-                                                    status.empty() ? nullptr : cuda_access::ptr(status));
+                                                    status.empty() ? nullptr : cuda_access::ptr(status),
+                                                    h.flags == 0 ? d_entries : nullptr, entry_bytes);
   cuda_codec_check(cudaGetLastError(), "frame_finish");
 }
 
+//! decode_sum of the sparse format (topk_codec, threshold_codec): sum = 0, then every
+//! block's entries (at most max_count, validated as the host's decode_add) added in rank
+//! order; a malformed block sets status_wire and NaN in sum[0] (nothing of it is added).
+inline void cuda_sparse_decode_sum(const cuda_space::exec& e, const char* who, std::size_t max_count,
+                                   cuda_span<const float> blocks, std::size_t block_floats, cuda_span<float> sum,
+                                   cuda_span<std::uint32_t> status) {
+  namespace kc = cuda_kernels::codec;
+  require(status.size() >= 1, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: pass the step status "
+                              "(one word); the device reports a malformed block there.");
+  require(block_floats >= kc::header_words, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: blocks of ",
+          block_floats, " floats cannot hold the frame header.");
+  const std::size_t n = sum.size(), P = blocks.size() / block_floats, cmax = (block_floats - kc::header_words) / 2;
+  const cudaStream_t s = e.stream();
+  if (n) cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
+  const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
+  std::uint32_t* st = cuda_access::ptr(status);
+  kc::topk_validate<<<kc::grid_for(P * (cmax ? cmax : 1)), kc::block_threads, 0, s>>>(b, block_floats, P, cmax, n,
+                                                                                    max_count, st);
+  cuda_codec_check(cudaGetLastError(), "topk_validate");
+  for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+    kc::topk_add<<<kc::grid_for(cmax), kc::block_threads, 0, s>>>(b + r * block_floats, cmax, cuda_access::ptr(sum), st);
+    cuda_codec_check(cudaGetLastError(), "topk_add");
+  }
+  kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+  cuda_codec_check(cudaGetLastError(), "poison_on_wire");
+}
+
 }  // namespace detail
+
+//! Every codec without device kernels: fails to compile with this sentence (the
+//! compiler's note on this instantiation names the codec).
+template <class Codec>
+struct codec_kernels<Codec, cuda_space> {
+  static_assert(sizeof(Codec) == 0,
+                "commpact: this codec has no kernels in this execution space: on cuda_space CodecCompressor runs "
+                "topk_codec, threshold_codec, sign_codec, fp16_codec, bf16_codec and terngrad_codec; qsgd_codec, "
+                "natural_codec, onebit_codec, gaussiank_codec, dgc_codec and per_tensor<K> have no device kernels yet "
+                "(the instantiation below names the codec): run it over a host communicator, or specialise "
+                "commpact::codec_kernels<YourCodec, commpact::cuda_space>.");
+};
 
 //! topk_codec on the CUDA space (see the file comment). One object per compressor: it
 //! owns the top-k workspace and remembers where the last encode put its indices (this
@@ -117,25 +159,7 @@ struct codec_kernels<topk_codec, cuda_space> {
   //! sets status_wire and NaN in sum[0] (nothing of it is added).
   static void decode_sum(const exec& e, const topk_codec& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
-    namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<topk_codec, cuda_space>::decode_sum: pass the step status "
-                                "(one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<topk_codec, cuda_space>::decode_sum: blocks of ",
-            block_floats, " floats cannot hold the frame header.");
-    const std::size_t n = sum.size(), P = blocks.size() / block_floats, cmax = (block_floats - kc::header_words) / 2;
-    const cudaStream_t s = e.stream();
-    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
-    std::uint32_t* st = cuda_access::ptr(status);
-    kc::topk_validate<<<kc::grid_for(P * (cmax ? cmax : 1)), kc::block_threads, 0, s>>>(b, block_floats, P, cmax, n,
-                                                                                      codec.k(n), st);
-    detail::cuda_codec_check(cudaGetLastError(), "topk_validate");
-    for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
-      kc::topk_add<<<kc::grid_for(cmax), kc::block_threads, 0, s>>>(b + r * block_floats, cmax, cuda_access::ptr(sum), st);
-      detail::cuda_codec_check(cudaGetLastError(), "topk_add");
-    }
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
-    detail::cuda_codec_check(cudaGetLastError(), "poison_on_wire");
+    detail::cuda_sparse_decode_sum(e, "topk_codec", codec.k(sum.size()), blocks, block_floats, sum, status);
   }
 
   void clear_delivered(const exec& e, const topk_codec&, span<float> residual, span<float> velocity) const {
@@ -327,3 +351,5 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 };
 
 }  // namespace commpact
+
+#include "codec_kernels_cuda_threshold.cuh"

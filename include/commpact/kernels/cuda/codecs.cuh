@@ -58,15 +58,19 @@ struct header_words_t {
 };
 
 //! block[0, 12) = (nonfinite ? bad : ok); the payload bytes at and after `payload` (0
-//! when nonfinite) are zeroed up to the end of the block (nw words).
+//! when nonfinite) are zeroed up to the end of the block (nw words). With d_entries not
+//! null the clean payload is entry_bytes * *d_entries bytes (a length known on the device
+//! only, threshold_codec's), written into the header's payload word too.
 __global__ void frame_finish(std::uint32_t* block, std::size_t nw, header_words_t ok, header_words_t bad,
-                             std::uint32_t ok_payload, const std::uint32_t* status) {
+                             std::uint32_t ok_payload, const std::uint32_t* status,
+                             const std::uint32_t* d_entries = nullptr, std::uint32_t entry_bytes = 0) {
   const bool nonfinite = status != nullptr && (*status & status_nonfinite) != 0;
-  const std::size_t payload = nonfinite ? 0 : ok_payload;
+  const std::uint32_t clean = d_entries ? entry_bytes * *d_entries : ok_payload;
+  const std::size_t payload = nonfinite ? 0 : clean;
   for (std::size_t w = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; w < nw;
        w += std::size_t(gridDim.x) * blockDim.x) {
     if (w < header_words) {
-      block[w] = nonfinite ? bad.w[w] : ok.w[w];
+      block[w] = nonfinite ? bad.w[w] : (w == 2 ? clean : ok.w[w]);  // word 2: the payload bytes
       continue;
     }
     const std::size_t o = 4 * (w - header_words);  // payload byte of this word's first byte
