@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The leaf kernels of codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh)
-// against the host codecs, for topk_codec, threshold_codec, sign_codec, fp16/bf16 and
-// TernGrad:
+// against the host codecs, for topk_codec, threshold_codec, sign_codec, fp16/bf16,
+// TernGrad and QSGD:
 // encode_frame's frame (and approx) byte for byte on Gaussian, tied, all-equal, +-0,
 // denormal and edge inputs, with a status flagging a NaN and a rejected input;
 // decode_sum's sum bit for bit over several blocks, and every kind of malformed payload
@@ -234,7 +234,7 @@ void check_sign_leaves(std::mt19937_64& rng) {
       }
 }
 
-//! The leaves of a dense codec (fp16, bf16, TernGrad): encode_frame (frame and approx byte
+//! The leaves of a dense codec (fp16, bf16, TernGrad, QSGD): encode_frame (frame and approx byte
 //! for byte, inputs of every kind plus saturating, rounding-tie, Inf and NaN values) and
 //! decode_sum (the host's sum bit for bit; kinds 1.. of `corrupt(kind, block words, n)`,
 //! which returns false where a kind does not apply: status_wire where the host raises
@@ -347,6 +347,30 @@ int main() {
     cp::terngrad_codec tern{42};
     tern.begin_step(3), tern.bind_rank(0);
     check_dense_leaves("TernGrad", tern, 6, tern_corrupt, rng);
+    // QSGD: kind 1: length; 2: NaN norm; 3: -1 norm; 4: field 0 a sign on level 0; 5: a padding bit
+    for (auto q : {cp::qsgd_codec{1, 9}, cp::qsgd_codec{5, 1, 7}, cp::qsgd_codec{256, 3, 0},
+                   cp::qsgd_codec{65535, 3, 100}}) {
+      q.begin_step(2), q.bind_rank(1);
+      const auto qsgd_corrupt = [q](int kind, std::uint32_t* w, std::size_t n) {
+        const std::size_t nb = q.buckets(n);
+        const unsigned fw = q.field_bits();
+        auto* fields = reinterpret_cast<unsigned char*>(w + 12 + nb);
+        switch (kind) {
+          case 1: w[2] -= 1; return true;
+          case 2: w[12] = 0x7FC00000u; return true;
+          case 3: w[12] = 0xBF800000u; return true;
+          case 4:
+            for (unsigned bit = 0; bit < fw; ++bit) fields[bit / 8] &= static_cast<unsigned char>(~(1u << (bit % 8)));
+            fields[(fw - 1) / 8] |= static_cast<unsigned char>(1u << ((fw - 1) % 8));
+            return true;
+          default:
+            if ((n * fw) % 8 == 0) return false;
+            fields[(n * fw) / 8] |= 0x80u;
+            return true;
+        }
+      };
+      check_dense_leaves("QSGD", q, 6, qsgd_corrupt, rng);
+    }
   } catch (const std::exception& ex) {
     std::printf("FAILED with exception: %s\n", ex.what());
     return 1;

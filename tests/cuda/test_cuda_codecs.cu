@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CodecCompressor over the CUDA space (compress/codec_kernels_cuda.cuh): TopK and
-// CodecCompressor<threshold, sign, fp16, bf16, TernGrad codec> over a one-rank
+// CodecCompressor<threshold, sign, fp16, bf16, TernGrad, QSGD codec> over a one-rank
 // NcclComm on device spans against the same compressor over a one-rank ThreadComm on the
 // host, 4 steps with error feedback (momentum too): the output, residual and velocity bit
 // for bit; a NaN gradient reported alike (numeric_error, or a skipped step); a payload
@@ -142,6 +142,9 @@ int main() {
     check_codec("TernGrad", cp::terngrad_codec{}, {}, 100003, -1, -1, rng);
     check_codec("TernGrad", cp::terngrad_codec{}, {.momentum = 0.9f}, 4099, -1, 2, rng);
     check_codec("TernGrad", cp::terngrad_codec{}, {.on_nonfinite = cp::nonfinite::skip_step}, 777, 1, -1, rng);
+    check_codec("QSGD", cp::qsgd_codec{256, 7}, {}, 100003, -1, -1, rng);
+    check_codec("QSGD", cp::qsgd_codec{16, 3, 0}, {.momentum = 0.9f}, 30011, -1, 2, rng);
+    check_codec("QSGD", cp::qsgd_codec{3, 5, 64}, {.on_nonfinite = cp::nonfinite::skip_step}, 4097, 1, -1, rng);
   } catch (const std::exception& ex) {
     std::printf("FAILED with exception: %s\n", ex.what());
     return 1;

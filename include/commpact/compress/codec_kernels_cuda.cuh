@@ -7,28 +7,30 @@
 //! codec_compressor.hpp.
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13 and checked against the host codecs by
-//! tests/cuda/test_cuda_codecs.cu (exit 77 without a device).
+//! tests/cuda/test_cuda_codec_leaves.cu and test_cuda_codecs.cu (exit 77 without a device).
 //!
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|
-//! | threshold_codec | codec_kernels_cuda_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
 //! | topk_codec | ops<cuda_space>::topk_abs's radix select written straight into the payload, then frame_finish | topk_validate, topk_add per rank in rank order, poison_on_wire | zero_delivered at the payload's indices | frames byte for byte; sum, mean and residual bits |
+//! | threshold_codec | codec_kernels_cuda_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
 //! | fp16_codec, bf16_codec | cast16_encode (detail::to_half / to_bf16), frame_finish | cast16_validate, cast16_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | terngrad_codec | terngrad_absmax (atomicMax on the bits), terngrad_encode (random_stream replayed), frame_finish | terngrad_validate, terngrad_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | qsgd_codec | codec_kernels_cuda_qsgd.cuh: qsgd_norms (a bucket per thread), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | sign_codec | sign_l1_chunks + sign_l1_total (the host's chunked double sum), sign_bits, frame_finish | sign_validate, sign_add (every rank's value per element, in rank order), poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //!
 //! Differences from the host kernels: a malformed payload sets status_wire (and NaN in
 //! sum[0], so that the mean leaves out untouched) where the host raises wire_error;
 //! CodecCompressor::finish reads the status after its fence and raises the same
-//! wire_error. The kernels of topk_codec hold state (the top-k workspace and where the
-//! delivered indices are): CodecCompressor keeps one codec_kernels object per compressor.
+//! wire_error. The kernels of topk_codec and threshold_codec hold state (workspaces, where
+//! the delivered indices are): CodecCompressor keeps one codec_kernels object per
+//! compressor. The dense codecs' kernels are static (MajorityVote calls sign_codec's).
 //!
-//! Every other codec fails to compile on the CUDA space (the static_assert of
-//! codec_kernels.hpp, whose instantiation names the codec): per_tensor<K> (segments of
-//! K's kernels: to write), natural compression, 1-bit SGD, gaussiank_codec, dgc_codec and QSGD
-//! (natural compression's and QSGD's random numbers are counter-based, random_stream, so
-//! the device can reproduce them: kernels still to write). random-k is no Codec of this
-//! table (LinearCompressor's compress/decompress_add; Floyd's draw is sequential).
+//! Every other codec fails to compile on the CUDA space with a sentence (the partial
+//! specialisation below; the compiler's note on the instantiation names the codec):
+//! per_tensor<K> (segments of K's kernels: to write), natural compression (counter-based
+//! random numbers, random_stream, so the device can reproduce them: kernels still to
+//! write), 1-bit SGD, gaussiank_codec and dgc_codec. random-k is no Codec of this table (LinearCompressor's compress /
+//! decompress_add; Floyd's draw is sequential).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda.cuh needs nvcc: include it from a .cu file only."
@@ -125,7 +127,7 @@ template <class Codec>
 struct codec_kernels<Codec, cuda_space> {
   static_assert(sizeof(Codec) == 0,
                 "commpact: this codec has no kernels in this execution space: on cuda_space CodecCompressor runs "
-                "topk_codec, threshold_codec, sign_codec, fp16_codec, bf16_codec and terngrad_codec; qsgd_codec, "
+                "topk_codec, threshold_codec, sign_codec, fp16_codec, bf16_codec, terngrad_codec and qsgd_codec; "
                 "natural_codec, onebit_codec, gaussiank_codec, dgc_codec and per_tensor<K> have no device kernels yet "
                 "(the instantiation below names the codec): run it over a host communicator, or specialise "
                 "commpact::codec_kernels<YourCodec, commpact::cuda_space>.");
@@ -352,4 +354,5 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 
 }  // namespace commpact
 
+#include "codec_kernels_cuda_qsgd.cuh"
 #include "codec_kernels_cuda_threshold.cuh"

@@ -57,6 +57,58 @@ inline float finite_scale(double x) {
 }
 }  // namespace detail
 
+namespace detail {
+// QSGD's per-element arithmetic, shared with its CUDA kernels (kernels/cuda/codecs_qsgd.cuh):
+// every product and sum rounded on its own (the device's __dmul_rn / __dadd_rn, no FMA).
+COMMPACT_HOST_DEVICE inline double qsgd_mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+//! ss + x^2 in double.
+COMMPACT_HOST_DEVICE inline double qsgd_sq_add(double ss, float x) {
+  const double p = qsgd_mul(static_cast<double>(x), static_cast<double>(x));
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(ss, p);
+#else
+  return ss + p;
+#endif
+}
+//! A bucket's norm from its sum of squares: sqrt, saturated at the largest float (finite_scale).
+COMMPACT_HOST_DEVICE inline float qsgd_norm(double ss) {
+#if defined(__CUDA_ARCH__)
+  const double r = ::sqrt(ss);
+#else
+  const double r = std::sqrt(ss);
+#endif
+  constexpr double big = 0x1.fffffep127;  // std::numeric_limits<float>::max()
+  return static_cast<float>(big < r ? big : r);
+}
+//! s / norm (0 for a zero norm).
+COMMPACT_HOST_DEVICE inline double qsgd_scale(float norm, std::uint32_t s) {
+  return norm > 0.0f ? static_cast<double>(s) / static_cast<double>(norm) : 0.0;
+}
+//! The level of x: floor(r) or floor(r) + 1 with probability r - floor(r) (u uniform),
+//! r = |x| scale, at most s.
+COMMPACT_HOST_DEVICE inline std::uint32_t qsgd_level(float x, double scale, std::uint32_t s, double u) {
+  const double r = qsgd_mul(static_cast<double>(x < 0.0f ? -x : x), scale);
+#if defined(__CUDA_ARCH__)
+  const double f = ::floor(r);
+#else
+  const double f = std::floor(r);
+#endif
+  auto l = static_cast<std::uint32_t>(static_cast<double>(s) < f ? static_cast<double>(s) : f);
+  if (l < s && u < r - l) ++l;
+  return l;
+}
+//! The value a receiver decodes for level l (sign apart) under norm `norm`.
+COMMPACT_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t l, std::uint32_t s) {
+  return static_cast<float>(qsgd_mul(static_cast<double>(norm), static_cast<double>(l)) / static_cast<double>(s));
+}
+}  // namespace detail
+
 //! QSGD with s levels, per bucket of d values (the paper's bucketing; d = 0: one bucket):
 //! q_i = ||v_B||_2 sign(v_i) l_i / s, l_i = floor(r) or floor(r) + 1 with probability
 //! r - floor(r), r = |v_i| s / ||v_B||_2, B the bucket of i. Message: ceil(n / d) f32 norms,
@@ -83,9 +135,9 @@ class qsgd_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return 4 * buckets(n) + detail::packed_bytes(n, field_bits()); }
 
   //! The value a receiver decodes for level l (sign apart) under norm `norm`.
-  float value(float norm, std::uint32_t l) const {
-    return static_cast<float>(static_cast<double>(norm) * l / static_cast<double>(s_));
-  }
+  float value(float norm, std::uint32_t l) const { return detail::qsgd_value(norm, l, s_); }
+  //! The random stream of the current step and rank (the CUDA kernels replay it).
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n), d = bucket(n), nb = buckets(n);
@@ -96,14 +148,12 @@ class qsgd_codec {
     for (std::size_t b = 0; b < nb; ++b) {
       const std::size_t lo = b * d, hi = std::min(n, lo + d);
       double ss = 0.0;
-      for (std::size_t i = lo; i < hi; ++i) ss += static_cast<double>(v[i]) * v[i];
-      const float norm = detail::finite_scale(std::sqrt(ss));
+      for (std::size_t i = lo; i < hi; ++i) ss = detail::qsgd_sq_add(ss, v[i]);
+      const float norm = detail::qsgd_norm(ss);
       std::memcpy(msg.data() + 4 * b, &norm, 4);
-      const double scale = norm > 0.0f ? static_cast<double>(s_) / static_cast<double>(norm) : 0.0;
+      const double scale = detail::qsgd_scale(norm, s_);
       for (std::size_t i = lo; i < hi; ++i) {
-        const double r = std::abs(static_cast<double>(v[i])) * scale;
-        auto l = static_cast<std::uint32_t>(std::min(std::floor(r), static_cast<double>(s_)));
-        if (l < s_ && rng.uniform(i) < r - l) ++l;
+        const std::uint32_t l = detail::qsgd_level(v[i], scale, s_, rng.uniform(i));
         const bool neg = l > 0 && v[i] < 0.0f;
         w.put(l | (static_cast<std::uint32_t>(neg) << bw), bw + 1);
         if (!approx.empty()) approx[i] = neg ? -value(norm, l) : value(norm, l);
