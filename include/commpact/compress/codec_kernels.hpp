@@ -7,14 +7,20 @@
 //! | operation | specification |
 //! |---|---|
 //! | `encode_frame(e, codec, acc, block, h, approx, status)` | when status holds no bit and h.flags is 0: the codec encodes acc into block's payload (after the 48-byte frame header, frame.hpp), h.payload = its length (above the block: status_wire); then the rest of the payload is zeroed and h written as block's header, with flag nonfinite_input when status holds status_nonfinite. The length stays in the space: the host never waits for it. |
-//! | `decode_sum(e, codec, blocks, block_floats, sum)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload: host and deferred spaces raise wire_error (out of the fence on the deferred space), before anything of the caller's changes |
+//! | `decode_sum(e, codec, blocks, block_floats, sum, status)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload: host and deferred spaces raise wire_error (out of the fence on the deferred space), before anything of the caller's changes; the CUDA space sets status_wire and a NaN in sum (so that the mean leaves out untouched) |
 //! | `clear_delivered(e, codec, r, u)` | a sparse codec's delivered indices leave the residual (and velocity) |
+//!
+//! A specialisation may hold state (the CUDA space's top-k workspace): CodecCompressor
+//! keeps one codec_kernels object and calls encode_frame and clear_delivered on it;
+//! decode_sum is static.
 //!
 //! Blocks are float storage (the Communicator concept's allgather moves floats); the
 //! kernels view them as bytes. host_space calls the codec at once; deferred_space queues
 //! the same host calls until the fence (so a missing fence shows in CI); a codec has no
-//! kernels in any other space until that space's issue writes them (CUDA: sign, casts,
-//! QSGD, TernGrad, random-k, threshold), and using one there fails to compile here.
+//! kernels in any other space until that space's issue writes them (CUDA:
+//! codec_kernels_cuda.cuh runs topk, threshold, sign, fp16, bf16, TernGrad and QSGD;
+//! natural, 1-bit, Gaussian-k, DGC and per_tensor fail there with a sentence), and using
+//! one elsewhere fails to compile here.
 
 #include <algorithm>
 #include <cstddef>
@@ -35,8 +41,9 @@ namespace commpact {
 template <class Codec, class Space>
 struct codec_kernels {
   static_assert(sizeof(Space) == 0,
-                "commpact: this codec has no kernels in this execution space (only host_space and deferred_space run "
-                "codecs today); specialise commpact::codec_kernels<YourCodec, Space> with encode_frame, decode_sum and "
+                "commpact: this codec has no kernels in this execution space (host_space and deferred_space run "
+                "every codec; cuda_space those of compress/codec_kernels_cuda.cuh, include it from your .cu file); "
+                "specialise commpact::codec_kernels<YourCodec, Space> with encode_frame, decode_sum and "
                 "clear_delivered, or run the compressor over a host communicator.");
 };
 
@@ -61,7 +68,7 @@ struct codec_kernels<Codec, host_space> {
   }
 
   static void decode_sum(exec, const Codec& codec, std::span<const float> blocks, std::size_t block_floats,
-                         std::span<float> sum) {
+                         std::span<float> sum, std::span<std::uint32_t> /*status: the host raises*/ = {}) {
     std::fill(sum.begin(), sum.end(), 0.0f);
     const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
     for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
@@ -92,7 +99,7 @@ struct codec_kernels<Codec, deferred_space> {
     });
   }
   static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
-                         span<float> sum) {
+                         span<float> sum, span<std::uint32_t> /*status: raises out of the fence*/ = {}) {
     e.enqueue([c = &codec, blocks, block_floats, sum] {
       H::decode_sum({}, *c, deferred_access::host(blocks), block_floats, deferred_access::host(sum));
     });

@@ -66,7 +66,7 @@ class Allgather {
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     const auto e = comm_exec(comm_);
     sum_.resize(out.size());
-    codec_kernels<K, space_type>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view());
+    codec_kernels<K, space_type>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
     ops<space_type>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }
   C& comm() { return comm_; }

@@ -18,10 +18,12 @@
 #include <cstdint>
 #include <span>
 
+#include "../../config.hpp"
+
 namespace commpact {
 
 //! splitmix64's finaliser: a bijective 64-bit mixer.
-constexpr std::uint64_t mix64(std::uint64_t z) {
+COMMPACT_HOST_DEVICE constexpr std::uint64_t mix64(std::uint64_t z) {
   z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
   z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
   return z ^ (z >> 31);
@@ -30,11 +32,11 @@ constexpr std::uint64_t mix64(std::uint64_t z) {
 //! Uniform doubles in [0, 1) indexed by element, keyed by (seed, step, rank).
 struct random_stream {
   std::uint64_t key = 0;
-  constexpr random_stream(std::uint64_t seed, std::int64_t step, int rank)
+  COMMPACT_HOST_DEVICE constexpr random_stream(std::uint64_t seed, std::int64_t step, int rank)
       : key(mix64(mix64(mix64(seed) ^ static_cast<std::uint64_t>(step)) ^
                   (static_cast<std::uint64_t>(static_cast<std::uint32_t>(rank)) + 0x9E3779B97F4A7C15ull))) {}
   //! The i-th uniform of this stream.
-  constexpr double uniform(std::uint64_t i) const {
+  COMMPACT_HOST_DEVICE constexpr double uniform(std::uint64_t i) const {
     return static_cast<double>(mix64(key + (i + 1) * 0x9E3779B97F4A7C15ull) >> 11) * 0x1.0p-53;
   }
 };

@@ -29,6 +29,7 @@
 #include <limits>
 #include <span>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "bits.hpp"
 #include "casts.hpp"
@@ -53,6 +54,58 @@ inline float read_f32(const std::byte* p) {
 //! A float's magnitude as the finite float scale of a message (saturated).
 inline float finite_scale(double x) {
   return static_cast<float>(std::min(x, static_cast<double>(std::numeric_limits<float>::max())));
+}
+}  // namespace detail
+
+namespace detail {
+// QSGD's per-element arithmetic, shared with its CUDA kernels (kernels/cuda/codecs_qsgd.cuh):
+// every product and sum rounded on its own (the device's __dmul_rn / __dadd_rn, no FMA).
+COMMPACT_HOST_DEVICE inline double qsgd_mul(double a, double b) {
+#if defined(__CUDA_ARCH__)
+  return __dmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+//! ss + x^2 in double.
+COMMPACT_HOST_DEVICE inline double qsgd_sq_add(double ss, float x) {
+  const double p = qsgd_mul(static_cast<double>(x), static_cast<double>(x));
+#if defined(__CUDA_ARCH__)
+  return __dadd_rn(ss, p);
+#else
+  return ss + p;
+#endif
+}
+//! A bucket's norm from its sum of squares: sqrt, saturated at the largest float (finite_scale).
+COMMPACT_HOST_DEVICE inline float qsgd_norm(double ss) {
+#if defined(__CUDA_ARCH__)
+  const double r = ::sqrt(ss);
+#else
+  const double r = std::sqrt(ss);
+#endif
+  constexpr double big = 0x1.fffffep127;  // std::numeric_limits<float>::max()
+  return static_cast<float>(big < r ? big : r);
+}
+//! s / norm (0 for a zero norm).
+COMMPACT_HOST_DEVICE inline double qsgd_scale(float norm, std::uint32_t s) {
+  return norm > 0.0f ? static_cast<double>(s) / static_cast<double>(norm) : 0.0;
+}
+//! The level of x: floor(r) or floor(r) + 1 with probability r - floor(r) (u uniform),
+//! r = |x| scale, at most s.
+COMMPACT_HOST_DEVICE inline std::uint32_t qsgd_level(float x, double scale, std::uint32_t s, double u) {
+  const double r = qsgd_mul(static_cast<double>(x < 0.0f ? -x : x), scale);
+#if defined(__CUDA_ARCH__)
+  const double f = ::floor(r);
+#else
+  const double f = std::floor(r);
+#endif
+  auto l = static_cast<std::uint32_t>(static_cast<double>(s) < f ? static_cast<double>(s) : f);
+  if (l < s && u < r - l) ++l;
+  return l;
+}
+//! The value a receiver decodes for level l (sign apart) under norm `norm`.
+COMMPACT_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t l, std::uint32_t s) {
+  return static_cast<float>(qsgd_mul(static_cast<double>(norm), static_cast<double>(l)) / static_cast<double>(s));
 }
 }  // namespace detail
 
@@ -82,9 +135,9 @@ class qsgd_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return 4 * buckets(n) + detail::packed_bytes(n, field_bits()); }
 
   //! The value a receiver decodes for level l (sign apart) under norm `norm`.
-  float value(float norm, std::uint32_t l) const {
-    return static_cast<float>(static_cast<double>(norm) * l / static_cast<double>(s_));
-  }
+  float value(float norm, std::uint32_t l) const { return detail::qsgd_value(norm, l, s_); }
+  //! The random stream of the current step and rank (the CUDA kernels replay it).
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n), d = bucket(n), nb = buckets(n);
@@ -95,14 +148,12 @@ class qsgd_codec {
     for (std::size_t b = 0; b < nb; ++b) {
       const std::size_t lo = b * d, hi = std::min(n, lo + d);
       double ss = 0.0;
-      for (std::size_t i = lo; i < hi; ++i) ss += static_cast<double>(v[i]) * v[i];
-      const float norm = detail::finite_scale(std::sqrt(ss));
+      for (std::size_t i = lo; i < hi; ++i) ss = detail::qsgd_sq_add(ss, v[i]);
+      const float norm = detail::qsgd_norm(ss);
       std::memcpy(msg.data() + 4 * b, &norm, 4);
-      const double scale = norm > 0.0f ? static_cast<double>(s_) / static_cast<double>(norm) : 0.0;
+      const double scale = detail::qsgd_scale(norm, s_);
       for (std::size_t i = lo; i < hi; ++i) {
-        const double r = std::abs(static_cast<double>(v[i])) * scale;
-        auto l = static_cast<std::uint32_t>(std::min(std::floor(r), static_cast<double>(s_)));
-        if (l < s_ && rng.uniform(i) < r - l) ++l;
+        const std::uint32_t l = detail::qsgd_level(v[i], scale, s_, rng.uniform(i));
         const bool neg = l > 0 && v[i] < 0.0f;
         w.put(l | (static_cast<std::uint32_t>(neg) << bw), bw + 1);
         if (!approx.empty()) approx[i] = neg ? -value(norm, l) : value(norm, l);
@@ -149,6 +200,25 @@ class qsgd_codec {
   int rank_ = 0;
 };
 
+namespace detail {
+// TernGrad's per-element arithmetic, shared with its CUDA kernels (kernels/cuda/codecs.cuh).
+//! The running maximum of |x| as std::max(m, |x|) takes it (a NaN leaves m).
+COMMPACT_HOST_DEVICE inline float terngrad_max(float m, float x) {
+  const float a = x < 0.0f ? -x : x;
+  return m < a ? a : m;
+}
+//! Field of x under scale m with uniform u: 0 (zero), 1 (+m) or 2 (-m); on with
+//! probability |x| / m.
+COMMPACT_HOST_DEVICE inline unsigned terngrad_field(float x, float m, double u) {
+  const double ax = static_cast<double>(x < 0.0f ? -x : x);
+  const double p = m > 0.0f ? ax / static_cast<double>(m) : 0.0;
+  const bool on = u < p;
+  return on ? (x < 0.0f ? 2u : 1u) : 0u;
+}
+//! The value a field decodes to (0 for field 0).
+COMMPACT_HOST_DEVICE inline float terngrad_value(unsigned f, float m) { return f == 0u ? 0.0f : (f == 2u ? -m : m); }
+}  // namespace detail
+
 //! TernGrad: q_i = m sign(v_i) b_i, m = max |v|, b_i = 1 with probability |v_i| / m.
 //! Field i (2 bits): 0 zero, 1 +m, 2 -m (3 is malformed).
 class terngrad_codec {
@@ -157,20 +227,21 @@ class terngrad_codec {
   void begin_step(std::int64_t step) { step_ = step; }
   void bind_rank(int rank) { rank_ = rank; }
   std::size_t max_encoded_bytes(std::size_t n) const { return 4 + detail::packed_bytes(n, 2); }
+  //! The random stream of the current step and rank (the CUDA kernels replay it).
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     detail::check_capacity("terngrad_codec", msg, bytes, n);
     float m = 0.0f;
-    for (float x : v) m = std::max(m, std::abs(x));
+    for (float x : v) m = detail::terngrad_max(m, x);
     std::memcpy(msg.data(), &m, 4);
     const random_stream rng(seed_, step_, rank_);
     detail::bit_writer w(msg.data() + 4);
     for (std::size_t i = 0; i < n; ++i) {
-      const double p = m > 0.0f ? std::abs(static_cast<double>(v[i])) / m : 0.0;
-      const bool on = rng.uniform(i) < p, neg = on && v[i] < 0.0f;
-      w.put(on ? (neg ? 2u : 1u) : 0u, 2);
-      if (!approx.empty()) approx[i] = on ? (neg ? -m : m) : 0.0f;
+      const unsigned f = detail::terngrad_field(v[i], m, rng.uniform(i));
+      w.put(f, 2);
+      if (!approx.empty()) approx[i] = detail::terngrad_value(f, m);
     }
     w.flush();
     return bytes;
@@ -192,7 +263,7 @@ class terngrad_codec {
     detail::bit_reader r(msg.data() + 4);
     for (std::size_t i = 0; i < n; ++i) {
       const auto f = r.get(2);
-      if (f) acc[i] += f == 2u ? -m : m;
+      if (f) acc[i] += detail::terngrad_value(f, m);
     }
   }
 

@@ -30,12 +30,21 @@
 
 #include "../../error.hpp"
 #include "../../kernels/host/topk.hpp"
+#include "../../config.hpp"
 #include "bits.hpp"
 #include "sparse_options.hpp"
+#include "topk_sign.hpp"
 
 namespace commpact {
 
 namespace detail {
+
+//! The selection of the threshold codecs: |x| > t (strict) or |x| >= t; a NaN never
+//! passes. Shared with the CUDA kernels of threshold_codec (kernels/cuda/codecs_threshold.cuh).
+COMMPACT_HOST_DEVICE inline bool passes_threshold(float x, float t, bool strict) {
+  const float a = x < 0.0f ? -x : x;
+  return strict ? a > t : a >= t;
+}
 
 //! z with 2 (1 - Phi(z)) = q (two-sided normal tail), by bisection, for q in (0, 1].
 inline double normal_two_sided_quantile(double q) {
@@ -102,7 +111,7 @@ class threshold_base {
       float v;
       std::memcpy(&j, msg.data() + 4 * i, 4);
       std::memcpy(&v, msg.data() + 4 * (c + i), 4);
-      if (!(j > prev && static_cast<std::uint64_t>(j) < n && std::isfinite(v)))
+      if (!(sparse_index_ok(j, prev, n) && finite_bits(v)))
         throw wire_error(cat("commpact::", who_, ": entry ", i, " has index ", j, " and value ", v,
                              "; indices must be strictly ascending in [0, ", n, ") and values finite."));
       prev = j;
@@ -144,7 +153,7 @@ class threshold_base {
     adjustments_ = adjustments;
     cand_.clear();
     for (std::size_t i = 0; i < n; ++i)
-      if (strict ? std::abs(v[i]) > t : std::abs(v[i]) >= t) cand_.push_back(static_cast<std::int32_t>(i));
+      if (passes_threshold(v[i], t, strict)) cand_.push_back(static_cast<std::int32_t>(i));
     passed_ = cand_.size();
     if (cand_.size() > kmax) {  // keep the cap's largest, in host::topk_abs's order
       mag_.resize(cand_.size());
@@ -197,6 +206,8 @@ class threshold_codec : public detail::threshold_base {
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
     return select(v, lambda_, false, 0, msg, approx);
   }
+  //! The threshold lambda.
+  float lambda() const { return lambda_; }
 
  private:
   float lambda_;

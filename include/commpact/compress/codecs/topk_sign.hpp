@@ -8,7 +8,7 @@
 //! | codec | message for a vector of n floats | delivered approximation |
 //! |---|---|---|
 //! | `topk_codec` | k int32 indices (strictly ascending), then k float32 values: 8k bytes | the k entries of largest magnitude (ties: smaller index) |
-//! | `sign_codec` | float32 scale, then ceil(n/8) bytes of sign bits: 4 + ceil(n/8) bytes | scale * sign(v), scale = ||v||_1 / n (EF-SignSGD, CHOCO's sign) |
+//! | `sign_codec` | float32 scale, then ceil(n/8) bytes of sign bits: 4 + ceil(n/8) bytes | scale * sign(v), scale = ||v||_1 / n (EF-SignSGD, CHOCO's sign; the sum in double by chunks of 4096, detail::sign_l1_chunk) |
 //!
 //! Every decoder validates the whole message before it adds anything and raises
 //! commpact::wire_error on a malformed or hostile one (never reads or writes out of
@@ -26,11 +26,69 @@
 #include <string>
 #include <vector>
 
+#include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../kernels/host/topk.hpp"
 #include "sparse_options.hpp"
 
 namespace commpact {
+
+namespace detail {
+//! topk_codec's check of one decoded entry: index j strictly above the previous one
+//! (prev = -1 for the first) and in [0, n). Shared with the CUDA decoder (codecs.cuh).
+COMMPACT_HOST_DEVICE inline bool sparse_index_ok(std::int32_t j, std::int64_t prev, std::uint64_t n) {
+  return j > prev && static_cast<std::uint64_t>(j) < n;
+}
+//! True when v is neither NaN nor +-Inf (exponent bits not all set): std::isfinite,
+//! written on the bits so that host and device test the same thing.
+COMMPACT_HOST_DEVICE inline bool finite_bits(float v) {
+  std::uint32_t b;
+  std::memcpy(&b, &v, 4);
+  return (b & 0x7F800000u) != 0x7F800000u;
+}
+
+// sign_codec's per-element arithmetic, shared with its CUDA kernels (codecs.cuh).
+
+//! sign_codec sums |v| in double by chunks of this many values (each in order from 0.0),
+//! then the chunk sums in order from 0.0: for n <= 4096 the plain sequential sum, and an
+//! order the device reproduces bit for bit with one thread per chunk.
+inline constexpr std::size_t sign_l1_chunk = 4096;
+//! |x| as a double (exact).
+COMMPACT_HOST_DEVICE inline double abs_as_double(float x) { return static_cast<double>(x < 0.0f ? -x : x); }
+//! The sum of |p[j]|, j < m, in order from 0.0, in double.
+COMMPACT_HOST_DEVICE inline double abs_sum(const float* p, std::size_t m) {
+  double s = 0.0;
+  for (std::size_t j = 0; j < m; ++j) s += abs_as_double(p[j]);
+  return s;
+}
+//! The scale ||v||_1 / n, rounded to float (0 for n = 0).
+COMMPACT_HOST_DEVICE inline float sign_scale(double l1, std::size_t n) {
+  return n ? static_cast<float>(l1 / static_cast<double>(n)) : 0.0f;
+}
+//! The sign bit sent for x: set for x < 0 and for a NaN with its sign bit, not for -0.
+COMMPACT_HOST_DEVICE inline bool sign_negative(float x) {
+  std::uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return (b >> 31) != 0u && (b & 0x7FFFFFFFu) != 0u;
+}
+//! Byte b of the sign bits of v[0, n): bit t for v[8b + t], least significant first.
+COMMPACT_HOST_DEVICE inline unsigned char sign_byte(const float* v, std::size_t n, std::size_t b) {
+  unsigned m = 0;
+  for (unsigned t = 0; t < 8; ++t) {
+    const std::size_t i = 8 * b + t;
+    if (i < n && sign_negative(v[i])) m |= 1u << t;
+  }
+  return static_cast<unsigned char>(m);
+}
+//! The value a sign bit decodes to.
+COMMPACT_HOST_DEVICE inline float sign_value(bool neg, float scale) { return neg ? -scale : scale; }
+//! A received scale is finite and >= 0.
+COMMPACT_HOST_DEVICE inline bool sign_scale_ok(float s) { return finite_bits(s) && s >= 0.0f; }
+//! The last byte of a message for n values sets no bit past the n-th.
+COMMPACT_HOST_DEVICE inline bool sign_tail_ok(unsigned last, std::size_t n) {
+  return n % 8 == 0 || (last >> (n % 8)) == 0u;
+}
+}  // namespace detail
 
 //! Top-k by magnitude with a fixed density or k, and an optional density warm-up
 //! (begin_step). Indices are int32, so n < 2^31.
@@ -105,9 +163,9 @@ class topk_codec {
       float v;
       std::memcpy(&j, pi + 4 * i, 4);
       std::memcpy(&v, pv + 4 * i, 4);
-      require<wire_error>(j > prev && static_cast<std::uint64_t>(j) < n, "commpact::topk_codec: entry ", i,
+      require<wire_error>(detail::sparse_index_ok(j, prev, n), "commpact::topk_codec: entry ", i,
                           " has index ", j, "; indices must be strictly ascending and in [0, ", n, ").");
-      require<wire_error>(std::isfinite(v), "commpact::topk_codec: entry ", i, " (index ", j,
+      require<wire_error>(detail::finite_bits(v), "commpact::topk_codec: entry ", i, " (index ", j,
                           ") has the non-finite value ", v, "; senders flag non-finite input instead of sending it.");
       prev = j;
     }
@@ -157,16 +215,14 @@ struct sign_codec {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     require(msg.size() >= bytes, "commpact::sign_codec::encode: the message buffer holds ", msg.size(),
             " bytes; ", n, " values need ", bytes, ".");
-    double l1 = 0.0;
-    for (float x : v) l1 += std::abs(static_cast<double>(x));
-    const float scale = n ? static_cast<float>(l1 / static_cast<double>(n)) : 0.0f;
+    double l1 = 0.0;  // by chunks (detail::sign_l1_chunk), the device's order
+    for (std::size_t c = 0; c < n; c += detail::sign_l1_chunk)
+      l1 += detail::abs_sum(v.data() + c, std::min(detail::sign_l1_chunk, n - c));
+    const float scale = detail::sign_scale(l1, n);
     std::memcpy(msg.data(), &scale, 4);
-    std::fill(msg.begin() + 4, msg.begin() + static_cast<std::ptrdiff_t>(bytes), std::byte{0});
-    for (std::size_t i = 0; i < n; ++i) {
-      const bool neg = std::signbit(v[i]) && v[i] != 0.0f;
-      if (neg) msg[4 + i / 8] |= std::byte{static_cast<unsigned char>(1u << (i % 8))};
-      if (!approx.empty()) approx[i] = neg ? -scale : scale;
-    }
+    for (std::size_t b = 0; 4 + b < bytes; ++b) msg[4 + b] = std::byte{detail::sign_byte(v.data(), n, b)};
+    if (!approx.empty())
+      for (std::size_t i = 0; i < n; ++i) approx[i] = detail::sign_value(detail::sign_negative(v[i]), scale);
     return bytes;
   }
 
@@ -176,16 +232,14 @@ struct sign_codec {
                         " bytes; a vector of ", n, " values needs ", max_encoded_bytes(n), ".");
     float scale;
     std::memcpy(&scale, msg.data(), 4);
-    require<wire_error>(std::isfinite(scale) && scale >= 0.0f, "commpact::sign_codec: the message has scale ", scale,
+    require<wire_error>(detail::sign_scale_ok(scale), "commpact::sign_codec: the message has scale ", scale,
                         "; a scale must be finite and >= 0.");
-    if (n % 8) {
-      const auto last = static_cast<unsigned>(msg[4 + n / 8]);
-      require<wire_error>((last >> (n % 8)) == 0u, "commpact::sign_codec: the message sets sign bits past the ", n,
-                          " values.");
-    }
+    if (n % 8)
+      require<wire_error>(detail::sign_tail_ok(static_cast<unsigned>(msg[4 + n / 8]), n),
+                          "commpact::sign_codec: the message sets sign bits past the ", n, " values.");
     for (std::size_t i = 0; i < n; ++i) {
       const bool neg = (static_cast<unsigned>(msg[4 + i / 8]) >> (i % 8)) & 1u;
-      acc[i] += neg ? -scale : scale;
+      acc[i] += detail::sign_value(neg, scale);
     }
   }
 };

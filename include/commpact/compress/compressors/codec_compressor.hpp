@@ -146,7 +146,7 @@ class CodecCompressor {
                                      span<const float>(grad), opt_.momentum, scale, status_.view());
       approx_.resize(req::codec_has_delivered<Codec> ? 0 : N);
     }
-    kernels::encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
+    kern_.encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
     agg_.exchange();
     // The headers come to the host (48 bytes per rank); the payloads stay in the space.
     hdr_host_.resize(static_cast<std::size_t>(P) * header_floats);
@@ -185,6 +185,10 @@ class CodecCompressor {
     agg_.combine(codec_, grad_, status_.view());
     ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
     space_type::fence(e, no_deadline());
+    if (status_host_ & status_wire)  // a space whose decode cannot raise (CUDA) reports it here
+      throw wire_error(detail::cat("commpact::", name_, "::reduce: a rank's payload at step ", steps_,
+                                   " is malformed (the codec's decoder rejects it); every rank received the same "
+                                   "blocks and abandons the step."));
     if (status_host_ & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");
     phase_ = phase::finished;
     outcome_ = outcome::delivered;
@@ -204,7 +208,7 @@ class CodecCompressor {
     if constexpr (!req::codec_has_delivered<Codec>) ops<space_type>::sub(e, acc_.view(), approx_.cview());
     residual_.swap(acc_);
     if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
-    kernels::clear_delivered(e, codec_, residual_.view(), velocity_.view());
+    kern_.clear_delivered(e, codec_, residual_.view(), velocity_.view());
     ef_n_ = static_cast<std::int64_t>(residual_.size());
     ++steps_;
   }
@@ -268,6 +272,7 @@ class CodecCompressor {
     std::vector<std::pair<const void*, std::size_t>> s;
     if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
+    if constexpr (requires { kern_.add_signature(s); }) kern_.add_signature(s);
     for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &scale_})
       s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
@@ -332,6 +337,7 @@ class CodecCompressor {
 
   Aggregation agg_;
   Codec codec_;
+  [[no_unique_address]] kernels kern_;  // the codec's kernels in the space (state on the CUDA space)
   options opt_;
   std::string name_;
   using phase = detail::step_phase;

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file codec_kernels_cuda_qsgd.cuh
+//! codec_kernels<qsgd_codec, cuda_space> (included by codec_kernels_cuda.cuh): QSGD on the
+//! device, its kernels in kernels/cuda/codecs_qsgd.cuh. Stateless: the bucket norms are
+//! written into the payload, where the packing reads them. One thread per bucket sums
+//! its squares in the host's order (a single bucket, d = 0, is one thread's loop).
+//!
+//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codec_leaves.cu and
+//! test_cuda_codecs.cu compare it with the host codec (exit 77 without a device).
+
+#if !defined(__CUDACC__)
+#error "commpact/compress/codec_kernels_cuda_qsgd.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../error.hpp"
+#include "../kernels/cuda/codecs_qsgd.cuh"
+#include "../space/cuda.hpp"
+#include "codec_kernels.hpp"
+#include "codec_kernels_cuda.cuh"
+#include "codecs/quantizers.hpp"
+#include "frame.hpp"
+
+namespace commpact {
+
+//! qsgd_codec on the CUDA space (see the file comment).
+template <>
+struct codec_kernels<qsgd_codec, cuda_space> {
+  using exec = cuda_space::exec;
+  template <class T>
+  using span = cuda_span<T>;
+
+  static cuda_kernels::codec::qsgd_shape shape(const qsgd_codec& c, std::size_t n) {
+    return {n, c.bucket(n), c.buckets(n), c.levels(), c.field_bits()};
+  }
+
+  static void encode_frame(const exec& e, const qsgd_codec& codec, span<const float> acc, span<float> block,
+                           frame::header h, span<float> approx, span<const std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
+    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<qsgd_codec, cuda_space>: approx holds ",
+            approx.size(), " values for ", n, "; pass n values or none.");
+    if (h.flags == 0 && n) {
+      require(block.size() * 4 >= frame::header_bytes + len, "commpact::qsgd_codec: a block of ", block.size() * 4,
+              " bytes cannot hold the ", len, "-byte message behind the frame header.");
+      const auto q = shape(codec, n);
+      const cudaStream_t s = e.stream();
+      float* norms = cuda_access::ptr(block) + kc::header_words;
+      kc::qsgd_norms<<<kc::grid_for(q.nb), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), q, norms);
+      kc::qsgd_pack<<<kc::grid_for((n * q.w + 7) / 8), kc::block_threads, 0, s>>>(
+          cuda_access::ptr(acc), norms, q, codec.stream(), reinterpret_cast<unsigned char*>(norms + q.nb),
+          approx.empty() ? nullptr : cuda_access::ptr(approx));
+      detail::cuda_codec_check(cudaGetLastError(), "qsgd encode");
+    }
+    detail::cuda_finish_frame(e, block, h, len, status);
+  }
+
+  static void decode_sum(const exec& e, const qsgd_codec& codec, span<const float> blocks, std::size_t block_floats,
+                         span<float> sum, span<std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    require(status.size() >= 1, "commpact::codec_kernels<qsgd_codec, cuda_space>::decode_sum: pass the step status "
+                                "(one word); the device reports a malformed block there.");
+    require(block_floats >= kc::header_words, "commpact::codec_kernels<qsgd_codec, cuda_space>::decode_sum: blocks "
+            "of ", block_floats, " floats cannot hold the frame header.");
+    const std::size_t n = sum.size(), P = blocks.size() / block_floats;
+    const auto q = shape(codec, n);
+    const cudaStream_t s = e.stream();
+    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
+    std::uint32_t* st = cuda_access::ptr(status);
+    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
+    kc::qsgd_validate<<<kc::grid_for(P * (q.nb + n + 1)), kc::block_threads, 0, s>>>(b, block_floats, P, q, st);
+    if (n) kc::qsgd_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, q, cuda_access::ptr(sum), st);
+    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+    detail::cuda_codec_check(cudaGetLastError(), "qsgd decode");
+  }
+
+  static void clear_delivered(const exec&, const qsgd_codec&, span<float>, span<float>) {}
+};
+
+}  // namespace commpact
