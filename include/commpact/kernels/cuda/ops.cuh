@@ -40,6 +40,7 @@
 //! | oktopk_mags, oktopk_theta | radix select + cub::DeviceRadixSort descending; sort, then the k-th | bits (theta: either zero when +0 and -0 tie at the k-th) |
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
 //! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
+//! | codec_kernels<topk, threshold, sign, fp16, bf16, terngrad, qsgd codec, cuda_space> (compress/codec_kernels_cuda*.cuh; not ops rows) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
 //! | oktopk_begin (SparseReduceScatter's block path) | none yet: SparseReduceScatter::block raises on the CUDA space; OkTopK feeds local_set() | - |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
