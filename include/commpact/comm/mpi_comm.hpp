@@ -90,13 +90,14 @@
 #include "mpi/request.hpp"
 #include "mpi/small_collectives.hpp"
 #include "mpi/state.hpp"
+#include "blocking.hpp"
 #include "signature.hpp"
 
 namespace commpact {
 
 //! One rank's handle on an MPI communicator; see the file comment. Cheap to copy: all
 //! copies share one duplicated communicator and one failure state.
-class MpiComm {
+class MpiComm : public detail::blocking_collectives<MpiComm> {
  public:
   using request = mpi_request;
 
@@ -123,15 +124,11 @@ class MpiComm {
   //! Why the group failed (empty while it has not).
   const std::string& failure() const { return state_->failure(); }
 
-  //! In-place element-wise reduction over all ranks, bit-identical on every rank.
-  //! T: float, double, or a 32- or 64-bit integer. Runs exactly what iallreduce(data,
-  //! op).wait() runs, so ranks may mix the two forms for one collective.
-  template <class T>
-    requires std::is_arithmetic_v<T>
-  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    iallreduce(data, op).wait();
-  }
-  //! Nonblocking allreduce; `data` must stay alive until the handle completed. With
+  // allreduce, allgather and broadcast (blocking): blocking_collectives, comm/blocking.hpp.
+
+  //! Nonblocking in-place element-wise reduction over all ranks, bit-identical on every
+  //! rank (allreduce(data, op) is this and wait(), so ranks may mix the two forms). T:
+  //! float, double, or a 32- or 64-bit integer; `data` must stay alive until the handle completed. With
   //! verify_collectives the signature check runs before this returns (one round trip).
   //! The path depends on the size only, the same as allreduce's: up to 64 KiB the
   //! recursive doubling runs before this returns (the check already waited for every
@@ -178,14 +175,8 @@ class MpiComm {
     return r;
   }
 
-  //! Concatenates every rank's `in` (all the same size) into `out` in rank order. Runs
-  //! exactly what iallgather(in, out).wait() runs (ranks may mix the forms).
-  template <class T>
-    requires std::is_trivially_copyable_v<T>
-  void allgather(std::span<const T> in, std::span<T> out) {
-    iallgather(in, out).wait();
-  }
-  //! Nonblocking allgather (see iallreduce): an output of up to 64 KiB is exchanged
+  //! Nonblocking allgather of every rank's `in` (all the same size) into `out` in rank
+  //! order (allgather(in, out) is this and wait()), see iallreduce: an output of up to 64 KiB is exchanged
   //! directly over point to point before this returns; a larger one is a direct
   //! exchange too, advanced by every wait of this communicator like a ring
   //! (mpi/ring_allreduce.hpp), each block copied out as it arrives.
@@ -205,14 +196,8 @@ class MpiComm {
     return r;
   }
 
-  //! Copies root's data to every rank. Runs exactly what ibroadcast(data, root).wait()
-  //! runs (ranks may mix the forms).
-  template <class T>
-    requires std::is_trivially_copyable_v<T>
-  void broadcast(std::span<T> data, int root) {
-    ibroadcast(data, root).wait();
-  }
-  //! Nonblocking broadcast (see iallreduce): up to 64 KiB a binomial tree over point to
+  //! Nonblocking copy of root's data to every rank (broadcast(data, root) is this and
+  //! wait()), see iallreduce: up to 64 KiB a binomial tree over point to
   //! point before this returns; larger, MPI_Ibcast.
   template <class T>
     requires std::is_trivially_copyable_v<T>

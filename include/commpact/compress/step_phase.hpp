@@ -36,6 +36,12 @@ class step_phase {
   void require_started(std::string_view who) const {
     require(v_ == started, "commpact::", who, "::finish: no step was started; call start(grad) first.");
   }
+  //! finish() takes the started step: it must have been started, and whatever finish
+  //! raises from here on, no step is in flight any more.
+  void take_started(std::string_view who) {
+    require_started(who);
+    v_ = idle;
+  }
   //! commit(): a step must have finished.
   void require_finished(std::string_view who) const {
     require(v_ == finished, "commpact::", who, "::commit: no finished step to commit; call start(grad) and finish() "

@@ -77,19 +77,22 @@ class ConstantLr {
   double lr_;
 };
 
-//! Linear warm-up to `peak` over `warmup` steps, then cosine decay to `final` at step `total`.
-class WarmupCosineLr {
+namespace detail {
+//! Linear warm-up to `peak` over `warmup` steps, then `Decay::at(peak, final, t)` with
+//! t = (step - warmup) / (total - warmup) in [0, 1), then `final` from step `total` on.
+template <class Decay>
+class warmup_decay_lr {
  public:
-  WarmupCosineLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
+  warmup_decay_lr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
       : peak_(peak), final_(final), warmup_(warmup), total_(total) {
-    detail::check_warmup_decay("commpact::WarmupCosineLr", peak, final, warmup, total);
+    check_warmup_decay(Decay::name, peak, final, warmup, total);
   }
   double operator()(std::int64_t step) const {
-    detail::check_schedule_step("commpact::WarmupCosineLr", step);
-    if (step < warmup_) return detail::warmup_lr(peak_, step, warmup_);
+    check_schedule_step(Decay::name, step);
+    if (step < warmup_) return warmup_lr(peak_, step, warmup_);
     if (step >= total_) return final_;
     const double t = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
-    return final_ + 0.5 * (peak_ - final_) * (1.0 + std::cos(std::numbers::pi * t));
+    return Decay::at(peak_, final_, t);
   }
   double peak() const { return peak_; }
   std::int64_t warmup() const { return warmup_; }
@@ -99,29 +102,24 @@ class WarmupCosineLr {
   double peak_, final_;
   std::int64_t warmup_, total_;
 };
-
-//! Linear warm-up to `peak` over `warmup` steps, then linear decay to `final` at step `total`.
-class WarmupLinearLr {
- public:
-  WarmupLinearLr(double peak, std::int64_t warmup, std::int64_t total, double final = 0.0)
-      : peak_(peak), final_(final), warmup_(warmup), total_(total) {
-    detail::check_warmup_decay("commpact::WarmupLinearLr", peak, final, warmup, total);
+struct cosine_decay {
+  static constexpr const char* name = "commpact::WarmupCosineLr";
+  static double at(double peak, double final, double t) {
+    return final + 0.5 * (peak - final) * (1.0 + std::cos(std::numbers::pi * t));
   }
-  double operator()(std::int64_t step) const {
-    detail::check_schedule_step("commpact::WarmupLinearLr", step);
-    if (step < warmup_) return detail::warmup_lr(peak_, step, warmup_);
-    if (step >= total_) return final_;
-    const double t = static_cast<double>(step - warmup_) / static_cast<double>(total_ - warmup_);
-    return peak_ + (final_ - peak_) * t;
-  }
-  double peak() const { return peak_; }
-  std::int64_t warmup() const { return warmup_; }
-  std::int64_t total() const { return total_; }
-
- private:
-  double peak_, final_;
-  std::int64_t warmup_, total_;
 };
+struct linear_decay {
+  static constexpr const char* name = "commpact::WarmupLinearLr";
+  static double at(double peak, double final, double t) { return peak + (final - peak) * t; }
+};
+}  // namespace detail
+
+//! Linear warm-up to `peak` over `warmup` steps, then cosine decay to `final` at step
+//! `total`: WarmupCosineLr{peak, warmup, total, final = 0}.
+using WarmupCosineLr = detail::warmup_decay_lr<detail::cosine_decay>;
+//! Linear warm-up to `peak` over `warmup` steps, then linear decay to `final` at step
+//! `total`: WarmupLinearLr{peak, warmup, total, final = 0}.
+using WarmupLinearLr = detail::warmup_decay_lr<detail::linear_decay>;
 
 //! Linear warm-up to `base` over `warmup` steps, then base * gamma^k where k counts the
 //! completed blocks of `every` steps since the warm-up.

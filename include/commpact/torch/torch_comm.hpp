@@ -80,6 +80,7 @@
 
 #include "../concepts.hpp"
 #include "../error.hpp"
+#include "../comm/blocking.hpp"
 #include "../comm/guard.hpp"
 #include "../comm/signature.hpp"
 #include "../space/host.hpp"
@@ -565,7 +566,7 @@ class torch_request {
 };
 
 //! One rank's handle on a c10d::ProcessGroup; see the file comment.
-class TorchComm {
+class TorchComm : public detail::blocking_collectives<TorchComm> {
  public:
   using request = torch_request;
   using space_type = host_space;
@@ -584,12 +585,7 @@ class TorchComm {
   bool failed() const { return state_->failed(); }
   std::string failure() const { return state_->failure(); }
 
-  // ---- collectives -------------------------------------------------------------------
-  template <class T>
-    requires std::is_arithmetic_v<T>
-  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    iallreduce(data, op).wait();
-  }
+  // ---- collectives (the blocking forms: blocking_collectives, comm/blocking.hpp) ----
   template <class T>
     requires std::is_arithmetic_v<T>
   torch_request iallreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
@@ -620,11 +616,6 @@ class TorchComm {
 
   template <class T>
     requires std::is_trivially_copyable_v<T>
-  void allgather(std::span<const T> in, std::span<T> out) {
-    iallgather(in, out).wait();
-  }
-  template <class T>
-    requires std::is_trivially_copyable_v<T>
   torch_request iallgather(std::span<const T> in, std::span<T> out) {
     state_->enter("allgather");
     std::string bad;
@@ -645,11 +636,6 @@ class TorchComm {
     return r;
   }
 
-  template <class T>
-    requires std::is_trivially_copyable_v<T>
-  void broadcast(std::span<T> data, int root) {
-    ibroadcast(data, root).wait();
-  }
   template <class T>
     requires std::is_trivially_copyable_v<T>
   torch_request ibroadcast(std::span<T> data, int root) {

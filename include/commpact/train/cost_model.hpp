@@ -291,11 +291,12 @@ inline step_cost gossip_check(int P, allreduce_algorithm algo = allreduce_algori
   return allreduce(P, 1, 8, algo);
 }
 
-//! D-PSGD on a topology where this rank has `degree` neighbours: 4n bytes to each, all
-//! through the rank's one link, in one round.
-inline step_cost dpsgd(int degree, std::uint64_t n) {
+namespace detail {
+//! One gossip round: a message of `bytes` to each of `degree` neighbours through this
+//! rank's one link, over a model of n elements.
+inline step_cost neighbour_round(int degree, std::uint64_t bytes, std::uint64_t n) {
   step_cost c;
-  c.bytes_sent = static_cast<std::uint64_t>(degree) * 4 * n;
+  c.bytes_sent = static_cast<std::uint64_t>(degree) * bytes;
   c.messages_sent = static_cast<std::uint64_t>(degree);
   c.latency_rounds = degree > 0 ? 1 : 0;
   c.path_bytes = static_cast<double>(c.bytes_sent);
@@ -303,6 +304,11 @@ inline step_cost dpsgd(int degree, std::uint64_t n) {
   c.compute_elements = static_cast<double>(n);
   return c;
 }
+}  // namespace detail
+
+//! D-PSGD on a topology where this rank has `degree` neighbours: 4n bytes to each, all
+//! through the rank's one link, in one round.
+inline step_cost dpsgd(int degree, std::uint64_t n) { return detail::neighbour_round(degree, 4 * n, n); }
 
 //! PowerGossip of rank r: to each of `degree` neighbours one message of 4 (vector elements
 //! + sum over matrices of cols*r) bytes in phase 0 (even steps), rows*r in phase 1.
@@ -312,14 +318,7 @@ inline step_cost power_gossip(int degree, std::span<const shape> layout, int r, 
     n += s.rows * s.cols;
     f += s.is_vector() ? s.rows * s.cols : (phase % 2 == 0 ? s.cols : s.rows) * static_cast<std::uint64_t>(r);
   }
-  step_cost c;
-  c.bytes_sent = static_cast<std::uint64_t>(degree) * 4 * f;
-  c.messages_sent = static_cast<std::uint64_t>(degree);
-  c.latency_rounds = degree > 0 ? 1 : 0;
-  c.path_bytes = static_cast<double>(c.bytes_sent);
-  c.bursts = c.latency_rounds;
-  c.compute_elements = static_cast<double>(n);
-  return c;
+  return detail::neighbour_round(degree, 4 * f, n);
 }
 
 //! Local SGD (and QSR, with H its mean period): a dense parameter average every H steps.

@@ -60,33 +60,14 @@ class mpi_send_queue {
   //! MPI error (it throws); returns how many completed.
   template <class Check>
   std::size_t reap(Check&& check) {
-    std::size_t done = 0;
-    for (std::size_t i = 0; i < reqs_.size();) {
-      int flag = 0;
-      check(MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE), "MPI_Test");
-      if (flag) {
-        retire(i);
-        ++done;
-      } else {
-        ++i;
-      }
-    }
-    return done;
+    return reap_while([&](int rc) {
+      check(rc, "MPI_Test");
+      return true;
+    });
   }
 
   std::size_t reap_noexcept() noexcept {
-    std::size_t done = 0;
-    for (std::size_t i = 0; i < reqs_.size();) {
-      int flag = 0;
-      if (MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return done;
-      if (flag) {
-        retire(i);
-        ++done;
-      } else {
-        ++i;
-      }
-    }
-    return done;
+    return reap_while([](int rc) noexcept { return rc == MPI_SUCCESS; });
   }
 
   //! Gives up on the sends in flight: frees the requests (when MPI is still alive) and
@@ -99,6 +80,23 @@ class mpi_send_queue {
   }
 
  private:
+  //! Tests every send while ok(rc) holds for MPI_Test's return code; completed buffers
+  //! return to the pool. Returns how many completed.
+  template <class Ok>
+  std::size_t reap_while(Ok&& ok) {
+    std::size_t done = 0;
+    for (std::size_t i = 0; i < reqs_.size();) {
+      int flag = 0;
+      if (!ok(MPI_Test(&reqs_[i], &flag, MPI_STATUS_IGNORE))) return done;
+      if (flag) {
+        retire(i);
+        ++done;
+      } else {
+        ++i;
+      }
+    }
+    return done;
+  }
   void retire(std::size_t i) {
     auto buf = std::move(bufs_[i]);
     reqs_[i] = reqs_.back();

@@ -25,22 +25,22 @@
 #include "../../concepts.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
+#include "base.hpp"
 #include "../codec_kernels.hpp"
 
 namespace commpact {
 
 //! The allgather aggregation over C: fixed-capacity blocks, one per rank.
 template <class C>
-class Allgather {
-  static_assert(diagnose_communicator<C>());
+class Allgather : public detail::comm_aggregation<C> {
+  using base = detail::comm_aggregation<C>;
+  using base::comm_;
 
  public:
-  using comm_type = C;
-  using space_type = comm_space_t<C>;
+  using typename base::space_type;
   template <class T>
-  using span = typename space_type::template span<T>;
-
-  explicit Allgather(C comm) : comm_(std::move(comm)) {}
+  using span = typename base::template span<T>;
+  using base::base;
 
   //! This rank's block of `capacity` bytes (a multiple of 4) as float storage in the
   //! space, to fill before exchange().
@@ -58,7 +58,6 @@ class Allgather {
     const std::size_t b = mine_.size();
     return all_.view().subspan(static_cast<std::size_t>(r) * b, b);
   }
-  int sources() const { return comm_.size(); }
   //! After exchange(): out = mean over the sources of the codec's decode of their
   //! payloads (decoded in rank order into a zeroed sum); status_nonfinite and out
   //! untouched when the sum is not finite (it overflowed).
@@ -69,8 +68,6 @@ class Allgather {
     codec_kernels<K, space_type>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
     ops<space_type>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }
-  C& comm() { return comm_; }
-  const C& comm() const { return comm_; }
 
   template <class Out>
   void add_signature(Out& s) const {
@@ -84,7 +81,6 @@ class Allgather {
   }
 
  private:
-  C comm_;
   // bytes in float storage: the concept's allgather moves floats
   typename space_type::template buffer<float> mine_, all_, sum_;  // sum_: combine's decoded sum
 };

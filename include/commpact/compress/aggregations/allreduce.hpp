@@ -25,21 +25,21 @@
 #include "../../concepts.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
+#include "base.hpp"
 
 namespace commpact {
 
 //! The allreduce aggregation over C: one block of m + 1 floats per rank, summed.
 template <class C>
-class Allreduce {
-  static_assert(diagnose_communicator<C>());
+class Allreduce : public detail::comm_aggregation<C> {
+  using base = detail::comm_aggregation<C>;
+  using base::comm_;
 
  public:
-  using comm_type = C;
-  using space_type = comm_space_t<C>;
+  using typename base::space_type;
   template <class T>
-  using span = typename space_type::template span<T>;
-
-  explicit Allreduce(C comm) : comm_(std::move(comm)) {}
+  using span = typename base::template span<T>;
+  using base::base;
 
   //! This rank's block of `capacity` bytes (4 (m + 1): the compressed vector and the
   //! flag) as float storage in the space, to fill before exchange().
@@ -55,9 +55,6 @@ class Allreduce {
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     ops<space_type>::linear_decode(comm_exec(comm_), codec, buf_.view(), out, comm_.size(), status);
   }
-  int sources() const { return comm_.size(); }
-  C& comm() { return comm_; }
-  const C& comm() const { return comm_; }
 
   template <class Out>
   void add_signature(Out& s) const {
@@ -65,7 +62,6 @@ class Allreduce {
   }
 
  private:
-  C comm_;
   typename space_type::template buffer<float> buf_;
 };
 

@@ -49,6 +49,7 @@
 #include "../codec_kernels.hpp"
 #include "../error_feedback.hpp"
 #include "../frame.hpp"
+#include "../frame_headers.hpp"
 #include "../aggregations/allgather.hpp"
 #include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
@@ -115,17 +116,15 @@ class CodecCompressor {
     const std::size_t cap = problem_.empty() ? capacity(grad.size()) : cap_;
     if (!agreed_ || cap != cap_) agree(n, cap, problem_);
 
-    frame::header h;
-    h.n = n;
-    h.agreement = agreement;
-    h.step = steps_;
-    h.capacity = static_cast<std::int64_t>(cap_);
+    const frame::header h{.flags = problem_.empty() ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
+                          .n = n,
+                          .agreement = agreement,
+                          .step = steps_,
+                          .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
     status_.resize(1);
     ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
-    if (!problem_.empty()) {
-      h.flags = frame::rejected_input;
-    } else {
+    if (problem_.empty()) {
       const std::size_t N = grad.size();
       const bool momentum = opt_.momentum > 0.0f;
       acc_.resize(N);
@@ -148,14 +147,7 @@ class CodecCompressor {
     }
     kern_.encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
     agg_.exchange();
-    // The headers come to the host (48 bytes per rank); the payloads stay in the space.
-    hdr_host_.resize(static_cast<std::size_t>(P) * header_floats);
-    const auto all = agg_.received();
-    const std::size_t bf = cap_ / 4;
-    for (int r = 0; r < P; ++r)
-      ops<space_type>::to_host(e, all.subspan(static_cast<std::size_t>(r) * bf, header_floats),
-                               std::span<float>(hdr_host_).subspan(static_cast<std::size_t>(r) * header_floats,
-                                                                   header_floats));
+    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
     grad_ = grad;
     phase_ = phase::started;
   }
@@ -168,14 +160,13 @@ class CodecCompressor {
   //! (numeric_error; under skip_step grad is zeroed and false returned). grad is
   //! untouched when it raises.
   bool finish() {
-    phase_.require_started(name_);
-    phase_ = phase::idle;
+    phase_.take_started(name_);
     const auto e = exec();
     space_type::fence(e, no_deadline());
     // A rank that rejected its input sends agreement -1: the lengths are compared first,
     // the rest only among ranks that did not reject.
     const std::uint16_t flags =
-        frame::check_headers(std::as_bytes(std::span<const float>(hdr_host_)), agg_.sources(), cap_, name_);
+        headers_.check(agg_.sources(), cap_, name_);
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
     // The aggregation decodes the blocks in rank order into a sum and writes the mean:
@@ -276,7 +267,7 @@ class CodecCompressor {
     for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &scale_})
       s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
-    s.emplace_back(static_cast<const void*>(hdr_host_.data()), hdr_host_.capacity());
+    s.emplace_back(headers_.data(), headers_.capacity());
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
   }
@@ -286,7 +277,6 @@ class CodecCompressor {
 
  private:
   using kernels = codec_kernels<Codec, space_type>;
-  static constexpr std::size_t header_floats = frame::header_bytes / 4;
 
   auto exec() const { return comm_exec(const_cast<Aggregation&>(agg_).comm()); }
 
@@ -344,7 +334,7 @@ class CodecCompressor {
   enum class outcome { delivered, skipped };
   buffer<float> residual_, velocity_, acc_, u_next_, approx_, scale_;
   buffer<std::uint32_t> status_;
-  std::vector<float> hdr_host_;  // every rank's frame header, on the host after the fence
+  frame::host_headers<space_type> headers_;
   std::uint32_t status_host_ = 0;
   span<float> grad_{};
   std::string problem_;

@@ -77,8 +77,7 @@ class Dense {
   //! Fences, then raises numeric_error on every rank for a non-finite mean (grad holds
   //! it), or under skip_step zeroes grad and returns false.
   bool finish() {
-    phase_.require_started("Dense");
-    phase_ = phase::idle;
+    phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
     space_type::fence(e, no_deadline());
     skipped_step_ = (status_host_ & status_nonfinite) != 0;

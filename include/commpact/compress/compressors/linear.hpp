@@ -121,10 +121,9 @@ class LinearCompressor {
   //! sees the summed flag), raises numeric_error on every rank with grad untouched, or
   //! under skip_step zeroes grad and returns false; else grad holds B (the mean).
   bool finish() {
-    phase_.require_started(name_);
-    phase_ = phase::idle;
-    const auto e = exec();
+    phase_.take_started(name_);
     agg_.combine(codec_, grad_, status_.view());
+    const auto e = exec();
     ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
     space_type::fence(e, no_deadline());
     outcome_ = outcome::delivered;

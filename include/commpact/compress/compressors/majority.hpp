@@ -51,6 +51,7 @@
 #include "../codecs/sparse_options.hpp"
 #include "../codecs/topk_sign.hpp"
 #include "../frame.hpp"
+#include "../frame_headers.hpp"
 #include "../step_phase.hpp"
 #include "codec_compressor.hpp"
 
@@ -96,7 +97,6 @@ class MajorityVote {
   void start(span<float> grad) {
     phase_.require_idle("MajorityVote");
     const auto e = exec();
-    const int P = agg_.sources();
     const std::size_t n = grad.size();
     const bool momentum = opt_.momentum > 0.0f;
     problem_.clear();
@@ -110,16 +110,14 @@ class MajorityVote {
       agg_.reserve(cap);
       cap_ = cap, agreed_ = true;
     }
-    frame::header h;
-    h.n = static_cast<std::int64_t>(n);
-    h.step = steps_;
-    h.capacity = static_cast<std::int64_t>(cap_);
+    const frame::header h{.flags = problem_.empty() ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
+                          .n = static_cast<std::int64_t>(n),
+                          .step = steps_,
+                          .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
     status_.resize(1);
     ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
-    if (!problem_.empty()) {
-      h.flags = frame::rejected_input;
-    } else {
+    if (problem_.empty()) {
       next_.resize(n);
       if (momentum) m_.reserve(n);  // the other half of the swap: nothing allocated after step one
       const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
@@ -128,12 +126,7 @@ class MajorityVote {
     codec_kernels<sign_codec, space_type>::encode_frame(e, codec_, next_.cview(), block, h, span<float>{},
                                                         status_.cview());
     agg_.exchange();
-    // The headers come to the host (48 bytes per rank); the payloads stay in the space.
-    hdr_host_.resize(static_cast<std::size_t>(P) * header_floats);
-    for (int r = 0; r < P; ++r)
-      ops<space_type>::to_host(e, agg_.received(r).first(header_floats),
-                               std::span<float>(hdr_host_).subspan(static_cast<std::size_t>(r) * header_floats,
-                                                                   header_floats));
+    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
     grad_ = grad;
     phase_ = phase::started;
   }
@@ -143,12 +136,11 @@ class MajorityVote {
   //! votes into grad; a malformed vote raises wire_error on every rank. grad is
   //! untouched when it raises.
   bool finish() {
-    phase_.require_started("MajorityVote");
-    phase_ = phase::idle;
+    phase_.take_started("MajorityVote");
     const auto e = exec();
     space_type::fence(e, no_deadline());
     const std::uint16_t flags =
-        frame::check_headers(std::as_bytes(std::span<const float>(hdr_host_)), agg_.sources(), cap_, "MajorityVote");
+        headers_.check(agg_.sources(), cap_, "MajorityVote");
     if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem_, steps_);
     outcome_ = outcome::delivered;
     if (flags & frame::nonfinite_input) {
@@ -227,7 +219,7 @@ class MajorityVote {
     agg_.add_signature(s);
     for (const auto* b : {&m_, &next_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
-    s.emplace_back(static_cast<const void*>(hdr_host_.data()), hdr_host_.capacity());
+    s.emplace_back(headers_.data(), headers_.capacity());
     std::sort(s.begin(), s.end());  // the momentum and its candidate swap roles at every commit
     return s;
   }
@@ -235,7 +227,6 @@ class MajorityVote {
  private:
   using phase = detail::step_phase;
   enum class outcome { delivered, skipped };
-  static constexpr std::size_t header_floats = frame::header_bytes / 4;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
 
@@ -244,15 +235,17 @@ class MajorityVote {
   sign_codec codec_;
   buffer<float> m_, next_;
   std::size_t m_n_ = 0;
-  buffer<std::uint32_t> status_;
-  std::vector<float> hdr_host_;  // every rank's frame header, on the host after the fence
-  std::uint32_t status_host_ = 0;
-  span<float> grad_{};
-  std::string problem_;
-  phase phase_;
-  outcome outcome_ = outcome::delivered;
-  bool agreed_ = false;
+  // the frame protocol: the agreed block capacity, every rank's header, this rank's rejection
   std::size_t cap_ = 0;
+  bool agreed_ = false;
+  frame::host_headers<space_type> headers_;
+  std::string problem_;
+  // the step in flight and the counters
+  phase phase_;
+  span<float> grad_{};
+  buffer<std::uint32_t> status_;
+  std::uint32_t status_host_ = 0;
+  outcome outcome_ = outcome::delivered;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -195,8 +195,7 @@ class PowerCompressor {
   //! non-finite allreduced factor or dense part (grad untouched), or under skip_step
   //! zeroes grad and returns false.
   bool finish() {
-    phase_.require_started("PowerCompressor");
-    phase_ = phase::idle;
+    phase_.take_started("PowerCompressor");
     const auto e = exec();
     Space::fence(e, no_deadline());
     const auto& s = status_host_;

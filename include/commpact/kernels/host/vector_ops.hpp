@@ -305,34 +305,32 @@ std::size_t mean_pass(const float* q, float* p, std::size_t n, float d, float in
   return mean_checked(std::span<const float>(x), x, P);
 }
 
-//! y[i] = y[i] + x[i]. y and x have equal lengths; they may be the same span.
-inline void add(std::span<float> y, std::span<const float> x) {
-  detail::check_same_length("add", "y", y.size(), "x", x.size());
-  simd::check_no_partial_overlap("add", "y", y.data(), y.size(), "x", x.data(), x.size());
+namespace detail {
+//! y[i] = op(y[i], x[i]), vectorised; y and x have equal lengths and may be the same span.
+template <class Op>
+inline void update_with(const char* who, std::span<float> y, std::span<const float> x, Op op) {
+  check_same_length(who, "y", y.size(), "x", x.size());
+  simd::check_no_partial_overlap(who, "y", y.data(), y.size(), "x", x.data(), x.size());
   float* py = y.data();
   const float* px = x.data();
   const std::size_t n = y.size();
   std::size_t i = 0;
 #if COMMPACT_HOST_SIMD
   constexpr std::size_t L = simd::lanes;
-  for (; i + L <= n; i += L) simd::store(py + i, simd::load<simd::vf>(py + i) + simd::load<simd::vf>(px + i));
+  for (; i + L <= n; i += L) simd::store(py + i, op(simd::load<simd::vf>(py + i), simd::load<simd::vf>(px + i)));
 #endif
-  for (; i < n; ++i) py[i] = py[i] + px[i];
+  for (; i < n; ++i) py[i] = op(py[i], px[i]);
+}
+}  // namespace detail
+
+//! y[i] = y[i] + x[i]. y and x have equal lengths; they may be the same span.
+inline void add(std::span<float> y, std::span<const float> x) {
+  detail::update_with("add", y, x, [](auto a, auto b) { return a + b; });
 }
 
 //! y[i] = y[i] - x[i]. y and x have equal lengths; they may be the same span.
 inline void sub(std::span<float> y, std::span<const float> x) {
-  detail::check_same_length("sub", "y", y.size(), "x", x.size());
-  simd::check_no_partial_overlap("sub", "y", y.data(), y.size(), "x", x.data(), x.size());
-  float* py = y.data();
-  const float* px = x.data();
-  const std::size_t n = y.size();
-  std::size_t i = 0;
-#if COMMPACT_HOST_SIMD
-  constexpr std::size_t L = simd::lanes;
-  for (; i + L <= n; i += L) simd::store(py + i, simd::load<simd::vf>(py + i) - simd::load<simd::vf>(px + i));
-#endif
-  for (; i < n; ++i) py[i] = py[i] - px[i];
+  detail::update_with("sub", y, x, [](auto a, auto b) { return a - b; });
 }
 
 //! Error-feedback accumulation: acc[i] = residual[i] + g[i]. Returns the index of the
