@@ -58,7 +58,7 @@ void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::m
   Codec hc = proto, dc = proto;
   int round = 0;
   for (int kind = 0; kind < 8; ++kind)
-    for (int st : {0, 1, 2}) {  // 0: clean, 1: status_nonfinite, 2: rejected (h.flags)
+    for (int st : {0, 1, 2}) {             // 0: clean, 1: status_nonfinite, 2: rejected (h.flags)
       if (kind == 7 && st == 0) continue;  // the compressor never encodes a non-finite input
       prep(hc, round), prep(dc, round), ++round;
       const auto v = input(kind, n, rng);
@@ -69,15 +69,16 @@ void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::m
       if (st == 2) h.flags = cp::frame::rejected_input;
       std::vector<float> hb(cap / 4, qnan);
       std::vector<std::uint32_t> hs{st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u};
-      SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(hb), h, {}, std::span<const std::uint32_t>(hs));
+      SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(hb), h, {},
+                       std::span<const std::uint32_t>(hs));
       cp::cuda_buffer<float> dv, db;
       cp::cuda_buffer<std::uint32_t> ds;
       upload(dv, v), upload(ds, hs);
       db.resize(cap / 4);  // poisoned (0xFF)
       dk.encode_frame(E, dc, dv.cview(), db.view(), h, {}, ds.cview());
       const auto got = download(E, db.cview());
-      EXPECT(diff(got, hb) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ (host: %zu passed, t=%g)",
-             who, n, kind, st, diff(got, hb), hc.last_passed(), static_cast<double>(hc.last_threshold()));
+      EXPECT(diff(got, hb) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ (host: %zu passed, t=%g)", who,
+             n, kind, st, diff(got, hb), hc.last_passed(), static_cast<double>(hc.last_threshold()));
       if (st != 0) continue;
       std::normal_distribution<float> d;
       std::vector<float> r(n), u(n);
@@ -98,8 +99,7 @@ void check_all_encodes(std::mt19937_64& rng) {
   for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{1000}, std::size_t{65537},
                         (std::size_t{1} << 20) + 7}) {
     const bool big = n > 100000;
-    for (double density : {0.001, 0.01, 0.3})
-      check_encode("gaussiank", cp::gaussiank_codec{density}, no_prep, n, rng);
+    for (double density : {0.001, 0.01, 0.3}) check_encode("gaussiank", cp::gaussiank_codec{density}, no_prep, n, rng);
     check_encode("gaussiank r=1", cp::gaussiank_codec{0.05, 1}, no_prep, n, rng);
     check_encode("gaussiank r=8 cap=1", cp::gaussiank_codec{0.02, 8, 1.0}, no_prep, n, rng);
     if (!big) check_encode("gaussiank d=1 cap=3", cp::gaussiank_codec{1.0, 5, 3.0}, no_prep, n, rng);
@@ -180,8 +180,10 @@ void check_decode(const char* who, Codec codec, std::mt19937_64& rng) {
       EXPECT(host_raised == (kind != 0), "%s kind %d P=%d: the host %s", who, kind, P,
              host_raised ? "raised" : "did not raise");
       EXPECT(((stw & cp::status_wire) != 0) == host_raised, "%s kind %d P=%d: status %u", who, kind, P, stw);
-      if (host_raised) EXPECT(std::isnan(sum[0]), "%s kind %d P=%d: sum[0] is not NaN", who, kind, P);
-      else EXPECT(diff(sum, hsum) == 0, "%s P=%d: the sum differs in %zu places", who, P, diff(sum, hsum));
+      if (host_raised)
+        EXPECT(std::isnan(sum[0]), "%s kind %d P=%d: sum[0] is not NaN", who, kind, P);
+      else
+        EXPECT(diff(sum, hsum) == 0, "%s P=%d: the sum differs in %zu places", who, P, diff(sum, hsum));
     }
 }
 
@@ -250,8 +252,10 @@ void check_nccl(const char* what, const Codec& codec, const cp::codec_options& o
     EXPECT(diff(download(e, g.cview()), hout[s]) == 0, "%s step %d: the reduced gradient differs", what, s);
     EXPECT(diff(download(e, dev.residual()), hres[s]) == 0, "%s step %d: the residual differs", what, s);
     EXPECT(diff(download(e, dev.velocity()), hvel[s]) == 0, "%s step %d: the velocity differs", what, s);
-    if (s == 0) sig = dev.workspace_signature();
-    else EXPECT(dev.workspace_signature() == sig, "%s step %d: the device buffers were reallocated", what, s);
+    if (s == 0)
+      sig = dev.workspace_signature();
+    else
+      EXPECT(dev.workspace_signature() == sig, "%s step %d: the device buffers were reallocated", what, s);
   }
 }
 

@@ -116,17 +116,17 @@ struct cuda_estimated_kernels {
     const std::size_t n = acc.size(), cap = codec.capacity(n);
     const cudaStream_t s = e.stream();
     kc::estimate_mask<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), n, strict, state(),
-                                                                     cuda_access::ptr(w_.view()));
+                                                                    cuda_access::ptr(w_.view()));
     cuda_codec_check(cudaGetLastError(), "estimate_mask");
     ops<cuda_space>::topk_abs(e, w_.cview(), cap, idx_.view(), val_.view(), ws_);
     kc::estimate_flags<<<kc::grid_for(cap), kc::block_threads, 0, s>>>(cuda_access::ptr(val_.cview()), cap, strict,
                                                                        state(), cuda_access::ptr(flag_.view()));
     cuda_codec_check(cudaGetLastError(), "estimate_flags");
     std::size_t tb = scan_tmp_.size();
-    cuda_codec_check(cub::DeviceScan::ExclusiveSum(cuda_access::ptr(scan_tmp_.view()), tb,
-                                                   cuda_access::ptr(flag_.cview()), cuda_access::ptr(pos_.view()),
-                                                   static_cast<int>(cap), s),
-                     "estimated threshold scan");
+    cuda_codec_check(
+        cub::DeviceScan::ExclusiveSum(cuda_access::ptr(scan_tmp_.view()), tb, cuda_access::ptr(flag_.cview()),
+                                      cuda_access::ptr(pos_.view()), static_cast<int>(cap), s),
+        "estimated threshold scan");
     auto* payload = reinterpret_cast<std::uint32_t*>(cuda_access::ptr(block)) + kc::header_words;
     kc::threshold_compact<<<kc::grid_for(cap), kc::block_threads, 0, s>>>(
         cuda_access::ptr(idx_.cview()), cuda_access::ptr(val_.cview()), cuda_access::ptr(flag_.cview()),
@@ -144,7 +144,7 @@ struct cuda_estimated_kernels {
     const std::size_t n = acc.size();
     for (int r = 0; r < rounds; ++r) {
       kc::estimate_count<<<kc::grid_for(n), kc::block_threads, 0, e.stream()>>>(cuda_access::ptr(acc), n, strict,
-                                                                                 state());
+                                                                                state());
       round(state());
       cuda_codec_check(cudaGetLastError(), "estimate_count");
     }
@@ -174,20 +174,14 @@ struct codec_kernels<gaussiank_codec, cuda_space> : detail::cuda_estimated_kerne
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size();
     if (!begin(e, codec, n, block, h, status)) return;
-    if (!z_set_) z_ = codec.z(), z_set_ = true;  // the codec's density is fixed: 200 erfc once
     const cudaStream_t s = e.stream();
-    kc::gaussiank_moments<<<1, kc::moments_threads, 0, s>>>(cuda_access::ptr(acc), n, z_, state());
+    kc::gaussiank_moments<<<1, kc::moments_threads, 0, s>>>(cuda_access::ptr(acc), n, codec.z(), state());
     detail::cuda_codec_check(cudaGetLastError(), "gaussiank_moments");
     const std::uint64_t k = codec.k(n);
-    adjust(e, acc, true, codec.rounds() - 1, [&](kc::estimate_state* st) {
-      kc::gaussiank_round<<<1, 1, 0, s>>>(st, k);
-    });
+    adjust(e, acc, true, codec.rounds() - 1,
+           [&](kc::estimate_state* st) { kc::gaussiank_round<<<1, 1, 0, s>>>(st, k); });
     select(e, codec, acc, true, block, h, status);
   }
-
- private:
-  double z_ = 0.0;
-  bool z_set_ = false;
 };
 
 //! dgc_codec on the CUDA space (see the file comment). One object per compressor.
@@ -209,9 +203,8 @@ struct codec_kernels<dgc_codec, cuda_space> : detail::cuda_estimated_kernels<dgc
     detail::cuda_codec_check(cudaGetLastError(), "dgc_kth");
     const double floor_count = codec.floor_count(n);
     const auto lower = static_cast<float>(codec.lower());
-    adjust(e, acc, false, codec.iters(), [&](kc::estimate_state* st) {
-      kc::dgc_round<<<1, 1, 0, s>>>(st, floor_count, lower);
-    });
+    adjust(e, acc, false, codec.iters(),
+           [&](kc::estimate_state* st) { kc::dgc_round<<<1, 1, 0, s>>>(st, floor_count, lower); });
     select(e, codec, acc, false, block, h, status);
   }
 };

@@ -59,8 +59,8 @@ inline constexpr std::size_t moments_tile = 4096;
 
 //! Gaussian-k's first estimate (one block of moments_threads): s and ss over v[0, n) in
 //! index order, then t = detail::gaussiank_estimate(s, ss, n, z); the state reset.
-__global__ void __launch_bounds__(moments_threads) gaussiank_moments(const float* v, std::size_t n, double z,
-                                                                     estimate_state* st) {
+__global__ void __launch_bounds__(moments_threads)
+    gaussiank_moments(const float* v, std::size_t n, double z, estimate_state* st) {
   __shared__ float tile[2][moments_tile];
   const unsigned loaders = moments_threads - 32, me = threadIdx.x - 32;  // warps 1..: loaders
   const std::size_t tiles = (n + moments_tile - 1) / moments_tile;
@@ -137,8 +137,8 @@ __global__ void dgc_round(estimate_state* st, double floor_count, float lower) {
 }
 
 //! st->count += the entries of v passing st->tf (detail::passes_threshold), unless st->done.
-__global__ void __launch_bounds__(block_threads) estimate_count(const float* v, std::size_t n, bool strict,
-                                                                estimate_state* st) {
+__global__ void __launch_bounds__(block_threads)
+    estimate_count(const float* v, std::size_t n, bool strict, estimate_state* st) {
   __shared__ unsigned long long part[block_threads];
   if (st->done) return;  // the whole grid: st is not written before the next launch
   const float t = st->tf;
