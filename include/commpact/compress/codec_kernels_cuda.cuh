@@ -356,3 +356,4 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 
 #include "codec_kernels_cuda_qsgd.cuh"
 #include "codec_kernels_cuda_threshold.cuh"
+#include "codec_kernels_cuda_estimated.cuh"

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "../../error.hpp"
+#include "../../kernels/exact.hpp"
 #include "../../kernels/host/topk.hpp"
 #include "../../config.hpp"
 #include "bits.hpp"
@@ -44,6 +45,45 @@ namespace detail {
 COMMPACT_HOST_DEVICE inline bool passes_threshold(float x, float t, bool strict) {
   const float a = x < 0.0f ? -x : x;
   return strict ? a > t : a >= t;
+}
+
+//! Gaussian-k's running sums, one value at a time in the caller's order: s += x and
+//! ss += x^2, in double. Shared with the CUDA kernel (kernels/cuda/codecs_estimated.cuh).
+COMMPACT_HOST_DEVICE inline void gaussiank_accumulate(double& s, double& ss, float x) {
+  const auto d = static_cast<double>(x);
+  s = exact::add(s, d);
+  ss = exact::add(ss, exact::mul(d, d));
+}
+
+//! Gaussian-k's first estimate from the sums of n values and z: mean + sd z, mean = s / n,
+//! sd^2 = max(0, (ss - s mean) / (n - 1)) (sd = 0 for n = 1). Shared with the CUDA kernel.
+COMMPACT_HOST_DEVICE inline double gaussiank_estimate(double s, double ss, std::size_t n, double z) {
+  const auto nd = static_cast<double>(n);
+#if defined(__CUDA_ARCH__)
+  const double mean = __ddiv_rn(s, nd);
+  const double var = n > 1 ? __ddiv_rn(exact::sub(ss, exact::mul(s, mean)), exact::sub(nd, 1.0)) : 0.0;
+  const double sd = n > 1 ? __dsqrt_rn(0.0 < var ? var : 0.0) : 0.0;
+#else
+  const double mean = s / nd;
+  const double var = n > 1 ? (ss - s * mean) / (nd - 1.0) : 0.0;
+  const double sd = n > 1 ? std::sqrt(std::max(0.0, var)) : 0.0;
+#endif
+  return exact::add(mean, exact::mul(sd, z));
+}
+
+//! Gaussian-k's adjustment after a count c of passing entries, for k: 0 when c is within
+//! [2k/3, 4k/3] (3c against 2k and 4k; stop), else the factor of the threshold: 0.5 below,
+//! 1.5 above. Shared with the CUDA kernel.
+COMMPACT_HOST_DEVICE inline double gaussiank_factor(std::uint64_t c, std::uint64_t k) {
+  if (3 * c < 2 * k) return 0.5;
+  return 3 * c <= 4 * k ? 0.0 : 1.5;
+}
+
+//! DGC's sampled position for length n from the uniform u: min(n - 1, floor(u n)). Shared
+//! with the CUDA kernel.
+COMMPACT_HOST_DEVICE inline std::size_t dgc_sample_index(double u, std::size_t n) {
+  const auto i = static_cast<std::size_t>(exact::mul(u, static_cast<double>(n)));
+  return i < n - 1 ? i : n - 1;
 }
 
 //! z with 2 (1 - Phi(z)) = q (two-sided normal tail), by bisection, for q in (0, 1].
@@ -225,13 +265,14 @@ class gaussiank_codec : public detail::threshold_base {
   //! The first estimate for v: mean + sd z, sd with n - 1 (0 for n = 1), 2 (1 - Phi(z)) =
   //! density. One pass in double: sd^2 = (sum x^2 - n mean^2) / (n - 1), at least 0.
   double estimate(std::span<const float> v) const {
-    const auto n = static_cast<double>(v.size());
     double s = 0.0, ss = 0.0;
-    for (float x : v) s += x, ss += static_cast<double>(x) * x;
-    const double mean = s / n;
-    const double sd = v.size() > 1 ? std::sqrt(std::max(0.0, (ss - s * mean) / (n - 1.0))) : 0.0;
-    return mean + sd * detail::normal_two_sided_quantile(density_);
+    for (float x : v) detail::gaussiank_accumulate(s, ss, x);
+    return detail::gaussiank_estimate(s, ss, v.size(), z());
   }
+  //! z with 2 (1 - Phi(z)) = density.
+  double z() const { return detail::normal_two_sided_quantile(density_); }
+  //! The most counts of passing entries per encode.
+  int rounds() const { return rounds_; }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
     if (v.empty()) return select(v, 0.0f, true, 0, msg, approx);
     const std::size_t k = this->k(v.size());  // the bounds 2k/3 and 4k/3: 3c against 2k and 4k
@@ -239,8 +280,9 @@ class gaussiank_codec : public detail::threshold_base {
     int adjusted = 0;
     for (int r = 1;; ++r) {
       const std::size_t c = count_passing(v, static_cast<float>(t), true);
-      if (r >= rounds_ || (3 * c >= 2 * k && 3 * c <= 4 * k)) break;
-      t *= 3 * c < 2 * k ? 0.5 : 1.5;
+      const double f = detail::gaussiank_factor(c, k);
+      if (r >= rounds_ || f == 0.0) break;
+      t *= f;
       ++adjusted;
     }
     return select(v, static_cast<float>(t), true, adjusted, msg, approx);
@@ -270,6 +312,17 @@ class dgc_codec : public detail::threshold_base {
     const auto b = static_cast<std::size_t>(std::ceil(2.0 / density_));
     return std::min(n, std::max<std::size_t>({1, a, b}));
   }
+  //! The rank of the threshold among m sampled |v_i|: clamp(ceil(density m), 1, m).
+  std::size_t sample_rank(std::size_t m) const {
+    return std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density_ * static_cast<double>(m))), 1, m);
+  }
+  //! The samples' random stream at this step and rank.
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
+  //! The lowering factor and the most lowerings.
+  double lower() const { return lower_; }
+  int iters() const { return iters_; }
+  //! The threshold is lowered while fewer than floor_count(n) = lower k(n) entries pass.
+  double floor_count(std::size_t n) const { return lower_ * static_cast<double>(k(n)); }
   //! The sampled threshold for v at this step and rank (before any lowering); 0 for an empty v.
   float estimate(std::span<const float> v) {
     const std::size_t n = v.size(), m = samples(n);
@@ -278,18 +331,17 @@ class dgc_codec : public detail::threshold_base {
     if (m == n) {
       for (std::size_t j = 0; j < n; ++j) smp_[j] = std::abs(v[j]);
     } else {
-      const random_stream rng(seed_, step_, rank_);
-      for (std::size_t j = 0; j < m; ++j)
-        smp_[j] = std::abs(v[std::min(n - 1, static_cast<std::size_t>(rng.uniform(j) * static_cast<double>(n)))]);
+      const random_stream rng = stream();
+      for (std::size_t j = 0; j < m; ++j) smp_[j] = std::abs(v[detail::dgc_sample_index(rng.uniform(j), n)]);
     }
-    const auto ks = std::clamp<std::size_t>(static_cast<std::size_t>(std::ceil(density_ * static_cast<double>(m))), 1, m);
+    const std::size_t ks = sample_rank(m);
     std::nth_element(smp_.begin(), smp_.begin() + static_cast<std::ptrdiff_t>(ks - 1), smp_.end(), std::greater<>());
     return smp_[ks - 1];
   }
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) {
     if (v.empty()) return select(v, 0.0f, false, 0, msg, approx);
     float t = estimate(v);
-    const double floor_count = lower_ * static_cast<double>(k(v.size()));
+    const double floor_count = this->floor_count(v.size());
     const auto lower = static_cast<float>(lower_);
     int i = 0;
     for (; i < iters_; ++i) {
