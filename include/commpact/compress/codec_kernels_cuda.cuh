@@ -358,3 +358,4 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 #include "codec_kernels_cuda_threshold.cuh"
 #include "codec_kernels_cuda_natural.cuh"
 #include "codec_kernels_cuda_onebit.cuh"
+#include "codec_kernels_cuda_per_tensor.cuh"
