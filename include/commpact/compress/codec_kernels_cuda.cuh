@@ -357,3 +357,6 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 #include "codec_kernels_cuda_qsgd.cuh"
 #include "codec_kernels_cuda_threshold.cuh"
 #include "codec_kernels_cuda_estimated.cuh"
+#include "codec_kernels_cuda_natural.cuh"
+#include "codec_kernels_cuda_onebit.cuh"
+#include "codec_kernels_cuda_per_tensor.cuh"

@@ -21,11 +21,48 @@
 
 namespace commpact {
 
+namespace detail {
+// natural_codec's per-element arithmetic on the float's bits, shared with its CUDA kernels
+// (kernels/cuda/codecs_natural.cuh): the same field on the host and on the device.
+
+//! Field of x (sign << 8 | exponent code) with uniform u: for |x| = (1 + f) 2^(E - 127),
+//! E in [1, 253], code E + 1 with probability f, else E; below 2^-126 (E = 0) code 1 with
+//! probability |x| 2^126, else 0; E = 254 and +-Inf saturate to 254; zero and NaN give 0.
+COMMPACT_HOST_DEVICE inline std::uint32_t natural_field(float x, double u) {
+  const std::uint32_t b = exact::bits(x), ax = b & 0x7FFFFFFFu, ex = ax >> 23;
+  std::uint32_t lo = 0;
+  double p = 0.0;  // probability of rounding up to code lo + 1 (exact: the 23 bits below the exponent)
+  if (ax > 0x7F800000u || ax == 0) {
+    // NaN, +-0: code 0
+  } else if (ex == 0) {
+    p = static_cast<double>(ax) * 0x1.0p-23;  // |x| 2^126
+  } else if (ex >= 254) {
+    lo = 254;  // at or above 2^127 (Inf included): saturated
+  } else {
+    lo = ex;
+    p = static_cast<double>(ax & 0x7FFFFFu) * 0x1.0p-23;  // |x| / 2^(E - 127) - 1
+  }
+  const std::uint32_t e = (p > 0.0 && u < p) ? lo + 1 : lo;
+  return e | ((e != 0 && (b >> 31) != 0) ? 0x100u : 0u);
+}
+//! The value field f decodes to: 0 for code 0, else +-2^(code - 127).
+COMMPACT_HOST_DEVICE inline float natural_value(std::uint32_t f) {
+  const std::uint32_t e = f & 0xFFu;
+  return e ? exact::from_bits(((f >> 8) << 31) | (e << 23)) : 0.0f;
+}
+//! A received field is well formed: code at most 254, no sign on code 0.
+COMMPACT_HOST_DEVICE inline bool natural_field_ok(std::uint32_t f) {
+  const std::uint32_t e = f & 0xFFu;
+  return e != 255u && (e != 0 || f == 0);
+}
+}  // namespace detail
+
 //! Natural compression (Horvath et al., 2019): |v_i| in [2^a, 2^(a+1)) becomes 2^(a+1)
 //! with probability |v_i| / 2^a - 1, else 2^a (unbiased); below 2^-126 the neighbours
 //! are 0 and 2^-126; at or above 2^127 it is 2^127 (saturated). Field i (9 bits): the
 //! exponent code e in the low 8 bits (0: zero, 1..254: 2^(e - 127), 255 malformed), the
-//! sign above (0 when e = 0).
+//! sign above (0 when e = 0). detail::natural_field, on the float's bits, is shared with
+//! the CUDA kernels.
 class natural_codec {
  public:
   explicit natural_codec(std::uint64_t seed = 0) : seed_(seed) {}
@@ -34,30 +71,19 @@ class natural_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return detail::packed_bytes(n, 9); }
   //! The magnitude of exponent code e (1..254).
   static float power(std::uint32_t e) { return std::ldexp(1.0f, static_cast<int>(e) - 127); }
+  //! The random stream of the current step and rank (the CUDA kernels replay it).
+  random_stream stream() const { return random_stream(seed_, step_, rank_); }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     require(msg.size() >= bytes, "commpact::natural_codec::encode: the message buffer holds ", msg.size(),
             " bytes; ", n, " values need ", bytes, ".");
-    const random_stream rng(seed_, step_, rank_);
+    const random_stream rng = stream();
     detail::bit_writer w(msg.data());
     for (std::size_t i = 0; i < n; ++i) {
-      const float a = std::abs(v[i]);
-      std::uint32_t lo = 0;
-      double p = 0.0;  // probability of rounding up to code lo + 1
-      if (a > 0.0f && a < 0x1.0p-126f) {
-        p = static_cast<double>(a) * 0x1.0p126;
-      } else if (a >= 0x1.0p-126f) {
-        int ex;
-        const float m = std::frexp(a, &ex);  // a = m 2^ex, m in [0.5, 1)
-        lo = static_cast<std::uint32_t>(ex + 126);
-        p = lo >= 254 ? 0.0 : 2.0 * m - 1.0;
-        lo = std::min<std::uint32_t>(lo, 254);
-      }
-      const std::uint32_t e = (p > 0.0 && rng.uniform(i) < p) ? lo + 1 : lo;
-      const bool neg = e && v[i] < 0.0f;
-      w.put(e | (static_cast<std::uint32_t>(neg) << 8), 9);
-      if (!approx.empty()) approx[i] = e ? (neg ? -power(e) : power(e)) : 0.0f;
+      const std::uint32_t f = detail::natural_field(v[i], rng.uniform(i));
+      w.put(f, 9);
+      if (!approx.empty()) approx[i] = detail::natural_value(f);
     }
     w.flush();
     return bytes;
@@ -70,7 +96,7 @@ class natural_codec {
     detail::bit_reader check(msg.data());
     for (std::size_t i = 0; i < n; ++i) {
       const std::uint32_t f = check.get(9), e = f & 0xFFu;
-      if (e == 255u || (e == 0 && f != 0))
+      if (!detail::natural_field_ok(f))
         throw wire_error(detail::cat("commpact::natural_codec: field ", i, " holds exponent code ", e, " with sign bit ",
                                      f >> 8, "; codes are in [0, 254] and code 0 (zero) carries no sign."));
     }
@@ -78,8 +104,8 @@ class natural_codec {
                         n, " fields.");
     detail::bit_reader r(msg.data());
     for (std::size_t i = 0; i < n; ++i) {
-      const std::uint32_t f = r.get(9), e = f & 0xFFu;
-      if (e) acc[i] += (f >> 8) ? -power(e) : power(e);
+      const std::uint32_t f = r.get(9);
+      if (f & 0xFFu) acc[i] += detail::natural_value(f);
     }
   }
 

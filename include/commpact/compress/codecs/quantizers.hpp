@@ -31,6 +31,7 @@
 
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../kernels/exact.hpp"
 #include "bits.hpp"
 #include "casts.hpp"
 
@@ -273,30 +274,82 @@ class terngrad_codec {
   int rank_ = 0;
 };
 
+namespace detail {
+// onebit_codec's arithmetic, shared with its CUDA kernels (kernels/cuda/codecs_onebit.cuh).
+
+//! onebit_codec sums each side in double by chunks of this many values (each in order
+//! from 0.0), then the chunk sums in order from 0.0 (sign_codec's order): for n <= 4096
+//! the plain sequential sum, and an order the device reproduces with one thread per chunk.
+inline constexpr std::size_t onebit_chunk = 4096;
+//! The side of x: set for x < 0 (not for -0 or a NaN), on the bits.
+COMMPACT_HOST_DEVICE inline bool onebit_negative(float x) {
+  const std::uint32_t b = exact::bits(x);
+  return (b >> 31) != 0u && (b & 0x7FFFFFFFu) != 0u && (b & 0x7FFFFFFFu) <= 0x7F800000u;
+}
+//! The sums of one side and the other over one chunk, in order from 0.0, and the count
+//! of the values on the non-negative side.
+struct onebit_sums {
+  double sp = 0.0, sn = 0.0;
+  std::uint64_t np = 0;
+};
+//! Adds x to its side's sum (and counts it on the non-negative side).
+COMMPACT_HOST_DEVICE inline void onebit_push(onebit_sums& s, float x) {
+  if (onebit_negative(x)) s.sn = exact::add(s.sn, static_cast<double>(x));
+  else s.sp = exact::add(s.sp, static_cast<double>(x)), ++s.np;
+}
+//! The sums over p[0, m) in order from 0.0.
+COMMPACT_HOST_DEVICE inline onebit_sums onebit_chunk_sums(const float* p, std::size_t m) {
+  onebit_sums s;
+  for (std::size_t j = 0; j < m; ++j) onebit_push(s, p[j]);
+  return s;
+}
+//! min(x, the largest float) as a float (finite_scale, on the host and the device).
+COMMPACT_HOST_DEVICE inline float onebit_finite(double x) {
+  constexpr double big = 0x1.fffffep127;
+  return static_cast<float>(big < x ? big : x);
+}
+//! The two reconstruction values from the sums over all n values: the mean of the
+//! non-negative side (0 when empty) and of the negative side (0 when empty).
+COMMPACT_HOST_DEVICE inline void onebit_means(const onebit_sums& s, std::size_t n, float* a, float* b) {
+  *a = s.np ? onebit_finite(s.sp / static_cast<double>(s.np)) : 0.0f;
+  *b = s.np < n ? -onebit_finite(-s.sn / static_cast<double>(n - s.np)) : 0.0f;
+}
+//! Received reconstruction values are finite, the first >= 0 and the second <= 0.
+COMMPACT_HOST_DEVICE inline bool onebit_means_ok(float a, float b) {
+  return exact::finite(a) && exact::finite(b) && a >= 0.0f && b <= 0.0f;
+}
+//! Byte j of the side bits of v[0, n): bit t for v[8j + t], least significant first.
+COMMPACT_HOST_DEVICE inline unsigned char onebit_byte(const float* v, std::size_t n, std::size_t j) {
+  unsigned m = 0;
+  for (unsigned t = 0; t < 8; ++t) {
+    const std::size_t i = 8 * j + t;
+    if (i < n && onebit_negative(v[i])) m |= 1u << t;
+  }
+  return static_cast<unsigned char>(m);
+}
+}  // namespace detail
+
 //! 1-bit SGD: one bit per value (set: v_i < 0); the receiver reconstructs the mean of
-//! the entries on v_i's side (a >= 0, b <= 0). Biased: use it with error feedback.
+//! the entries on v_i's side (a >= 0, b <= 0). Biased: use it with error feedback. The
+//! sums run by chunks of detail::onebit_chunk values (the device's order).
 struct onebit_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return 8 + (n + 7) / 8; }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     detail::check_capacity("onebit_codec", msg, bytes, n);
-    double sp = 0.0, sn = 0.0;
-    std::size_t np = 0;
-    for (float x : v) {
-      if (x < 0.0f) sn += x;
-      else sp += x, ++np;
+    detail::onebit_sums s;
+    for (std::size_t c = 0; c < n; c += detail::onebit_chunk) {
+      const auto part = detail::onebit_chunk_sums(v.data() + c, std::min(detail::onebit_chunk, n - c));
+      s.sp += part.sp, s.sn += part.sn, s.np += part.np;
     }
-    const float a = np ? detail::finite_scale(sp / static_cast<double>(np)) : 0.0f;
-    const float b = np < n ? -detail::finite_scale(-sn / static_cast<double>(n - np)) : 0.0f;
+    float a, b;
+    detail::onebit_means(s, n, &a, &b);
     std::memcpy(msg.data(), &a, 4);
     std::memcpy(msg.data() + 4, &b, 4);
-    std::fill(msg.begin() + 8, msg.begin() + static_cast<std::ptrdiff_t>(bytes), std::byte{0});
-    for (std::size_t i = 0; i < n; ++i) {
-      const bool neg = v[i] < 0.0f;
-      if (neg) msg[8 + i / 8] |= std::byte{static_cast<unsigned char>(1u << (i % 8))};
-      if (!approx.empty()) approx[i] = neg ? b : a;
-    }
+    for (std::size_t j = 0; 8 + j < bytes; ++j) msg[8 + j] = std::byte{detail::onebit_byte(v.data(), n, j)};
+    if (!approx.empty())
+      for (std::size_t i = 0; i < n; ++i) approx[i] = detail::onebit_negative(v[i]) ? b : a;
     return bytes;
   }
 
@@ -304,9 +357,8 @@ struct onebit_codec {
     const std::size_t n = acc.size();
     detail::check_length("onebit_codec", msg, max_encoded_bytes(n), n);
     const float a = detail::read_f32(msg.data()), b = detail::read_f32(msg.data() + 4);
-    require<wire_error>(std::isfinite(a) && std::isfinite(b) && a >= 0.0f && b <= 0.0f,
-                        "commpact::onebit_codec: the message has reconstruction values ", a, " and ", b,
-                        "; they must be finite, the first >= 0 and the second <= 0.");
+    require<wire_error>(detail::onebit_means_ok(a, b), "commpact::onebit_codec: the message has reconstruction values ",
+                        a, " and ", b, "; they must be finite, the first >= 0 and the second <= 0.");
     require<wire_error>(detail::padding_is_zero(msg.subspan(8), n, 1), "commpact::onebit_codec: the message sets "
                         "bits past its ", n, " values.");
     for (std::size_t i = 0; i < n; ++i)

@@ -1,0 +1,82 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file codec_kernels_cuda_natural.cuh
+//! codec_kernels<natural_codec, cuda_space> (included by codec_kernels_cuda.cuh): natural
+//! compression on the device, its kernels in kernels/cuda/codecs_natural.cuh. Stateless:
+//! each field is detail::natural_field (casts.hpp, on the float's bits, shared with the
+//! host) of its value and random_stream::uniform(i) of the codec's stream (counter-based,
+//! so the device draws element i's number without the ones before it).
+//!
+//! Frames byte for byte and sums bit for bit with the host. One difference in the host
+//! codec that this file brought: +-Inf now saturates to code 254 (2^127) on both sides,
+//! where std::frexp's unspecified exponent used to give the host code 127; CodecCompressor
+//! never encodes a non-finite value (the frame is flagged instead), so no result changed.
+//!
+//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
+//! it with the host codec (exit 77 without a device).
+
+#if !defined(__CUDACC__)
+#error "commpact/compress/codec_kernels_cuda_natural.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../error.hpp"
+#include "../kernels/cuda/codecs_natural.cuh"
+#include "../space/cuda.hpp"
+#include "codec_kernels.hpp"
+#include "codec_kernels_cuda.cuh"
+#include "codecs/casts.hpp"
+#include "frame.hpp"
+
+namespace commpact {
+
+//! natural_codec on the CUDA space (see the file comment).
+template <>
+struct codec_kernels<natural_codec, cuda_space> {
+  using exec = cuda_space::exec;
+  template <class T>
+  using span = cuda_span<T>;
+
+  static void encode_frame(const exec& e, const natural_codec& codec, span<const float> acc, span<float> block,
+                           frame::header h, span<float> approx, span<const std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
+    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<natural_codec, cuda_space>: approx holds ",
+            approx.size(), " values for ", n, "; pass n values or none.");
+    if (h.flags == 0 && n) {
+      require(block.size() * 4 >= frame::header_bytes + len, "commpact::natural_codec: a block of ", block.size() * 4,
+              " bytes cannot hold the ", len, "-byte message behind the frame header.");
+      kc::natural_pack<<<kc::grid_for(len), kc::block_threads, 0, e.stream()>>>(
+          cuda_access::ptr(acc), n, codec.stream(), reinterpret_cast<unsigned char*>(cuda_access::ptr(block) + kc::header_words),
+          approx.empty() ? nullptr : cuda_access::ptr(approx));
+      detail::cuda_codec_check(cudaGetLastError(), "natural encode");
+    }
+    detail::cuda_finish_frame(e, block, h, len, status);
+  }
+
+  //! sum = 0, then every block's non-zero codes in rank order; a malformed block sets
+  //! status_wire and NaN in sum[0].
+  static void decode_sum(const exec& e, const natural_codec&, span<const float> blocks, std::size_t block_floats,
+                         span<float> sum, span<std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    require(status.size() >= 1, "commpact::codec_kernels<natural_codec, cuda_space>::decode_sum: pass the step "
+                                "status (one word); the device reports a malformed block there.");
+    require(block_floats >= kc::header_words, "commpact::codec_kernels<natural_codec, cuda_space>::decode_sum: "
+            "blocks of ", block_floats, " floats cannot hold the frame header.");
+    const std::size_t n = sum.size(), P = blocks.size() / block_floats;
+    const cudaStream_t s = e.stream();
+    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
+    std::uint32_t* st = cuda_access::ptr(status);
+    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
+    kc::natural_validate<<<kc::grid_for(P * (n + 1)), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
+    if (n) kc::natural_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
+    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+    detail::cuda_codec_check(cudaGetLastError(), "natural decode");
+  }
+
+  static void clear_delivered(const exec&, const natural_codec&, span<float>, span<float>) {}
+};
+
+}  // namespace commpact

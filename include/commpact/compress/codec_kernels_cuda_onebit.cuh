@@ -1,0 +1,97 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file codec_kernels_cuda_onebit.cuh
+//! codec_kernels<onebit_codec, cuda_space> (included by codec_kernels_cuda.cuh): 1-bit SGD
+//! on the device, its kernels in kernels/cuda/codecs_onebit.cuh. Stateless: its scratch
+//! (the sums of one chunk of detail::onebit_chunk values each) is the executor's.
+//!
+//! Frames byte for byte and sums bit for bit with the host: the host's two sums in double
+//! run by chunks of 4096 values (each in order from 0.0), then the chunk sums in order,
+//! an order the device reproduces with one thread per chunk (sign_codec's scheme). This
+//! file brought that order to the host: it is the old sequential sum for n <= 4096 (every
+//! tensor of the demo's per-row layouts), and can differ from it in the last bit of a
+//! double (rarely of the float mean) above.
+//!
+//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
+//! it with the host codec (exit 77 without a device).
+
+#if !defined(__CUDACC__)
+#error "commpact/compress/codec_kernels_cuda_onebit.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+
+#include "../error.hpp"
+#include "../kernels/cuda/codecs_onebit.cuh"
+#include "../kernels/cuda/ops.cuh"
+#include "../space/cuda.hpp"
+#include "codec_kernels.hpp"
+#include "codec_kernels_cuda.cuh"
+#include "codecs/quantizers.hpp"
+#include "frame.hpp"
+
+namespace commpact {
+
+//! onebit_codec on the CUDA space (see the file comment).
+template <>
+struct codec_kernels<onebit_codec, cuda_space> {
+  using exec = cuda_space::exec;
+  template <class T>
+  using span = cuda_span<T>;
+
+  static void encode_frame(const exec& e, const onebit_codec& codec, span<const float> acc, span<float> block,
+                           frame::header h, span<float> approx, span<const std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
+    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<onebit_codec, cuda_space>: approx holds ",
+            approx.size(), " values for ", n, "; pass n values or none.");
+    if (h.flags == 0) {
+      require(block.size() * 4 >= frame::header_bytes + len, "commpact::onebit_codec: a block of ", block.size() * 4,
+              " bytes cannot hold the ", len, "-byte message behind the frame header.");
+      const cudaStream_t s = e.stream();
+      const std::size_t chunks = (n + detail::onebit_chunk - 1) / detail::onebit_chunk;
+      // The executor's scratch, at least what ops<cuda_space> takes of it: grown once.
+      auto* part = static_cast<detail::onebit_sums*>(e.scratch(
+          std::max<std::size_t>(sizeof(detail::onebit_sums) * chunks, cuda_kernels::clip_scratch_bytes + 256)));
+      float* payload = cuda_access::ptr(block) + kc::header_words;  // the two means, then the bits
+      const std::size_t warps = (chunks + 31) / 32;
+      if (chunks)
+        kc::onebit_chunks<<<static_cast<unsigned>((warps + kc::onebit_warps - 1) / kc::onebit_warps),
+                            32 * kc::onebit_warps, 0, s>>>(cuda_access::ptr(acc), n, part, chunks);
+      kc::onebit_total<<<1, 1, 0, s>>>(part, chunks, n, payload);
+      const std::size_t nb = (n + 7) / 8;
+      if (nb)
+        kc::onebit_bits<<<kc::grid_for(nb), kc::block_threads, 0, s>>>(
+            cuda_access::ptr(acc), n, reinterpret_cast<unsigned char*>(payload + 2), nb,
+            approx.empty() ? nullptr : cuda_access::ptr(approx), payload);
+      detail::cuda_codec_check(cudaGetLastError(), "onebit encode");
+    }
+    detail::cuda_finish_frame(e, block, h, len, status);
+  }
+
+  //! sum = the blocks' values added in rank order; a malformed block sets status_wire and
+  //! NaN in sum[0].
+  static void decode_sum(const exec& e, const onebit_codec&, span<const float> blocks, std::size_t block_floats,
+                         span<float> sum, span<std::uint32_t> status) {
+    namespace kc = cuda_kernels::codec;
+    require(status.size() >= 1, "commpact::codec_kernels<onebit_codec, cuda_space>::decode_sum: pass the step "
+                                "status (one word); the device reports a malformed block there.");
+    require(block_floats >= kc::header_words, "commpact::codec_kernels<onebit_codec, cuda_space>::decode_sum: "
+            "blocks of ", block_floats, " floats cannot hold the frame header.");
+    const std::size_t n = sum.size(), P = blocks.size() / block_floats;
+    const cudaStream_t s = e.stream();
+    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
+    std::uint32_t* st = cuda_access::ptr(status);
+    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
+    kc::onebit_validate<<<kc::grid_for(P), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
+    if (n) kc::onebit_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
+    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+    detail::cuda_codec_check(cudaGetLastError(), "onebit decode");
+  }
+
+  static void clear_delivered(const exec&, const onebit_codec&, span<float>, span<float>) {}
+};
+
+}  // namespace commpact

@@ -1,0 +1,123 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file codecs_onebit.cuh
+//! Device kernels of onebit_codec (codec_kernels<onebit_codec, cuda_space>,
+//! compress/codec_kernels_cuda_onebit.cuh), with the host's arithmetic (detail::
+//! onebit_negative, onebit_chunk_sums, onebit_means, onebit_means_ok, onebit_byte in
+//! quantizers.hpp).
+//!
+//! | kernel | what it does | equal to the host |
+//! |---|---|---|
+//! | onebit_chunks, onebit_total | each side's sum in double: one lane per chunk of detail::onebit_chunk values (read through a shared-memory transpose, summed in order, detail::onebit_push), then the chunk sums in order from 0.0 by one thread; the means by detail::onebit_means into the payload | bits (the host's chunked order) |
+//! | onebit_bits | detail::onebit_byte per payload byte, approx = the mean of the value's side | bytes |
+//! | onebit_validate, onebit_add | onebit_codec::decode_add's checks (length, detail::onebit_means_ok, no bit past n) per block; sum[i] = 0 + every block's value of bit i in rank order (__fadd_rn) | bits |
+//!
+//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codec by
+//! tests/cuda/test_cuda_codecs_more.cu (exit 77 without a device).
+
+#if !defined(__CUDACC__)
+#error "commpact/kernels/cuda/codecs_onebit.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../compress/codecs/quantizers.hpp"
+#include "../../compress/codecs/topk_sign.hpp"
+#include "codecs.cuh"
+
+namespace commpact::cuda_kernels::codec {
+
+inline constexpr int onebit_warps = 8;  //!< warps per block of onebit_chunks
+
+//! part[c] = detail::onebit_chunk_sums over chunk c (onebit_chunk values): each warp takes
+//! 32 chunks, lane l sums chunk 32 w + l in order, reading tiles of 32 x 32 values through
+//! shared memory so that global reads are coalesced (sign_l1_chunks' scheme).
+__global__ void __launch_bounds__(32 * onebit_warps) onebit_chunks(const float* v, std::size_t n,
+                                                                  commpact::detail::onebit_sums* part,
+                                                                  std::size_t chunks) {
+  constexpr std::size_t C = commpact::detail::onebit_chunk;
+  __shared__ float tile[onebit_warps][32][33];
+  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const std::size_t c0 = (static_cast<std::size_t>(blockIdx.x) * onebit_warps + warp) * 32;
+  if (c0 >= chunks) return;  // the whole warp (only __syncwarp below)
+  const std::size_t mine = c0 + lane;
+  commpact::detail::onebit_sums s;
+  for (std::size_t off = 0; off < C; off += 32) {
+    for (unsigned r = 0; r < 32; ++r) {
+      const std::size_t i = (c0 + r) * C + off + lane;
+      tile[warp][r][lane] = (c0 + r < chunks && i < n) ? v[i] : 0.0f;
+    }
+    __syncwarp();
+    for (unsigned j = 0; j < 32; ++j) {
+      const std::size_t i = mine * C + off + j;
+      if (mine < chunks && i < n) commpact::detail::onebit_push(s, tile[warp][lane][j]);
+    }
+    __syncwarp();
+  }
+  if (mine < chunks) part[mine] = s;
+}
+
+//! payload[0, 2) = detail::onebit_means of the chunk sums added in order from 0.0 (one thread).
+__global__ void onebit_total(const commpact::detail::onebit_sums* part, std::size_t chunks, std::size_t n,
+                             float* payload) {
+  commpact::detail::onebit_sums s;
+  for (std::size_t c = 0; c < chunks; ++c) {
+    s.sp = __dadd_rn(s.sp, part[c].sp);
+    s.sn = __dadd_rn(s.sn, part[c].sn);
+    s.np += part[c].np;
+  }
+  commpact::detail::onebit_means(s, n, payload, payload + 1);
+}
+
+//! bits[j] = detail::onebit_byte(v, n, j) for the nb payload bytes; approx (if not null)
+//! the decoded values with the means at means[0, 2).
+__global__ void onebit_bits(const float* v, std::size_t n, unsigned char* bits, std::size_t nb, float* approx,
+                            const float* means) {
+  const float a = means[0], b = means[1];
+  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < nb;
+       j += std::size_t(gridDim.x) * blockDim.x) {
+    bits[j] = commpact::detail::onebit_byte(v, n, j);
+    if (approx)
+      for (std::size_t i = 8 * j; i < 8 * j + 8 && i < n; ++i) approx[i] = commpact::detail::onebit_negative(v[i]) ? b : a;
+  }
+}
+
+//! Block r's payload checked as onebit_codec::decode_add does (thread r).
+__global__ void onebit_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
+                                std::uint32_t* status) {
+  const std::size_t bytes = 8 + (n + 7) / 8;
+  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < P;
+       r += std::size_t(gridDim.x) * blockDim.x) {
+    const std::uint32_t* b = blocks + r * block_words;
+    bool ok = b[2] == bytes && 4 * (block_words - header_words) >= bytes;
+    if (ok) {
+      const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
+      ok = commpact::detail::onebit_means_ok(__uint_as_float(b[header_words]), __uint_as_float(b[header_words + 1])) &&
+           commpact::detail::sign_tail_ok(n % 8 ? p[8 + n / 8] : 0u, n);
+    }
+    if (!ok) atomicOr(status, static_cast<std::uint32_t>(status_wire));
+  }
+}
+
+//! sum[i] = 0.0f + every block's value of bit i (its second mean if set, else its first),
+//! in rank order (nothing once status_wire is set).
+__global__ void onebit_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
+                           float* sum, const std::uint32_t* status) {
+  if (*status & status_wire) return;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    float acc = 0.0f;
+    for (std::size_t r = 0; r < P; ++r) {
+      const std::uint32_t* b = blocks + r * block_words;
+      const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
+      const bool neg = (p[8 + i / 8] >> (i % 8)) & 1u;
+      acc = __fadd_rn(acc, __uint_as_float(b[header_words + (neg ? 1 : 0)]));
+    }
+    sum[i] = acc;
+  }
+}
+
+}  // namespace commpact::cuda_kernels::codec
