@@ -33,6 +33,7 @@
 #include <random>
 #include <vector>
 #include <cub/device/device_radix_sort.cuh>
+#include <thrust/copy.h>
 #include <thrust/execution_policy.h>
 #include <thrust/functional.h>
 #include <thrust/gather.h>
