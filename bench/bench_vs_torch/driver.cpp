@@ -34,6 +34,7 @@
 #include "commpact/kernels/host/orthogonalize.hpp"
 #include "commpact/kernels/host/topk.hpp"
 #include "commpact/kernels/host/vector_ops.hpp"
+#include "../resnet18_shapes.hpp"
 
 namespace {
 
@@ -71,29 +72,7 @@ void time_it(const char* name, int reps, F&& f) {
   std::printf("%s %.4f %.4f\n", name, wall[wall.size() / 2], cpu[cpu.size() / 2]);
 }
 
-// ResNet-18's parameters as (rows, cols): conv weights flattened out x in*kh*kw, BN
-// weight and bias and the fc bias as vectors (cols = 1). 11,689,512 floats.
-std::vector<std::pair<std::size_t, std::size_t>> resnet18() {
-  std::vector<std::pair<std::size_t, std::size_t>> s;
-  auto conv = [&](std::size_t out, std::size_t in, std::size_t k) {
-    s.push_back({out, in * k * k});
-    s.push_back({out, 1});  // BN weight
-    s.push_back({out, 1});  // BN bias
-  };
-  conv(64, 3, 7);
-  std::size_t in = 64;
-  for (std::size_t width : {64, 128, 256, 512}) {
-    for (int block = 0; block < 2; ++block) {
-      conv(width, block == 0 ? in : width, 3);
-      conv(width, width, 3);
-      if (block == 0 && width != in) conv(width, in, 1);
-    }
-    in = width;
-  }
-  s.push_back({1000, 512});
-  s.push_back({1000, 1});
-  return s;
-}
+using commpact_bench::resnet18;  // ResNet-18's 62 tensors as (rows, cols): bench/resnet18_shapes.hpp
 
 void power(std::size_t r, int reps) {
   struct mat {

@@ -1,16 +1,28 @@
-// Device top-k (commpact::cuda_kernels::topk_abs, select.cuh's radix select) against a
-// plain CUB sort-based top-k (stable descending DeviceRadixSort of all n keys, then a sort
-// of the first k indices and a gather: the previous kernels/cuda/topk.cuh), at
-// n = 1e6, 1e7, 1e8 and density 0.001 and 0.01; times are medians of CUDA-event timings.
-// Columns: time, effective bandwidth (4n bytes read once / time), ratio to the
-// read-once floor (4n bytes at the measured device-to-device copy rate, read + write
-// counted), and whether both results are bit-identical. With NCCL (nccl.h found), also
+// SPDX-License-Identifier: Apache-2.0
+// Device top-k (commpact::cuda_kernels::topk_abs, select.cuh's radix select) against two
+// sort-based top-k baselines at n = 1e6, 1e7, 1e8 and density 0.001 and 0.01:
+//   thrust   what a user writes with Thrust: keys = |g| (thrust::transform), indices =
+//            0..n-1, thrust::sort_by_key(keys, indices, thrust::greater<float>()) (Thrust
+//            dispatches arithmetic keys with greater<> to a stable radix sort, so equal
+//            |g| keep the smaller index first: commpact's order), then thrust::sort of
+//            the first k indices (index order, comparable bit for bit) and thrust::gather
+//            of their values; temporary storage from a caching allocator (allocated in the
+//            warm-up, outside the timing);
+//   cub      a plain CUB sort-based top-k (stable descending DeviceRadixSort of all n
+//            keys, then a sort of the first k indices and a gather: the previous
+//            kernels/cuda/topk.cuh).
+// Times are medians of CUDA-event timings after a warm-up. Columns: time, effective
+// bandwidth (4n bytes read once / time), ratio to the read-once floor (4n bytes at the
+// measured device-to-device copy rate, read + write counted), and whether the baselines'
+// results are bit-identical to ours (indices and values). With NCCL (nccl.h found), also
 // the whole gTop-k step on the device at n = 25M, density 0.001, one NCCL rank
 // (gTopK<TreeComm<NcclComm>>::reduce: accumulate, select, scatter, residual; it
 // synchronises once per step) against ncclAllReduce of the same tensor.
 //
 // NOT YET RUN ON A GPU at the time of writing; scripts/device-check runs it. Output lines
-// start with "row" so that the script can pick them out. Exits 77 without a device.
+// start with "row" and carry key=value fields so that the script can pick them out and
+// compute its ratios. Exits 77 without a device; 1 (after printing every row) when a
+// baseline's result differs from ours.
 
 #include <cuda_runtime.h>
 
@@ -21,6 +33,13 @@
 #include <random>
 #include <vector>
 #include <cub/device/device_radix_sort.cuh>
+#include <thrust/copy.h>
+#include <thrust/execution_policy.h>
+#include <thrust/functional.h>
+#include <thrust/gather.h>
+#include <thrust/sequence.h>
+#include <thrust/sort.h>
+#include <thrust/transform.h>
 
 #include "commpact/kernels/cuda/topk.cuh"
 
@@ -106,6 +125,59 @@ struct sort_topk {
   ~sort_topk() { cudaFree(ka), cudaFree(kb), cudaFree(ia), cudaFree(ib), cudaFree(tmp); }
 };
 
+struct abs_op {
+  __host__ __device__ float operator()(float v) const { return fabsf(v); }
+};
+
+//! Thrust's temporary storage: blocks kept for reuse (Thrust's custom_temporary_allocation
+//! example), so that the timed calls measure the sort, not cudaMalloc.
+struct caching_allocator {
+  using value_type = char;
+  struct block {
+    char* p;
+    std::ptrdiff_t bytes;
+    bool busy;
+  };
+  std::vector<block> blocks;
+  char* allocate(std::ptrdiff_t bytes) {
+    for (auto& b : blocks)
+      if (!b.busy && b.bytes >= bytes) return b.busy = true, b.p;
+    char* p = nullptr;
+    check(cudaMalloc(&p, static_cast<std::size_t>(bytes)), "malloc (thrust)");
+    blocks.push_back({p, bytes, true});
+    return p;
+  }
+  void deallocate(char* p, std::size_t) {
+    for (auto& b : blocks)
+      if (b.p == p) b.busy = false;
+  }
+  ~caching_allocator() {
+    for (auto& b : blocks) cudaFree(b.p);
+  }
+};
+
+//! The Thrust baseline: sort |g| descending with the indices, keep the first k in index order.
+struct thrust_topk {
+  float* keys = nullptr;
+  std::int32_t* idx = nullptr;
+  std::size_t n = 0;
+  caching_allocator alloc;
+  void setup(std::size_t nn) {
+    n = nn;
+    check(cudaMalloc(&keys, 4 * n), "malloc"), check(cudaMalloc(&idx, 4 * n), "malloc");
+  }
+  void run(const float* x, std::size_t k, std::int32_t* out_idx, float* val) {
+    const auto pol = thrust::cuda::par(alloc);
+    thrust::transform(pol, x, x + n, keys, abs_op{});
+    thrust::sequence(pol, idx, idx + n);
+    thrust::sort_by_key(pol, keys, keys + n, idx, thrust::greater<float>());
+    thrust::copy(pol, idx, idx + k, out_idx);
+    thrust::sort(pol, out_idx, out_idx + k);
+    thrust::gather(pol, out_idx, out_idx + k, x, val);
+  }
+  ~thrust_topk() { cudaFree(keys), cudaFree(idx); }
+};
+
 }  // namespace
 
 int main() {
@@ -131,31 +203,49 @@ int main() {
   const double rate = 2.0 * 4 * nmax / (copy_ms * 1e-3);  // bytes/s, read + write
   std::printf("row copy rate_GBps=%.1f\n", rate * 1e-9);
   ck::topk_workspace ws;
+  bool all_same = true;
   for (std::size_t n : {std::size_t{1000000}, std::size_t{10000000}, nmax}) {
     for (double dens : {0.001, 0.01}) {
       const std::size_t k = static_cast<std::size_t>(n * dens);
-      std::int32_t *i1, *i2;
-      float *v1, *v2;
+      std::int32_t *i1, *i2, *i3;
+      float *v1, *v2, *v3;
       check(cudaMalloc(&i1, 4 * k), "malloc"), check(cudaMalloc(&i2, 4 * k), "malloc");
+      check(cudaMalloc(&i3, 4 * k), "malloc"), check(cudaMalloc(&v3, 4 * k), "malloc");
       check(cudaMalloc(&v1, 4 * k), "malloc"), check(cudaMalloc(&v2, 4 * k), "malloc");
       ws.run(x, n, k, i1, v1);  // grows the workspace outside the timing
       const double t_cp = median_ms([&] { ws.run(x, n, k, i1, v1); }, 20);
-      sort_topk st;
-      st.setup(n, k);
-      const double t_sort = median_ms([&] { st.run(x, k, i2, v2); }, 10);
-      check(cudaDeviceSynchronize(), "sync");
-      std::vector<std::int32_t> h1(k), h2(k);
-      std::vector<float> w1(k), w2(k);
-      cudaMemcpy(h1.data(), i1, 4 * k, cudaMemcpyDeviceToHost), cudaMemcpy(h2.data(), i2, 4 * k, cudaMemcpyDeviceToHost);
-      cudaMemcpy(w1.data(), v1, 4 * k, cudaMemcpyDeviceToHost), cudaMemcpy(w2.data(), v2, 4 * k, cudaMemcpyDeviceToHost);
-      const bool same = h1 == h2 && std::memcmp(w1.data(), w2.data(), 4 * k) == 0;
+      double t_sort = 0, t_thrust = 0;
+      {
+        sort_topk st;
+        st.setup(n, k);
+        t_sort = median_ms([&] { st.run(x, k, i2, v2); }, 10);
+        check(cudaDeviceSynchronize(), "sync");
+      }
+      {
+        thrust_topk tt;
+        tt.setup(n);
+        t_thrust = median_ms([&] { tt.run(x, k, i3, v3); }, 10);  // the warm-up fills the allocator's cache
+        check(cudaDeviceSynchronize(), "sync");
+      }
+      // Bit identity of indices and values against ours.
+      auto same_as_ours = [&](const std::int32_t* di, const float* dv) {
+        std::vector<std::int32_t> ha(k), hb(k);
+        std::vector<float> wa(k), wb(k);
+        check(cudaMemcpy(ha.data(), i1, 4 * k, cudaMemcpyDeviceToHost), "download");
+        check(cudaMemcpy(hb.data(), di, 4 * k, cudaMemcpyDeviceToHost), "download");
+        check(cudaMemcpy(wa.data(), v1, 4 * k, cudaMemcpyDeviceToHost), "download");
+        check(cudaMemcpy(wb.data(), dv, 4 * k, cudaMemcpyDeviceToHost), "download");
+        return ha == hb && std::memcmp(wa.data(), wb.data(), 4 * k) == 0;
+      };
+      const bool same_cub = same_as_ours(i2, v2), same_thrust = same_as_ours(i3, v3);
+      all_same = all_same && same_cub && same_thrust;
       const double floor_ms = 4.0 * n / rate * 1e3;
-      std::printf("row topk n=%zu density=%g commpact_ms=%.4f cub_sort_ms=%.4f floor_ms=%.4f ratio_to_floor=%.2f "
-                  "eff_GBps=%.1f speedup_vs_sort=%.2f identical=%s\n",
-                  n, dens, t_cp, t_sort, floor_ms, t_cp / floor_ms, 4.0 * n / (t_cp * 1e-3) * 1e-9, t_sort / t_cp,
-                  same ? "yes" : "NO");
-      cudaFree(i1), cudaFree(i2), cudaFree(v1), cudaFree(v2);
-      if (!same) return 1;
+      std::printf("row topk n=%zu density=%g commpact_ms=%.4f thrust_sort_ms=%.4f cub_sort_ms=%.4f floor_ms=%.4f "
+                  "ratio_to_floor=%.2f eff_GBps=%.1f speedup_vs_thrust=%.2f speedup_vs_sort=%.2f identical=%s "
+                  "identical_thrust=%s\n",
+                  n, dens, t_cp, t_thrust, t_sort, floor_ms, t_cp / floor_ms, 4.0 * n / (t_cp * 1e-3) * 1e-9,
+                  t_thrust / t_cp, t_sort / t_cp, same_cub ? "yes" : "NO", same_thrust ? "yes" : "NO");
+      cudaFree(i1), cudaFree(i2), cudaFree(i3), cudaFree(v1), cudaFree(v2), cudaFree(v3);
     }
   }
 #ifdef HAVE_NCCL
@@ -203,13 +293,14 @@ int main() {
       t2.push_back(ms);
     }
     std::sort(t2.begin(), t2.end());
-    std::printf("row gtopk_step n=%zu density=0.001 ranks=1 step_ms=%.4f (includes a %.4f ms input copy) "
-                "dense_allreduce_ms=%.4f\n",
+    std::printf("row gtopk_step n=%zu density=0.001 ranks=1 step_ms=%.4f input_copy_ms=%.4f dense_allreduce_ms=%.4f"
+                "\n",
                 n, t[t.size() / 2], copy_part, t2[t2.size() / 2]);
   }
 #else
   std::printf("row gtopk_step skipped (built without NCCL)\n");
 #endif
   cudaFree(x), cudaFree(y);
-  return 0;
+  if (!all_same) std::printf("FAILED: a baseline's top-k differs from commpact's (identical=NO above)\n");
+  return all_same ? 0 : 1;
 }

@@ -1,0 +1,185 @@
+// SPDX-License-Identifier: Apache-2.0
+// The PowerSGD step on the device for ResNet-18's 62 tensors (bench/resnet18_shapes.hpp,
+// the list bench/bench_vs_torch uses; PyTorch's rule min_compression_rate = 2 decides
+// which matrices travel as factors), at approximation ranks 1, 2 and 4:
+//   commpact_ms      PowerCompressor<1, cuda_space> (rank set at run time) over
+//                    NcclComm::single(): reduce() = the whole step (error feedback on,
+//                    warm-start Q, the three allreduces of P, Q and the dense part, the
+//                    status read and the commit; it synchronises once per step);
+//   cublas_local_ms  kernels/cuda/power.cuh's cuBLAS pieces for every compressed matrix
+//                    (M += e, P = M Q, orthonormalise, Q = M^T P, Q *= 1/ranks, M = P Q^T,
+//                    e = M_old - M): the arithmetic alone, no allreduce, no dense part.
+//                    PowerCompressor's rows follow the host's summation order (bit for
+//                    bit) instead; this column shows what cuBLAS's order would cost.
+// Each time is the median of CUDA-event timings on the step's stream after a warm-up;
+// the input gradient is copied in before each timed step, outside the timing.
+// bench/cuda/bench_power_torch.py times torch's powerSGD_hook on the same shapes;
+// scripts/device-check prints the ratio.
+//
+// NOT YET RUN ON A GPU at the time of writing; scripts/device-check runs it. Output lines
+// start with "row" and carry key=value fields. Exits 77 without a device. Without NCCL
+// (built without COMMPACT_BENCH_NCCL) only the cuBLAS column is measured.
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <random>
+#include <vector>
+
+#include "commpact/compress/compressors/power_plan.hpp"
+#include "commpact/kernels/cuda/power.cuh"
+#include "../resnet18_shapes.hpp"
+
+#if __has_include(<nccl.h>) && defined(COMMPACT_BENCH_NCCL)
+#include "commpact/comm/nccl_comm.hpp"
+#include "commpact/compress/compressors/power.hpp"
+#include "commpact/kernels/cuda/ops.cuh"
+#define HAVE_NCCL 1
+#endif
+
+namespace cp = commpact;
+namespace ck = commpact::cuda_kernels;
+
+namespace {
+
+constexpr int warm_steps = 5, timed_steps = 30;
+
+void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::printf("FAILED: %s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+//! Median of CUDA-event timings of step() on stream s after warm_steps untimed steps;
+//! before() runs ahead of each step, outside the timing.
+template <class B, class F>
+double median_ms(cudaStream_t s, B&& before, F&& step) {
+  cudaEvent_t a, b;
+  check(cudaEventCreate(&a), "event"), check(cudaEventCreate(&b), "event");
+  for (int i = 0; i < warm_steps; ++i) before(), step();
+  check(cudaStreamSynchronize(s), "warm-up");
+  std::vector<float> t;
+  for (int i = 0; i < timed_steps; ++i) {
+    before();
+    check(cudaEventRecord(a, s), "record");
+    step();
+    check(cudaEventRecord(b, s), "record");
+    check(cudaEventSynchronize(b), "sync");
+    float ms = 0;
+    check(cudaEventElapsedTime(&ms, a, b), "elapsed");
+    t.push_back(ms);
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a), cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+std::vector<float> randn(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+float* upload(const std::vector<float>& h) {
+  float* p = nullptr;
+  check(cudaMalloc(&p, 4 * std::max<std::size_t>(h.size(), 1)), "malloc");
+  check(cudaMemcpy(p, h.data(), 4 * h.size(), cudaMemcpyHostToDevice), "upload");
+  return p;
+}
+
+//! kernels/cuda/power.cuh's cuBLAS pieces over every compressed matrix of the plan.
+double cublas_local_ms(const cp::detail::power_plan& plan, cudaStream_t s) {
+  float* M = upload(randn(plan.e, 1));
+  float* Q = upload(randn(plan.q, 2));
+  float *e = nullptr, *P = nullptr;
+  check(cudaMalloc(&e, 4 * std::max<std::size_t>(plan.e, 1)), "malloc");
+  check(cudaMalloc(&P, 4 * std::max<std::size_t>(plan.p, 1)), "malloc");
+  check(cudaMemset(e, 0, 4 * plan.e), "memset");
+  ck::power_handle h{s};
+  // M is updated in place: the next step's M + e equals this step's compensated M, so
+  // the values stay those of one gradient (no growth) without a copy per step.
+  const double ms = median_ms(s, [] {}, [&] {
+    for (const auto& en : plan.entries) {
+      if (!en.compressed) continue;
+      const int n = static_cast<int>(en.rows), m = static_cast<int>(en.cols), r = static_cast<int>(en.r);
+      float *Me = M + en.e_off, *ee = e + en.e_off, *Pe = P + en.p_off, *Qe = Q + en.q_off;
+      ck::power_compensate_project(h, Me, ee, Qe, Pe, n, m, r);
+      ck::orthonormalize_columns(h, Pe, n, r);
+      ck::power_project_back(h, Me, Pe, Qe, n, m, r);
+      ck::scale(h, Qe, static_cast<std::size_t>(m) * r, 1.0f);  // the mean over one rank
+      ck::power_decompress(h, Me, ee, Pe, Qe, n, m, r);
+    }
+  });
+  cudaFree(M), cudaFree(Q), cudaFree(e), cudaFree(P);
+  return ms;
+}
+
+}  // namespace
+
+int main() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
+    std::printf("no CUDA device: skipped\n");
+    return 77;
+  }
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, 0), "properties");
+  std::printf("device %s\n", prop.name);
+  cp::tensor_layout layout;
+  for (auto [n, m] : commpact_bench::resnet18())
+    layout.push_back({static_cast<std::int64_t>(n), static_cast<std::int64_t>(m)});
+  bool ok = true;
+  try {
+    cudaStream_t s = nullptr;
+    check(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "stream");
+#ifdef HAVE_NCCL
+    auto nc = cp::NcclComm::single();
+    const auto ex = nc.exec();
+    const std::vector<float> g_host = randn(cp::detail::plan_power(layout, 1, {}).total, 42);
+    float* g0 = upload(g_host);
+#endif
+    for (int rank : {1, 2, 4}) {
+      cp::power_options opt;  // min_compression_rate 2 (PyTorch's), warm start, start_step 0
+      opt.approximation_rank = rank;
+      const auto plan = cp::detail::plan_power(layout, rank, opt);
+      std::size_t compressed = 0;
+      for (const auto& en : plan.entries) compressed += en.compressed;
+      const double t_blas = cublas_local_ms(plan, s);
+#ifdef HAVE_NCCL
+      cp::PowerCompressor<1, cp::cuda_space> psgd{cp::any_space_communicator<cp::cuda_space>(nc), layout, opt};
+      cp::cuda_buffer<float> grad;
+      grad.resize(psgd.numel());
+      float* gp = cp::cuda_access::ptr(grad.view());
+      const cudaStream_t st = ex.stream();
+      std::int64_t skipped = 0;
+      const double t_cp = median_ms(
+          st, [&] { check(cudaMemcpyAsync(gp, g0, 4 * psgd.numel(), cudaMemcpyDeviceToDevice, st), "copy"); },
+          [&] { skipped += psgd.reduce(grad.view()) ? 0 : 1; });
+      if (skipped) ok = false, std::printf("FAILED: rank %d: %lld steps skipped\n", rank, static_cast<long long>(skipped));
+      std::printf("row power rank=%d tensors=%zu compressed=%zu numel=%zu floats_per_step=%zu commpact_ms=%.4f "
+                  "cublas_local_ms=%.4f\n",
+                  rank, layout.size(), compressed, psgd.numel(), psgd.floats_per_step(), t_cp, t_blas);
+#else
+      std::printf("row power rank=%d tensors=%zu compressed=%zu numel=%lld cublas_local_ms=%.4f commpact skipped "
+                  "(built without NCCL)\n",
+                  rank, layout.size(), compressed, static_cast<long long>(plan.total), t_blas);
+#endif
+      std::fflush(stdout);
+    }
+#ifdef HAVE_NCCL
+    cudaFree(g0);
+#endif
+    cudaStreamDestroy(s);
+  } catch (const std::exception& ex) {
+    std::printf("FAILED with exception: %s\n", ex.what());
+    return 1;
+  }
+  return ok ? 0 : 1;
+}
