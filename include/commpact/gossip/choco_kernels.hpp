@@ -3,7 +3,9 @@
 //! \file choco_kernels.hpp
 //! choco_kernels<Codec, Space>: where CHOCO-SGD's codec runs (gossip/choco.hpp), as
 //! codec_kernels does for CodecCompressor: host_space calls the codec at once,
-//! deferred_space queues the same host calls until the fence.
+//! deferred_space queues the same host calls until the fence, cuda_space runs the codec's
+//! device kernels (choco_kernels_cuda.cuh, nvcc only). CHOCO keeps one object per mixer
+//! (the CUDA space's holds scratch); the host spaces' are stateless.
 //!
 //! | operation | specification |
 //! |---|---|
@@ -47,8 +49,9 @@ struct variable_length_codec<per_tensor<K>> : variable_length_codec<K> {};
 template <class Codec, class Space>
 struct choco_kernels {
   static_assert(sizeof(Space) == 0,
-                "commpact: CHOCO-SGD's codec has no kernels in this execution space (host_space and deferred_space "
-                "today); specialise commpact::choco_kernels<YourCodec, Space> with encode and decode.");
+                "commpact: CHOCO-SGD's codec has no kernels in this execution space (host_space and deferred_space; "
+                "cuda_space: include commpact/gossip/choco_kernels_cuda.cuh from your .cu file); specialise "
+                "commpact::choco_kernels<YourCodec, Space> with encode and decode.");
 };
 
 template <class Codec>
