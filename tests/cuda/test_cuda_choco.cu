@@ -2,8 +2,8 @@
 // CHOCO-SGD's codec on the CUDA space (gossip/choco_kernels_cuda.cuh): GossipMixer with
 // choco_gossip<Q> over CudaStagedComm<ThreadComm> against the same mixer over ThreadComm on
 // the host, on a ring at P = 2, 3 and 5, for topk_codec, sign_codec, qsgd_codec (several
-// buckets, stochastic rounding) and threshold_codec (framed: a 4-byte length in front, the
-// cap reached in the first rounds, not later):
+// buckets, stochastic rounding) and threshold_codec (framed: a 4-byte length in front; lambda
+// 0.8 on N(0, 1) values passes 42% of the entries at the first round, above the cap of 20%):
 // - 5 rounds with a local step between them: the models, the saved states (the public
 //   copies, the round, the counters) and the bytes sent bit for bit after every round; no
 //   device allocation after the first round (workspace_signature);

@@ -10,7 +10,7 @@
 //! | operation | specification |
 //! |---|---|
 //! | `encode(e, codec, x, hat, diff, msg, q, words, framed)` | when words[0] is 0: diff = x - hat; the codec encodes diff into msg (after a u32 length when `framed`) and writes q (what the receivers decode); the rest of msg is zeroed. Unframed, a length other than msg.size() sets words[0] = 2. When words[0] is not 0 (this model is not finite): msg is zeroed |
-//! | `decode(e, codec, recv, msg_bytes, framed, q_nb, words, why)` | when words[0] = words[2] = 0: q_nb[k] = 0, then decode_add of neighbour k's message (the k-th msg_bytes of recv), k ascending; a malformed one sets words[2] = 1 + k and why = the codec's sentence (host memory, read after the fence) |
+//! | `decode(e, codec, recv, msg_bytes, framed, q_nb, words, why)` | when words[0] = words[2] = 0: q_nb[k] = 0, then decode_add of neighbour k's message (the k-th msg_bytes of recv), k ascending; a malformed one sets words[2] = 1 + k and why = the codec's sentence (host memory, read after the fence; cuda_space: a fixed sentence naming the codec, set when queued) |
 //!
 //! Messages have a known size (the Codec's max_encoded_bytes(n)), so the exchange needs
 //! no probe. A codec whose messages vary in length (threshold_codec, gaussiank_codec,
