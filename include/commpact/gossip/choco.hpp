@@ -11,9 +11,10 @@
 //!
 //! Runs in the communicator's space: the public copies and every scratch vector are the
 //! space's buffers, the codec runs through choco_kernels (encode before the exchange,
-//! decode of every message after it; one object per mixer, which may hold scratch) and the update through ops::choco_update, which
-//! changes nothing when the round failed. Messages have a known size: the codec's
-//! max_encoded_bytes(n) (4 more for a variable_length_codec, which sends its length).
+//! decode of every message after it; one object per mixer, which may hold scratch) and
+//! the update through ops::choco_update, which changes nothing when the round failed.
+//! Messages have a known size: the codec's max_encoded_bytes(n) (4 more for a
+//! variable_length_codec, which sends its length).
 
 #include <cmath>
 #include <cstddef>
