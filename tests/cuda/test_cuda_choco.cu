@@ -11,7 +11,10 @@
 // - a hostile model on rank 1 (every value FLT_MAX, then -FLT_MAX: its difference to the
 //   public copy overflows to -Inf): each round's outcome alike on both sides on every rank
 //   (mixed, or wire_error naming rank 1 on its ring neighbours, which the host raises for
-//   topk, sign and threshold; QSGD's message stays valid), the models alike (NaN for NaN).
+//   topk, sign and threshold; QSGD's message stays valid), the models alike (NaN for NaN);
+// - choco_kernels<Q, cuda_space> against choco_kernels<Q, host_space> directly (also fp16,
+//   n = 1 ... 5000): encode's message, q, diff and words, a flagged model's zeroed message,
+//   and the decode of three messages, one of them all 0xFF bytes (malformed: words[2]).
 //
 // NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
 
@@ -184,10 +187,95 @@ void check_choco(const char* name, int P, Q codec, bool hostile_raises) {
   });
 }
 
+//! choco_kernels<Q, cuda_space> against choco_kernels<Q, host_space> directly, one rank, n
+//! values (a -0 in x and in hat): encode with words[0] = 0 (msg, q, words bits) and 1 (msg
+//! zeroed), then decode of 3 messages, the middle one valid or all 0xFF bytes (malformed
+//! for every codec here: an index -1, a NaN scale or norm, a length above the capacity).
+template <class Q>
+void check_direct(const char* name, Q codec, std::size_t n) {
+  using HK = cp::choco_kernels<Q, cp::host_space>;
+  cp::choco_kernels<Q, cp::cuda_space> dk;
+  const bool framed = cp::variable_length_codec<Q>::value;
+  cp::cuda_space::exec e;
+  Q hc = codec, dc = codec;
+  if constexpr (requires { hc.begin_step(3); }) hc.begin_step(3), dc.begin_step(3);
+  if constexpr (requires { hc.bind_rank(1); }) hc.bind_rank(1), dc.bind_rank(1);
+  const std::size_t mb = codec.max_encoded_bytes(n) + (framed ? 4 : 0);
+  auto x = values(31, n), hat = values(32, n, 0.5f);
+  x[n / 2] = -0.0f, hat[n / 2] = 0.0f, x[n / 3] = hat[n / 3];
+  std::vector<std::vector<std::byte>> sent;
+  for (std::int64_t w0 : {0, 1, 0, 0}) {  // the three clean ones: the neighbours' messages decoded below
+    std::vector<float> diff(n, 7.0f), q(n, 7.0f);
+    std::vector<std::byte> msg(mb, std::byte{0xA5});
+    std::vector<std::int64_t> words = {w0, static_cast<std::int64_t>(n), 0};
+    cp::cuda_buffer<float> xd, hd, dd, qd;
+    upload(e, x, xd), upload(e, hat, hd), upload(e, diff, dd), upload(e, q, qd);
+    cp::cuda_buffer<std::byte> md;
+    md.resize(mb);
+    D::from_host(e, std::span<const std::byte>(msg), md.view());
+    cp::cuda_buffer<std::int64_t> wd;
+    wd.resize(3);
+    D::from_host(e, std::span<const std::int64_t>(words), wd.view());
+    HK::encode({}, hc, std::span<const float>(x), std::span<const float>(hat), std::span<float>(diff),
+               std::span<std::byte>(msg), std::span<float>(q), std::span<std::int64_t>(words), framed);
+    dk.encode(e, dc, xd.cview(), hd.cview(), dd.view(), md.view(), qd.view(), wd.view(), framed);
+    std::vector<std::byte> mh(mb);
+    std::vector<std::int64_t> wh(3);
+    D::to_host(e, md.cview(), std::span<std::byte>(mh));
+    D::to_host(e, wd.cview(), std::span<std::int64_t>(wh));
+    cp::cuda_space::fence(e, cp::no_deadline());
+    EXPECT(mh == msg && wh == words, "%s n=%zu words[0]=%lld: the message or the words differ from the host", name, n,
+           static_cast<long long>(w0));
+    if (w0 == 0)
+      EXPECT(same(download(e, qd.cview()), q) && same(download(e, dd.cview()), diff),
+             "%s n=%zu: q or diff differs from the host", name, n);
+    if (w0 == 0) sent.push_back(msg);
+    x = values(33 + sent.size(), n);
+  }
+  for (bool bad : {false, true}) {
+    std::vector<std::byte> recv;
+    for (int k = 0; k < 3; ++k) {
+      const auto& m = sent[static_cast<std::size_t>(k)];
+      if (k == 1 && bad) recv.insert(recv.end(), mb, std::byte{0xFF});
+      else recv.insert(recv.end(), m.begin(), m.end());
+    }
+    std::vector<float> qn(3 * n, 7.0f);
+    std::vector<std::int64_t> words = {0, static_cast<std::int64_t>(n), 0};
+    std::string hwhy, dwhy;
+    cp::cuda_buffer<std::byte> rd;
+    rd.resize(recv.size());
+    D::from_host(e, std::span<const std::byte>(recv), rd.view());
+    cp::cuda_buffer<float> qd;
+    upload(e, qn, qd);
+    cp::cuda_buffer<std::int64_t> wd;
+    wd.resize(3);
+    D::from_host(e, std::span<const std::int64_t>(words), wd.view());
+    HK::decode({}, hc, std::span<const std::byte>(recv), mb, framed, std::span<float>(qn),
+               std::span<std::int64_t>(words), hwhy);
+    dk.decode(e, dc, rd.cview(), mb, framed, qd.view(), wd.view(), dwhy);
+    std::vector<std::int64_t> wh(3);
+    D::to_host(e, wd.cview(), std::span<std::int64_t>(wh));
+    const auto qh = download(e, qd.cview());
+    EXPECT(wh == words && words[2] == (bad ? 2 : 0), "%s n=%zu bad=%d: words[2] = %lld, the host's %lld", name, n,
+           int(bad), static_cast<long long>(wh[2]), static_cast<long long>(words[2]));
+    const std::size_t cmp = bad ? n : 3 * n;  // the host stops at the malformed message
+    EXPECT(std::memcmp(qh.data(), qn.data(), cmp * sizeof(float)) == 0, "%s n=%zu bad=%d: q_nb differs", name, n,
+           int(bad));
+    EXPECT(!bad || (!hwhy.empty() && dwhy.find(name) != std::string::npos), "%s: why = '%s'", name, dwhy.c_str());
+  }
+}
+
 }  // namespace
 
 int main() {
   if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
+  for (std::size_t n : {1u, 9u, 383u, 5000u}) {
+    check_direct("topk_codec", cp::topk_codec{0.05}, n);
+    check_direct("sign_codec", cp::sign_codec{}, n);
+    check_direct("qsgd_codec", cp::qsgd_codec{16, 7, 64}, n);
+    check_direct("threshold_codec", cp::threshold_codec{0.8f, 0.2}, n);
+    check_direct("fp16_codec", cp::fp16_codec{}, n);
+  }
   for (int P : {2, 3, 5}) {
     check_choco("CHOCO topk", P, cp::topk_codec{0.05}, true);
     check_choco("CHOCO sign", P, cp::sign_codec{}, true);
