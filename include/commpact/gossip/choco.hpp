@@ -11,9 +11,10 @@
 //!
 //! Runs in the communicator's space: the public copies and every scratch vector are the
 //! space's buffers, the codec runs through choco_kernels (encode before the exchange,
-//! decode of every message after it) and the update through ops::choco_update, which
-//! changes nothing when the round failed. Messages have a known size: the codec's
-//! max_encoded_bytes(n) (4 more for a variable_length_codec, which sends its length).
+//! decode of every message after it; one object per mixer, which may hold scratch) and
+//! the update through ops::choco_update, which changes nothing when the round failed.
+//! Messages have a known size: the codec's max_encoded_bytes(n) (4 more for a
+//! variable_length_codec, which sends its length).
 
 #include <cmath>
 #include <cstddef>
@@ -88,11 +89,11 @@ class choco_algorithm {
   //! copies and of x (nothing when the round failed).
   void queue(span<float> x, neighbor_exchange<Comm>& ex, const gossip_options& opt) {
     const auto e = exec_;
-    kernels::encode(e, codec_, span<const float>(x), hat_self_.cview(), diff_.view(), ex.message(), q_self_.view(),
-                    ex.words(), framed);
+    kern_.encode(e, codec_, span<const float>(x), hat_self_.cview(), diff_.view(), ex.message(), q_self_.view(),
+                 ex.words(), framed);
     ex.agree_flag(opt);
     ex.exchange_same_known(span<const std::byte>(ex.message()));
-    kernels::decode(e, codec_, ex.received_all(), ex.message_bytes(), framed, q_nb_.view(), ex.words(), why_);
+    kern_.decode(e, codec_, ex.received_all(), ex.message_bytes(), framed, q_nb_.view(), ex.words(), why_);
     ops<space_type>::choco_update(e, x, hat_self_.view(), q_self_.cview(), hat_nb_.view(), q_nb_.cview(), ex.weights(),
                                   gamma_, acc_.view(), span<const std::int64_t>(ex.words()));
   }
@@ -145,6 +146,7 @@ class choco_algorithm {
   void add_signature(Out& s) const {
     for (const auto* b : {&hat_self_, &hat_nb_, &q_nb_, &diff_, &q_self_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(acc_.data(), acc_.capacity());
+    if constexpr (requires { kern_.add_signature(s); }) kern_.add_signature(s);  // the CUDA space's scratch
   }
 
  private:
@@ -160,6 +162,7 @@ class choco_algorithm {
   }
 
   Q codec_;
+  kernels kern_;  // stateless on the host spaces; the CUDA space's scratch (choco_kernels_cuda.cuh)
   double gamma_;
   std::size_t n_, deg_;
   typename space_type::exec exec_;

@@ -3,12 +3,14 @@
 //! \file choco_kernels.hpp
 //! choco_kernels<Codec, Space>: where CHOCO-SGD's codec runs (gossip/choco.hpp), as
 //! codec_kernels does for CodecCompressor: host_space calls the codec at once,
-//! deferred_space queues the same host calls until the fence.
+//! deferred_space queues the same host calls until the fence, cuda_space runs the codec's
+//! device kernels (choco_kernels_cuda.cuh, nvcc only). CHOCO keeps one object per mixer
+//! (the CUDA space's holds scratch); the host spaces' are stateless.
 //!
 //! | operation | specification |
 //! |---|---|
 //! | `encode(e, codec, x, hat, diff, msg, q, words, framed)` | when words[0] is 0: diff = x - hat; the codec encodes diff into msg (after a u32 length when `framed`) and writes q (what the receivers decode); the rest of msg is zeroed. Unframed, a length other than msg.size() sets words[0] = 2. When words[0] is not 0 (this model is not finite): msg is zeroed |
-//! | `decode(e, codec, recv, msg_bytes, framed, q_nb, words, why)` | when words[0] = words[2] = 0: q_nb[k] = 0, then decode_add of neighbour k's message (the k-th msg_bytes of recv), k ascending; a malformed one sets words[2] = 1 + k and why = the codec's sentence (host memory, read after the fence) |
+//! | `decode(e, codec, recv, msg_bytes, framed, q_nb, words, why)` | when words[0] = words[2] = 0: q_nb[k] = 0, then decode_add of neighbour k's message (the k-th msg_bytes of recv), k ascending; a malformed one sets words[2] = 1 + k and why = the codec's sentence (host memory, read after the fence; cuda_space: a fixed sentence naming the codec, set when queued) |
 //!
 //! Messages have a known size (the Codec's max_encoded_bytes(n)), so the exchange needs
 //! no probe. A codec whose messages vary in length (threshold_codec, gaussiank_codec,
@@ -47,8 +49,9 @@ struct variable_length_codec<per_tensor<K>> : variable_length_codec<K> {};
 template <class Codec, class Space>
 struct choco_kernels {
   static_assert(sizeof(Space) == 0,
-                "commpact: CHOCO-SGD's codec has no kernels in this execution space (host_space and deferred_space "
-                "today); specialise commpact::choco_kernels<YourCodec, Space> with encode and decode.");
+                "commpact: CHOCO-SGD's codec has no kernels in this execution space (host_space and deferred_space; "
+                "cuda_space: include commpact/gossip/choco_kernels_cuda.cuh from your .cu file); specialise "
+                "commpact::choco_kernels<YourCodec, Space> with encode and decode.");
 };
 
 template <class Codec>
