@@ -18,9 +18,8 @@
 //! kernels view them as bytes. host_space calls the codec at once; deferred_space queues
 //! the same host calls until the fence (so a missing fence shows in CI); a codec has no
 //! kernels in any other space until that space's issue writes them (CUDA:
-//! codec_kernels_cuda.cuh runs topk, threshold, sign, fp16, bf16, TernGrad and QSGD;
-//! natural, 1-bit, Gaussian-k, DGC and per_tensor fail there with a sentence), and using
-//! one elsewhere fails to compile here.
+//! codec_kernels_cuda*.cuh run every codec of compress/codecs/; a user's codec without
+//! kernels fails there with a sentence), and using one elsewhere fails to compile here.
 
 #include <algorithm>
 #include <cstddef>

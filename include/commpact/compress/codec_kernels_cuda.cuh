@@ -7,7 +7,7 @@
 //! codec_compressor.hpp.
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13 and checked against the host codecs by
-//! tests/cuda/test_cuda_codec_leaves.cu and test_cuda_codecs.cu (exit 77 without a device).
+//! tests/cuda/test_cuda_codec_leaves*.cu and test_cuda_codecs*.cu (exit 77 without a device).
 //!
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|
@@ -17,6 +17,10 @@
 //! | terngrad_codec | terngrad_absmax (atomicMax on the bits), terngrad_encode (random_stream replayed), frame_finish | terngrad_validate, terngrad_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | qsgd_codec | codec_kernels_cuda_qsgd.cuh: qsgd_norms (a bucket per thread), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | sign_codec | sign_l1_chunks + sign_l1_total (the host's chunked double sum), sign_bits, frame_finish | sign_validate, sign_add (every rank's value per element, in rank order), poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | natural_codec | codec_kernels_cuda_natural.cuh: one thread per payload byte of the 9-bit fields (detail::natural_field, random_stream replayed), frame_finish | natural_validate, natural_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | onebit_codec | codec_kernels_cuda_onebit.cuh: the two sums by chunks of 4096 (the host's order), the side bits, frame_finish | onebit_validate, onebit_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | gaussiank_codec, dgc_codec | codec_kernels_cuda_estimated.cuh: the threshold estimated on the device with the host's arithmetic (Gaussian-k: one thread sums in index order; DGC: the sample replayed), counts and decisions on the device, then threshold_codec's selection | as threshold_codec | as threshold_codec | frames byte for byte; sum, mean and residual bits |
+//! | per_tensor<K> (any K above) | codec_kernels_cuda_per_tensor.cuh: K's kernels per tensor into aligned temp frames, a scan of the lengths and a byte-packing kernel | the framing walked per rank, K's decode_sum per tensor | K's per tensor | frames byte for byte; sum bits |
 //!
 //! Differences from the host kernels: a malformed payload sets status_wire (and NaN in
 //! sum[0], so that the mean leaves out untouched) where the host raises wire_error;
@@ -25,12 +29,10 @@
 //! the delivered indices are): CodecCompressor keeps one codec_kernels object per
 //! compressor. The dense codecs' kernels are static (MajorityVote calls sign_codec's).
 //!
-//! Every other codec fails to compile on the CUDA space with a sentence (the partial
-//! specialisation below; the compiler's note on the instantiation names the codec):
-//! per_tensor<K> (segments of K's kernels: to write), natural compression (counter-based
-//! random numbers, random_stream, so the device can reproduce them: kernels still to
-//! write), 1-bit SGD, gaussiank_codec and dgc_codec. random-k is no Codec of this table (LinearCompressor's compress /
-//! decompress_add; Floyd's draw is sequential).
+//! Every codec of compress/codecs/ has device kernels. A user's codec without them fails
+//! to compile on the CUDA space with a sentence (the primary template below; the
+//! compiler's note on the instantiation names the codec). random-k is no Codec of this
+//! table (LinearCompressor's linear_encode / linear_decode rows).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda.cuh needs nvcc: include it from a .cu file only."
@@ -127,10 +129,9 @@ template <class Codec>
 struct codec_kernels<Codec, cuda_space> {
   static_assert(sizeof(Codec) == 0,
                 "commpact: this codec has no kernels in this execution space: on cuda_space CodecCompressor runs "
-                "topk_codec, threshold_codec, sign_codec, fp16_codec, bf16_codec, terngrad_codec and qsgd_codec; "
-                "natural_codec, onebit_codec, gaussiank_codec, dgc_codec and per_tensor<K> have no device kernels yet "
-                "(the instantiation below names the codec): run it over a host communicator, or specialise "
-                "commpact::codec_kernels<YourCodec, commpact::cuda_space>.");
+                "every codec of compress/codecs/ (topk, threshold, Gaussian-k, DGC, sign, 1-bit, TernGrad, QSGD, "
+                "natural, fp16, bf16 and per_tensor of those), not this one (the instantiation below names it): run "
+                "it over a host communicator, or specialise commpact::codec_kernels<YourCodec, commpact::cuda_space>.");
 };
 
 //! topk_codec on the CUDA space (see the file comment). One object per compressor: it
