@@ -7,7 +7,14 @@
 // capacity, two bad slots), oktopk_mags, oktopk_theta, oktopk_select (ties at theta, +-0,
 // denormals, cap above and below the count), oktopk_output (the same malformed blocks) and
 // oktopk_clear_selected (status set or clear, |G| below and above P); then that the
-// executor's scratch stops growing after the first step.
+// executor's scratch stops growing after the first step. oktopk_begin (oktopk_begin_checks.cuh):
+// valid sparse_wire frames of 0..k entries (n from 1 to 2^20, k from 1 to n), flagged ones
+// and every malformed kind the host rejects (magic, version, unknown flags, ranges, a mask,
+// counts above k or past the frame, indices out of range or not increasing, non-finite
+// values, nonzero padding, a frame shorter than its header): the same status bits and
+// idx/val as the host, untouched when it rejects; and SparseReduceScatter over
+// CudaStagedComm<ThreadComm> fed through block() at P = 1, 2, 3 for five steps (one bad
+// block at step 2) against SparseReduceScatter<ThreadComm> fed the same blocks, bit for bit.
 //
 // NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
 
@@ -26,6 +33,7 @@
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/kernels/host/ops.hpp"
 
+#include "oktopk_begin_checks.cuh"
 #include "oktopk_rows_test_common.cuh"
 
 using namespace oktopk_rows_test;
@@ -332,6 +340,15 @@ int main() {
           check_output_clear(P, 40, 2, bad, s0);  // |G| often below P
         }
     check_output_clear(4, std::size_t{1} << 20, 5000, 0, 0);
+    namespace ob = oktopk_begin_test;
+    ob::check_begin();
+    for (int P : {1, 2, 3}) {
+      ob::check_aggregation(P, 4099, 40, ob::valid);
+      ob::check_aggregation(P, 97, 5, ob::valid);
+      for (int f : {ob::flag_nonfinite, ob::flag_failed, ob::bad_magic, ob::count_above_k, ob::not_increasing,
+                    ob::nonfinite_value, ob::padding, ob::other_range, ob::mask})
+        ob::check_aggregation(P, 500, 8, f);
+    }
   } catch (const std::exception& e) {
     std::printf("FAILED with exception: %s\n", e.what());
     return 1;

@@ -41,7 +41,7 @@
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
 //! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
 //! | codec_kernels<topk, threshold, sign, fp16, bf16, terngrad, qsgd codec, cuda_space> (compress/codec_kernels_cuda*.cuh; not ops rows) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
-//! | oktopk_begin (SparseReduceScatter's block path) | none yet: SparseReduceScatter::block raises on the CUDA space; OkTopK feeds local_set() | - |
+//! | oktopk_begin (SparseReduceScatter's block path; oktopk_begin.cuh) | frame_check.cuh's checks (tree_begin's) with the caller's n, one-thread decision in the host's order, install gated by it | bits (idx, val, status; untouched when flagged or malformed) |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
 //! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN

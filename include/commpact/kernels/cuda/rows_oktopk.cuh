@@ -2,12 +2,12 @@
 #pragma once
 //! \file rows_oktopk.cuh
 //! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: OkTopK's rows (oktopk_local,
-//! oktopk_frames, oktopk_region_sum, oktopk_mags, oktopk_theta, oktopk_select,
-//! oktopk_output, oktopk_clear_selected). Each row implements the specification of
-//! kernels/ops.hpp on the executor's stream,
+//! oktopk_begin, oktopk_frames, oktopk_region_sum, oktopk_mags, oktopk_theta,
+//! oktopk_select, oktopk_output, oktopk_clear_selected). Each row implements the
+//! specification of kernels/ops.hpp on the executor's stream,
 //! bit-identical to its host twin (kernels/host/oktopk.hpp): the same entries, order and
 //! ties, frames and blocks byte for byte, status_wire and status[1] set where the host
-//! sets them. Kernels: kernels/cuda/oktopk.cuh.
+//! sets them. Kernels: kernels/cuda/oktopk.cuh, oktopk_begin.cuh.
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host rows by
 //! tests/cuda/test_cuda_rows_oktopk.cu, which exits 77 (skipped) without a device.
@@ -15,6 +15,7 @@
 //! | row | kernels |
 //! |---|---|
 //! | oktopk_local | select.cuh's radix select (topk_abs's), k gated to 0 on the device by status |
+//! | oktopk_begin | oktopk_begin.cuh: frame_check.cuh's checks (tree_begin's), one-thread decision, install |
 //! | oktopk_frames | one block: region ends by binary search + headers; a payload scatter |
 //! | oktopk_region_sum | entry checks (atomicMin of the first bad rank); per chunk, slots in rank order (__fadd_rn) |
 //! | oktopk_mags | radix select of the top |sum| + cub::DeviceRadixSort (descending) of those |
@@ -47,6 +48,7 @@
 #include "../../space/cuda.hpp"
 #include "check.cuh"
 #include "oktopk.cuh"
+#include "oktopk_begin.cuh"
 #include "select.cuh"
 #include "topk.cuh"
 
@@ -127,6 +129,15 @@ struct oktopk {
                                  cuda_kernels::detail::topk_emit{x, cuda_access::ptr(idx), cuda_access::ptr(val)}, s,
                                  dk),
        "oktopk_local (select)");
+  }
+
+  static void oktopk_begin(const exec& e, span<const std::byte> block, std::int64_t n, std::int64_t k,
+                           span<std::int32_t> idx, span<float> val, span<std::uint32_t> status) {
+    require(!status.empty(), "commpact::ops::oktopk_begin: no status word; pass a span of at least one.");
+    auto* ctl = static_cast<cuda_kernels::absorb_ctl*>(e.scratch(sizeof(cuda_kernels::absorb_ctl)));
+    ck(cuda_kernels::oktopk::begin(cuda_access::ptr(block), block.size(), n, k, cuda_access::ptr(idx), idx.size(),
+                                   cuda_access::ptr(val), val.size(), cuda_access::ptr(status), ctl, e.stream()),
+       "oktopk_begin");
   }
 
   static void oktopk_frames(const exec& e, span<const std::int32_t> idx, span<const float> val,

@@ -40,6 +40,7 @@
 #include "../../compress/codecs/sparse_wire.hpp"
 #include "../host/sparse_tree.hpp"
 #include "../status.hpp"
+#include "frame_check.cuh"
 #include "select.cuh"
 #include "vector.cuh"
 
@@ -51,13 +52,6 @@ struct tree_ptrs {
   float *cur_val, *oth_val, *out_val;
   std::uint8_t *mine_alive, *extra_alive, *mask_in;
   std::uint32_t kcap;
-};
-
-//! What an absorb decided (device memory, in the merge workspace).
-struct absorb_ctl {
-  std::uint32_t skip, err, pad_bad, body_bad, ok, count, bad_sum;
-  std::uint64_t expect;
-  sparse_wire::header h;
 };
 
 namespace detail {
@@ -79,12 +73,6 @@ __device__ __forceinline__ void merge_meta_dev(sparse_wire::header& a, const spa
   a.n_max = o.n_max > a.n_max ? o.n_max : a.n_max;
   a.k_min = o.k_min < a.k_min ? o.k_min : a.k_min;
   a.k_max = o.k_max > a.k_max ? o.k_max : a.k_max;
-}
-template <class T>
-__device__ __forceinline__ T get_dev(const std::byte* p) {
-  T v;
-  memcpy(&v, p, sizeof(T));
-  return v;
 }
 
 __global__ void local_begin(sparse_tree_meta* m, std::int64_t n, std::int64_t k, std::uint16_t flags) {
@@ -158,58 +146,19 @@ __global__ void payload_kernel(const sparse_tree_meta* mp, bool unfold_send, std
 }
 
 __global__ void absorb_head(const sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
-  absorb_ctl c{};
   if (m->status & status_wire) {
+    absorb_ctl c{};
     c.skip = 1;
     *ctl = c;
     return;
   }
-  if (bytes < sparse_wire::header_bytes) {
-    c.err = 1;
-    *ctl = c;
-    return;
-  }
-  sparse_wire::header h;
-  const auto mg = get_dev<std::uint32_t>(f);
-  const auto ver = get_dev<std::uint16_t>(f + 4);
-  h.flags = get_dev<std::uint16_t>(f + 6);
-  h.count = get_dev<std::uint32_t>(f + 8);
-  h.mask_bits = get_dev<std::uint32_t>(f + 12);
-  h.n_min = get_dev<std::int64_t>(f + 16);
-  h.n_max = get_dev<std::int64_t>(f + 24);
-  h.k_min = get_dev<std::int64_t>(f + 32);
-  h.k_max = get_dev<std::int64_t>(f + 40);
-  const std::uint64_t expect = sparse_wire::header_bytes + sparse_wire::entry_bytes * std::uint64_t(h.count) +
-                               (std::uint64_t(h.mask_bits) + 7) / 8;
-  c.err = mg != sparse_wire::magic || ver != sparse_wire::version || (h.flags & ~sparse_wire::known_flags) != 0 ||
-          !(0 <= h.n_min && h.n_min <= h.n_max && 0 <= h.k_min && h.k_min <= h.k_max) || expect > bytes;
-  c.expect = expect;
-  c.h = h;
-  *ctl = c;
+  *ctl = frame_head_dev(f, bytes);
 }
 
-//! The zero padding and the body's entries (indices in [0, n), strictly increasing,
-//! values finite) of a structurally sound frame.
+//! frame_scan_dev of a structurally sound frame, n = the meta's.
 __global__ void absorb_scan(const sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
   if (ctl->skip || ctl->err) return;
-  const std::uint64_t expect = ctl->expect;
-  const std::uint32_t count = ctl->h.count;
-  const std::int64_t n = m->n;
-  const std::byte* pi = f + sparse_wire::header_bytes;
-  const std::byte* pv = pi + 4 * std::size_t(count);
-  bool pad = false, body = false;
-  const std::size_t stride = std::size_t(gridDim.x) * blockDim.x;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < bytes; t += stride) {
-    if (t >= expect) pad |= f[t] != std::byte{0};
-    if (t < count) {
-      const auto ix = get_dev<std::int32_t>(pi + 4 * t);
-      body |= ix < 0 || ix >= n;
-      if (t > 0) body |= ix <= get_dev<std::int32_t>(pi + 4 * (t - 1));
-      body |= nonfinite(get_dev<float>(pv + 4 * t));
-    }
-  }
-  if (pad) atomicOr(&ctl->pad_bad, 1u);
-  if (body) atomicOr(&ctl->body_bad, 1u);
+  frame_scan_dev(f, bytes, m->n, ctl);
 }
 
 __global__ void absorb_decide(sparse_tree_meta* m, absorb_ctl* ctl, const std::byte* f, bool unfold_recv, int peer,

@@ -3,9 +3,10 @@
 //! \file tree_begin.cuh
 //! The device twin of kernels/host/tree_block.hpp's host::tree::begin (TreeMerge's start
 //! from a codec's block, the row tree_begin of ops<cuda_space>). It reuses
-//! sparse_tree.cuh's frame checks: absorb_head (size, magic, version, flags, ranges, the
-//! byte count) and absorb_scan (zero padding; indices in [0, n), strictly increasing;
-//! values finite), with n taken from the block's own header; a one-thread kernel then
+//! sparse_tree.cuh's frame checks (frame_check.cuh's, shared with oktopk_begin.cuh):
+//! absorb_head (size, magic, version, flags, ranges, the byte count) and absorb_scan (zero
+//! padding; indices in [0, n), strictly increasing; values finite), with n taken from the
+//! block's own header; a one-thread kernel then
 //! decides in the host's order and a grid kernel installs the entries as this rank's
 //! original and current set, all alive. A malformed block sets status_wire, wire_peer =
 //! self and flag_failed, exactly where the host's begin does.

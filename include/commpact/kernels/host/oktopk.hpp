@@ -63,12 +63,20 @@ inline void local(std::span<const float> acc, std::size_t k, std::span<const std
   topk_abs(acc, k, idx, val, ws);
 }
 
+//! The index of begin's unused slots: past every region, so no frame and no residual
+//! clear ever uses them.
+inline constexpr std::int32_t unused_index = std::numeric_limits<std::int32_t>::max();
+//! The status bits of a flagged block (begin; kernels/cuda/oktopk_begin.cuh's twin).
+COMMPACT_HOST_DEVICE constexpr std::uint32_t flagged_status(std::uint32_t flags) {
+  return (flags & sparse_wire::flag_nonfinite) ? status_nonfinite : status_rejected;
+}
+
 //! This rank's set from a codec's block (SparseReduceScatter's block path): a sparse_wire
 //! frame with n_min = n_max = n, k_min = k_max = k and no mask. Its count entries go to
-//! idx/val (k slots) and the other slots get index INT32_MAX (past every region, so no
-//! frame and no residual clear ever uses them) and value 0. A flagged frame sets
-//! status_nonfinite (flag_nonfinite) or status_rejected (flag_failed); a malformed one
-//! sets status_rejected; either way idx/val are left as they were.
+//! idx/val (k slots) and the other slots get index unused_index (INT32_MAX) and value 0.
+//! A flagged frame sets flagged_status: status_nonfinite (flag_nonfinite) or
+//! status_rejected (flag_failed); a malformed one sets status_rejected; either way
+//! idx/val are left as they were.
 inline void begin(std::span<const std::byte> block, std::int64_t n, std::int64_t k, std::span<std::int32_t> idx,
                   std::span<float> val, std::span<std::uint32_t> status) {
   sparse_wire::header h;
@@ -79,7 +87,7 @@ inline void begin(std::span<const std::byte> block, std::int64_t n, std::int64_t
       return;
     }
     if (h.flags) {
-      status[0] |= (h.flags & sparse_wire::flag_nonfinite) ? status_nonfinite : status_rejected;
+      status[0] |= flagged_status(h.flags);
       return;
     }
     h = sparse_wire::decode(block, {n, idx.size(), 0}, idx, val, {}, true);
@@ -87,7 +95,7 @@ inline void begin(std::span<const std::byte> block, std::int64_t n, std::int64_t
     status[0] |= status_rejected;
     return;
   }
-  std::fill(idx.begin() + static_cast<std::ptrdiff_t>(h.count), idx.end(), std::numeric_limits<std::int32_t>::max());
+  std::fill(idx.begin() + static_cast<std::ptrdiff_t>(h.count), idx.end(), unused_index);
   std::fill(val.begin() + static_cast<std::ptrdiff_t>(h.count), val.end(), 0.0f);
 }
 
