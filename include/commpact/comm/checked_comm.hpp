@@ -128,6 +128,17 @@ class CheckedComm {
     return inner_.irecv(peer, buf);
   }
 
+  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
+  void group_begin()
+    requires req::has_p2p_group<C>
+  {
+    inner_.group_begin();
+  }
+  void group_end()
+    requires req::has_p2p_group<C>
+  {
+    inner_.group_end();
+  }
   C& inner() { return inner_; }
   const C& inner() const { return inner_; }
 

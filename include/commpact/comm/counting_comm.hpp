@@ -137,6 +137,17 @@ class CountingComm {
     count_recv(buf.size());
     return h;
   }
+  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
+  void group_begin()
+    requires req::has_p2p_group<C>
+  {
+    inner_.group_begin();
+  }
+  void group_end()
+    requires req::has_p2p_group<C>
+  {
+    inner_.group_end();
+  }
   const comm_stats& stats() const { return *stats_; }
   void reset_stats() { *stats_ = {}; }
   C& inner() { return inner_; }

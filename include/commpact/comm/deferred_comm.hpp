@@ -9,6 +9,11 @@
 //! reporting a communicator's asynchronous error. Control-plane calls on host memory
 //! (the small agreement allreduces, barrier) first fence, then run at once, as a
 //! device communicator's host-side calls synchronise the stream.
+//! A group of point-to-point calls (known_size.hpp's `grouped`) is data plane too: when C
+//! has groups, group_begin() and group_end() are queued around the group's calls and run
+//! with them at the fence (a queued call that raises drops the rest of the queue, the
+//! group's end included, as it drops every later call); when C has none, neither has
+//! DeferredComm, and the group does nothing.
 //!
 //! \code
 //! commpact::run_threads(4, [](commpact::ThreadComm& c) {
@@ -73,6 +78,17 @@ class DeferredComm {
   }
   void recv_known(int peer, deferred_span<std::byte> in) {
     exec_.enqueue([c = &comm_, peer, in] { commpact::recv_known(*c, peer, deferred_access::host(in)); });
+  }
+  //! C's group of point-to-point calls, queued (only when C has groups).
+  void group_begin()
+    requires req::has_p2p_group<C>
+  {
+    exec_.enqueue([c = &comm_] { c->group_begin(); });
+  }
+  void group_end()
+    requires req::has_p2p_group<C>
+  {
+    exec_.enqueue([c = &comm_] { c->group_end(); });
   }
 
   // ---- control plane on host memory: fence, then at once --------------------------

@@ -13,11 +13,24 @@
 //!
 //! `comm_space_t<C>` is C::space_type when C names one, else host_space; `comm_exec(c)`
 //! is c.exec() when C has one, else the host executor.
+//!
+//! Grouped point-to-point. An algorithm whose ranks send to peers that are themselves
+//! sending (an all-to-all, a ring step, a neighbour exchange) posts those known-size
+//! sends and receives as one group: `grouped(comm, [&] { send_known(...); recv_known(...); })`
+//! or a `p2p_group` object. A communicator that needs it provides `group_begin()` and
+//! `group_end()` (NcclComm: ncclGroupStart/ncclGroupEnd, so that NCCL never runs a send
+//! that waits for a peer whose receive is queued behind its own send); the decorators
+//! forward them; elsewhere (ThreadComm, MpiComm, CudaStagedComm: buffered sends) the
+//! group does nothing and the calls run as written. Inside a group: known-size sends,
+//! receives and exchanges only, on one thread; a receive's data is there after the group
+//! ends (at the next fence in a queued space); a buffer is not written while a send of
+//! the group reads it, and no two receives of a group share bytes.
 
 #include <algorithm>
 #include <cstddef>
 #include <span>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "../concepts.hpp"
@@ -86,6 +99,50 @@ void recv_known(C& c, int peer, In in) {
     detail::check_received(c, peer, buf.size(), in.size(), "recv_known");
     std::copy(buf.begin(), buf.end(), in.begin());
   }
+}
+
+//! Opens a group of point-to-point calls on c (nothing when c has no groups).
+template <class C>
+void group_begin(C& c) {
+  if constexpr (req::has_p2p_group<C>) c.group_begin();
+}
+//! Closes the group opened by group_begin(c): its sends and receives are posted together.
+template <class C>
+void group_end(C& c) {
+  if constexpr (req::has_p2p_group<C>) c.group_end();
+}
+
+//! A group of point-to-point calls on a communicator, open from construction to end().
+//! end() raises what the communicator raises; a group left open (an exception inside it)
+//! is closed by the destructor, whose error, if any, is dropped for the one in flight.
+template <class C>
+class p2p_group {
+ public:
+  explicit p2p_group(C& c) : c_(&c) { commpact::group_begin(c); }
+  p2p_group(const p2p_group&) = delete;
+  p2p_group& operator=(const p2p_group&) = delete;
+  ~p2p_group() {
+    if (!c_) return;
+    try {
+      commpact::group_end(*c_);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): the exception that unwinds says more
+    }
+  }
+  //! Closes the group (posts its calls).
+  void end() {
+    if (C* c = std::exchange(c_, nullptr)) commpact::group_end(*c);
+  }
+
+ private:
+  C* c_;
+};
+
+//! Runs f() (known-size sends and receives on c) as one group of c.
+template <class C, class F>
+void grouped(C& c, F&& f) {
+  p2p_group<C> g(c);
+  std::forward<F>(f)();
+  g.end();
 }
 
 }  // namespace commpact

@@ -20,6 +20,13 @@
 //! Data plane (device spans, queued on the executor's stream, no host synchronisation):
 //! allreduce, allgather, broadcast, and known-size point-to-point (`exchange`,
 //! `send_known`, `recv_known`) as ncclSend/ncclRecv inside ncclGroupStart/End.
+//! `group_begin()` / `group_end()` (ncclGroupStart/ncclGroupEnd, what comm/known_size.hpp's
+//! `grouped` and `p2p_group` call) make several known-size sends and receives one group:
+//! an all-to-all or a ring step, where separate ncclSend/ncclRecv calls on one stream can
+//! deadlock (every rank's send waits for a receive queued behind the peer's own send).
+//! Groups nest; they are per thread (NCCL's); inside one only the data plane may be called
+//! (a control-plane call raises invalid_argument: its staged copy could not wait for a
+//! receive that the group has not posted yet).
 //! Control plane (host spans: the agreement's small allreduce, barrier, the
 //! variable-length send/recv of the PointToPoint concept): staged through a device buffer
 //! and fenced at once, as DeferredComm does; variable-length messages travel as an 8-byte
@@ -86,6 +93,7 @@ class NcclComm {
     ncclComm_t comm = nullptr;
     bool owns = true;
     bool aborted = false;
+    int group_depth = 0;  //!< ncclGroupStart calls of group_begin not yet ended
     std::string why;
     int rank = 0, size = 1;
     cuda_space::exec exec;
@@ -197,10 +205,31 @@ class NcclComm {
     live();
     wait(ncclRecv(cuda_access::ptr(in), in.size(), ncclUint8, peer, s_->comm, stream()), "ncclRecv");
   }
+  //! Opens a group (ncclGroupStart): the known-size calls up to group_end() are posted
+  //! together, on the executor's stream.
+  void group_begin() {
+    live();
+    wait(ncclGroupStart(), "ncclGroupStart");
+    ++s_->group_depth;
+  }
+  //! Closes the group (ncclGroupEnd), polling a nonblocking communicator's progress until
+  //! the group is posted, never past timeout(); an error raises as every call's does.
+  void group_end() {
+    if (s_->group_depth == 0) {
+      live();  // an abort closed the group already
+      throw invalid_argument(detail::cat("commpact::NcclComm::group_end: rank ", s_->rank,
+                                         " has no open group; call group_begin() first (or use commpact::grouped)."));
+    }
+    --s_->group_depth;
+    wait(ncclGroupEnd(), "ncclGroupEnd (grouped send/recv)");
+  }
+  //! Groups opened by group_begin() and not yet closed.
+  int group_depth() const { return s_->group_depth; }
 
   // ---- control plane on host memory: staged, fenced at once ---------------------------
   template <class T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
+    no_group("allreduce (host memory)");
     auto d = staged<T>(data.size());
     to_device(std::span<const T>(data), d);
     allreduce(d, op);
@@ -210,6 +239,7 @@ class NcclComm {
   void allgather(std::span<const T> in, std::span<T> out) {
     require(out.size() == in.size() * static_cast<std::size_t>(size()), "commpact::NcclComm::allgather: the output holds ",
             out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
+    no_group("allgather (host memory)");
     auto d = staged<T>(out.size());
     auto din = d.first(in.size());
     to_device(in, din);
@@ -220,6 +250,7 @@ class NcclComm {
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
+    no_group("broadcast (host memory)");
     auto d = staged<T>(data.size());
     to_device(std::span<const T>(data), d);
     broadcast(d, root);
@@ -230,6 +261,7 @@ class NcclComm {
     allreduce(std::span<std::int32_t>(&one, 1));
   }
   void send(int peer, std::span<const std::byte> msg) {
+    no_group("send");
     const std::uint64_t len = msg.size();
     auto d = staged<std::byte>(8 + msg.size());
     to_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&len), 8), d.first(8));
@@ -239,6 +271,7 @@ class NcclComm {
     fence_now();
   }
   void recv(int peer, std::vector<std::byte>& buf) {
+    no_group("recv");
     std::uint64_t len = 0;
     auto d = staged<std::byte>(8);
     recv_known(peer, d.first(8));
@@ -251,6 +284,7 @@ class NcclComm {
   }
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
     // Lengths first (both directions in one group), then the bodies.
+    no_group("sendrecv");
     const std::uint64_t len = msg.size();
     auto d = staged<std::byte>(16 + msg.size());
     to_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&len), 8), d.first(8));
@@ -286,6 +320,9 @@ class NcclComm {
     if (st.aborted) return;
     st.aborted = true;
     st.why = why ? why : "";
+    // Open groups are closed first (what they hold is then aborted with the rest), so that
+    // NCCL's per-thread group state does not outlive the communicator.
+    for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
     if (st.comm) (void)ncclCommAbort(st.comm);
   }
   static void poll(state& st) {
@@ -326,6 +363,13 @@ class NcclComm {
     if (r == ncclInvalidArgument || r == ncclInvalidUsage) throw invalid_argument(msg);
     do_abort(*s_, msg.c_str());
     throw peer_failure(msg);
+  }
+  //! A control-plane call stages and fences at once: inside a group it would read a
+  //! receive that is not posted yet.
+  void no_group(const char* what) const {
+    require(s_->group_depth == 0, "commpact::NcclComm::", what, ": rank ", s_->rank,
+            " is inside a group (group_begin without group_end); a group holds known-size sends and receives on "
+            "device spans only: end the group first.");
   }
   void fence_now() { cuda_space::fence(s_->exec, std::chrono::steady_clock::now() + s_->timeout); }
 

@@ -18,8 +18,9 @@
 //! bits. `scratch` must hold ring_chunk(n, P, 0) elements (the largest chunk).
 //!
 //! Sends and receives of a step run together (isend/irecv) when the communicator has
-//! them; otherwise the send is issued first, which needs buffered sends (ThreadComm,
-//! CountingComm over it and MpiComm's send() all buffer).
+//! them; otherwise the send is issued first, as one group with the receive
+//! (known_size.hpp's `grouped`: NcclComm posts them together), which elsewhere needs
+//! buffered sends (ThreadComm, CountingComm over it and MpiComm's send() all buffer).
 
 #include <algorithm>
 #include <cstddef>
@@ -42,8 +43,10 @@ void ring_step(C& c, int next, int prev, std::span<const std::byte> out, std::sp
     s.wait();
     r.wait();
   } else {
-    send_known(c, next, out);
-    recv_known(c, prev, in);
+    grouped(c, [&] {
+      send_known(c, next, out);
+      recv_known(c, prev, in);
+    });
   }
 }
 }  // namespace detail
@@ -53,7 +56,8 @@ void ring_step(C& c, int next, int prev, std::span<const std::byte> out, std::sp
 //! queueing communicator (DeferredComm) queues, and `add(in, mine)` to combine a received
 //! chunk into this rank's (mine = combine(in, mine) element-wise, in from the ring's
 //! earlier ranks): a kernel of the space, queued or run. Over a communicator without
-//! isend/irecv the send is issued before the receive, which needs buffered sends.
+//! isend/irecv the send is issued before the receive, in one group (NcclComm), which
+//! elsewhere needs buffered sends.
 template <class C, class Span, class Add>
 void ring_allreduce_spans(C& c, Span data, Span scratch, Add add) {
   using std::as_bytes;
@@ -75,8 +79,10 @@ void ring_allreduce_spans(C& c, Span data, Span scratch, Add add) {
     if constexpr (req::has_nonblocking_send_recv<C>) {
       detail::ring_step(c, next, prev, as_bytes(out), as_writable_bytes(in));
     } else {
-      send_known(c, next, as_bytes(out));
-      recv_known(c, prev, as_writable_bytes(in));
+      grouped(c, [&] {
+        send_known(c, next, as_bytes(out));
+        recv_known(c, prev, as_writable_bytes(in));
+      });
     }
   };
   for (int s = 0; s < P - 1; ++s) {

@@ -184,6 +184,17 @@ class TreeComm {
   void recv(int peer, std::vector<std::byte>& buf) { comm_.recv(peer, buf); }
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) { comm_.sendrecv(peer, msg, buf); }
 
+  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
+  void group_begin()
+    requires req::has_p2p_group<C>
+  {
+    comm_.group_begin();
+  }
+  void group_end()
+    requires req::has_p2p_group<C>
+  {
+    comm_.group_end();
+  }
   C& inner() { return comm_; }
   const C& inner() const { return comm_; }
 

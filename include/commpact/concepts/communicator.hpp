@@ -69,6 +69,13 @@ concept has_nonblocking_send_recv = requires(C& c, int peer, std::span<const std
   { c.isend(peer, msg) } -> waitable;
   { c.irecv(peer, buf) } -> waitable;
 };
+//! Whether C groups known-size point-to-point calls (`group_begin()` / `group_end()`, as
+//! NcclComm does; comm/known_size.hpp's `grouped` calls them, or nothing without them).
+template <class C>
+concept has_p2p_group = requires(C& c) {
+  c.group_begin();
+  c.group_end();
+};
 }  // namespace req
 
 //! A group of `size()` ranks with collectives. `allreduce(span<T>, op)` reduces in

@@ -7,7 +7,9 @@
 //!
 //! Exchange order: a rank first sends to every neighbour, then receives from every
 //! neighbour in ascending order, so no topology can deadlock as long as `Comm::send`
-//! does not wait for the receiver (ThreadComm, MpiComm).
+//! does not wait for the receiver (ThreadComm, MpiComm). The known-size exchanges post a
+//! round's sends and receives as one group (known_size.hpp's `grouped`), so a
+//! communicator whose sends wait for their receivers (NcclComm) cannot deadlock either.
 //!
 //! Space (v3): every algorithm runs in the communicator's space (comm_space_t<Comm>):
 //! the round's status words, the weights and the messages are the space's buffers, the
@@ -135,12 +137,14 @@ class neighbor_exchange {
   //! space's spans).
   void exchange_same_known(span<const std::byte> out) {
     const std::size_t m = msg_bytes_;
-    for (std::size_t k = 0; k < nb_.size(); ++k) {
-      send_known(comm_, nb_[k], out);
-      stats_.bytes_sent += m;
-      ++stats_.messages_sent;
-    }
-    for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+    grouped(comm_, [&] {
+      for (std::size_t k = 0; k < nb_.size(); ++k) {
+        send_known(comm_, nb_[k], out);
+        stats_.bytes_sent += m;
+        ++stats_.messages_sent;
+      }
+      for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+    });
   }
 
   //! Sends the k-th block of message_bytes() of `out` to neighbour k (every k), then
@@ -148,12 +152,14 @@ class neighbor_exchange {
   //! different message per edge; known-size point-to-point on the space's spans).
   void exchange_each_known(span<const std::byte> out) {
     const std::size_t m = msg_bytes_;
-    for (std::size_t k = 0; k < nb_.size(); ++k) {
-      send_known(comm_, nb_[k], out.subspan(k * m, m));
-      stats_.bytes_sent += m;
-      ++stats_.messages_sent;
-    }
-    for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+    grouped(comm_, [&] {
+      for (std::size_t k = 0; k < nb_.size(); ++k) {
+        send_known(comm_, nb_[k], out.subspan(k * m, m));
+        stats_.bytes_sent += m;
+        ++stats_.messages_sent;
+      }
+      for (std::size_t k = 0; k < nb_.size(); ++k) recv_known(comm_, nb_[k], recv_dev_.view().subspan(k * m, m));
+    });
   }
 
   //! Reserves the receive buffer for messages of up to max_bytes (an algorithm whose

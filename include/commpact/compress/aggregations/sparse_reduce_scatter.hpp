@@ -49,6 +49,11 @@
 //! selection and the allgather's headers); combine and clear_selected are queued.
 //! exchange() raises, the same on every rank, mismatch_error when ranks disagree on n, k
 //! or the step, and wire_error (after aborting the communicator) for a malformed frame.
+//! Each all-to-all (headers, entries) and each ring round (send to the next rank, receive
+//! from the previous one) is one group of point-to-point calls (known_size.hpp's
+//! `grouped`: ncclGroupStart/End on NcclComm, which would otherwise deadlock at P > 1;
+//! nothing on the host communicators, whose sends are buffered): the same calls in the
+//! same order, so the same bytes and results on every communicator.
 
 #include <algorithm>
 #include <cstddef>
@@ -171,10 +176,12 @@ class SparseReduceScatter {
                                    static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
                                    accepted ? pay_out() : span<std::byte>{});
     auto slot = [&](auto& b, std::size_t j) { return b.view().subspan(j * header, header); };
-    for (int j = 0; j < P_; ++j)
-      if (j != me) send_known(comm_, j, span<const std::byte>(slot(hdr_out_, static_cast<std::size_t>(j))));
-    for (int j = 0; j < P_; ++j)
-      if (j != me) recv_known(comm_, j, slot(hdr_in_, static_cast<std::size_t>(j)));
+    grouped(comm_, [&] {  // the headers' all-to-all: one group
+      for (int j = 0; j < P_; ++j)
+        if (j != me) send_known(comm_, j, span<const std::byte>(slot(hdr_out_, static_cast<std::size_t>(j))));
+      for (int j = 0; j < P_; ++j)
+        if (j != me) recv_known(comm_, j, slot(hdr_in_, static_cast<std::size_t>(j)));
+    });
     ops<space_type>::to_host(e, hdr_out_.cview().first(up * header), std::span<std::byte>(hdr_out_host_));
     ops<space_type>::to_host(e, hdr_in_.cview().first(up * header), std::span<std::byte>(hdr_in_host_));
     space_type::fence(e, no_deadline());
@@ -183,12 +190,16 @@ class SparseReduceScatter {
     auto count = [&](const std::vector<std::byte>& h, int j) {
       return static_cast<std::size_t>(host::oktopk::read_header(h.data() + static_cast<std::size_t>(j) * header).count);
     };
-    for (int j = 0; j < P_; ++j)
-      if (const auto c = count(hdr_out_host_, j); j != me && c)
-        send_known(comm_, j, span<const std::byte>(pay_out_.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c)));
-    for (int j = 0; j < P_; ++j)
-      if (const auto c = count(hdr_in_host_, j); j != me && c)
-        recv_known(comm_, j, pay_in_.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c));
+    auto pay = [&](auto& b, int j, std::size_t c) {
+      return b.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c);
+    };
+    grouped(comm_, [&] {  // the entries' all-to-all: one group
+      for (int j = 0; j < P_; ++j)
+        if (const auto c = count(hdr_out_host_, j); j != me && c)
+          send_known(comm_, j, span<const std::byte>(pay(pay_out_, j, c)));
+      for (int j = 0; j < P_; ++j)
+        if (const auto c = count(hdr_in_host_, j); j != me && c) recv_known(comm_, j, pay(pay_in_, j, c));
+    });
     const auto lo = step_bounds_[static_cast<std::size_t>(me)], hi = step_bounds_[static_cast<std::size_t>(me) + 1];
     const auto len = static_cast<std::size_t>(hi - lo);
     const auto reg = reg_.view().first(len);
@@ -206,12 +217,14 @@ class SparseReduceScatter {
     }
     ops<space_type>::oktopk_select(e, span<const float>(reg), span<const std::uint8_t>(touched), theta_dev_.cview(), lo,
                                    me, block(static_cast<std::size_t>(me), 0, block_stride()), selws_.view());
-    // The allgather's headers (origin, count): a ring of P - 1 rounds of 8 bytes.
+    // The allgather's headers (origin, count): a ring of P - 1 rounds of 8 bytes, each
+    // round's send to the next rank and receive from the previous one a group.
     auto mod = [P = P_](int x) { return static_cast<std::size_t>(((x % P) + P) % P); };
-    for (int s = 0; s < P_ - 1; ++s) {
-      send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(mod(me - s), 0, 8)));
-      recv_known(comm_, static_cast<int>(mod(me - 1)), block(mod(me - s - 1), 0, 8));
-    }
+    for (int s = 0; s < P_ - 1; ++s)
+      grouped(comm_, [&] {
+        send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(mod(me - s), 0, 8)));
+        recv_known(comm_, static_cast<int>(mod(me - 1)), block(mod(me - s - 1), 0, 8));
+      });
     std::uint32_t st[2] = {0, 0};
     ops<space_type>::to_host(e, span<const std::uint32_t>(status_), std::span<std::uint32_t>(st));
     ops<space_type>::to_host(e, theta_dev_.cview(), std::span<float>(&theta_step_, 1));
@@ -227,11 +240,14 @@ class SparseReduceScatter {
         wire_failure(detail::cat("the allgather block of rank ", o, " is malformed (origin ", origin, ", ", bcount(o),
                                  " entries, at most ", cap_, ")"));
     }
-    // The selected entries: a second ring, sized by the headers.
+    // The selected entries: a second ring, sized by the headers (a group a round).
     for (int s = 0; s < P_ - 1; ++s) {
       const auto so = mod(me - s), ro = mod(me - s - 1);
-      if (bcount(so)) send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(so, 8, 8 * bcount(so))));
-      if (bcount(ro)) recv_known(comm_, static_cast<int>(mod(me - 1)), block(ro, 8, 8 * bcount(ro)));
+      const int next = static_cast<int>(mod(me + 1)), prev = static_cast<int>(mod(me - 1));
+      grouped(comm_, [&] {
+        if (bcount(so)) send_known(comm_, next, span<const std::byte>(block(so, 8, 8 * bcount(so))));
+        if (bcount(ro)) recv_known(comm_, prev, block(ro, 8, 8 * bcount(ro)));
+      });
     }
   }
 
