@@ -147,8 +147,8 @@ class SparseReduceScatter {
   span<float> block(std::size_t capacity) {
     if constexpr (!detail::has_oktopk_begin<space_type>) {
       throw invalid_argument(
-          "commpact::SparseReduceScatter::block: this space has no oktopk_begin kernel yet; feed the step through "
-          "local_set() (as OkTopK does) or run it over host_space or deferred_space.");
+          "commpact::SparseReduceScatter::block: this space has no ops<Space>::oktopk_begin kernel (host, deferred "
+          "and CUDA do); write one, feed the step through local_set() (as OkTopK does), or run it over one of those.");
     }
     require(capacity % 4 == 0 && capacity >= sparse_wire::header_bytes + sparse_wire::entry_bytes * k_,
             "commpact::SparseReduceScatter::block: a capacity of ", capacity, " bytes cannot hold a frame of k = ", k_,
