@@ -9,8 +9,13 @@
 #include <string_view>
 
 #include "../error.hpp"
+#include "../space/host.hpp"
 
 namespace commpact::detail {
+
+//! What a finished step did: delivered its result, or was skipped (a non-finite value
+//! under nonfinite::skip_step).
+enum class step_outcome { delivered, skipped };
 
 //! reduce() of a two-phase compressor: start + finish + commit. A step that raises in
 //! finish() was never committed; the compressor is idle again.
@@ -48,6 +53,16 @@ class step_phase {
                             "first.");
   }
 
+  //! commit() takes the finished step: it must have finished; from here on none is in flight.
+  void take_finished(std::string_view who) {
+    require_finished(who);
+    v_ = idle;
+  }
+  //! save_state, load_state, reset and the like: no step may be in flight.
+  void require_none_in_flight(std::string_view who, std::string_view call) const {
+    require(v_ == idle, "commpact::", who, "::", call, ": a step is in flight; finish and commit it first.");
+  }
+
   //! cancel(): drops a started or finished step. A started step's queued work is
   //! completed first by `fence()` (whose failure is dropped with the step: the
   //! communicator reports it again at its next use).
@@ -60,6 +75,12 @@ class step_phase {
       }
     }
     v_ = idle;
+  }
+
+  //! cancel() of a compressor in Space: drop(), the queued work on `e` completed first.
+  template <class Space, class Exec>
+  void drop_in(const Exec& e) noexcept {
+    drop([&] { Space::fence(e, no_deadline()); });
   }
 
   step_phase& operator=(value v) {

@@ -69,12 +69,13 @@ class power_gossip_algorithm {
   static constexpr bool over_space = true;
   //! The messages (one per neighbour) live in the algorithm's buffer, not the exchange's.
   static constexpr bool own_message = false;
-  using space_type = comm_space_t<Comm>;
+  using exchange_type = neighbor_exchange<Comm>;  // the space, spans and buffers are the exchange's
+  using space_type = typename exchange_type::space_type;
   template <class T>
-  using span = typename space_type::template span<T>;
+  using span = typename exchange_type::template span<T>;
   template <class T>
-  using buffer = typename space_type::template buffer<T>;
-  using K = ops<space_type>;
+  using buffer = typename exchange_type::template buffer<T>;
+  using K = typename exchange_type::K;
 
   power_gossip_algorithm(const tensor_layout& layout, std::size_t, power_gossip<R> pol, neighbor_exchange<Comm>& ex)
       : pol_(pol), me_(ex.rank()), self_w_(ex.self_weight()), exec_(ex.exec()) {

@@ -33,14 +33,13 @@ namespace commpact {
 //! The allgather aggregation over C: fixed-capacity blocks, one per rank.
 template <class C>
 class Allgather : public detail::comm_aggregation<C> {
-  using base = detail::comm_aggregation<C>;
-  using base::comm_;
+  using detail::comm_aggregation<C>::comm_;
+  using S = comm_space_t<C>;
 
  public:
-  using typename base::space_type;
   template <class T>
-  using span = typename base::template span<T>;
-  using base::base;
+  using span = detail::comm_span<C, T>;
+  using detail::comm_aggregation<C>::comm_aggregation;
 
   //! This rank's block of `capacity` bytes (a multiple of 4) as float storage in the
   //! space, to fill before exchange().
@@ -65,8 +64,8 @@ class Allgather : public detail::comm_aggregation<C> {
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     const auto e = comm_exec(comm_);
     sum_.resize(out.size());
-    codec_kernels<K, space_type>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
-    ops<space_type>::mean_into(e, sum_.cview(), out, comm_.size(), status);
+    codec_kernels<K, S>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
+    ops<S>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }
 
   template <class Out>
@@ -82,7 +81,7 @@ class Allgather : public detail::comm_aggregation<C> {
 
  private:
   // bytes in float storage: the concept's allgather moves floats
-  typename space_type::template buffer<float> mine_, all_, sum_;  // sum_: combine's decoded sum
+  detail::comm_buffer<C, float> mine_, all_, sum_;  // sum_: combine's decoded sum
 };
 
 }  // namespace commpact

@@ -32,14 +32,12 @@ namespace commpact {
 //! The allreduce aggregation over C: one block of m + 1 floats per rank, summed.
 template <class C>
 class Allreduce : public detail::comm_aggregation<C> {
-  using base = detail::comm_aggregation<C>;
-  using base::comm_;
+  using detail::comm_aggregation<C>::comm_;
 
  public:
-  using typename base::space_type;
   template <class T>
-  using span = typename base::template span<T>;
-  using base::base;
+  using span = detail::comm_span<C, T>;
+  using detail::comm_aggregation<C>::comm_aggregation;
 
   //! This rank's block of `capacity` bytes (4 (m + 1): the compressed vector and the
   //! flag) as float storage in the space, to fill before exchange().
@@ -53,7 +51,7 @@ class Allreduce : public detail::comm_aggregation<C> {
   //! a non-finite input, else status_nonfinite and out untouched.
   template <class K>
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
-    ops<space_type>::linear_decode(comm_exec(comm_), codec, buf_.view(), out, comm_.size(), status);
+    ops<comm_space_t<C>>::linear_decode(comm_exec(comm_), codec, buf_.view(), out, comm_.size(), status);
   }
 
   template <class Out>
@@ -62,7 +60,7 @@ class Allreduce : public detail::comm_aggregation<C> {
   }
 
  private:
-  typename space_type::template buffer<float> buf_;
+  detail::comm_buffer<C, float> buf_;
 };
 
 }  // namespace commpact

@@ -11,6 +11,12 @@
 
 namespace commpact::detail {
 
+//! The span and buffer types of C's space.
+template <class C, class T>
+using comm_span = typename comm_space_t<C>::template span<T>;
+template <class C, class T>
+using comm_buffer = typename comm_space_t<C>::template buffer<T>;
+
 template <class C>
 class comm_aggregation {
   static_assert(diagnose_communicator<C>());

@@ -62,6 +62,7 @@
 #include "../codecs/sparse_options.hpp"
 #include "../../nonfinite.hpp"
 #include "../step_phase.hpp"
+#include "../step_status.hpp"
 
 namespace commpact {
 
@@ -122,8 +123,7 @@ class CastAllreduce {
     codes_.resize(N);
     if (opt_.error_feedback) candidate_.resize(N);
     scratch_.resize(wire::ring_chunk(N, comm_.size(), 0));
-    status_.resize(1);
-    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    status_.clear(e);
     ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), residual_.cview(), codes_.view(),
                                                 candidate_.view());
     phase_ = phase::started;
@@ -146,14 +146,14 @@ class CastAllreduce {
     const auto e = exec();
     try {
       ops<space_type>::template cast_decode_mean<Cast>(e, codes_.cview(), grad_, comm_.size(), status_.view());
-      ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+      status_.fetch(e);
       space_type::fence(e, no_deadline());
     } catch (...) {
       phase_ = phase::idle;
       throw;
     }
     phase_ = phase::idle;
-    skipped_step_ = (status_host_ & status_nonfinite) != 0;
+    skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
         detail::raise_nonfinite(who, "summed gradient", static_cast<std::size_t>(-1), steps_);
@@ -175,13 +175,10 @@ class CastAllreduce {
 
   //! Drops a started or finished step: the residual and counters stay as before it
   //! (queued work is completed first).
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
 
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::CastAllreduce::save_state: a step is in flight; finish and commit it "
-                                   "first.");
+    phase_.require_none_in_flight("CastAllreduce", "save_state");
     state::writer w{out, kind};
     state::write_counters(w, steps_, skipped_);
     w.f32s(2, to_host(residual_));
@@ -191,8 +188,7 @@ class CastAllreduce {
   //! Restores what save_state wrote; raises and changes nothing on a malformed state (a
   //! residual of another length than the next gradient is rejected at that step).
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::CastAllreduce::load_state: a step is in flight; finish and commit it "
-                                   "first.");
+    phase_.require_none_in_flight("CastAllreduce", "load_state");
     state::reader r{in, kind, who};
     const auto [s, k] = state::read_counters(r);
     auto res = r.f32s(2);
@@ -252,10 +248,10 @@ class CastAllreduce {
   options opt_;
   buffer<float> residual_, candidate_;
   buffer<std::uint16_t> codes_, scratch_;
-  buffer<std::uint32_t> status_;
-  std::uint32_t status_host_ = 0;
-  span<float> grad_{};
+  // the step in flight, the length the ranks agreed on, the counters
   phase phase_;
+  span<float> grad_{};
+  detail::status_word<space_type> status_;
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -54,6 +54,7 @@
 #include "../../nonfinite.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../step_phase.hpp"
+#include "../step_status.hpp"
 
 namespace commpact {
 
@@ -122,8 +123,7 @@ class CodecCompressor {
                           .step = steps_,
                           .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
-    status_.resize(1);
-    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    status_.clear(e);
     if (problem_.empty()) {
       const std::size_t N = grad.size();
       const bool momentum = opt_.momentum > 0.0f;
@@ -174,13 +174,13 @@ class CodecCompressor {
     // a sum of finite values that overflowed is caught there (dividing by P keeps the
     // rest finite), before grad is written.
     agg_.combine(codec_, grad_, status_.view());
-    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    status_.fetch(e);
     space_type::fence(e, no_deadline());
-    if (status_host_ & status_wire)  // a space whose decode cannot raise (CUDA) reports it here
+    if (status_.bits() & status_wire)  // a space whose decode cannot raise (CUDA) reports it here
       throw wire_error(detail::cat("commpact::", name_, "::reduce: a rank's payload at step ", steps_,
                                    " is malformed (the codec's decoder rejects it); every rank received the same "
                                    "blocks and abandons the step."));
-    if (status_host_ & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");
+    if (status_.bits() & status_nonfinite) return skip("sum of the delivered gradients (it overflowed)");
     phase_ = phase::finished;
     outcome_ = outcome::delivered;
     return true;
@@ -189,8 +189,7 @@ class CodecCompressor {
   //! Installs a finished step: the candidate residual (what the codec did not deliver)
   //! becomes the residual, the counters advance.
   void commit() {
-    phase_.require_finished(name_);
-    phase_ = phase::idle;
+    phase_.take_finished(name_);
     if (outcome_ == outcome::skipped) {
       ++steps_, ++skipped_;
       return;
@@ -206,13 +205,11 @@ class CodecCompressor {
 
   //! Drops a started or finished step: residual, velocity and counters as before start().
   //! Queued work is completed first.
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::", name_, "::save_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight(name_, "save_state");
     state::writer w{out, kind()};
     state::write_counters(w, steps_, skipped_);
     w.f32s(10, to_host(residual_, ef_n_));
@@ -221,7 +218,7 @@ class CodecCompressor {
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::", name_, "::load_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight(name_, "load_state");
     state::reader r{in, kind(), name_};
     const auto [s, k] = state::read_counters(r);
     auto l = error_feedback::load(r, state::reader::npos, opt_.momentum > 0.0f);
@@ -237,7 +234,7 @@ class CodecCompressor {
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
-    require(phase_ == phase::idle, "commpact::", name_, "::reset: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight(name_, "reset");
     ef_n_ = 0;
     agreed_ = false;
   }
@@ -331,11 +328,10 @@ class CodecCompressor {
   options opt_;
   std::string name_;
   using phase = detail::step_phase;
-  enum class outcome { delivered, skipped };
+  using outcome = detail::step_outcome;
   buffer<float> residual_, velocity_, acc_, u_next_, approx_, scale_;
-  buffer<std::uint32_t> status_;
+  detail::status_word<space_type> status_;
   frame::host_headers<space_type> headers_;
-  std::uint32_t status_host_ = 0;
   span<float> grad_{};
   std::string problem_;
   phase phase_;

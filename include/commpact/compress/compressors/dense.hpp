@@ -34,6 +34,7 @@
 #include "../../state.hpp"
 #include "../../nonfinite.hpp"
 #include "../step_phase.hpp"
+#include "../step_status.hpp"
 
 namespace commpact {
 
@@ -65,11 +66,10 @@ class Dense {
       checked_size_ = n;
     }
     const auto e = comm_exec(comm_);
-    status_.resize(1);
-    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    status_.clear(e);
     comm_.allreduce(grad, reduce_op::sum);
     ops<space_type>::mean(e, grad, comm_.size(), status_.view());
-    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    status_.fetch(e);
     grad_ = grad;
     phase_ = phase::started;
   }
@@ -80,7 +80,7 @@ class Dense {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
     space_type::fence(e, no_deadline());
-    skipped_step_ = (status_host_ & status_nonfinite) != 0;
+    skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
         detail::raise_nonfinite("Dense::reduce", "summed gradient", static_cast<std::size_t>(-1), steps_);
@@ -100,9 +100,7 @@ class Dense {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(comm_exec(comm_), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(comm_exec(comm_)); }
 
   void save_state(std::vector<std::byte>& out) const {
     state::writer w{out, "commpact.Dense"};
@@ -127,8 +125,7 @@ class Dense {
   using phase = detail::step_phase;
   Comm comm_;
   options opt_;
-  typename space_type::template buffer<std::uint32_t> status_;
-  std::uint32_t status_host_ = 0;
+  detail::status_word<space_type> status_;
   span<float> grad_{};
   phase phase_;
   bool skipped_step_ = false;

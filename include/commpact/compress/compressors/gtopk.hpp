@@ -219,13 +219,11 @@ class gTopK {
   //! Drops a started or finished step: the residual, the velocity and the counters stay
   //! as before start(). (grad holds the step's result if it finished.) Every rank that
   //! started the step must cancel it; queued communication is completed first.
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::gTopK::save_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("gTopK", "save_state");
     state::writer w{out, "commpact.gTopK"};
     state::write_counters(w, steps_, skipped_);
     w.f32s(10, to_host(residual_));
@@ -234,7 +232,7 @@ class gTopK {
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::gTopK::load_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("gTopK", "load_state");
     state::reader r{in, "commpact.gTopK", "gTopK"};
     const auto [s, k] = state::read_counters(r);
     auto res = r.f32s(10);
@@ -290,7 +288,7 @@ class gTopK {
 
  private:
   using phase = detail::step_phase;
-  enum class outcome { delivered, skipped };
+  using outcome = detail::step_outcome;
 
   //! TreeMerge::combine's codec argument: the merged set needs no decoding.
   struct no_codec {};

@@ -56,6 +56,7 @@
 #include "../codecs/sparse_options.hpp"
 #include "../error_feedback.hpp"
 #include "../step_phase.hpp"
+#include "../step_status.hpp"
 
 namespace commpact {
 
@@ -102,8 +103,7 @@ class LinearCompressor {
     }
     const std::size_t N = grad.size(), m = codec_.size(N);
     const auto block = agg_.block(4 * (m + 1));
-    status_.resize(1);
-    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    status_.clear(e);
     acc_.resize(N);
     if (ef_n_ == 0) {  // no residual (yet, or ever for an unbiased codec): it counts as zero
       residual_.resize(N);
@@ -124,10 +124,10 @@ class LinearCompressor {
     phase_.take_started(name_);
     agg_.combine(codec_, grad_, status_.view());
     const auto e = exec();
-    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    status_.fetch(e);
     space_type::fence(e, no_deadline());
     outcome_ = outcome::delivered;
-    if (status_host_ & status_nonfinite) {
+    if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
         detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank",
                                 static_cast<std::size_t>(-1), steps_);
@@ -142,8 +142,7 @@ class LinearCompressor {
   //! Installs a finished step: acc - B A acc becomes the residual (a codec that keeps
   //! none: nothing), the counters advance.
   void commit() {
-    phase_.require_finished(name_);
-    phase_ = phase::idle;
+    phase_.take_finished(name_);
     if (outcome_ == outcome::skipped) {
       ++steps_, ++skipped_;
       return;
@@ -162,13 +161,11 @@ class LinearCompressor {
 
   //! Drops a started or finished step: residual and counters as before start(). Queued
   //! work is completed first.
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
 
   //! Saves the counters and the residual (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::", name_, "::save_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight(name_, "save_state");
     state::writer w{out, "commpact." + name_};
     state::write_counters(w, steps_, skipped_);
     w.f32s(10, copy_to_host<space_type>(exec(), residual()));
@@ -177,7 +174,7 @@ class LinearCompressor {
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::", name_, "::load_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight(name_, "load_state");
     error_feedback ef;
     std::int64_t steps = 0, skipped = 0;
     load_feedback_state(in, "commpact." + name_, name_, false, ef, steps, skipped);
@@ -221,22 +218,22 @@ class LinearCompressor {
 
  private:
   using phase = detail::step_phase;
-  enum class outcome { delivered, skipped };
-
-  auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+  using outcome = detail::step_outcome;
 
   aggregation_type agg_;
   K codec_;
   nonfinite policy_;
   std::string name_;
   buffer<float> residual_, acc_, approx_, dense_;
-  buffer<std::uint32_t> status_;
-  std::uint32_t status_host_ = 0;
-  span<float> grad_{};
+  // the step in flight, the agreement, the counters
   phase phase_;
+  span<float> grad_{};
+  detail::status_word<space_type> status_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::int64_t n_ = -1, ef_n_ = 0, steps_ = 0, skipped_ = 0;
+
+  auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
 };
 
 }  // namespace commpact

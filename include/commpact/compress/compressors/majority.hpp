@@ -53,6 +53,7 @@
 #include "../frame.hpp"
 #include "../frame_headers.hpp"
 #include "../step_phase.hpp"
+#include "../step_status.hpp"
 #include "codec_compressor.hpp"
 
 namespace commpact {
@@ -115,8 +116,7 @@ class MajorityVote {
                           .step = steps_,
                           .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
-    status_.resize(1);
-    ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
+    status_.clear(e);
     if (problem_.empty()) {
       next_.resize(n);
       if (momentum) m_.reserve(n);  // the other half of the swap: nothing allocated after step one
@@ -154,9 +154,9 @@ class MajorityVote {
       return false;
     }
     agg_.combine(codec_, grad_, status_.view());
-    ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(&status_host_, 1));
+    status_.fetch(e);
     space_type::fence(e, no_deadline());
-    if (status_host_ & status_wire)
+    if (status_.bits() & status_wire)
       throw wire_error(detail::cat("commpact::MajorityVote::reduce: a rank's vote at step ", steps_, " is malformed "
                                    "(a payload that is not 4 + ceil(n / 8) = ", payload_bytes(grad_.size()),
                                    " bytes, a scale that is not finite and >= 0, or sign bits set past its n values); "
@@ -167,8 +167,7 @@ class MajorityVote {
 
   //! Installs a finished step: Signum's new momentum; the counters advance.
   void commit() {
-    phase_.require_finished("MajorityVote");
-    phase_ = phase::idle;
+    phase_.take_finished("MajorityVote");
     ++steps_;
     if (outcome_ == outcome::skipped) {
       ++skipped_;
@@ -181,13 +180,11 @@ class MajorityVote {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
 
   //! Saves the counters and Signum's momentum (state.hpp, kind "commpact.MajorityVote").
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::MajorityVote::save_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("MajorityVote", "save_state");
     const std::vector<float> m = copy_to_host<space_type>(exec(), momentum());
     state::writer w{out, "commpact.MajorityVote"};
     state::write_counters(w, steps_, skipped_);
@@ -196,7 +193,7 @@ class MajorityVote {
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::MajorityVote::load_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("MajorityVote", "load_state");
     state::reader r{in, "commpact.MajorityVote", "MajorityVote"};
     const auto [s, k] = state::read_counters(r);
     auto m = r.f32s(10);
@@ -226,7 +223,7 @@ class MajorityVote {
 
  private:
   using phase = detail::step_phase;
-  enum class outcome { delivered, skipped };
+  using outcome = detail::step_outcome;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
 
@@ -243,8 +240,7 @@ class MajorityVote {
   // the step in flight and the counters
   phase phase_;
   span<float> grad_{};
-  buffer<std::uint32_t> status_;
-  std::uint32_t status_host_ = 0;
+  detail::status_word<space_type> status_;
   outcome outcome_ = outcome::delivered;
   std::int64_t steps_ = 0, skipped_ = 0;
 };

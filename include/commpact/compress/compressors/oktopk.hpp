@@ -172,12 +172,12 @@ class OkTopK {
   //! Drops a started or finished step (queued work is completed first): the residual,
   //! the regions, theta and the counters stay as before it.
   void cancel() noexcept {
-    phase_.drop([&] { space_type::fence(exec(), no_deadline()); });
+    phase_.drop_in<space_type>(exec());
     pending_ = nullptr;
   }
 
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::OkTopK::save_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("OkTopK", "save_state");
     state::writer w{out, kind};
     state::write_counters(w, steps_, skipped_);
     std::vector<float> h(static_cast<std::size_t>(residual_len_));
@@ -188,7 +188,7 @@ class OkTopK {
     w.finish();
   }
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::OkTopK::load_state: a step is in flight; finish and commit it first.");
+    phase_.require_none_in_flight("OkTopK", "load_state");
     state::reader r{in, kind, who};
     const auto [s, k] = state::read_counters(r);
     auto l = error_feedback::load(r, state::reader::npos, false);
@@ -228,7 +228,7 @@ class OkTopK {
 
  private:
   using phase = detail::step_phase;
-  enum class outcome { delivered, skipped };
+  using outcome = detail::step_outcome;
   static constexpr const char* who = "OkTopK";
   static constexpr std::string_view kind = "commpact.OkTopK";
 

@@ -219,8 +219,7 @@ class PowerCompressor {
   //! Installs a finished step: the candidate residual and the new Q swap in, the
   //! counters advance.
   void commit() {
-    phase_.require_finished("PowerCompressor");
-    phase_ = phase::idle;
+    phase_.take_finished("PowerCompressor");
     ++steps_;
     if (outcome_ != outcome::delivered) {
       ++skipped_;
@@ -235,14 +234,11 @@ class PowerCompressor {
   }
 
   //! Drops a started or finished step: residual, Q and counters as before start().
-  void cancel() noexcept {
-    phase_.drop([&] { Space::fence(exec(), no_deadline()); });
-  }
+  void cancel() noexcept { phase_.drop_in<Space>(exec()); }
 
   //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
-    require(phase_ == phase::idle, "commpact::PowerCompressor::save_state: a step is in flight; finish and commit it "
-                                   "first.");
+    phase_.require_none_in_flight("PowerCompressor", "save_state");
     std::vector<float> rh, qh;
     state::writer w{out, "commpact.PowerCompressor"};
     w.i64s(1, std::array<std::int64_t, 4>{steps_, skipped_, q_ready_ ? 1 : 0, layout_hash_});
@@ -256,8 +252,7 @@ class PowerCompressor {
   //! raises (mismatch_error for another layout, wire_error for a corrupted state) and
   //! changes nothing on failure.
   void load_state(std::span<const std::byte> in) {
-    require(phase_ == phase::idle, "commpact::PowerCompressor::load_state: a step is in flight; finish and commit it "
-                                   "first.");
+    phase_.require_none_in_flight("PowerCompressor", "load_state");
     state::reader r{in, "commpact.PowerCompressor", "PowerCompressor"};
     const auto c = r.i64s(1, 4);
     r.require_that<mismatch_error>(c[3] == layout_hash_, "the state was saved with a different layout, rank or "
@@ -306,8 +301,7 @@ class PowerCompressor {
   //! start from the Q another implementation drew (commpact_hooks matches PyTorch's
   //! powerSGD_hook); the next step starts from it. Every rank must set the same Q.
   void set_q_factor(std::size_t i, std::span<const float> q) {
-    require(phase_ == phase::idle, "commpact::PowerCompressor::set_q_factor: a step is in flight; finish and commit "
-                                   "it first.");
+    phase_.require_none_in_flight("PowerCompressor", "set_q_factor");
     const auto& en = entries_.at(i);
     require(en.compressed && q.size() == en.cols * en.r, "commpact::PowerCompressor::set_q_factor: tensor ", i,
             en.compressed ? " takes " : " is not compressed and takes ", en.compressed ? en.cols * en.r : 0,
