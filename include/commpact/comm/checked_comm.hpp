@@ -34,13 +34,14 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "forward_group.hpp"
 #include "../error.hpp"
 #include "signature.hpp"
 
 namespace commpact {
 
 template <class C>
-class CheckedComm {
+class CheckedComm : public detail::forwards_p2p_group<CheckedComm<C>, C> {
   static_assert(diagnose_communicator<C>());
 
  public:
@@ -128,17 +129,7 @@ class CheckedComm {
     return inner_.irecv(peer, buf);
   }
 
-  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
-  void group_begin()
-    requires req::has_p2p_group<C>
-  {
-    inner_.group_begin();
-  }
-  void group_end()
-    requires req::has_p2p_group<C>
-  {
-    inner_.group_end();
-  }
+  // group_begin() / group_end(): forwards_p2p_group (comm/forward_group.hpp), when C has them.
   C& inner() { return inner_; }
   const C& inner() const { return inner_; }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "../concepts.hpp"
+#include "forward_group.hpp"
 #include "wire_model.hpp"
 
 namespace commpact {
@@ -56,7 +57,7 @@ struct comm_stats {
 };
 
 template <class C>
-class CountingComm {
+class CountingComm : public detail::forwards_p2p_group<CountingComm<C>, C> {
   static_assert(diagnose_communicator<C>());
 
  public:
@@ -137,17 +138,7 @@ class CountingComm {
     count_recv(buf.size());
     return h;
   }
-  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
-  void group_begin()
-    requires req::has_p2p_group<C>
-  {
-    inner_.group_begin();
-  }
-  void group_end()
-    requires req::has_p2p_group<C>
-  {
-    inner_.group_end();
-  }
+  // group_begin() / group_end(): forwards_p2p_group (comm/forward_group.hpp), when C has them.
   const comm_stats& stats() const { return *stats_; }
   void reset_stats() { *stats_ = {}; }
   C& inner() { return inner_; }

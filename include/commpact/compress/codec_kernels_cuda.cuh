@@ -94,6 +94,33 @@ inline void cuda_finish_frame(const cuda_space::exec& e, cuda_span<float> block,
   cuda_codec_check(cudaGetLastError(), "frame_finish");
 }
 
+//! decode_sum of a dense codec (sign, fp16, bf16, TernGrad, natural, 1-bit): sum = 0,
+//! validate over `validate_threads` threads (status_wire for a malformed block), add (every
+//! block's value per element, in rank order; nothing once status_wire is set), then NaN in
+//! sum[0] when status_wire is set. Both kernels take (blocks, block words, P, n, ...).
+inline void cuda_dense_decode_sum(const cuda_space::exec& e, const char* who, cuda_span<const float> blocks,
+                                  std::size_t block_floats, cuda_span<float> sum, cuda_span<std::uint32_t> status,
+                                  std::size_t validate_threads,
+                                  void (*validate)(const std::uint32_t*, std::size_t, std::size_t, std::size_t,
+                                                   std::uint32_t*),
+                                  void (*add)(const std::uint32_t*, std::size_t, std::size_t, std::size_t, float*,
+                                              const std::uint32_t*)) {
+  namespace kc = cuda_kernels::codec;
+  require(status.size() >= 1, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: pass the step status (one "
+          "word); the device reports a malformed block there.");
+  require(block_floats >= kc::header_words, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: blocks of ",
+          block_floats, " floats cannot hold the frame header.");
+  const std::size_t n = sum.size(), P = blocks.size() / block_floats;
+  const cudaStream_t s = e.stream();
+  const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
+  std::uint32_t* st = cuda_access::ptr(status);
+  if (n) cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
+  validate<<<kc::grid_for(validate_threads), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
+  if (n) add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
+  kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+  cuda_codec_check(cudaGetLastError(), "decode_sum");
+}
+
 //! decode_sum of the sparse format (topk_codec, threshold_codec): sum = 0, then every
 //! block's entries (at most max_count, validated as the host's decode_add) added in rank
 //! order; a malformed block sets status_wire and NaN in sum[0] (nothing of it is added).
@@ -229,20 +256,8 @@ struct codec_kernels<sign_codec, cuda_space> {
   //! NaN in sum[0].
   static void decode_sum(const exec& e, const sign_codec&, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
-    namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<sign_codec, cuda_space>::decode_sum: pass the step status "
-                                "(one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<sign_codec, cuda_space>::decode_sum: blocks of ",
-            block_floats, " floats cannot hold the frame header.");
-    const std::size_t n = sum.size(), P = blocks.size() / block_floats;
-    const cudaStream_t s = e.stream();
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
-    std::uint32_t* st = cuda_access::ptr(status);
-    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
-    kc::sign_validate<<<kc::grid_for(P), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
-    if (n) kc::sign_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
-    detail::cuda_codec_check(cudaGetLastError(), "sign decode");
+    detail::cuda_dense_decode_sum(e, "sign_codec", blocks, block_floats, sum, status, blocks.size() / block_floats,
+                                  cuda_kernels::codec::sign_validate, cuda_kernels::codec::sign_add);
   }
 
   static void clear_delivered(const exec&, const sign_codec&, span<float>, span<float>) {}
@@ -275,20 +290,9 @@ struct cuda_cast16_kernels {
 
   static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
-    namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<", codec.who, ", cuda_space>::decode_sum: pass the step "
-                                "status (one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<", codec.who, ", cuda_space>::decode_sum: "
-            "blocks of ", block_floats, " floats cannot hold the frame header.");
     const std::size_t n = sum.size(), P = blocks.size() / block_floats;
-    const cudaStream_t s = e.stream();
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
-    std::uint32_t* st = cuda_access::ptr(status);
-    if (n) cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
-    kc::cast16_validate<Bf16><<<kc::grid_for(P * (n ? n : 1)), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
-    if (n) kc::cast16_add<Bf16><<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
-    cuda_codec_check(cudaGetLastError(), "cast16 decode");
+    cuda_dense_decode_sum(e, codec.who, blocks, block_floats, sum, status, P * (n ? n : 1),
+                          cuda_kernels::codec::cast16_validate<Bf16>, cuda_kernels::codec::cast16_add<Bf16>);
   }
 
   static void clear_delivered(const exec&, const Codec&, span<float>, span<float>) {}
@@ -334,20 +338,9 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 
   static void decode_sum(const exec& e, const terngrad_codec&, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
-    namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<terngrad_codec, cuda_space>::decode_sum: pass the step "
-                                "status (one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<terngrad_codec, cuda_space>::decode_sum: "
-            "blocks of ", block_floats, " floats cannot hold the frame header.");
     const std::size_t n = sum.size(), P = blocks.size() / block_floats, nb = (2 * n + 7) / 8;
-    const cudaStream_t s = e.stream();
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
-    std::uint32_t* st = cuda_access::ptr(status);
-    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
-    kc::terngrad_validate<<<kc::grid_for(P * (nb ? nb : 1)), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
-    if (n) kc::terngrad_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
-    detail::cuda_codec_check(cudaGetLastError(), "terngrad decode");
+    detail::cuda_dense_decode_sum(e, "terngrad_codec", blocks, block_floats, sum, status, P * (nb ? nb : 1),
+                                  cuda_kernels::codec::terngrad_validate, cuda_kernels::codec::terngrad_add);
   }
 
   static void clear_delivered(const exec&, const terngrad_codec&, span<float>, span<float>) {}

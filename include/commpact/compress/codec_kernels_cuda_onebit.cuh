@@ -75,20 +75,9 @@ struct codec_kernels<onebit_codec, cuda_space> {
   //! NaN in sum[0].
   static void decode_sum(const exec& e, const onebit_codec&, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
-    namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<onebit_codec, cuda_space>::decode_sum: pass the step "
-                                "status (one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<onebit_codec, cuda_space>::decode_sum: "
-            "blocks of ", block_floats, " floats cannot hold the frame header.");
     const std::size_t n = sum.size(), P = blocks.size() / block_floats;
-    const cudaStream_t s = e.stream();
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks));
-    std::uint32_t* st = cuda_access::ptr(status);
-    if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
-    kc::onebit_validate<<<kc::grid_for(P), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
-    if (n) kc::onebit_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
-    detail::cuda_codec_check(cudaGetLastError(), "onebit decode");
+    detail::cuda_dense_decode_sum(e, "onebit_codec", blocks, block_floats, sum, status, P,
+                                  cuda_kernels::codec::onebit_validate, cuda_kernels::codec::onebit_add);
   }
 
   static void clear_delivered(const exec&, const onebit_codec&, span<float>, span<float>) {}

@@ -59,6 +59,7 @@
 #include "../kernels/status.hpp"
 #include "../space/cuda.hpp"
 #include "choco_kernels.hpp"
+#include "../kernels/cuda/grid.cuh"
 
 namespace commpact {
 
@@ -66,14 +67,10 @@ namespace cuda_kernels::choco {
 
 using codec::header_words;
 
-#define COMMPACT_CHOCO_LOOP(i, n)                                                      \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)
-
 //! diff[i] = x[i] - hat[i] (uncontracted) when words[0] is 0; else 0.
 __global__ void diff(const float* x, const float* hat, float* d, std::size_t n, const std::int64_t* words) {
   const bool clear = words[0] == 0;
-  COMMPACT_CHOCO_LOOP(i, n) d[i] = clear ? exact::sub(x[i], hat[i]) : 0.0f;
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) d[i] = clear ? exact::sub(x[i], hat[i]) : 0.0f;
 }
 
 //! q[idx[i]] = val[i] for the c = block[2] / 8 entries of this rank's frame block (at most
@@ -82,7 +79,7 @@ __global__ void scatter(const std::uint32_t* block, std::size_t cap, float* q, s
   const std::size_t c = block[2] / 8 < cap ? block[2] / 8 : cap;
   const auto* idx = reinterpret_cast<const std::int32_t*>(block + header_words);
   const auto* val = reinterpret_cast<const float*>(block + header_words + c);
-  COMMPACT_CHOCO_LOOP(i, c) {
+  for (const std::size_t i : cuda_kernels::grid_stride(c)) {
     const std::int32_t j = idx[i];
     if (j >= 0 && static_cast<std::size_t>(j) < n) q[j] = val[i];
   }
@@ -96,7 +93,7 @@ __global__ void message(const std::uint32_t* block, std::size_t cap, unsigned ch
   std::size_t len = words[0] == 0 ? block[2] : 0;
   if (len > cap) len = cap;
   const auto* p = reinterpret_cast<const unsigned char*>(block + header_words);
-  COMMPACT_CHOCO_LOOP(b, msg_bytes) {
+  for (const std::size_t b : cuda_kernels::grid_stride(msg_bytes)) {
     msg[b] = b < off ? static_cast<unsigned char>((len >> (8 * b)) & 0xFFu) : (b - off < len ? p[b - off] : 0u);
   }
 }
@@ -113,7 +110,7 @@ __global__ void short_message(const std::uint32_t* block, std::size_t cap, std::
 __global__ void frames(const unsigned char* recv, std::size_t msg_bytes, std::size_t deg, bool framed,
                        std::uint32_t* blocks, std::size_t block_words, std::uint32_t* st) {
   const std::size_t off = framed ? 4 : 0, cap = msg_bytes - off;
-  COMMPACT_CHOCO_LOOP(t, deg * block_words) {
+  for (const std::size_t t : cuda_kernels::grid_stride(deg * block_words)) {
     const std::size_t k = t / block_words, w = t % block_words;
     const unsigned char* m = recv + k * msg_bytes;
     std::size_t len = cap;
@@ -147,7 +144,6 @@ __global__ void first_malformed(const std::uint32_t* st, std::size_t deg, std::i
     }
 }
 
-#undef COMMPACT_CHOCO_LOOP
 
 }  // namespace cuda_kernels::choco
 

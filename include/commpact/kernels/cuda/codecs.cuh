@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
@@ -38,6 +39,7 @@
 #include "../../compress/codecs/quantizers.hpp"
 #include "../../compress/codecs/topk_sign.hpp"
 #include "../status.hpp"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
@@ -67,8 +69,7 @@ __global__ void frame_finish(std::uint32_t* block, std::size_t nw, header_words_
   const bool nonfinite = status != nullptr && (*status & status_nonfinite) != 0;
   const std::uint32_t clean = d_entries ? entry_bytes * *d_entries : ok_payload;
   const std::size_t payload = nonfinite ? 0 : clean;
-  for (std::size_t w = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; w < nw;
-       w += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t w : cuda_kernels::grid_stride(nw)) {
     if (w < header_words) {
       block[w] = nonfinite ? bad.w[w] : (w == 2 ? clean : ok.w[w]);  // word 2: the payload bytes
       continue;
@@ -85,8 +86,7 @@ __global__ void frame_finish(std::uint32_t* block, std::size_t nw, header_words_
 __global__ void topk_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t cmax,
                               std::uint64_t n, std::uint64_t kk, std::uint32_t* status) {
   const std::size_t per = cmax ? cmax : 1;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < P * per;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(P * per)) {
     const std::size_t r = t / per, i = t % per;
     const std::uint32_t* b = blocks + r * block_words;
     const std::uint32_t len = b[2];
@@ -110,8 +110,7 @@ __global__ void topk_add(const std::uint32_t* block, std::size_t cmax, float* su
   const std::size_t c = block[2] / 8;
   const auto* idx = reinterpret_cast<const std::int32_t*>(block + header_words);
   const auto* val = reinterpret_cast<const float*>(block + header_words + c);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < c && i < cmax;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(std::min<std::size_t>(c, cmax))) {
     const auto j = static_cast<std::size_t>(idx[i]);
     sum[j] = __fadd_rn(sum[j], val[i]);
   }
@@ -126,18 +125,19 @@ __global__ void poison_on_wire(float* sum, std::size_t n, const std::uint32_t* s
 
 inline constexpr int sign_warps = 8;  //!< warps per block of sign_l1_chunks
 
-//! part[c] = commpact::detail::abs_sum over chunk c (sign_l1_chunk values); each warp
-//! takes 32 chunks, lane l sums chunk 32 w + l in order, reading tiles of 32 x 32 values
-//! through shared memory so that global reads are coalesced.
-__global__ void __launch_bounds__(32 * sign_warps) sign_l1_chunks(const float* v, std::size_t n, double* part,
-                                                                  std::size_t chunks) {
-  constexpr std::size_t C = commpact::detail::sign_l1_chunk;
-  __shared__ float tile[sign_warps][32][33];
+//! part[c] = the fold of chunk c (values [c C, c C + C) below n, in index order) by
+//! push(acc, x) from Acc{}: each warp takes 32 chunks, lane l folds chunk 32 w + l,
+//! reading tiles of 32 x 32 values through shared memory so that global reads are
+//! coalesced. The kernel that calls it runs 32 * Warps threads per block. The host's
+//! chunked sums (sign_codec's scale, onebit_codec's means) in the device's order.
+template <unsigned Warps, std::size_t C, class Acc, class Push>
+__device__ void chunk_fold(const float* v, std::size_t n, Acc* part, std::size_t chunks, Push push) {
+  __shared__ float tile[Warps][32][33];
   const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::size_t c0 = (static_cast<std::size_t>(blockIdx.x) * sign_warps + warp) * 32;
+  const std::size_t c0 = (static_cast<std::size_t>(blockIdx.x) * Warps + warp) * 32;
   if (c0 >= chunks) return;  // the whole warp (only __syncwarp below)
   const std::size_t mine = c0 + lane;
-  double s = 0.0;
+  Acc s{};
   for (std::size_t off = 0; off < C; off += 32) {
     for (unsigned r = 0; r < 32; ++r) {
       const std::size_t i = (c0 + r) * C + off + lane;
@@ -146,11 +146,18 @@ __global__ void __launch_bounds__(32 * sign_warps) sign_l1_chunks(const float* v
     __syncwarp();
     for (unsigned j = 0; j < 32; ++j) {
       const std::size_t i = mine * C + off + j;
-      if (mine < chunks && i < n) s = __dadd_rn(s, commpact::detail::abs_as_double(tile[warp][lane][j]));
+      if (mine < chunks && i < n) push(s, tile[warp][lane][j]);
     }
     __syncwarp();
   }
   if (mine < chunks) part[mine] = s;
+}
+
+//! part[c] = commpact::detail::abs_sum over chunk c (sign_l1_chunk values), by chunk_fold.
+__global__ void __launch_bounds__(32 * sign_warps) sign_l1_chunks(const float* v, std::size_t n, double* part,
+                                                                  std::size_t chunks) {
+  chunk_fold<sign_warps, commpact::detail::sign_l1_chunk>(
+      v, n, part, chunks, [](double& s, float x) { s = __dadd_rn(s, commpact::detail::abs_as_double(x)); });
 }
 
 //! *scale = detail::sign_scale(sum of part[0, chunks) in order from 0.0, n) (one thread).
@@ -165,8 +172,7 @@ __global__ void sign_l1_total(const double* part, std::size_t chunks, std::size_
 __global__ void sign_bits(const float* v, std::size_t n, unsigned char* bits, std::size_t nb, float* approx,
                           const float* scale) {
   const float sc = *scale;
-  for (std::size_t b = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; b < nb;
-       b += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t b : cuda_kernels::grid_stride(nb)) {
     bits[b] = commpact::detail::sign_byte(v, n, b);
     if (approx)
       for (std::size_t i = 8 * b; i < 8 * b + 8 && i < n; ++i)
@@ -178,8 +184,7 @@ __global__ void sign_bits(const float* v, std::size_t n, unsigned char* bits, st
 __global__ void sign_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                               std::uint32_t* status) {
   const std::size_t bytes = 4 + (n + 7) / 8;
-  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < P;
-       r += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t r : cuda_kernels::grid_stride(P)) {
     const std::uint32_t* b = blocks + r * block_words;
     bool ok = b[2] == bytes && 4 * (block_words - header_words) >= bytes;
     if (ok) {
@@ -191,21 +196,32 @@ __global__ void sign_validate(const std::uint32_t* blocks, std::size_t block_wor
   }
 }
 
-//! sum[i] = 0.0f + the value of bit i of every block, in rank order (nothing once status_wire is set).
-__global__ void sign_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n, float* sum,
-                         const std::uint32_t* status) {
+//! The element loop of every dense decoder: sum[i] = 0.0f + v_r for r in rank order
+//! (__fadd_rn), v_r the value block r gives element i when term(block r, i, v_r) returns
+//! true (a block that gives none adds nothing), for every i < n. Nothing runs once
+//! status_wire is set.
+template <class Term>
+__device__ void rank_order_sum(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
+                               float* sum, const std::uint32_t* status, Term term) {
   if (*status & status_wire) return;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     float a = 0.0f;
     for (std::size_t r = 0; r < P; ++r) {
-      const std::uint32_t* b = blocks + r * block_words;
-      const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
-      const bool neg = (p[4 + i / 8] >> (i % 8)) & 1u;
-      a = __fadd_rn(a, commpact::detail::sign_value(neg, __uint_as_float(b[header_words])));
+      float v;
+      if (term(blocks + r * block_words, i, v)) a = __fadd_rn(a, v);
     }
     sum[i] = a;
   }
+}
+
+//! sum[i] = 0.0f + the value of bit i of every block, in rank order (nothing once status_wire is set).
+__global__ void sign_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n, float* sum,
+                         const std::uint32_t* status) {
+  rank_order_sum(blocks, block_words, P, n, sum, status, [](const std::uint32_t* b, std::size_t i, float& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
+    v = commpact::detail::sign_value((p[4 + i / 8] >> (i % 8)) & 1u, __uint_as_float(b[header_words]));
+    return true;
+  });
 }
 
 // ---- fp16_codec, bf16_codec ---------------------------------------------------------------
@@ -223,8 +239,7 @@ struct cast16 {
 //! code[i] = to(v[i]); approx[i] = from(code[i]) when approx is not null.
 template <bool Bf16>
 __global__ void cast16_encode(const float* v, std::size_t n, std::uint16_t* code, float* approx) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const std::uint16_t h = cast16<Bf16>::to(v[i]);
     code[i] = h;
     if (approx) approx[i] = cast16<Bf16>::from(h);
@@ -236,8 +251,7 @@ template <bool Bf16>
 __global__ void cast16_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                                 std::uint32_t* status) {
   const std::size_t per = n ? n : 1;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < P * per;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(P * per)) {
     const std::size_t r = t / per, i = t % per;
     const std::uint32_t* b = blocks + r * block_words;
     if (b[2] != 2 * n || 4 * (block_words - header_words) < 2 * n) {
@@ -255,8 +269,7 @@ template <bool Bf16>
 __global__ void cast16_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                            float* sum, const std::uint32_t* status) {
   if (*status & status_wire) return;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     float a = 0.0f;
     for (std::size_t r = 0; r < P; ++r)
       a = __fadd_rn(a, cast16<Bf16>::from(reinterpret_cast<const std::uint16_t*>(blocks + r * block_words +
@@ -271,8 +284,7 @@ __global__ void cast16_add(const std::uint32_t* blocks, std::size_t block_words,
 //! as their bits); *m_bits must hold 0 before.
 __global__ void terngrad_absmax(const float* v, std::size_t n, std::uint32_t* m_bits) {
   float m = 0.0f;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     m = commpact::detail::terngrad_max(m, v[i]);
   atomicMax(m_bits, __float_as_uint(m));
 }
@@ -285,8 +297,7 @@ __global__ void terngrad_encode(const float* v, std::size_t n, const std::uint32
   auto* bytes = reinterpret_cast<unsigned char*>(payload + 1);
   const std::size_t nb = (2 * n + 7) / 8;
   if (blockIdx.x == 0 && threadIdx.x == 0) payload[0] = *m_bits;
-  for (std::size_t b = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; b < nb;
-       b += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t b : cuda_kernels::grid_stride(nb)) {
     unsigned byte = 0;
     for (unsigned t = 0; t < 4 && 4 * b + t < n; ++t) {
       const std::size_t i = 4 * b + t;
@@ -303,8 +314,7 @@ __global__ void terngrad_encode(const float* v, std::size_t n, const std::uint32
 __global__ void terngrad_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                                   std::uint32_t* status) {
   const std::size_t nb = (2 * n + 7) / 8, per = nb ? nb : 1, bytes = 4 + nb;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < P * per;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(P * per)) {
     const std::size_t r = t / per, b = t % per;
     const std::uint32_t* w = blocks + r * block_words;
     if (w[2] != bytes || 4 * (block_words - header_words) < bytes) {
@@ -328,17 +338,11 @@ __global__ void terngrad_validate(const std::uint32_t* blocks, std::size_t block
 //! once status_wire is set).
 __global__ void terngrad_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                              float* sum, const std::uint32_t* status) {
-  if (*status & status_wire) return;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    float a = 0.0f;
-    for (std::size_t r = 0; r < P; ++r) {
-      const std::uint32_t* w = blocks + r * block_words;
-      const unsigned f = (reinterpret_cast<const unsigned char*>(w + header_words + 1)[i / 4] >> (2 * (i % 4))) & 3u;
-      if (f) a = __fadd_rn(a, commpact::detail::terngrad_value(f, __uint_as_float(w[header_words])));
-    }
-    sum[i] = a;
-  }
+  rank_order_sum(blocks, block_words, P, n, sum, status, [](const std::uint32_t* w, std::size_t i, float& v) {
+    const unsigned f = (reinterpret_cast<const unsigned char*>(w + header_words + 1)[i / 4] >> (2 * (i % 4))) & 3u;
+    if (f) v = commpact::detail::terngrad_value(f, __uint_as_float(w[header_words]));
+    return f != 0u;
+  });
 }
 
 }  // namespace commpact::cuda_kernels::codec

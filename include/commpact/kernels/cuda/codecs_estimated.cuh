@@ -40,6 +40,7 @@
 #include "../../compress/codecs/sparsifiers.hpp"
 #include "codecs.cuh"
 #include "codecs_threshold.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
@@ -104,8 +105,7 @@ __global__ void gaussiank_round(estimate_state* st, std::uint64_t k) {
 
 //! DGC's m samples: abs(v[dgc_sample_index(rng.uniform(j), n)]), every entry once when m = n.
 __global__ void dgc_sample(const float* v, std::size_t n, std::size_t m, random_stream rng, float* smp) {
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < m;
-       j += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t j : cuda_kernels::grid_stride(m))
     smp[j] = fabsf(v[m == n ? j : commpact::detail::dgc_sample_index(rng.uniform(j), n)]);
 }
 
@@ -143,8 +143,7 @@ __global__ void __launch_bounds__(block_threads)
   if (st->done) return;  // the whole grid: st is not written before the next launch
   const float t = st->tf;
   unsigned long long c = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     c += commpact::detail::passes_threshold(v[i], t, strict) ? 1u : 0u;
   part[threadIdx.x] = c;
   __syncthreads();
@@ -160,8 +159,7 @@ __global__ void __launch_bounds__(block_threads)
 //! strict false), where w = v.
 __global__ void estimate_mask(const float* v, std::size_t n, bool strict, const estimate_state* st, float* w) {
   const float t = st->tf;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     w[i] = commpact::detail::passes_threshold(v[i], t, strict) ? v[i] : 0.0f;
 }
 
@@ -169,8 +167,7 @@ __global__ void estimate_mask(const float* v, std::size_t n, bool strict, const 
 __global__ void estimate_flags(const float* val, std::size_t cap, bool strict, const estimate_state* st,
                                std::uint32_t* flag) {
   const float t = st->tf;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t j : cuda_kernels::grid_stride(cap))
     flag[j] = commpact::detail::passes_threshold(val[j], t, strict) ? 1u : 0u;
 }
 

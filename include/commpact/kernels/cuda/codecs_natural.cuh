@@ -27,6 +27,7 @@
 #include "../../compress/codecs/bits.hpp"
 #include "../../compress/codecs/casts.hpp"
 #include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
@@ -39,8 +40,7 @@ __host__ __device__ inline std::size_t natural_bytes(std::size_t n) { return (n 
 //! by the thread of the byte where field i starts.
 __global__ void natural_pack(const float* v, std::size_t n, random_stream rng, unsigned char* bytes, float* approx) {
   const std::size_t nbytes = natural_bytes(n);
-  for (std::size_t B = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; B < nbytes;
-       B += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t B : cuda_kernels::grid_stride(nbytes)) {
     const std::size_t first = 8 * B / natural_bits, last = (8 * B + 7) / natural_bits;
     unsigned byte = 0;
     for (std::size_t i = first; i <= last && i < n; ++i) {
@@ -66,8 +66,7 @@ __device__ inline std::uint32_t natural_read(const unsigned char* p, std::size_t
 __global__ void natural_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                                  std::uint32_t* status) {
   const std::size_t per = n + 1, bytes = natural_bytes(n);
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < P * per;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(P * per)) {
     const std::size_t r = t / per, j = t % per;
     const std::uint32_t* b = blocks + r * block_words;
     bool ok = b[2] == bytes && 4 * (block_words - header_words) >= bytes;
@@ -86,18 +85,12 @@ __global__ void natural_validate(const std::uint32_t* blocks, std::size_t block_
 //! (nothing once status_wire is set).
 __global__ void natural_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                             float* sum, const std::uint32_t* status) {
-  if (*status & status_wire) return;
   const std::size_t bytes = natural_bytes(n);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    float a = 0.0f;
-    for (std::size_t r = 0; r < P; ++r) {
-      const auto* p = reinterpret_cast<const unsigned char*>(blocks + r * block_words + header_words);
-      const std::uint32_t f = natural_read(p, bytes, i);
-      if (f & 0xFFu) a = __fadd_rn(a, commpact::detail::natural_value(f));
-    }
-    sum[i] = a;
-  }
+  rank_order_sum(blocks, block_words, P, n, sum, status, [bytes](const std::uint32_t* b, std::size_t i, float& v) {
+    const std::uint32_t f = natural_read(reinterpret_cast<const unsigned char*>(b + header_words), bytes, i);
+    if (f & 0xFFu) v = commpact::detail::natural_value(f);
+    return (f & 0xFFu) != 0u;
+  });
 }
 
 }  // namespace commpact::cuda_kernels::codec

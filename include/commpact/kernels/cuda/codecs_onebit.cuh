@@ -27,37 +27,19 @@
 #include "../../compress/codecs/quantizers.hpp"
 #include "../../compress/codecs/topk_sign.hpp"
 #include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
 inline constexpr int onebit_warps = 8;  //!< warps per block of onebit_chunks
 
-//! part[c] = detail::onebit_chunk_sums over chunk c (onebit_chunk values): each warp takes
-//! 32 chunks, lane l sums chunk 32 w + l in order, reading tiles of 32 x 32 values through
-//! shared memory so that global reads are coalesced (sign_l1_chunks' scheme).
+//! part[c] = detail::onebit_chunk_sums over chunk c (onebit_chunk values), by chunk_fold
+//! (codecs.cuh; sign_l1_chunks' scheme).
 __global__ void __launch_bounds__(32 * onebit_warps) onebit_chunks(const float* v, std::size_t n,
                                                                   commpact::detail::onebit_sums* part,
                                                                   std::size_t chunks) {
-  constexpr std::size_t C = commpact::detail::onebit_chunk;
-  __shared__ float tile[onebit_warps][32][33];
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::size_t c0 = (static_cast<std::size_t>(blockIdx.x) * onebit_warps + warp) * 32;
-  if (c0 >= chunks) return;  // the whole warp (only __syncwarp below)
-  const std::size_t mine = c0 + lane;
-  commpact::detail::onebit_sums s;
-  for (std::size_t off = 0; off < C; off += 32) {
-    for (unsigned r = 0; r < 32; ++r) {
-      const std::size_t i = (c0 + r) * C + off + lane;
-      tile[warp][r][lane] = (c0 + r < chunks && i < n) ? v[i] : 0.0f;
-    }
-    __syncwarp();
-    for (unsigned j = 0; j < 32; ++j) {
-      const std::size_t i = mine * C + off + j;
-      if (mine < chunks && i < n) commpact::detail::onebit_push(s, tile[warp][lane][j]);
-    }
-    __syncwarp();
-  }
-  if (mine < chunks) part[mine] = s;
+  chunk_fold<onebit_warps, commpact::detail::onebit_chunk>(
+      v, n, part, chunks, [](commpact::detail::onebit_sums& s, float x) { commpact::detail::onebit_push(s, x); });
 }
 
 //! payload[0, 2) = detail::onebit_means of the chunk sums added in order from 0.0 (one thread).
@@ -77,8 +59,7 @@ __global__ void onebit_total(const commpact::detail::onebit_sums* part, std::siz
 __global__ void onebit_bits(const float* v, std::size_t n, unsigned char* bits, std::size_t nb, float* approx,
                             const float* means) {
   const float a = means[0], b = means[1];
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < nb;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(nb)) {
     bits[j] = commpact::detail::onebit_byte(v, n, j);
     if (approx)
       for (std::size_t i = 8 * j; i < 8 * j + 8 && i < n; ++i) approx[i] = commpact::detail::onebit_negative(v[i]) ? b : a;
@@ -89,8 +70,7 @@ __global__ void onebit_bits(const float* v, std::size_t n, unsigned char* bits, 
 __global__ void onebit_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                                 std::uint32_t* status) {
   const std::size_t bytes = 8 + (n + 7) / 8;
-  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < P;
-       r += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t r : cuda_kernels::grid_stride(P)) {
     const std::uint32_t* b = blocks + r * block_words;
     bool ok = b[2] == bytes && 4 * (block_words - header_words) >= bytes;
     if (ok) {
@@ -106,18 +86,11 @@ __global__ void onebit_validate(const std::uint32_t* blocks, std::size_t block_w
 //! in rank order (nothing once status_wire is set).
 __global__ void onebit_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t n,
                            float* sum, const std::uint32_t* status) {
-  if (*status & status_wire) return;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    float acc = 0.0f;
-    for (std::size_t r = 0; r < P; ++r) {
-      const std::uint32_t* b = blocks + r * block_words;
-      const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
-      const bool neg = (p[8 + i / 8] >> (i % 8)) & 1u;
-      acc = __fadd_rn(acc, __uint_as_float(b[header_words + (neg ? 1 : 0)]));
-    }
-    sum[i] = acc;
-  }
+  rank_order_sum(blocks, block_words, P, n, sum, status, [](const std::uint32_t* b, std::size_t i, float& v) {
+    const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
+    v = __uint_as_float(b[header_words + ((p[8 + i / 8] >> (i % 8)) & 1u)]);  // bit set: the second mean
+    return true;
+  });
 }
 
 }  // namespace commpact::cuda_kernels::codec

@@ -30,6 +30,7 @@
 
 #include "../status.hpp"
 #include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
@@ -66,8 +67,7 @@ __global__ void per_tensor_pack(const std::uint32_t* tmp, const std::uint64_t* t
     const std::uint32_t L = tb[2];
     const auto* src = reinterpret_cast<const unsigned char*>(tb + header_words);
     unsigned char* dst = out + out_off[t];
-    for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < 4 + std::size_t(L);
-         j += std::size_t(gridDim.x) * blockDim.x)
+    for (const std::size_t j : cuda_kernels::grid_stride(4 + std::size_t(L)))
       dst[j] = j < 4 ? static_cast<unsigned char>((L >> (8 * j)) & 0xFFu) : src[j - 4];
   }
 }
@@ -84,8 +84,7 @@ __device__ inline std::uint32_t per_tensor_u32(const unsigned char* p) {
 //! status_wire; status_wire too when bytes remain after the last tensor.
 __global__ void per_tensor_walk(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t T,
                                 std::uint32_t* off, std::uint32_t* len, std::uint32_t* status) {
-  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < P;
-       r += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t r : cuda_kernels::grid_stride(P)) {
     const std::uint32_t* b = blocks + r * block_words;
     const auto* p = reinterpret_cast<const unsigned char*>(b + header_words);
     const std::size_t total = b[2];
@@ -116,8 +115,7 @@ __global__ void per_tensor_walk(const std::uint32_t* blocks, std::size_t block_w
 __global__ void per_tensor_unpack(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, std::size_t T,
                                   std::size_t t, const std::uint32_t* off, const std::uint32_t* len, std::size_t mt,
                                   std::uint32_t* tmp, std::size_t tbf, std::uint32_t* status) {
-  for (std::size_t x = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; x < P * tbf;
-       x += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t x : cuda_kernels::grid_stride(P * tbf)) {
     const std::size_t r = x / tbf, w = x % tbf;
     const std::uint32_t L0 = len[r * T + t];
     const bool fits = L0 <= mt;

@@ -26,6 +26,7 @@
 
 #include "../../compress/codecs/quantizers.hpp"
 #include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
@@ -39,8 +40,7 @@ struct qsgd_shape {
 
 //! norms[b] = detail::qsgd_norm(sum of squares of bucket b, in order).
 __global__ void qsgd_norms(const float* v, qsgd_shape q, float* norms) {
-  for (std::size_t b = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; b < q.nb;
-       b += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t b : cuda_kernels::grid_stride(q.nb)) {
     const std::size_t lo = b * q.d, hi = lo + q.d < q.n ? lo + q.d : q.n;
     double ss = 0.0;
     for (std::size_t i = lo; i < hi; ++i) ss = commpact::detail::qsgd_sq_add(ss, v[i]);
@@ -66,8 +66,7 @@ __device__ inline std::uint32_t qsgd_field(const float* v, const float* norms, q
 __global__ void qsgd_pack(const float* v, const float* norms, qsgd_shape q, random_stream rng, unsigned char* bytes,
                           float* approx) {
   const std::size_t nbytes = q.field_bytes();
-  for (std::size_t B = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; B < nbytes;
-       B += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t B : cuda_kernels::grid_stride(nbytes)) {
     const std::size_t first = 8 * B / q.w, last = (8 * B + 7) / q.w;
     unsigned byte = 0;
     for (std::size_t i = first; i <= last && i < q.n; ++i) {
@@ -92,8 +91,7 @@ __device__ inline std::uint32_t qsgd_read(const unsigned char* p, std::size_t nb
 __global__ void qsgd_validate(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, qsgd_shape q,
                               std::uint32_t* status) {
   const std::size_t per = q.nb + q.n + 1, fb = q.field_bytes(), bytes = 4 * q.nb + fb;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < P * per;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(P * per)) {
     const std::size_t r = t / per, j = t % per;
     const std::uint32_t* b = blocks + r * block_words;
     bool ok = b[2] == bytes && 4 * (block_words - header_words) >= bytes;
@@ -118,21 +116,15 @@ __global__ void qsgd_validate(const std::uint32_t* blocks, std::size_t block_wor
 //! (nothing once status_wire is set).
 __global__ void qsgd_add(const std::uint32_t* blocks, std::size_t block_words, std::size_t P, qsgd_shape q, float* sum,
                          const std::uint32_t* status) {
-  if (*status & status_wire) return;
   const std::size_t fb = q.field_bytes();
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < q.n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    float a = 0.0f;
-    for (std::size_t r = 0; r < P; ++r) {
-      const std::uint32_t* b = blocks + r * block_words;
-      const auto* fields = reinterpret_cast<const unsigned char*>(b + header_words + q.nb);
-      const std::uint32_t f = qsgd_read(fields, fb, i, q.w), l = f & ((1u << (q.w - 1)) - 1u);
-      if (!l) continue;
-      const float v = commpact::detail::qsgd_value(__uint_as_float(b[header_words + i / q.d]), l, q.s);
-      a = __fadd_rn(a, (f >> (q.w - 1)) ? -v : v);
-    }
-    sum[i] = a;
-  }
+  rank_order_sum(blocks, block_words, P, q.n, sum, status, [q, fb](const std::uint32_t* b, std::size_t i, float& v) {
+    const auto* fields = reinterpret_cast<const unsigned char*>(b + header_words + q.nb);
+    const std::uint32_t f = qsgd_read(fields, fb, i, q.w), l = f & ((1u << (q.w - 1)) - 1u);
+    if (!l) return false;
+    const float m = commpact::detail::qsgd_value(__uint_as_float(b[header_words + i / q.d]), l, q.s);
+    v = (f >> (q.w - 1)) ? -m : m;
+    return true;
+  });
 }
 
 }  // namespace commpact::cuda_kernels::codec

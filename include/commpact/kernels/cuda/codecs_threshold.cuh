@@ -20,25 +20,25 @@
 
 #include <cub/device/device_scan.cuh>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 
 #include "../../compress/codecs/sparsifiers.hpp"
 #include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
 //! w[i] = v[i] when detail::passes_threshold(v[i], t, false), else +0.
 __global__ void threshold_mask(const float* v, std::size_t n, float t, float* w) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     w[i] = commpact::detail::passes_threshold(v[i], t, false) ? v[i] : 0.0f;
 }
 
 //! flag[j] = 1 when the selected value val[j] passes, else 0.
 __global__ void threshold_flags(const float* val, std::size_t cap, float t, std::uint32_t* flag) {
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t j : cuda_kernels::grid_stride(cap))
     flag[j] = commpact::detail::passes_threshold(val[j], t, false) ? 1u : 0u;
 }
 
@@ -50,8 +50,7 @@ __global__ void threshold_compact(const std::int32_t* idx, const float* val, con
   const std::uint32_t c = pos[cap - 1] + flag[cap - 1];
   auto* out_idx = reinterpret_cast<std::int32_t*>(payload);
   auto* out_val = reinterpret_cast<float*>(payload) + c;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(cap)) {
     if (j == 0) *count = c;
     if (!flag[j]) continue;
     out_idx[pos[j]] = idx[j];
@@ -63,8 +62,7 @@ __global__ void threshold_compact(const std::int32_t* idx, const float* val, con
 __global__ void threshold_clear(float* residual, float* velocity, std::size_t n, const std::int32_t* idx,
                                 const std::uint32_t* count, std::size_t cap) {
   const std::size_t c = *count;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < c && j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
     const auto i = static_cast<std::size_t>(idx[j]);
     if (i >= n) continue;
     residual[i] = 0.0f;

@@ -29,6 +29,7 @@
 #include "../status.hpp"
 #include "frame_check.cuh"
 #include "vector.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::oktopk {
 
@@ -73,8 +74,7 @@ __global__ void begin_install(const absorb_ctl* ctl, const std::byte* f, std::in
   const std::size_t c = ctl->count, top = ni > nv ? ni : nv;
   const std::byte* pi = f + sparse_wire::header_bytes;
   const std::byte* pv = pi + 4 * c;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < top;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(top)) {
     if (j < ni) idx[j] = j < c ? get_dev<std::int32_t>(pi + 4 * j) : commpact::host::oktopk::unused_index;
     if (j < nv) val[j] = j < c ? get_dev<float>(pv + 4 * j) : 0.0f;
   }

@@ -36,16 +36,13 @@
 #include "../host/power_gossip.hpp"
 #include "../status.hpp"
 #include "vector.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels::power_detail {
 
 using cuda_kernels::detail::nonfinite;
 using cuda_kernels::detail::vec_block;
 using cuda_kernels::detail::vec_grid;
-
-#define COMMPACT_GRID_STRIDE(i, n)                                                  \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)
 
 __device__ __forceinline__ bool words_clear(const std::uint32_t* st, std::size_t words) {
   for (std::size_t w = 0; w < words; ++w)
@@ -57,14 +54,14 @@ __device__ __forceinline__ bool gossip_clear(const std::int64_t* w) { return w[0
 
 __global__ void check_finite_kernel(const float* v, std::size_t n, std::uint32_t* status) {
   bool bad = false;
-  COMMPACT_GRID_STRIDE(i, n) bad |= nonfinite(v[i]);
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) bad |= nonfinite(v[i]);
   if (__syncthreads_or(bad) && threadIdx.x == 0) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
 }
 
 __global__ void copy_if_clear_kernel(const float* src, float* dst, std::size_t n, const std::uint32_t* st,
                                      std::size_t words) {
   if (!words_clear(st, words)) return;
-  COMMPACT_GRID_STRIDE(i, n) dst[i] = src[i];
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) dst[i] = src[i];
 }
 
 //! Rows of M per block of project_kernel (8 lanes each).
@@ -120,7 +117,7 @@ __global__ void __launch_bounds__(vec_block) project_kernel(const float* g, cons
 //! Q[j, 0..W) = M^T P[:, 0..W): one thread per j, rows in increasing order from 0.
 template <int W>
 __global__ void back_project_kernel(const float* M, std::size_t n, std::size_t m, const float* p, float* q) {
-  COMMPACT_GRID_STRIDE(j, m) {
+  for (const std::size_t j : cuda_kernels::grid_stride(m)) {
     float acc[W];
 #pragma unroll
     for (int c = 0; c < W; ++c) acc[c] = 0.0f;
@@ -146,7 +143,7 @@ __device__ __forceinline__ float approx_at(const float* p, const float* q, std::
 __global__ void approx_residual_kernel(float* g, float* M, std::size_t n, std::size_t m, const float* p, const float* q,
                                        std::size_t r, const std::uint32_t* st, std::size_t words) {
   if (!words_clear(st, words)) return;
-  COMMPACT_GRID_STRIDE(k, n * m) {
+  for (const std::size_t k : cuda_kernels::grid_stride(n * m)) {
     const std::size_t i = k / m, j = k - i * m;
     const float a = approx_at(p, q, n, m, r, i, j);
     M[k] = __fsub_rn(M[k], a);
@@ -236,7 +233,7 @@ __global__ void __launch_bounds__(ortho_block)
 
 //! v = fill_gaussian(seed): one thread per pair of values.
 __global__ void gaussian_kernel(float* v, std::size_t n, std::uint64_t seed) {
-  COMMPACT_GRID_STRIDE(p, (n + 1) / 2) {
+  for (const std::size_t p : cuda_kernels::grid_stride((n + 1) / 2)) {
     float x, y;
     host::gaussian_pair(seed, p, x, y);
     v[2 * p] = x;
@@ -257,14 +254,14 @@ __global__ void gossip_diff_kernel(float* d, const float* mine, const float* the
   if (!gossip_clear(words)) return;
   const float* lo = lower ? mine : theirs;
   const float* hi = lower ? theirs : mine;
-  COMMPACT_GRID_STRIDE(i, dl) d[i] = __fsub_rn(hi[i], lo[i]);
+  for (const std::size_t i : cuda_kernels::grid_stride(dl)) d[i] = __fsub_rn(hi[i], lo[i]);
 }
 
 //! PowerGossip's U = P Q^T (upd) and X += coef U when the round is clear.
 __global__ void gossip_apply_kernel(float* X, float* upd, std::size_t n, std::size_t m, const float* p, const float* q,
                                     std::size_t r, float coef, const std::int64_t* words) {
   if (!gossip_clear(words)) return;
-  COMMPACT_GRID_STRIDE(k, n * m) {
+  for (const std::size_t k : cuda_kernels::grid_stride(n * m)) {
     const std::size_t i = k / m, j = k - i * m;
     const float a = approx_at(p, q, n, m, r, i, j);
     upd[k] = a;
@@ -277,7 +274,7 @@ __global__ void gossip_vectors_kernel(float* x, const std::byte* recv, std::size
                                       const double* w, std::size_t nw, double self_w, double* acc, std::size_t len,
                                       const std::int64_t* words) {
   if (!gossip_clear(words)) return;
-  COMMPACT_GRID_STRIDE(i, len) {
+  for (const std::size_t i : cuda_kernels::grid_stride(len)) {
     double a = __dmul_rn(self_w, static_cast<double>(x[i]));
     for (std::size_t k = 0; k < nw; ++k)
       a = host::power_gossip::mix_term(a, w[k], reinterpret_cast<const float*>(recv + k * stride + offset)[i]);
@@ -286,6 +283,5 @@ __global__ void gossip_vectors_kernel(float* x, const std::byte* recv, std::size
   }
 }
 
-#undef COMMPACT_GRID_STRIDE
 
 }  // namespace commpact::cuda_kernels::power_detail

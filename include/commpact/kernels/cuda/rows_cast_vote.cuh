@@ -40,6 +40,7 @@
 #include "../status.hpp"
 #include "check.cuh"
 #include "vector.cuh"
+#include "grid.cuh"
 
 namespace commpact {
 
@@ -48,18 +49,14 @@ namespace cuda_kernels::cast_vote_detail {
 using detail::vec_block;
 using detail::vec_grid;
 
-#define COMMPACT_CV_LOOP(i, n)                                                         \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)
-
 template <class Cast>
 __global__ void cast_encode_kernel(const float* g, const float* r, std::uint16_t* codes, float* cand, std::size_t n) {
-  COMMPACT_CV_LOOP(i, n) codes[i] = host::cast_encode_value<Cast>(g[i], r, i, cand);
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) codes[i] = host::cast_encode_value<Cast>(g[i], r, i, cand);
 }
 
 template <class Cast>
 __global__ void cast_add_kernel(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) {
-  COMMPACT_CV_LOOP(i, n) mine[i] = Cast::add(in[i], mine[i]);
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) mine[i] = Cast::add(in[i], mine[i]);
 }
 
 //! flag |= 1 when some code is not finite (status too).
@@ -67,7 +64,7 @@ template <class Cast>
 __global__ void cast_check_kernel(const std::uint16_t* sums, std::size_t n, std::uint32_t* flag,
                                   std::uint32_t* status) {
   bool bad = false;
-  COMMPACT_CV_LOOP(i, n) bad |= !Cast::finite_code(sums[i]);
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) bad |= !Cast::finite_code(sums[i]);
   if (__syncthreads_or(bad) && threadIdx.x == 0) {
     atomicOr(flag, 1u);
     atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
@@ -78,14 +75,14 @@ template <class Cast>
 __global__ void cast_decode_kernel(const std::uint16_t* sums, float* out, std::size_t n, int P,
                                    const std::uint32_t* flag) {
   if (*flag) return;
-  COMMPACT_CV_LOOP(i, n) out[i] = mean_of(Cast::from_code(sums[i]), P);
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) out[i] = mean_of(Cast::from_code(sums[i]), P);
 }
 
 //! next = signum_value(beta, m, g) (g when m is null); status |= nonfinite for a non-finite value.
 __global__ void signum_kernel(float* next, const float* m, const float* g, std::size_t n, float beta,
                               std::uint32_t* status) {
   bool bad = false;
-  COMMPACT_CV_LOOP(i, n) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const float v = m ? host::signum_value(beta, m[i], g[i]) : g[i];
     next[i] = v;
     bad |= !exact::finite(v);
@@ -117,7 +114,7 @@ __global__ void sign_vote_kernel(const unsigned char* blocks, std::size_t total_
   if (!ok_sh) return;
   const float s = s_sh;
   const std::size_t nb = (n + 7) / 8;
-  COMMPACT_CV_LOOP(b, nb) {
+  for (const std::size_t b : cuda_kernels::grid_stride(nb)) {
     int votes[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (std::size_t r = 0; r < P; ++r) {
       const unsigned v = blocks[r * block_bytes + host::vote_header_bytes + 4 + b];
@@ -132,7 +129,7 @@ __global__ void sign_vote_kernel(const unsigned char* blocks, std::size_t total_
 __global__ void randomk_encode_kernel(const float* acc, const std::int32_t* idx, std::size_t m, float s,
                                       float* block, const std::uint32_t* status) {
   const bool bad = (*status & status_nonfinite) != 0;
-  COMMPACT_CV_LOOP(j, m + 1) {
+  for (const std::size_t j : cuda_kernels::grid_stride(m + 1)) {
     if (j == m) block[j] = bad ? 1.0f : 0.0f;
     else block[j] = bad ? 0.0f : exact::mul(s, acc[idx[j]]);
   }
@@ -146,13 +143,13 @@ __global__ void linear_mean_kernel(float* block, std::size_t m, int P, std::uint
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
     return;
   }
-  COMMPACT_CV_LOOP(j, m) block[j] = mean_of(block[j], P);
+  for (const std::size_t j : cuda_kernels::grid_stride(m)) block[j] = mean_of(block[j], P);
 }
 
 //! out = 0 when block[m] = 0.
 __global__ void linear_zero_kernel(const float* block, std::size_t m, float* out, std::size_t n) {
   if (block[m] != 0.0f) return;
-  COMMPACT_CV_LOOP(i, n) out[i] = 0.0f;
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) out[i] = 0.0f;
 }
 
 //! out[idx[j]] += block[j] (random-k's decompress_add into the zeroed out) when block[m] = 0;
@@ -160,13 +157,12 @@ __global__ void linear_zero_kernel(const float* block, std::size_t m, float* out
 __global__ void randomk_decode_kernel(const float* block, std::size_t m, const std::int32_t* idx, float* out,
                                       std::size_t n) {
   if (block[m] != 0.0f) return;
-  COMMPACT_CV_LOOP(j, m) {
+  for (const std::size_t j : cuda_kernels::grid_stride(m)) {
     const std::int32_t i = idx[j];
     if (i >= 0 && static_cast<std::size_t>(i) < n) out[i] = exact::add(out[i], block[j]);
   }
 }
 
-#undef COMMPACT_CV_LOOP
 
 //! A grid of at most 1024 blocks (the vote kernel repeats the scale sum per block).
 inline unsigned vote_grid(std::size_t n) {

@@ -29,6 +29,7 @@
 #include "../host/gossip.hpp"
 #include "check.cuh"
 #include "vector.cuh"
+#include "grid.cuh"
 
 namespace commpact {
 
@@ -36,10 +37,6 @@ namespace cuda_kernels::gossip_detail {
 
 using detail::vec_block;
 using detail::vec_grid;
-
-#define COMMPACT_GS_LOOP(i, n)                                                         \
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < (n); \
-       i += std::size_t(gridDim.x) * blockDim.x)
 
 __device__ __forceinline__ bool clear(const std::int64_t* w) { return w[0] == 0 && w[2] == 0; }
 
@@ -52,7 +49,7 @@ __global__ void check_begin(std::int64_t* words, std::size_t n) {
 //! words[1] = min(words[1], i) over the non-finite x[i].
 __global__ void check_scan(const float* x, std::size_t n, std::int64_t* words) {
   unsigned long long first = n;
-  COMMPACT_GS_LOOP(i, n)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
   if (!exact::finite(x[i])) {
     first = i;
     break;  // later i of this thread are larger
@@ -67,7 +64,7 @@ __global__ void check_end(std::int64_t* words, std::size_t n) {
 __global__ void mix_kernel(float* x, const float* recv, const double* w, std::size_t deg, double self_w, double* acc,
                            std::size_t n, const std::int64_t* words) {
   if (!clear(words)) return;
-  COMMPACT_GS_LOOP(i, n) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     double a = host::gossip::mix_init(self_w, x[i]);
     for (std::size_t k = 0; k < deg; ++k) a = host::gossip::mix_term(a, w[k], recv[k * n + i]);
     acc[i] = a;
@@ -80,7 +77,7 @@ __global__ void choco_kernel(float* x, float* hat_self, const float* q_self, flo
                              const double* w, std::size_t deg, double gamma, double* acc, std::size_t n,
                              const std::int64_t* words) {
   if (!clear(words)) return;
-  COMMPACT_GS_LOOP(i, n) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const float hs = exact::add(hat_self[i], q_self[i]);
     hat_self[i] = hs;
     double a = 0.0;
@@ -94,7 +91,6 @@ __global__ void choco_kernel(float* x, float* hat_self, const float* q_self, flo
   }
 }
 
-#undef COMMPACT_GS_LOOP
 
 }  // namespace cuda_kernels::gossip_detail
 

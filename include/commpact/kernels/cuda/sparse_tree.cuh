@@ -43,6 +43,7 @@
 #include "frame_check.cuh"
 #include "select.cuh"
 #include "vector.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels {
 
@@ -111,8 +112,7 @@ __global__ void payload_kernel(const sparse_tree_meta* mp, bool unfold_send, std
   const std::uint32_t mb = (unfold_send && ok) ? m.extra_count : 0;
   const std::size_t e_idx = sparse_wire::header_bytes + 4 * std::size_t(c), e_val = e_idx + 4 * std::size_t(c);
   const std::size_t e_mask = e_val + (mb + 7) / 8;
-  for (std::size_t t = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; t < bytes;
-       t += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t t : cuda_kernels::grid_stride(bytes)) {
     unsigned char v = 0;
     if (t < sparse_wire::header_bytes) {
       unsigned char h[sparse_wire::header_bytes];
@@ -345,7 +345,7 @@ __global__ void absorb_finish(sparse_tree_meta* m, const absorb_ctl* ctl, const 
 
 __global__ void tree_scatter_zero(const sparse_tree_meta* m, float* out, std::size_t n) {
   if (!healthy_dev(*m) || (m->status & status_wire)) return;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     out[i] = 0.0f;
 }
 __global__ void tree_scatter_values(const sparse_tree_meta* m, float* out, std::size_t n, tree_ptrs b, int P) {

@@ -24,12 +24,14 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cub/block/block_reduce.cuh>
 
 #include "../status.hpp"
 #include "select.cuh"
+#include "grid.cuh"
 
 namespace commpact::cuda_kernels {
 
@@ -46,15 +48,14 @@ __device__ __forceinline__ bool nonfinite(float v) { return (__float_as_uint(v) 
 
 template <class T>
 __global__ void fill_kernel(T* v, std::size_t n, T x) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     v[i] = x;
 }
 
 __global__ void mean_kernel(float* v, std::size_t n, int P, std::uint32_t* status) {
   const float d = static_cast<float>(P);
   bool bad = false;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const float r = __fdiv_rn(v[i], d);
     v[i] = r;
     bad |= nonfinite(r);
@@ -68,8 +69,7 @@ __global__ void __launch_bounds__(vec_block) sumsq_partial(const float* g, std::
   using reduce = cub::BlockReduce<double, vec_block>;
   __shared__ typename reduce::TempStorage tmp;
   double s = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const double x = g[i];
     s = __dadd_rn(s, __dmul_rn(x, x));
   }
@@ -94,7 +94,7 @@ __global__ void __launch_bounds__(vec_block) clip_finish(const double* part, int
 
 //! out[i] = 0 for i < n when *gate (or gate null) is set.
 __global__ void zero_kernel(float* out, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     out[i] = 0.0f;
 }
 
@@ -104,8 +104,7 @@ __global__ void scatter_mean_kernel(float* out, std::size_t n, const std::int32_
                                     const std::uint32_t* d_count, std::size_t cap, int P) {
   const std::size_t c = d_count ? *d_count : cap;
   const float d = static_cast<float>(P);
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < c && j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
     const std::int32_t i = idx[j];
     if (i >= 0 && static_cast<std::size_t>(i) < n) out[i] = __fdiv_rn(val[j], d);
   }
@@ -115,8 +114,7 @@ __global__ void scatter_mean_kernel(float* out, std::size_t n, const std::int32_
 __global__ void zero_delivered_kernel(float* residual, float* velocity, std::size_t n, const std::int32_t* idx,
                                       const std::uint8_t* alive, const std::uint32_t* d_count, std::size_t cap) {
   const std::size_t c = d_count ? *d_count : cap;
-  for (std::size_t j = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; j < c && j < cap;
-       j += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
     if (alive && !alive[j]) continue;
     const std::int32_t i = idx[j];
     if (i < 0 || static_cast<std::size_t>(i) >= n) continue;
@@ -138,8 +136,7 @@ __global__ void ef_kernel(float* acc, float* un, const float* u, const float* r,
                           const float* scale, float m, std::uint32_t* status) {
   const float s = scale ? *scale : 1.0f;
   bool bad = false;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     const float gi = s == 1.0f ? g[i] : __fmul_rn(g[i], s);
     float a;
     if constexpr (Mode == 0) {
@@ -161,8 +158,7 @@ __global__ void ef_kernel(float* acc, float* un, const float* u, const float* r,
 
 __global__ void any_nonfinite_kernel(const float* v, std::size_t n, std::uint32_t* flag, std::uint32_t* status) {
   bool bad = false;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     bad |= nonfinite(v[i]);
   if (__syncthreads_or(bad) && threadIdx.x == 0) {
     atomicOr(flag, 1u);
@@ -174,22 +170,19 @@ __global__ void any_nonfinite_kernel(const float* v, std::size_t n, std::uint32_
 __global__ void mean_into_kernel(const float* src, float* dst, std::size_t n, int P, const std::uint32_t* flag) {
   if (*flag) return;
   const float d = static_cast<float>(P);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     dst[i] = __fdiv_rn(src[i], d);
 }
 
 __global__ void add_kernel(float* y, const float* x, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     y[i] = __fadd_rn(y[i], x[i]);
 }
 
 //! The table's sgd_step (host::sgd_step): d = g + wd x; v = mu v + d; x -= a v (v null:
 //! x -= a d), every product and sum rounded on its own (no FMA), as on the host.
 __global__ void sgd_kernel(float* x, float* v, const float* g, std::size_t n, float a, float mu, float wd) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     float d = __fadd_rn(g[i], __fmul_rn(wd, x[i]));
     if (v) {
       d = __fadd_rn(__fmul_rn(mu, v[i]), d);
@@ -200,8 +193,7 @@ __global__ void sgd_kernel(float* x, float* v, const float* g, std::size_t n, fl
 }
 
 __global__ void sub_kernel(float* y, const float* x, std::size_t n) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x)
+  for (const std::size_t i : cuda_kernels::grid_stride(n))
     y[i] = __fsub_rn(y[i], x[i]);
 }
 
@@ -212,8 +204,7 @@ template <bool Momentum>
 __global__ void ef_table_kernel(float* acc, float* un, const float* u, const float* r, const float* g, std::size_t n,
                                 const float* scale, float m, std::uint32_t* status) {
   bool bad = false;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
+  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
     float gi = scale ? __fmul_rn(g[i], *scale) : g[i];
     if constexpr (Momentum) {
       gi = __fadd_rn(__fmul_rn(u[i], m), gi);

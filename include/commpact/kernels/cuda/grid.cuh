@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file grid.cuh
+//! The grid-stride loop of commpact's element-wise kernels, written once:
+//!
+//! \code
+//! for (const std::size_t i : commpact::cuda_kernels::grid_stride(n)) y[i] = x[i];
+//! \endcode
+//!
+//! visits this thread's indices blockIdx.x * blockDim.x + threadIdx.x + j * gridDim.x *
+//! blockDim.x below n, in increasing order (the loop every kernel here wrote by hand).
+//! Only nvcc compiles this file.
+
+#if !defined(__CUDACC__)
+#error "commpact/kernels/cuda/grid.cuh needs nvcc: include it from a .cu file only."
+#endif
+
+#include <cstddef>
+
+namespace commpact::cuda_kernels {
+
+class grid_stride {
+ public:
+  struct end_t {};
+  class iterator {
+   public:
+    __device__ iterator(std::size_t i, std::size_t step, std::size_t n) : i_(i), step_(step), n_(n) {}
+    __device__ std::size_t operator*() const { return i_; }
+    __device__ iterator& operator++() {
+      i_ += step_;
+      return *this;
+    }
+    __device__ bool operator!=(end_t) const { return i_ < n_; }
+
+   private:
+    std::size_t i_, step_, n_;
+  };
+
+  __device__ explicit grid_stride(std::size_t n) : n_(n) {}
+  __device__ iterator begin() const {
+    return {blockIdx.x * std::size_t(blockDim.x) + threadIdx.x, std::size_t(gridDim.x) * blockDim.x, n_};
+  }
+  __device__ end_t end() const { return {}; }
+
+ private:
+  std::size_t n_;
+};
+
+}  // namespace commpact::cuda_kernels
