@@ -367,3 +367,70 @@ TEST_CASE("PowerSGD warm start converges to the best rank-r approximation; cold 
   CHECK(warm_err[T - 1] < 0.8 * warm_err[0]);
   CHECK(cold_err[T - 1] > best * 1.05);
 }
+
+TEST_CASE("PowerSGD products = blas is accepted on the host and changes nothing: the same bits as exact",
+          "[power][products]") {
+  // host_space always runs kernels/host/lowrank.hpp's exact order (power_products.hpp):
+  // outputs, residuals and Q bit for bit over several steps, with error feedback, warm
+  // start and a redrawn start; a state saved with one value loads into the other.
+  const int P = GENERATE(1, 3);
+  CAPTURE(P);
+  const tensor_layout l = {{30, 20}, {20}, {7, 5}, {16, 16}};
+  const std::size_t n = 600 + 20 + 35 + 256;
+  std::vector<std::vector<float>> exact_out(P), blas_out(P), loaded(P);
+  std::vector<std::string> mismatch(P);
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    const int r = comm.rank();
+    for (auto products : {commpact::power_products::exact, commpact::power_products::blas}) {
+      commpact::power_options opt;
+      opt.min_compression_rate = 1.0;
+      opt.products = products;
+      PowerCompressor<2> c{comm, l, opt};
+      auto& out = products == commpact::power_products::exact ? exact_out[r] : blas_out[r];
+      for (int s = 0; s < 4; ++s) {
+        auto g = normal(100 * s + r, n);
+        c.reduce(std::span<float>(g));
+        out.insert(out.end(), g.begin(), g.end());
+        for (std::size_t i = 0; i < l.size(); ++i) {
+          out.insert(out.end(), c.residual(i).begin(), c.residual(i).end());
+          out.insert(out.end(), c.q_factor(i).begin(), c.q_factor(i).end());
+        }
+      }
+      // The state does not depend on products: it loads into a compressor with the other value.
+      std::vector<std::byte> state;
+      c.save_state(state);
+      opt.products = products == commpact::power_products::exact ? commpact::power_products::blas
+                                                                  : commpact::power_products::exact;
+      PowerCompressor<2> other{comm, l, opt};
+      other.load_state(state);
+      auto g = normal(999 + r, n);
+      other.reduce(std::span<float>(g));
+      loaded[r].insert(loaded[r].end(), g.begin(), g.end());
+    }
+    // Ranks that disagree on products all raise mismatch_error (their results would differ on a GPU).
+    if (comm.size() > 1) {
+      commpact::power_options opt;
+      opt.min_compression_rate = 1.0;
+      if (r == comm.size() - 1) opt.products = commpact::power_products::blas;
+      PowerCompressor<2> c{comm, l, opt};
+      auto g = normal(7 + r, n);
+      try {
+        c.reduce(std::span<float>(g));
+      } catch (const commpact::mismatch_error& e) {
+        mismatch[r] = e.what();
+      }
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    REQUIRE(exact_out[r].size() == blas_out[r].size());
+    CHECK(std::memcmp(exact_out[r].data(), blas_out[r].data(), exact_out[r].size() * sizeof(float)) == 0);
+    REQUIRE(loaded[r].size() == 2 * n);
+    CHECK(std::memcmp(loaded[r].data(), loaded[r].data() + n, n * sizeof(float)) == 0);
+    if (P > 1) CHECK(mismatch[r].find("PowerCompressor layout") != std::string::npos);
+  }
+  commpact::power_options bad;
+  bad.products = static_cast<commpact::power_products>(7);
+  auto comm = ThreadComm::make_world(1)[0];
+  CHECK_THROWS_WITH(PowerCompressor<1>(comm, {{5, 5}}, bad), Catch::Contains("power_products::blas"));
+}

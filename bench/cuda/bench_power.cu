@@ -3,14 +3,16 @@
 // the list bench/bench_vs_torch uses; PyTorch's rule min_compression_rate = 2 decides
 // which matrices travel as factors), at approximation ranks 1, 2 and 4:
 //   commpact_ms      PowerCompressor<1, cuda_space> (rank set at run time) over
-//                    NcclComm::single(): reduce() = the whole step (error feedback on,
-//                    warm-start Q, the three allreduces of P, Q and the dense part, the
-//                    status read and the commit; it synchronises once per step);
+//                    NcclComm::single() with the default products = exact (the host's
+//                    summation order, bit for bit): reduce() = the whole step (error
+//                    feedback on, warm-start Q, the three allreduces of P, Q and the
+//                    dense part, the status read and the commit; it synchronises once
+//                    per step); exact_ms repeats it under the column's name;
+//   blas_ms          the same step with power_options::products = power_products::blas
+//                    (P = M Q, Q = M^T P and A = P Q^T as cuBLAS SGEMMs, kernels/cuda/blas.cuh);
 //   cublas_local_ms  kernels/cuda/power.cuh's cuBLAS pieces for every compressed matrix
 //                    (M += e, P = M Q, orthonormalise, Q = M^T P, Q *= 1/ranks, M = P Q^T,
 //                    e = M_old - M): the arithmetic alone, no allreduce, no dense part.
-//                    PowerCompressor's rows follow the host's summation order (bit for
-//                    bit) instead; this column shows what cuBLAS's order would cost.
 // Each time is the median of CUDA-event timings on the step's stream after a warm-up;
 // the input gradient is copied in before each timed step, outside the timing.
 // bench/cuda/bench_power_torch.py times torch's powerSGD_hook on the same shapes;
@@ -153,19 +155,31 @@ int main() {
       for (const auto& en : plan.entries) compressed += en.compressed;
       const double t_blas = cublas_local_ms(plan, s);
 #ifdef HAVE_NCCL
-      cp::PowerCompressor<1, cp::cuda_space> psgd{cp::any_space_communicator<cp::cuda_space>(nc), layout, opt};
-      cp::cuda_buffer<float> grad;
-      grad.resize(psgd.numel());
-      float* gp = cp::cuda_access::ptr(grad.view());
-      const cudaStream_t st = ex.stream();
-      std::int64_t skipped = 0;
-      const double t_cp = median_ms(
-          st, [&] { check(cudaMemcpyAsync(gp, g0, 4 * psgd.numel(), cudaMemcpyDeviceToDevice, st), "copy"); },
-          [&] { skipped += psgd.reduce(grad.view()) ? 0 : 1; });
-      if (skipped) ok = false, std::printf("FAILED: rank %d: %lld steps skipped\n", rank, static_cast<long long>(skipped));
+      // The whole step with products = exact (the default) and with products = blas.
+      std::size_t numel = 0, floats = 0;
+      const auto step_ms = [&](cp::power_products products) {
+        auto o = opt;
+        o.products = products;
+        cp::PowerCompressor<1, cp::cuda_space> psgd{cp::any_space_communicator<cp::cuda_space>(nc), layout, o};
+        cp::cuda_buffer<float> grad;
+        grad.resize(psgd.numel());
+        float* gp = cp::cuda_access::ptr(grad.view());
+        const cudaStream_t st = ex.stream();
+        std::int64_t skipped = 0;
+        const double t = median_ms(
+            st, [&] { check(cudaMemcpyAsync(gp, g0, 4 * psgd.numel(), cudaMemcpyDeviceToDevice, st), "copy"); },
+            [&] { skipped += psgd.reduce(grad.view()) ? 0 : 1; });
+        if (skipped)
+          ok = false, std::printf("FAILED: rank %d products=%d: %lld steps skipped\n", rank, static_cast<int>(products),
+                                  static_cast<long long>(skipped));
+        numel = psgd.numel(), floats = psgd.floats_per_step();
+        return t;
+      };
+      const double t_exact = step_ms(cp::power_products::exact);
+      const double t_gemm = step_ms(cp::power_products::blas);
       std::printf("row power rank=%d tensors=%zu compressed=%zu numel=%zu floats_per_step=%zu commpact_ms=%.4f "
-                  "cublas_local_ms=%.4f\n",
-                  rank, layout.size(), compressed, psgd.numel(), psgd.floats_per_step(), t_cp, t_blas);
+                  "exact_ms=%.4f blas_ms=%.4f cublas_local_ms=%.4f\n",
+                  rank, layout.size(), compressed, numel, floats, t_exact, t_exact, t_gemm, t_blas);
 #else
       std::printf("row power rank=%d tensors=%zu compressed=%zu numel=%lld cublas_local_ms=%.4f commpact skipped "
                   "(built without NCCL)\n",

@@ -26,9 +26,10 @@
 //! | `sgd_step(e, x, v, g, lr, mu, wd)` | Sgd's update (kernels/host/sgd.hpp): d = g + wd x; v = mu v + d; x -= lr v (v empty: x -= lr d), float, no FMA |
 //! | `check_finite(e, v, status)` | status \|= nonfinite when some v[i] is not finite (PowerCompressor) |
 //! | `copy_if_clear(e, src, dst, status)` | dst[i] = src[i] when every status word is 0, else nothing (PowerCompressor) |
-//! | `lowrank_project(e, g, res, M, n, m, Q, r, P)` | M = g + res (M = g when res is empty), then P = M Q; M, g, res row-major n x m, Q (m x r) and P (n x r) column-major, in lowrank.hpp's order (PowerCompressor) |
-//! | `lowrank_back_project(e, M, n, m, P, r, Q)` | Q = M^T P, in lowrank.hpp's order (PowerCompressor) |
-//! | `lowrank_approx_residual(e, g, M, n, m, P, Q, r, status)` | when every status word is 0: A = P Q^T, M = M - A (the residual, in place), g = A; else nothing (PowerCompressor) |
+//! | `lowrank_prepare(e, n, m, r, products)` | makes the three products of an n x m matrix at rank r ready to run without allocating (cuda_space with blas: the executor's cuBLAS handle and scratch; elsewhere nothing); called off the hot path (PowerCompressor::set_layout) |
+//! | `lowrank_project(e, g, res, M, n, m, Q, r, P, products = exact)` | M = g + res (M = g when res is empty), then P = M Q; M, g, res row-major n x m, Q (m x r) and P (n x r) column-major, in lowrank.hpp's order (products = exact; blas: power_products.hpp) (PowerCompressor) |
+//! | `lowrank_back_project(e, M, n, m, P, r, Q, products = exact)` | Q = M^T P, in lowrank.hpp's order (exact; blas: power_products.hpp) (PowerCompressor) |
+//! | `lowrank_approx_residual(e, g, M, n, m, P, Q, r, status, products = exact)` | when every status word is 0: A = P Q^T, M = M - A (the residual, in place), g = A; else nothing; A in lowrank.hpp's order (exact; blas: power_products.hpp), M - A one float subtraction either way (PowerCompressor) |
 //! | `orthonormalize(e, a, rows, cols)` | the columns of column-major a, orthonormalised in host::orthonormalize_columns' fixed order (PowerCompressor) |
 //! | `gaussian(e, v, seed)` | v = host::fill_gaussian(seed): Box-Muller over splitmix64, in double (PowerCompressor) |
 //! | `redraw_zero_columns(e, q, rows, cols, seed, t, step)` | every column j of column-major q that is exactly zero = gaussian(mix_seed(seed, t, step, j + 1)) (PowerCompressor) |

@@ -230,14 +230,21 @@ struct cuda_exec_state {
   //! Installed by a communicator: called once a fence's deadline has passed, before
   //! timeout_error is raised (ncclCommAbort, so that peers stop waiting too).
   std::function<void(const char*)> on_timeout;
-  //! Small grow-only device scratch for kernels without a workspace argument (clip_scale).
+  //! Small grow-only device scratch for kernels without a workspace argument (clip_scale,
+  //! PowerSGD's cuBLAS approximation tiles).
   void* scratch = nullptr;
   std::size_t scratch_bytes = 0;
+  //! A library handle bound to this stream, made once by the first row that needs it
+  //! (kernels/cuda/blas.cuh: the cuBLAS handle of power_products::blas), destroyed with
+  //! the state, before the stream. Type-erased so that this file needs no cuBLAS header.
+  void* blas = nullptr;
+  void (*blas_destroy)(void*) noexcept = nullptr;
 
   cuda_exec_state() = default;
   cuda_exec_state(const cuda_exec_state&) = delete;
   cuda_exec_state& operator=(const cuda_exec_state&) = delete;
   ~cuda_exec_state() {
+    if (blas && blas_destroy) blas_destroy(blas);
     if (scratch) alloc->deallocate(scratch);
     if (done) (void)cudaEventDestroy(done);
     if (owns_stream && stream) (void)cudaStreamDestroy(stream);

@@ -35,6 +35,9 @@
 //! The products stream once over each matrix (kernels/host/lowrank.hpp: M = g + e and
 //! P = M Q in one pass; Q = M^T P; A = P Q^T and e = M - A in one pass), in a fixed
 //! arithmetic order that does not depend on the vector width or -march.
+//! `options::products` (kernels/power_products.hpp) picks that order (`exact`, the
+//! default) or cuBLAS SGEMMs (`blas`) on cuda_space; the host and deferred spaces always
+//! run the exact order. The compressor passes the choice to the rows; its code is the same.
 //!
 //! Every rank gets bit-identical results: A is computed from the allreduced P and Q
 //! only, the orthonormalisation is a fixed-order loop (kernels/host/orthogonalize.hpp)
@@ -126,6 +129,7 @@ class PowerCompressor {
     require(phase_ == phase::idle, "commpact::PowerCompressor::set_layout: a step is in flight; finish and commit "
                                    "(or cancel) it first.");
     auto plan = detail::plan_power(layout, rank(), opt_);
+    const std::int64_t agree[] = {plan.hash, static_cast<std::int64_t>(opt_.products)};
     const std::int64_t total = plan.total;
     const std::size_t p = plan.p, q = plan.q, e = plan.e, d = plan.d;
     try {
@@ -143,6 +147,10 @@ class PowerCompressor {
                                          " dense floats); check the shapes."));
     }
     // Q is saved with the state even before the first step: zero, as on every space.
+    // The products' resources (cuda_space with blas: the cuBLAS handle and the
+    // approximation's scratch) are made here, not on a step.
+    for (const auto& en : plan.entries)
+      if (en.compressed) ops<Space>::lowrank_prepare(exec(), en.rows, en.cols, en.r, opt_.products);
     if (q > 0) {
       ops<Space>::fill(exec(), q_.view(), 0.0f);
       Space::fence(exec(), no_deadline());
@@ -156,6 +164,7 @@ class PowerCompressor {
     steps_ = skipped_ = 0;
     checked_ = false;
     layout_hash_ = plan.hash;
+    agree_hash_ = detail::hash_words(agree);
   }
 
   //! Replaces grad by the low-rank PowerSGD estimate of the mean gradient, identical on
@@ -176,9 +185,9 @@ class PowerCompressor {
             " (the buffer must be exactly the concatenation of the registered tensors); fix the layout or the "
             "buffer.");
     if (!checked_) {
-      require_same(comm_, layout_hash_,
-                   "the PowerCompressor layout (a hash of the rank, the shapes in order and the options; register the "
-                   "same shapes and options on every rank)");
+      require_same(comm_, agree_hash_,
+                   "the PowerCompressor layout (a hash of the rank, the shapes in order and the options, products "
+                   "included; register the same shapes and options on every rank)");
       checked_ = true;
     }
     const auto e = exec();
@@ -350,6 +359,9 @@ class PowerCompressor {
             " must be a finite value >= 0 (0 compresses every matrix; 2 is PyTorch's default).");
     require(opt_.start_step >= 0, "commpact::PowerCompressor: start_step = ", opt_.start_step,
             " must be >= 0 (0 compresses from the first step).");
+    require(opt_.products == power_products::exact || opt_.products == power_products::blas,
+            "commpact::PowerCompressor: products = ", static_cast<int>(opt_.products),
+            " is not a power_products value; pass power_products::exact or power_products::blas.");
   }
 
   //! The first n values of b on the host: b itself on host_space, else a copy in tmp.
@@ -408,7 +420,7 @@ class PowerCompressor {
       }
       const auto res = has_residual_ ? residual_.cview().subspan(en.e_off, nm) : span<const float>{};
       ops<Space>::lowrank_project(e, g, res, m_.view().subspan(en.e_off, nm), en.rows, en.cols, q_next_cview(en),
-                                  en.r, p_view(en));
+                                  en.r, p_view(en), opt_.products);
     }
     // 2. allreduce P (sum) and the dense part (sum, then the mean); check both.
     if (!p_.empty()) comm_.allreduce(p_.view(), reduce_op::sum);
@@ -421,7 +433,7 @@ class PowerCompressor {
       ops<Space>::orthonormalize(e, p_view(en), en.rows, en.r);
       ops<Space>::lowrank_back_project(e, m_.cview().subspan(en.e_off, en.rows * en.cols), en.rows, en.cols,
                                        span<const float>(p_view(en)), en.r,
-                                       q_next_.view().subspan(en.q_off, en.cols * en.r));
+                                       q_next_.view().subspan(en.q_off, en.cols * en.r), opt_.products);
     }
     // 4. allreduce Q (sum, then the mean; a non-finite Q is reported in word 2).
     if (!q_next_.empty()) comm_.allreduce(q_next_.view(), reduce_op::sum);
@@ -436,7 +448,8 @@ class PowerCompressor {
         continue;
       }
       ops<Space>::lowrank_approx_residual(e, g, m_.view().subspan(en.e_off, nm), en.rows, en.cols,
-                                          span<const float>(p_view(en)), q_next_cview(en), en.r, status_.cview());
+                                          span<const float>(p_view(en)), q_next_cview(en), en.r, status_.cview(),
+                                          opt_.products);
     }
   }
   span<float> p_view(const entry& en) { return p_.view().subspan(en.p_off, en.rows * en.r); }
@@ -459,7 +472,8 @@ class PowerCompressor {
   bool has_residual_ = false;
   bool q_ready_ = false;
   bool checked_ = false;
-  std::int64_t layout_hash_ = 0;
+  std::int64_t layout_hash_ = 0;  // the state's (load_state compares it)
+  std::int64_t agree_hash_ = 0;   // the ranks' (layout_hash_ and products)
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "../../detail/hash.hpp"
+#include "../../kernels/power_products.hpp"
 #include "../../nonfinite.hpp"
 #include "../codecs/tensor_layout.hpp"
 
@@ -32,6 +33,15 @@ struct power_options {
   //! false, Q is redrawn every step from (seed, step).
   bool warm_start = true;
   nonfinite on_nonfinite = nonfinite::raise;
+  //! How the products P = M Q, Q = M^T P and A = P Q^T run (kernels/power_products.hpp):
+  //! `exact` (the default) in the host's summation order in every space, so that a
+  //! cuda_space compressor gives the host's bits; `blas` on cuda_space as cuBLAS SGEMMs
+  //! (faster; deterministic and bit-identical across ranks on the same GPU model and
+  //! cuBLAS version; within docs/kernels.md's bound of the exact result). host_space and
+  //! deferred_space always run the exact order, whatever this says. Every rank must pass
+  //! the same value (checked on the first step); it is not part of the saved state, so
+  //! a state saved with one value loads into a compressor with the other.
+  power_products products = power_products::exact;
 };
 
 namespace detail {
@@ -45,7 +55,8 @@ struct power_entry {
 };
 
 //! The plan of a layout: its entries, the packed sizes (P, Q, residual, dense floats),
-//! the total length and the hash of the rank, the shapes in order and the options.
+//! the total length and the hash of the rank, the shapes in order and the options
+//! (all but `products`, which the compressor adds to the hash the ranks compare only).
 struct power_plan {
   std::vector<power_entry> entries;
   std::size_t p = 0, q = 0, e = 0, d = 0;

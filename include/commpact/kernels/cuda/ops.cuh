@@ -27,6 +27,7 @@
 //! | lowrank_project | 8 lanes per row of M, partial sums combined by shuffles in row_dots' order; M = g + res written | bits |
 //! | lowrank_back_project | one thread per column of M, rows in order (n sequential steps) | bits |
 //! | lowrank_approx_residual | one thread per element, gated by the status words | bits |
+//! | lowrank_project, lowrank_back_project, lowrank_approx_residual with power_products::blas; lowrank_prepare (blas.cuh) | M = g + res kernel; cublasSgemm for P = M Q, Q = M^T P and A = P Q^T (tiles of the executor's scratch, then a status-gated kernel: g = A, M -= A); the executor's cuBLAS handle | M bits; P, Q, A within docs/kernels.md's bound; deterministic, equal on every rank |
 //! | orthonormalize, power_gossip_orthonormalize | one block: dot products summed by one thread in row order (host::gs_*), redraws in-kernel | bits (redraws as gaussian) |
 //! | gaussian, redraw_zero_columns | host::gaussian_pair per pair of values (one block per zero column) | bits except CUDA's double log/cos/sin: a value may differ in the float's last bit (~2^-28) |
 //! | power_gossip_update, power_gossip_vectors | difference kernel + element kernel (host::power_gossip::add_scaled / mix_term), gated by words | bits |

@@ -13,7 +13,13 @@
 //! (1 and 2 ulp), so a drawn value can differ in the last bit of the float, about once in
 //! 2^28 values. Sizes are checked on the host before anything is queued (invalid_argument,
 //! as the host rows raise); data outcomes go to the status words, never an exception.
-//! The cuBLAS helpers of power.cuh are not used (cuBLAS sums in its own order, with FMA).
+//! That is products = power_products::exact (the default). products = blas runs the three
+//! products as cuBLAS SGEMMs instead (blas.cuh): not the host's bits, within the bound of
+//! docs/kernels.md, deterministic and the same on every rank of one GPU model and cuBLAS
+//! version. The orthonormalisation is this file's one-block kernel either way: it is
+//! deterministic (a fixed order, no atomics) and exact to the host, and cuBLAS's dot, nrm2
+//! and axpy promise no summation order, while one r-column Gram-Schmidt on n x r costs
+//! little next to the products. power.cuh's cuBLAS helpers serve the benchmark only.
 //!
 //! Speed: project, approx_residual, the updates and the draws are parallel over the
 //! elements; back_project is parallel over the m columns of M with n sequential steps
@@ -35,6 +41,8 @@
 #include "../../error.hpp"
 #include "../../space/cuda.hpp"
 #include "../host/lowrank.hpp"
+#include "../power_products.hpp"
+#include "blas.cuh"
 #include "check.cuh"
 #include "power_kernels.cuh"
 
@@ -62,14 +70,22 @@ struct power {
         ptr(src), ptr(dst), src.size(), status_ptr(status), status.size());
     ck(cudaGetLastError(), "copy_if_clear");
   }
+  //! products = blas: the executor's cuBLAS handle and the approximation's scratch for an
+  //! n x m matrix, made now (PowerCompressor::set_layout) so that no step makes them.
+  static void lowrank_prepare(const exec& e, std::size_t n, std::size_t m, std::size_t, power_products products) {
+    if (products == power_products::blas) cuda_kernels::blas::prepare(e, n, m);
+  }
   static void lowrank_project(const exec& e, span<const float> g, span<const float> res, span<float> M, std::size_t n,
-                              std::size_t m, span<const float> Q, std::size_t r, span<float> P) {
+                              std::size_t m, span<const float> Q, std::size_t r, span<float> P,
+                              power_products products = power_products::exact) {
     host::detail::check_lowrank("lowrank_project_into", g.size(), n, m, P.size(), Q.size(), r);
     require(M.size() == g.size() && (res.empty() || res.size() == g.size()), "commpact::ops::lowrank_project: M holds ",
             M.size(), " floats and the residual ", res.size(), " but the gradient ", g.size(),
             "; pass M (and a non-empty residual) of the gradient's shape.");
     host::simd::check_no_partial_overlap("lowrank_project", "g", ptr(g), g.size(), "M", ptr(M), M.size());
     host::simd::check_no_partial_overlap("lowrank_project", "e", ptr(res), res.size(), "M", ptr(M), M.size());
+    if (products == power_products::blas)
+      return cuda_kernels::blas::project(e, ptr(g), res.empty() ? nullptr : ptr(res), ptr(M), n, m, ptr(Q), r, ptr(P));
     if (n == 0) return;
     const unsigned grid = blocks((n + power_kd::project_rows - 1) / power_kd::project_rows);
     for (std::size_t c0 = 0; c0 < r; c0 += 8) {
@@ -103,8 +119,10 @@ struct power {
     }
   }
   static void lowrank_back_project(const exec& e, span<const float> M, std::size_t n, std::size_t m,
-                                   span<const float> P, std::size_t r, span<float> Q) {
+                                   span<const float> P, std::size_t r, span<float> Q,
+                                   power_products products = power_products::exact) {
     host::detail::check_lowrank("lowrank_back_project", M.size(), n, m, P.size(), Q.size(), r);
+    if (products == power_products::blas) return cuda_kernels::blas::back_project(e, ptr(M), n, m, ptr(P), r, ptr(Q));
     if (m == 0) return;
     for (std::size_t c0 = 0; c0 < r; c0 += 8) {
       const std::size_t w = r - c0 < 8 ? r - c0 : 8;
@@ -134,13 +152,17 @@ struct power {
   }
   static void lowrank_approx_residual(const exec& e, span<float> g, span<float> M, std::size_t n, std::size_t m,
                                       span<const float> P, span<const float> Q, std::size_t r,
-                                      span<const std::uint32_t> status) {
+                                      span<const std::uint32_t> status,
+                                      power_products products = power_products::exact) {
     host::detail::check_lowrank("lowrank_approx_residual_inplace", g.size(), n, m, P.size(), Q.size(), r);
     require(M.size() == g.size() && (ptr(M) != ptr(g) || g.empty()),
             "commpact::ops::lowrank_approx_residual: M must be a separate buffer of the gradient's size (", g.size(),
             " floats; got ", M.size(), ").");
     host::simd::check_no_partial_overlap("lowrank_approx_residual", "g", ptr(g), g.size(), "M", ptr(M), M.size());
     if (g.empty()) return;
+    if (products == power_products::blas)
+      return cuda_kernels::blas::approx_residual(e, ptr(g), ptr(M), n, m, ptr(P), ptr(Q), r, status_ptr(status),
+                                                 status.size());
     power_kd::approx_residual_kernel<<<power_kd::vec_grid(g.size()), power_kd::vec_block, 0, e.stream()>>>(
         ptr(g), ptr(M), n, m, ptr(P), ptr(Q), r, status_ptr(status), status.size());
     ck(cudaGetLastError(), "lowrank_approx_residual");

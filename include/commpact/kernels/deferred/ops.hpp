@@ -106,6 +106,8 @@ struct ops<deferred_space> {
   // PowerCompressor
   COMMPACT_DEFERRED_OP(check_finite)
   COMMPACT_DEFERRED_OP(copy_if_clear)
+  // Nothing to prepare on the host (power_products.hpp): not queued.
+  static void lowrank_prepare(const exec&, std::size_t, std::size_t, std::size_t, power_products) {}
   COMMPACT_DEFERRED_OP(lowrank_project)
   COMMPACT_DEFERRED_OP(lowrank_back_project)
   COMMPACT_DEFERRED_OP(lowrank_approx_residual)

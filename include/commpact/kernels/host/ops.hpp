@@ -14,6 +14,7 @@
 #include "../../error.hpp"
 #include "../../space/host.hpp"
 #include "../ops.hpp"
+#include "../power_products.hpp"
 #include "../status.hpp"
 #include "cast.hpp"
 #include "commit.hpp"
@@ -137,17 +138,21 @@ struct ops<host_space> {
       if (w != 0) return;
     copy(exec{}, src, dst);
   }
+  // The host always runs lowrank.hpp's exact order: `products` (power_products.hpp)
+  // changes nothing here.
+  static void lowrank_prepare(exec, std::size_t, std::size_t, std::size_t, power_products) {}
   static void lowrank_project(exec, span<const float> g, span<const float> res, span<float> M, std::size_t n,
-                              std::size_t m, span<const float> Q, std::size_t r, span<float> P) {
+                              std::size_t m, span<const float> Q, std::size_t r, span<float> P,
+                              power_products = power_products::exact) {
     host::lowrank_project_into(g, res, M, n, m, Q, r, P);
   }
   static void lowrank_back_project(exec, span<const float> M, std::size_t n, std::size_t m, span<const float> P,
-                                   std::size_t r, span<float> Q) {
+                                   std::size_t r, span<float> Q, power_products = power_products::exact) {
     host::lowrank_back_project(M, n, m, P, r, Q);
   }
   static void lowrank_approx_residual(exec, span<float> g, span<float> M, std::size_t n, std::size_t m,
                                       span<const float> P, span<const float> Q, std::size_t r,
-                                      span<const std::uint32_t> status) {
+                                      span<const std::uint32_t> status, power_products = power_products::exact) {
     for (std::uint32_t w : status)
       if (w != 0) return;
     host::lowrank_approx_residual_inplace(g, M, n, m, P, Q, r);
