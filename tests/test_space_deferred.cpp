@@ -21,14 +21,10 @@
 #include <span>
 #include <vector>
 
-#include "common/random.hpp"
 #include "common/space_copies.hpp"
 
 using namespace commpact;
-using commpact_test::device_copy;
-using commpact_test::host_copy;
-using commpact_test::normal;
-using commpact_test::same_bits;
+using namespace commpact_test::deferred_twins;
 
 namespace {
 

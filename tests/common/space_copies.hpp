@@ -1,8 +1,10 @@
 // Helpers for tests over the deferred space: bit comparison, and copies between host
-// vectors and deferred buffers (queued, then fenced).
+// vectors and deferred buffers (queued, then fenced); with the seeded Gaussians of
+// random.hpp, the names a host-vs-deferred test uses (namespace deferred_twins).
 #pragma once
 
 #include "bits.hpp"
+#include "random.hpp"
 
 #include <commpact/kernels/deferred/ops.hpp>
 #include <commpact/space/deferred.hpp>
@@ -30,5 +32,14 @@ inline commpact::deferred_space::buffer<float> device_copy(const commpact::defer
   commpact::deferred_space::fence(e, commpact::no_deadline());
   return b;
 }
+
+//! The names a test of host against deferred compressors uses unqualified (`using namespace
+//! commpact_test::deferred_twins;`).
+namespace deferred_twins {
+using commpact_test::device_copy;
+using commpact_test::host_copy;
+using commpact_test::normal;
+using commpact_test::same_bits;
+}  // namespace deferred_twins
 
 }  // namespace commpact_test

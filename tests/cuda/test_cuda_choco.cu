@@ -48,43 +48,19 @@
 namespace cp = commpact;
 using D = cp::ops<cp::cuda_space>;
 using SC = cp::CudaStagedComm<cp::ThreadComm>;
+using commpact_test::download;
+using commpact_test::same;
+using commpact_test::upload;
+using commpact_test::values;
 
 namespace {
 
-std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
-#define EXPECT_MT(cond, ...)                        \
-  do {                                              \
-    std::lock_guard<std::mutex> lock(expect_mutex); \
-    EXPECT(cond, __VA_ARGS__);                      \
-  } while (0)
-
-std::vector<float> download(const cp::cuda_space::exec& e, cp::cuda_span<const float> s) {
-  std::vector<float> h(s.size());
-  D::to_host(e, s, std::span<float>(h));
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return h;
-}
-void upload(const cp::cuda_space::exec& e, const std::vector<float>& h, cp::cuda_buffer<float>& b) {
-  b.resize(h.size());
-  D::from_host(e, std::span<const float>(h), b.view());
-  cp::cuda_space::fence(e, cp::no_deadline());
-}
-bool same(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
-}
 //! Bit for bit, except that any NaN equals any NaN (the device's NaN payloads may differ).
 bool same_or_nan(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return false;
   for (std::size_t i = 0; i < a.size(); ++i)
     if (!(std::isnan(a[i]) && std::isnan(b[i])) && std::memcmp(&a[i], &b[i], sizeof(float)) != 0) return false;
   return true;
-}
-std::vector<float> values(std::uint64_t seed, std::size_t n, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
 }
 template <class M>
 std::vector<std::byte> saved(const M& m) {

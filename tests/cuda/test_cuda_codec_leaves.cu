@@ -14,8 +14,6 @@
 
 using commpact_test::failures;
 using namespace codec_test;
-using DK = cp::codec_kernels<cp::topk_codec, cp::cuda_space>;
-using HK = cp::codec_kernels<cp::topk_codec, cp::host_space>;
 
 namespace {
 
@@ -23,8 +21,6 @@ namespace {
 //! clean status, one with status_nonfinite, a rejected input), then clear_delivered.
 template <class Codec>
 void check_sparse_encode(const char* who, Codec proto, std::size_t n, int kind, std::mt19937_64& rng) {
-  using SD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
   for (int st : {0, 1, 2}) {  // 0: clean, 1: status_nonfinite, 2: rejected (h.flags)
     const auto v = make_input(kind, n, rng);
     Codec hc = proto, dc = proto;
@@ -33,28 +29,13 @@ void check_sparse_encode(const char* who, Codec proto, std::size_t n, int kind, 
     h.n = static_cast<std::int64_t>(n), h.agreement = hc.agreement(n), h.step = 3;
     h.capacity = static_cast<std::int64_t>(cap);
     if (st == 2) h.flags = cp::frame::rejected_input;
-    std::vector<float> hb(cap / 4, std::numeric_limits<float>::quiet_NaN());
-    std::vector<std::uint32_t> hs{st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u};
-    SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(hb), h, {}, std::span<const std::uint32_t>(hs));
-    cp::cuda_buffer<float> dv, db;
-    cp::cuda_buffer<std::uint32_t> ds;
-    upload(dv, v), upload(ds, hs);
-    db.resize(cap / 4);  // poisoned (0xFF)
-    SD dk;
-    dk.encode_frame(E, dc, dv.cview(), db.view(), h, {}, ds.cview());
-    EXPECT(diff(download(E, db.cview()), hb) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n,
-           kind, st, diff(download(E, db.cview()), hb));
+    cp::codec_kernels<Codec, cp::cuda_space> dk;
+    const auto f = encode_both(dk, hc, dc, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, 0);
+    EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n, kind, st,
+           diff(f.dev, f.host));
     if (st != 0) continue;
-    std::normal_distribution<float> d;
-    std::vector<float> r(n), u(n);
-    for (auto& x : r) x = d(rng);
-    for (auto& x : u) x = d(rng);
-    cp::cuda_buffer<float> dr, du;
-    upload(dr, r), upload(du, u);
-    SH::clear_delivered({}, hc, std::span<float>(r), std::span<float>(u));
-    dk.clear_delivered(E, dc, dr.view(), du.view());
-    EXPECT(diff(download(E, dr.cview()), r) == 0 && diff(download(E, du.cview()), u) == 0,
-           "%s clear_delivered n=%zu kind=%d: residual or velocity differs", who, n, kind);
+    EXPECT(clear_delivered_same(dk, hc, dc, n, rng), "%s clear_delivered n=%zu kind=%d: residual or velocity differs",
+           who, n, kind);
   }
 }
 
@@ -131,21 +112,7 @@ void check_decode(std::mt19937_64& rng) {
         b.resize((48 + 8 * (k + 1)) / 4, 0.0f);  // every block the same capacity
         all.insert(all.end(), b.begin(), b.end());
       }
-      const std::size_t bf = all.size() / static_cast<std::size_t>(P);
-      std::vector<float> hsum(n);
-      bool host_raised = false;
-      try {
-        HK::decode_sum({}, codec, std::span<const float>(all), bf, std::span<float>(hsum));
-      } catch (const cp::wire_error&) {
-        host_raised = true;
-      }
-      cp::cuda_buffer<float> dall, dsum;
-      cp::cuda_buffer<std::uint32_t> ds;
-      upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
-      dsum.resize(n);
-      DK::decode_sum(E, codec, dall.cview(), bf, dsum.view(), ds.view());
-      const auto st = download(E, ds.cview())[0];
-      const auto sum = download(E, dsum.cview());
+      const auto [host_raised, st, sum, hsum] = decode_both(codec, all, all.size() / static_cast<std::size_t>(P), n);
       EXPECT(host_raised == (kind != 0), "kind %d P=%d: the host %s", kind, P, host_raised ? "raised" : "did not raise");
       EXPECT(((st & cp::status_wire) != 0) == host_raised, "kind %d P=%d: status %u, host raised %d", kind, P, st,
              int(host_raised));
@@ -160,9 +127,8 @@ void check_decode(std::mt19937_64& rng) {
 //! for bit; a wrong length, a NaN, Inf or negative scale, sign bits past n: status_wire
 //! where the host raises wire_error).
 void check_sign_leaves(std::mt19937_64& rng) {
-  using SD = cp::codec_kernels<cp::sign_codec, cp::cuda_space>;
-  using SH = cp::codec_kernels<cp::sign_codec, cp::host_space>;
   cp::sign_codec codec;
+  cp::codec_kernels<cp::sign_codec, cp::cuda_space> dk;
   for (std::size_t n : {1, 7, 8, 9, 4095, 4096, 4097, 3 * 4096 + 17, 100003, (1 << 20) + 3})
     for (int kind = 0; kind < 5; ++kind)
       for (int st = 0; st < 3; ++st) {
@@ -171,35 +137,19 @@ void check_sign_leaves(std::mt19937_64& rng) {
         cp::frame::header h;
         h.n = static_cast<std::int64_t>(n), h.step = 1, h.capacity = static_cast<std::int64_t>(cap);
         if (st == 2) h.flags = cp::frame::rejected_input;
-        std::vector<float> hb(cap / 4, std::numeric_limits<float>::quiet_NaN()), ha(n, -7.0f);
-        std::vector<std::uint32_t> hs{st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u};
-        SH::encode_frame({}, codec, std::span<const float>(v), std::span<float>(hb), h, std::span<float>(ha),
-                         std::span<const std::uint32_t>(hs));
-        cp::cuda_buffer<float> dv, db, da;
-        cp::cuda_buffer<std::uint32_t> ds;
-        upload(dv, v), upload(ds, hs), upload(da, std::vector<float>(n, -7.0f));
-        db.resize(cap / 4);
-        SD::encode_frame(E, codec, dv.cview(), db.view(), h, da.view(), ds.cview());
-        EXPECT(diff(download(E, db.cview()), hb) == 0, "sign encode_frame n=%zu kind=%d st=%d: %zu words differ", n,
-               kind, st, diff(download(E, db.cview()), hb));
+        const auto f = encode_both(dk, codec, codec, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, n);
+        EXPECT(diff(f.dev, f.host) == 0, "sign encode_frame n=%zu kind=%d st=%d: %zu words differ", n, kind, st,
+               diff(f.dev, f.host));
         if (st == 0)
-          EXPECT(diff(download(E, da.cview()), ha) == 0, "sign encode_frame n=%zu kind=%d: approx differs in %zu", n,
-                 kind, diff(download(E, da.cview()), ha));
+          EXPECT(diff(f.dev_approx, f.host_approx) == 0, "sign encode_frame n=%zu kind=%d: approx differs in %zu", n,
+                 kind, diff(f.dev_approx, f.host_approx));
       }
   // decode_sum: P blocks from random inputs; kind 0 valid, then one malformed block.
   for (std::size_t n : {5, 8, 1000, 4099})
     for (int kind = 0; kind < 6; ++kind)
       for (int P : {1, 2, 5}) {
         const std::size_t cap = (48 + codec.max_encoded_bytes(n) + 3) / 4 * 4, bf = cap / 4;
-        std::vector<float> all(bf * static_cast<std::size_t>(P));
-        for (int r = 0; r < P; ++r) {
-          const auto v = make_input(r % 5, n, rng);
-          cp::frame::header h;
-          h.n = static_cast<std::int64_t>(n), h.capacity = static_cast<std::int64_t>(cap);
-          std::vector<std::uint32_t> hs{0};
-          SH::encode_frame({}, codec, std::span<const float>(v), std::span<float>(all).subspan(r * bf, bf), h, {},
-                           std::span<const std::uint32_t>(hs));
-        }
+        auto all = host_frames(codec, n, P, cap, [&](int r) { return make_input(r % 5, n, rng); }, no_prep);
         if (kind == 5 && n % 8 == 0) continue;
         if (kind != 0) {
           auto* w = reinterpret_cast<std::uint32_t*>(all.data()) + static_cast<std::size_t>(P / 2) * bf;
@@ -212,20 +162,7 @@ void check_sign_leaves(std::mt19937_64& rng) {
             default: bytes[4 + n / 8] |= static_cast<unsigned char>(1u << 7); break;  // a bit past n
           }
         }
-        std::vector<float> hsum(n);
-        bool host_raised = false;
-        try {
-          SH::decode_sum({}, codec, std::span<const float>(all), bf, std::span<float>(hsum));
-        } catch (const cp::wire_error&) {
-          host_raised = true;
-        }
-        cp::cuda_buffer<float> dall, dsum;
-        cp::cuda_buffer<std::uint32_t> ds;
-        upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
-        dsum.resize(n);
-        SD::decode_sum(E, codec, dall.cview(), bf, dsum.view(), ds.view());
-        const auto stw = download(E, ds.cview())[0];
-        const auto sum = download(E, dsum.cview());
+        const auto [host_raised, stw, sum, hsum] = decode_both(codec, all, bf, n);
         EXPECT(host_raised == (kind != 0), "sign kind %d n=%zu P=%d: the host %s", kind, n, P,
                host_raised ? "raised" : "did not raise");
         EXPECT(((stw & cp::status_wire) != 0) == host_raised, "sign kind %d n=%zu P=%d: status %u", kind, n, P, stw);
@@ -241,8 +178,7 @@ void check_sign_leaves(std::mt19937_64& rng) {
 //! wire_error).
 template <class Codec, class Corrupt>
 void check_dense_leaves(const char* who, Codec codec, int kinds, Corrupt corrupt, std::mt19937_64& rng) {
-  using CD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using CH = cp::codec_kernels<Codec, cp::host_space>;
+  cp::codec_kernels<Codec, cp::cuda_space> dk;
   for (std::size_t n : {1, 2, 3, 1000, 100003})
     for (int kind = 0; kind < 6; ++kind) {
       auto v = make_input(kind % 5, n, rng);
@@ -256,48 +192,19 @@ void check_dense_leaves(const char* who, Codec codec, int kinds, Corrupt corrupt
       const std::size_t cap = (48 + codec.max_encoded_bytes(n) + 3) / 4 * 4;
       cp::frame::header h;
       h.n = static_cast<std::int64_t>(n), h.capacity = static_cast<std::int64_t>(cap);
-      std::vector<float> hb(cap / 4, std::numeric_limits<float>::quiet_NaN()), ha(n, -7.0f);
-      std::vector<std::uint32_t> hs{0};
-      CH::encode_frame({}, codec, std::span<const float>(v), std::span<float>(hb), h, std::span<float>(ha),
-                       std::span<const std::uint32_t>(hs));
-      cp::cuda_buffer<float> dv, db, da;
-      cp::cuda_buffer<std::uint32_t> ds;
-      upload(dv, v), upload(ds, hs), upload(da, std::vector<float>(n, -7.0f));
-      db.resize(cap / 4);
-      CD::encode_frame(E, codec, dv.cview(), db.view(), h, da.view(), ds.cview());
-      EXPECT(diff(download(E, db.cview()), hb) == 0, "%s encode_frame n=%zu kind=%d: %zu words differ", who, n,
-             kind, diff(download(E, db.cview()), hb));
-      EXPECT(diff(download(E, da.cview()), ha) == 0, "%s encode_frame n=%zu kind=%d: approx differs", who, n, kind);
+      const auto f = encode_both(dk, codec, codec, v, h, cap, 0, n);
+      EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d: %zu words differ", who, n, kind,
+             diff(f.dev, f.host));
+      EXPECT(diff(f.dev_approx, f.host_approx) == 0, "%s encode_frame n=%zu kind=%d: approx differs", who, n, kind);
     }
   for (std::size_t n : {1, 3, 4, 1000, 1001})
     for (int kind = 0; kind < kinds; ++kind)
       for (int P : {1, 3}) {
         const std::size_t cap = (48 + codec.max_encoded_bytes(n) + 3) / 4 * 4, bf = cap / 4;
-        std::vector<float> all(bf * static_cast<std::size_t>(P));
-        for (int r = 0; r < P; ++r) {
-          const auto v = make_input(r % 5, n, rng);
-          cp::frame::header h;
-          h.n = static_cast<std::int64_t>(n), h.capacity = static_cast<std::int64_t>(cap);
-          std::vector<std::uint32_t> hs{0};
-          CH::encode_frame({}, codec, std::span<const float>(v), std::span<float>(all).subspan(r * bf, bf), h, {},
-                           std::span<const std::uint32_t>(hs));
-        }
+        auto all = host_frames(codec, n, P, cap, [&](int r) { return make_input(r % 5, n, rng); }, no_prep);
         auto* w = reinterpret_cast<std::uint32_t*>(all.data()) + static_cast<std::size_t>(P - 1) * bf;
         if (kind != 0 && !corrupt(kind, w, n)) continue;
-        std::vector<float> hsum(n);
-        bool host_raised = false;
-        try {
-          CH::decode_sum({}, codec, std::span<const float>(all), bf, std::span<float>(hsum));
-        } catch (const cp::wire_error&) {
-          host_raised = true;
-        }
-        cp::cuda_buffer<float> dall, dsum;
-        cp::cuda_buffer<std::uint32_t> ds;
-        upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
-        dsum.resize(n);
-        CD::decode_sum(E, codec, dall.cview(), bf, dsum.view(), ds.view());
-        const auto stw = download(E, ds.cview())[0];
-        const auto sum = download(E, dsum.cview());
+        const auto [host_raised, stw, sum, hsum] = decode_both(codec, all, bf, n);
         EXPECT(host_raised == (kind != 0), "%s kind %d n=%zu P=%d: the host %s", who, kind, n, P,
                host_raised ? "raised" : "did not raise");
         EXPECT(((stw & cp::status_wire) != 0) == host_raised, "%s kind %d n=%zu P=%d: status %u", who, kind, n,
@@ -312,13 +219,9 @@ void check_dense_leaves(const char* who, Codec codec, int kinds, Corrupt corrupt
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all device codec leaf checks passed\n", "%d device codec leaf checks failed\n", [] {
     E = cp::cuda_space::make_exec();
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+    auto rng = commpact_test::seeded_rng();
     check_encode(rng);
     check_decode(rng);
     check_sign_leaves(rng);
@@ -371,10 +274,5 @@ int main() {
       };
       check_dense_leaves("QSGD", q, 6, qsgd_corrupt, rng);
     }
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device codec leaf checks passed\n" : "%d device codec leaf checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -49,8 +49,6 @@ void prepare(Codec& c, int rank, std::int64_t step) {
 //! rejected input), then (st 0) clear_delivered on random residual and velocity.
 template <class Codec>
 void check_encode(const char* who, const Codec& proto, std::size_t n, int kind, std::mt19937_64& rng) {
-  using CD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using CH = cp::codec_kernels<Codec, cp::host_space>;
   for (int st = 0; st < 3; ++st) {
     const auto v = make_any(kind, n, rng);
     Codec hc = proto, dc = proto;
@@ -60,31 +58,15 @@ void check_encode(const char* who, const Codec& proto, std::size_t n, int kind, 
     h.n = static_cast<std::int64_t>(n), h.step = 7, h.capacity = static_cast<std::int64_t>(cap);
     if (st == 2) h.flags = cp::frame::rejected_input;
     const bool dense = !cp::req::codec_has_delivered<Codec>;
-    std::vector<float> hb(cap / 4, std::numeric_limits<float>::quiet_NaN()), ha(dense ? n : 0, -7.0f);
-    std::vector<std::uint32_t> hs{st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u};
-    CH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(hb), h, std::span<float>(ha),
-                     std::span<const std::uint32_t>(hs));
-    cp::cuda_buffer<float> dv, db, da;
-    cp::cuda_buffer<std::uint32_t> ds;
-    upload(dv, v), upload(ds, hs), upload(da, std::vector<float>(ha.size(), -7.0f));
-    db.resize(cap / 4);  // poisoned (0xFF)
-    CD dk;
-    dk.encode_frame(E, dc, dv.cview(), db.view(), h, da.view(), ds.cview());
-    const auto got = download(E, db.cview());
-    EXPECT(diff(got, hb) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n, kind, st,
-           diff(got, hb));
+    cp::codec_kernels<Codec, cp::cuda_space> dk;
+    const auto f =
+        encode_both(dk, hc, dc, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, dense ? n : 0);
+    EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n, kind, st,
+           diff(f.dev, f.host));
     if (st != 0) continue;
-    EXPECT(diff(download(E, da.cview()), ha) == 0, "%s encode_frame n=%zu kind=%d: approx differs", who, n, kind);
-    std::normal_distribution<float> d;
-    std::vector<float> r(n), u(n);
-    for (auto& x : r) x = d(rng);
-    for (auto& x : u) x = d(rng);
-    cp::cuda_buffer<float> dr, du;
-    upload(dr, r), upload(du, u);
-    CH::clear_delivered({}, hc, std::span<float>(r), std::span<float>(u));
-    dk.clear_delivered(E, dc, dr.view(), du.view());
-    EXPECT(diff(download(E, dr.cview()), r) == 0 && diff(download(E, du.cview()), u) == 0,
-           "%s clear_delivered n=%zu kind=%d: residual or velocity differs", who, n, kind);
+    EXPECT(diff(f.dev_approx, f.host_approx) == 0, "%s encode_frame n=%zu kind=%d: approx differs", who, n, kind);
+    EXPECT(clear_delivered_same(dk, hc, dc, n, rng), "%s clear_delivered n=%zu kind=%d: residual or velocity differs",
+           who, n, kind);
   }
 }
 
@@ -95,37 +77,17 @@ void check_encode(const char* who, const Codec& proto, std::size_t n, int kind, 
 template <class Codec, class Corrupt>
 bool check_decode(const char* who, const Codec& proto, std::size_t n, int kind, int P, Corrupt corrupt,
                   std::mt19937_64& rng) {
-  using CD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using CH = cp::codec_kernels<Codec, cp::host_space>;
   Codec hc = proto;
   const std::size_t cap = (48 + hc.max_encoded_bytes(n) + 3) / 4 * 4, bf = cap / 4;
-  std::vector<float> all(bf * static_cast<std::size_t>(P));
-  for (int r = 0; r < P; ++r) {
+  const auto input = [&](int r) {
     auto v = make_any(r % 6, n, rng);
     for (auto& x : v) x = std::isfinite(x) ? x : 1.5f;  // the compressor sends no Inf or NaN
-    prepare(hc, r, 1);
-    cp::frame::header h;
-    h.n = static_cast<std::int64_t>(n), h.capacity = static_cast<std::int64_t>(cap);
-    std::vector<std::uint32_t> hs{0};
-    CH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(all).subspan(r * bf, bf), h, {},
-                     std::span<const std::uint32_t>(hs));
-  }
+    return v;
+  };
+  auto all = host_frames(hc, n, P, cap, input, [](Codec& c, int r) { prepare(c, r, 1); });
   auto* w = reinterpret_cast<std::uint32_t*>(all.data()) + static_cast<std::size_t>(P - 1) * bf;
   if (kind != 0 && !corrupt(kind, w, w[2], cap)) return false;
-  std::vector<float> hsum(n);
-  bool host_raised = false;
-  try {
-    CH::decode_sum({}, hc, std::span<const float>(all), bf, std::span<float>(hsum));
-  } catch (const cp::wire_error&) {
-    host_raised = true;
-  }
-  cp::cuda_buffer<float> dall, dsum;
-  cp::cuda_buffer<std::uint32_t> ds;
-  upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
-  dsum.resize(n);
-  CD::decode_sum(E, hc, dall.cview(), bf, dsum.view(), ds.view());
-  const auto stw = download(E, ds.cview())[0];
-  const auto sum = download(E, dsum.cview());
+  const auto [host_raised, stw, sum, hsum] = decode_both(hc, all, bf, n);
   EXPECT(((stw & cp::status_wire) != 0) == host_raised, "%s kind %d n=%zu P=%d: status %u, host raised %d", who, kind,
          n, P, stw, int(host_raised));
   if (host_raised) EXPECT(std::isnan(sum[0]), "%s kind %d n=%zu P=%d: sum[0] is not NaN", who, kind, n, P);
@@ -216,13 +178,9 @@ void check_per_tensor(const char* who, const K& k, std::mt19937_64& rng) {
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all device codec leaf checks passed\n", "%d device codec leaf checks failed\n", [] {
     E = cp::cuda_space::make_exec();
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+    auto rng = commpact_test::seeded_rng();
     for (std::size_t n : {1, 2, 8, 17, 1000, 4095, 4096, 4097, 65537, (1 << 20) + 3})
       for (int kind = 0; kind < 6; ++kind) {
         check_encode("natural", cp::natural_codec{11}, n, kind, rng);
@@ -248,10 +206,5 @@ int main() {
     check_per_tensor("per_tensor<TernGrad>", cp::terngrad_codec{3}, rng);
     check_per_tensor("per_tensor<QSGD>", cp::qsgd_codec{16, 3, 64}, rng);
     check_per_tensor("per_tensor<fp16>", cp::fp16_codec{}, rng);
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device codec leaf checks passed\n" : "%d device codec leaf checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -27,56 +27,15 @@ namespace {
 template <class Dev, class MakeHost>
 void compare_steps(const char* what, Dev& dev, const cp::cuda_space::exec& e, MakeHost make_host, std::size_t n,
                    int steps, int nan_step, int corrupt_step, bool skip_nonfinite, std::mt19937_64& rng) {
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> grads(steps, std::vector<float>(n));
-  for (auto& g : grads)
-    for (auto& v : g) v = d(rng);
-  if (nan_step >= 0) grads[nan_step][n / 3] = std::numeric_limits<float>::quiet_NaN();
-  std::vector<std::vector<float>> hout(steps), hres(steps), hvel(steps);
-  std::vector<int> hok(steps);  // 1 delivered, 0 skipped, -1 numeric_error, -2 corrupted (device only)
-  cp::run_threads(1, [&](cp::ThreadComm& tc) {
-    auto h = make_host(tc);
-    for (int s = 0; s < steps; ++s) {
-      hout[s] = grads[s];
-      if (s == corrupt_step) {
-        hok[s] = -2;
-      } else {
-        try {
-          hok[s] = h.reduce(std::span<float>(hout[s])) ? 1 : 0;
-        } catch (const cp::numeric_error&) {
-          hok[s] = -1;
-        }
-      }
-      hres[s].assign(h.residual().begin(), h.residual().end());
-      hvel[s].assign(h.velocity().begin(), h.velocity().end());
-    }
-  });
+  const auto grads = random_steps(steps, n, nan_step, rng);
+  const auto [hout, hres, hvel, hok] = run_host_steps(grads, corrupt_step, make_host);
   cp::cuda_buffer<float> g;
   g.resize(n);
   std::vector<std::pair<const void*, std::size_t>> sig;
   std::int64_t expect_steps = 0;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    int ok = 0;
-    if (s == corrupt_step) {
-      dev.start(g.view());
-      auto* blk = const_cast<float*>(cp::cuda_access::ptr(dev.aggregation().received()));
-      cudaMemsetAsync(blk + 12, 0xFF, 4, e.stream());
-      bool raised = false;
-      try {
-        dev.finish();
-      } catch (const cp::wire_error&) {
-        raised = true;
-      }
-      EXPECT(raised, "%s step %d: a corrupted payload did not raise wire_error", what, s);
-      ok = -2;
-    } else {
-      try {
-        ok = dev.reduce(g.view()) ? 1 : 0;
-      } catch (const cp::numeric_error&) {
-        ok = -1;
-      }
-    }
+    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
     expect_steps += ok == 1 || (ok == 0 && skip_nonfinite);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     const auto out = download(e, g.cview());
@@ -115,12 +74,8 @@ void check_codec(const char* what, const Codec& codec, const cp::codec_options& 
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+  return commpact_test::run_checks("all device codec checks passed\n", "%d device codec checks failed\n", [] {
+    auto rng = commpact_test::seeded_rng();
     check_topk({.density = 0.01}, 100003, -1, -1, rng);
     check_topk({.density = 0.001, .momentum = 0.9f}, 1 << 20, -1, -1, rng);
     check_topk({.density = 0.05, .momentum = 0.9f, .on_nonfinite = cp::nonfinite::skip_step}, 50000, 2, -1, rng);
@@ -145,10 +100,5 @@ int main() {
     check_codec("QSGD", cp::qsgd_codec{256, 7}, {}, 100003, -1, -1, rng);
     check_codec("QSGD", cp::qsgd_codec{16, 3, 0}, {.momentum = 0.9f}, 30011, -1, 2, rng);
     check_codec("QSGD", cp::qsgd_codec{3, 5, 64}, {.on_nonfinite = cp::nonfinite::skip_step}, 4097, 1, -1, rng);
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device codec checks passed\n" : "%d device codec checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -52,9 +52,7 @@ std::vector<float> input(int kind, std::size_t n, std::mt19937_64& rng) {
 //! host's, then clear_delivered. `prep` sets the codec's step and rank.
 template <class Codec, class Prep>
 void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::mt19937_64& rng) {
-  using SD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
-  SD dk;
+  cp::codec_kernels<Codec, cp::cuda_space> dk;
   Codec hc = proto, dc = proto;
   int round = 0;
   for (int kind = 0; kind < 8; ++kind)
@@ -67,29 +65,12 @@ void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::m
       h.n = static_cast<std::int64_t>(n), h.agreement = hc.agreement(n), h.step = round;
       h.capacity = static_cast<std::int64_t>(cap);
       if (st == 2) h.flags = cp::frame::rejected_input;
-      std::vector<float> hb(cap / 4, qnan);
-      std::vector<std::uint32_t> hs{st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u};
-      SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(hb), h, {},
-                       std::span<const std::uint32_t>(hs));
-      cp::cuda_buffer<float> dv, db;
-      cp::cuda_buffer<std::uint32_t> ds;
-      upload(dv, v), upload(ds, hs);
-      db.resize(cap / 4);  // poisoned (0xFF)
-      dk.encode_frame(E, dc, dv.cview(), db.view(), h, {}, ds.cview());
-      const auto got = download(E, db.cview());
-      EXPECT(diff(got, hb) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ (host: %zu passed, t=%g)", who,
-             n, kind, st, diff(got, hb), hc.last_passed(), static_cast<double>(hc.last_threshold()));
+      const auto f = encode_both(dk, hc, dc, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, 0);
+      EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ (host: %zu passed, t=%g)",
+             who, n, kind, st, diff(f.dev, f.host), hc.last_passed(), static_cast<double>(hc.last_threshold()));
       if (st != 0) continue;
-      std::normal_distribution<float> d;
-      std::vector<float> r(n), u(n);
-      for (auto& x : r) x = d(rng);
-      for (auto& x : u) x = d(rng);
-      cp::cuda_buffer<float> dr, du;
-      upload(dr, r), upload(du, u);
-      SH::clear_delivered({}, hc, std::span<float>(r), std::span<float>(u));
-      dk.clear_delivered(E, dc, dr.view(), du.view());
-      EXPECT(diff(download(E, dr.cview()), r) == 0 && diff(download(E, du.cview()), u) == 0,
-             "%s clear_delivered n=%zu kind=%d: residual or velocity differs", who, n, kind);
+      EXPECT(clear_delivered_same(dk, hc, dc, n, rng), "%s clear_delivered n=%zu kind=%d: residual or velocity differs",
+             who, n, kind);
     }
 }
 
@@ -128,8 +109,6 @@ std::vector<float> frame_block(std::size_t n, std::size_t room, const std::vecto
 //! decode_sum over P blocks that the host codec encoded; kinds 1.. corrupt the middle one.
 template <class Codec>
 void check_decode(const char* who, Codec codec, std::mt19937_64& rng) {
-  using SD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
   const std::size_t n = 5000, cap = codec.capacity(n), room = cap + 1;
   for (int kind = 0; kind < 9; ++kind)
     for (int P : {1, 3, 5}) {
@@ -162,21 +141,7 @@ void check_decode(const char* who, Codec codec, std::mt19937_64& rng) {
         const auto b = frame_block(n, room, idx, val, len);
         all.insert(all.end(), b.begin(), b.end());
       }
-      const std::size_t bf = all.size() / static_cast<std::size_t>(P);
-      std::vector<float> hsum(n);
-      bool host_raised = false;
-      try {
-        SH::decode_sum({}, codec, std::span<const float>(all), bf, std::span<float>(hsum));
-      } catch (const cp::wire_error&) {
-        host_raised = true;
-      }
-      cp::cuda_buffer<float> dall, dsum;
-      cp::cuda_buffer<std::uint32_t> ds;
-      upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
-      dsum.resize(n);
-      SD::decode_sum(E, codec, dall.cview(), bf, dsum.view(), ds.view());
-      const auto stw = download(E, ds.cview())[0];
-      const auto sum = download(E, dsum.cview());
+      const auto [host_raised, stw, sum, hsum] = decode_both(codec, all, all.size() / static_cast<std::size_t>(P), n);
       EXPECT(host_raised == (kind != 0), "%s kind %d P=%d: the host %s", who, kind, P,
              host_raised ? "raised" : "did not raise");
       EXPECT(((stw & cp::status_wire) != 0) == host_raised, "%s kind %d P=%d: status %u", who, kind, P, stw);
@@ -189,12 +154,7 @@ void check_decode(const char* who, Codec codec, std::mt19937_64& rng) {
 
 std::vector<std::vector<float>> gradients(int steps, std::size_t n, int nan_step, std::uint64_t seed) {
   std::mt19937_64 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> grads(steps, std::vector<float>(n));
-  for (auto& s : grads)
-    for (auto& v : s) v = d(g);
-  if (nan_step >= 0) grads[nan_step][n / 3] = qnan;
-  return grads;
+  return random_steps(steps, n, nan_step, g);
 }
 
 //! 4 steps of CodecCompressor<Codec, Allgather<NcclComm>> (one rank) against the host's
@@ -205,21 +165,8 @@ void check_nccl(const char* what, const Codec& codec, const cp::codec_options& o
                 int corrupt_step, std::mt19937_64& rng) {
   const int steps = 4;
   const auto grads = gradients(steps, n, nan_step, rng());
-  std::vector<std::vector<float>> hout(steps), hres(steps), hvel(steps);
-  std::vector<int> hok(steps);  // 1 delivered, 0 skipped, -1 numeric_error, -2 corrupted (device only)
-  cp::run_threads(1, [&](cp::ThreadComm& tc) {
-    cp::CodecCompressor<Codec, cp::Allgather<cp::ThreadComm>> h{tc, codec, opt, what};
-    for (int s = 0; s < steps; ++s) {
-      hout[s] = grads[s];
-      hok[s] = -2;
-      if (s != corrupt_step) try {
-          hok[s] = h.reduce(std::span<float>(hout[s])) ? 1 : 0;
-        } catch (const cp::numeric_error&) {
-          hok[s] = -1;
-        }
-      hres[s].assign(h.residual().begin(), h.residual().end());
-      hvel[s].assign(h.velocity().begin(), h.velocity().end());
-    }
+  const auto [hout, hres, hvel, hok] = run_host_steps(grads, corrupt_step, [&](cp::ThreadComm& tc) {
+    return cp::CodecCompressor<Codec, cp::Allgather<cp::ThreadComm>>{tc, codec, opt, what};
   });
   auto dcomm = cp::NcclComm::single();
   const auto& e = dcomm.exec();
@@ -229,25 +176,7 @@ void check_nccl(const char* what, const Codec& codec, const cp::codec_options& o
   std::vector<std::pair<const void*, std::size_t>> sig;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    int ok = -2;
-    if (s == corrupt_step) {
-      dev.start(g.view());
-      auto* blk = const_cast<float*>(cp::cuda_access::ptr(dev.aggregation().received()));
-      cudaMemsetAsync(blk + 12, 0xFF, 4, e.stream());
-      bool raised = false;
-      try {
-        dev.finish();
-      } catch (const cp::wire_error&) {
-        raised = true;
-      }
-      EXPECT(raised, "%s step %d: a corrupted payload did not raise wire_error", what, s);
-    } else {
-      try {
-        ok = dev.reduce(g.view()) ? 1 : 0;
-      } catch (const cp::numeric_error&) {
-        ok = -1;
-      }
-    }
+    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     EXPECT(diff(download(e, g.cview()), hout[s]) == 0, "%s step %d: the reduced gradient differs", what, s);
     EXPECT(diff(download(e, dev.residual()), hres[s]) == 0, "%s step %d: the residual differs", what, s);
@@ -258,8 +187,6 @@ void check_nccl(const char* what, const Codec& codec, const cp::codec_options& o
       EXPECT(dev.workspace_signature() == sig, "%s step %d: the device buffers were reallocated", what, s);
   }
 }
-
-std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
 
 //! 4 steps over CudaStagedComm<ThreadComm> at P ranks against ThreadComm's host compressor.
 template <class Codec>
@@ -282,8 +209,7 @@ void check_staged(const char* what, const Codec& codec, const cp::codec_options&
       const std::vector<float> hv(host.velocity().begin(), host.velocity().end());
       const bool same = diff(download(e, g.cview()), h) == 0 && diff(download(e, dev.residual()), hr) == 0 &&
                         diff(download(e, dev.velocity()), hv) == 0;
-      std::lock_guard<std::mutex> lock(expect_mutex);
-      EXPECT(same, "%s P=%d rank %d step %d: output, residual or velocity differs from the host", what, P, r, s);
+      EXPECT_MT(same, "%s P=%d rank %d step %d: output, residual or velocity differs from the host", what, P, r, s);
     }
   });
 }
@@ -291,13 +217,9 @@ void check_staged(const char* what, const Codec& codec, const cp::codec_options&
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all device Gaussian-k and DGC checks passed\n", "%d device checks failed\n", [] {
     E = cp::cuda_space::make_exec();
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+    auto rng = commpact_test::seeded_rng();
     check_all_encodes(rng);
     check_decode("gaussiank", cp::gaussiank_codec{0.05}, rng);
     check_decode("dgc", cp::dgc_codec{0.05, 0.05, 4}, rng);
@@ -317,10 +239,5 @@ int main() {
       check_staged("DGC", dgc, {}, P, 20011);
       check_staged("DGC", dgc, {.momentum = 0.9f}, P, 20011);
     }
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device Gaussian-k and DGC checks passed\n" : "%d device checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -27,13 +27,6 @@ using namespace codec_test;
 
 namespace {
 
-std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
-#define EXPECT_MT(cond, ...)                        \
-  do {                                              \
-    std::lock_guard<std::mutex> lock(expect_mutex); \
-    EXPECT(cond, __VA_ARGS__);                      \
-  } while (0)
-
 template <class Codec, class C>
 using Comp = cp::CodecCompressor<Codec, cp::Allgather<C>>;
 
@@ -46,26 +39,9 @@ template <class Codec>
 void check_single(const char* what, const Codec& codec, const cp::codec_options& opt, std::size_t n, int nan_step,
                   int corrupt_step, std::mt19937_64& rng) {
   constexpr int steps = 4;
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> grads(steps, std::vector<float>(n));
-  for (auto& g : grads)
-    for (auto& v : g) v = d(rng);
-  if (nan_step >= 0) grads[nan_step][n / 3] = std::numeric_limits<float>::quiet_NaN();
-  std::vector<std::vector<float>> hout(steps), hres(steps), hvel(steps);
-  std::vector<int> hok(steps);  // 1 delivered, 0 skipped, -1 numeric_error, -2 corrupted (device only)
-  cp::run_threads(1, [&](cp::ThreadComm& tc) {
-    Comp<Codec, cp::ThreadComm> h{tc, codec, opt, what};
-    for (int s = 0; s < steps; ++s) {
-      hout[s] = grads[s];
-      if (s == corrupt_step) hok[s] = -2;
-      else try {
-          hok[s] = h.reduce(std::span<float>(hout[s])) ? 1 : 0;
-        } catch (const cp::numeric_error&) {
-          hok[s] = -1;
-        }
-      hres[s].assign(h.residual().begin(), h.residual().end());
-      hvel[s].assign(h.velocity().begin(), h.velocity().end());
-    }
+  const auto grads = random_steps(steps, n, nan_step, rng);
+  const auto [hout, hres, hvel, hok] = run_host_steps(grads, corrupt_step, [&](cp::ThreadComm& tc) {
+    return Comp<Codec, cp::ThreadComm>{tc, codec, opt, what};
   });
   auto dc = cp::NcclComm::single();
   Comp<Codec, cp::NcclComm> dev{dc, codec, opt, what};
@@ -75,26 +51,7 @@ void check_single(const char* what, const Codec& codec, const cp::codec_options&
   std::vector<std::pair<const void*, std::size_t>> sig;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    int ok = 0;
-    if (s == corrupt_step) {
-      dev.start(g.view());
-      auto* blk = const_cast<float*>(cp::cuda_access::ptr(dev.aggregation().received()));
-      cudaMemsetAsync(blk + 12, 0xFF, 4, e.stream());
-      bool raised = false;
-      try {
-        dev.finish();
-      } catch (const cp::wire_error&) {
-        raised = true;
-      }
-      EXPECT(raised, "%s step %d: a corrupted payload did not raise wire_error", what, s);
-      ok = -2;
-    } else {
-      try {
-        ok = dev.reduce(g.view()) ? 1 : 0;
-      } catch (const cp::numeric_error&) {
-        ok = -1;
-      }
-    }
+    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     const auto out = download(e, g.cview());
     EXPECT(diff(out, hout[s]) == 0, "%s step %d: the reduced gradient differs from the host in %zu places", what, s,
@@ -152,12 +109,8 @@ void check_all(const char* what, const Codec& codec, std::size_t n, std::mt19937
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+  return commpact_test::run_checks("all device codec checks passed\n", "%d device codec checks failed\n", [] {
+    auto rng = commpact_test::seeded_rng();
     check_all("natural", cp::natural_codec{7}, 100003, rng);
     check_all("natural", cp::natural_codec{8}, 17, rng);
     check_all("1-bit", cp::onebit_codec{}, 100003, rng);
@@ -173,10 +126,5 @@ int main() {
     check_all("per_tensor<threshold>", cp::per_tensor{layout, cp::threshold_codec{1.5f, 0.05}}, n, rng);
     check_all("per_tensor<QSGD>", cp::per_tensor{layout, cp::qsgd_codec{16, 2, 128}}, n, rng);
     check_single("per_tensor<bf16>", cp::per_tensor{layout, cp::bf16_codec{}}, {}, n, -1, 1, rng);
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device codec checks passed\n" : "%d device codec checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -449,13 +449,9 @@ void check_tree(int P, std::size_t n, std::size_t k, bool momentum, bool with_re
 std::size_t sparse_wire_body_offset() { return cp::sparse_wire::header_bytes + 3; }
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all ops<cuda_space> checks passed\n", "%d ops<cuda_space> checks failed\n", [] {
     E = cp::cuda_space::make_exec();
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+    auto rng = commpact_test::seeded_rng();
     check_basic(rng);
     check_mean(rng);
     check_clip(rng);
@@ -472,10 +468,5 @@ int main() {
     check_tree(4, 5000, 50, false, true, 1, -1, rng);    // a corrupted frame
     check_tree(5, 5000, 50, false, true, -1, 2, rng);    // a NaN gradient
     check_tree(8, 5000, 50, false, true, 6, -1, rng);
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all ops<cuda_space> checks passed\n" : "%d ops<cuda_space> checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -286,13 +286,10 @@ void check_tree_begin(std::mt19937_64& rng);
 #include "cuda/rows_gossip_tree_checks.cuh"
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks(
+      "all cast/vote/gossip/linear/tree_begin row checks passed\n", "%d row checks failed\n", [] {
     E = cp::cuda_space::make_exec();
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+    auto rng = commpact_test::seeded_rng();
     check_cast_rows<cp::fp16_codec>(rng);
     check_cast_rows<cp::bf16_codec>(rng);
     check_vote_rows(rng);
@@ -300,11 +297,5 @@ int main() {
     check_linear_rows(rng);
     check_tree_begin(rng);
     check_compressors(rng);
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all cast/vote/gossip/linear/tree_begin row checks passed\n"
-                            : "%d row checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

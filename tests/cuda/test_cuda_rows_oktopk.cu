@@ -315,8 +315,7 @@ void check_growth() {
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all OkTopK row checks passed\n", "%d OkTopK row checks failed\n", [] {
     E = cp::cuda_space::make_exec();
     const auto seed = std::random_device{}();
     std::printf("seed %u\n", seed);
@@ -349,10 +348,5 @@ int main() {
                     ob::nonfinite_value, ob::padding, ob::other_range, ob::mask})
         ob::check_aggregation(P, 500, 8, f);
     }
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all OkTopK row checks passed\n" : "%d OkTopK row checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

@@ -325,8 +325,7 @@ void check_compressor(bool warm) {
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all PowerSGD/PowerGossip row checks passed\n", "%d checks failed\n", [] {
     E = cp::cuda_space::make_exec();
     check_status_rows();
     check_lowrank_rows();
@@ -339,10 +338,5 @@ int main() {
       check_compressor<3>(warm);
       check_compressor<4>(warm);
     }
-  } catch (const std::exception& ex) {
-    std::printf("FAILED with exception: %s\n", ex.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all PowerSGD/PowerGossip row checks passed\n" : "%d checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

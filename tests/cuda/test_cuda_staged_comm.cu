@@ -44,42 +44,13 @@
 namespace cp = commpact;
 using D = cp::ops<cp::cuda_space>;
 using SC = cp::CudaStagedComm<cp::ThreadComm>;
+using commpact_test::download;
+using commpact_test::same;
+using commpact_test::upload;
+using commpact_test::values;
 
 namespace {
 
-std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
-#define EXPECT_MT(cond, ...)                        \
-  do {                                              \
-    std::lock_guard<std::mutex> lock(expect_mutex); \
-    EXPECT(cond, __VA_ARGS__);                      \
-  } while (0)
-
-template <class T>
-std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
-  std::vector<T> h(s.size());
-  D::to_host(e, s, std::span<T>(h));
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return h;
-}
-template <class T>
-cp::cuda_buffer<T> upload(const cp::cuda_space::exec& e, const std::vector<T>& h) {
-  cp::cuda_buffer<T> b;
-  b.resize(h.size());
-  D::from_host(e, std::span<const T>(h), b.view());
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return b;
-}
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
-std::vector<float> values(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
 
 void check_collectives() {
   const int P = 3;

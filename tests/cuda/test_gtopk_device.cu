@@ -36,6 +36,8 @@
 using commpact_test::failures;
 namespace cp = commpact;
 using D = cp::ops<cp::cuda_space>;
+using commpact_test::diff;
+using commpact_test::download;
 
 namespace {
 
@@ -75,20 +77,6 @@ void check_deadline() {
   EXPECT(raised, "a fence after the abort did not raise peer_failure (the poll of the communicator's error)");
 }
 
-template <class T>
-std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
-  std::vector<T> h(s.size());
-  D::to_host(e, s, std::span<T>(h));
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return h;
-}
-template <class T>
-std::size_t diff(const std::vector<T>& a, const std::vector<T>& b) {
-  if (a.size() != b.size()) return std::max(a.size(), b.size()) + 1;
-  std::size_t d = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) d += std::memcmp(&a[i], &b[i], sizeof(T)) != 0;
-  return d;
-}
 
 void check_collectives(cp::NcclComm& c) {
   const auto& e = c.exec();
@@ -202,12 +190,8 @@ void check_dense(std::mt19937_64& rng) {
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
-    std::mt19937_64 rng(std::random_device{}());
-    const auto seed = rng();
-    std::printf("seed %llu\n", static_cast<unsigned long long>(seed));
-    rng.seed(seed);
+  return commpact_test::run_checks("all device gTop-k checks passed\n", "%d device gTop-k checks failed\n", [] {
+    auto rng = commpact_test::seeded_rng();
     {
       auto c = cp::NcclComm::single();
       check_collectives(c);
@@ -226,10 +210,5 @@ int main() {
     check_gtopk({.density = 0.001, .momentum = 0.9f}, 1 << 20, 4, true, rng);
     check_gtopk({.density = 0.01, .on_nonfinite = cp::nonfinite::skip_step}, 50000, 4, true, rng);
     check_gtopk({.density = 0.01, .clip_norm = 1.0f}, 50000, 4, false, rng);
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device gTop-k checks passed\n" : "%d device gTop-k checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

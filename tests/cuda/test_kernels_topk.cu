@@ -93,8 +93,7 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all device top-k checks passed\n", "%d device top-k checks failed\n", [] {
     commpact::cuda_kernels::topk_workspace dws;
     for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20,
                           std::size_t{3000017}}) {
@@ -119,10 +118,5 @@ int main() {
     const std::size_t allocs = dws.allocations();
     compare("reuse", x, 1000, dws);
     EXPECT(dws.allocations() == allocs, "workspace allocated again for the same sizes");
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all device top-k checks passed\n" : "%d device top-k checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }

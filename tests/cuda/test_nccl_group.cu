@@ -39,30 +39,14 @@
 using commpact_test::failures;
 namespace cp = commpact;
 using D = cp::ops<cp::cuda_space>;
+using commpact_test::download;
+using commpact_test::same;
+using commpact_test::upload;
 
 static_assert(cp::req::has_p2p_group<cp::NcclComm>);
 
 namespace {
 
-template <class T>
-std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
-  std::vector<T> h(s.size());
-  D::to_host(e, s, std::span<T>(h));
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return h;
-}
-template <class T>
-cp::cuda_buffer<T> upload(const cp::cuda_space::exec& e, const std::vector<T>& h) {
-  cp::cuda_buffer<T> b;
-  b.resize(h.size());
-  D::from_host(e, std::span<const T>(h), b.view());
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return b;
-}
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
 std::vector<std::byte> bytes(std::size_t n, int seed) {
   std::vector<std::byte> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = std::byte((i * 7 + static_cast<std::size_t>(seed)) & 0xff);
@@ -168,14 +152,8 @@ void check_oktopk() {
 }  // namespace
 
 int main() {
-  if (!commpact_test::have_cuda_device()) return commpact_test::exit_skipped;
-  try {
+  return commpact_test::run_checks("all NcclComm group checks passed\n", "%d NcclComm group checks failed\n", [] {
     check_self_groups();
     check_oktopk();
-  } catch (const std::exception& e) {
-    std::printf("FAILED with exception: %s\n", e.what());
-    return 1;
-  }
-  std::printf(failures == 0 ? "all NcclComm group checks passed\n" : "%d NcclComm group checks failed\n", failures);
-  return failures == 0 ? 0 : 1;
+  });
 }
