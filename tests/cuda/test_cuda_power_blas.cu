@@ -51,12 +51,7 @@ static_assert(cp::power_options{}.products == cp::power_products::exact, "the de
 
 namespace {
 
-std::mutex expect_mutex;  // EXPECT's counter is shared by the rank threads
-#define EXPECT_MT(cond, ...)                        \
-  do {                                              \
-    std::lock_guard<std::mutex> lock(expect_mutex); \
-    EXPECT(cond, __VA_ARGS__);                      \
-  } while (0)
+// EXPECT_MT (cuda_test_common.cuh): EXPECT from the rank threads.
 
 constexpr double u = 0x1p-24;       // float's unit roundoff
 //! Per term of a sum: room for underflow, subnormals included (cuBLAS's kernels may flush
