@@ -236,6 +236,15 @@ void check_topk(std::mt19937_64& rng) {
     }
     for (auto k : ks) check_topk_one("denormal", x, k, ws);
   }
+  {  // n = 1e8 (issue 19's largest size): Gaussian and tied values, k = 1, 0.1 %, 1 % and n
+    const std::size_t n = 100000000;
+    std::normal_distribution<float> d;
+    std::vector<float> x(n);
+    for (auto& v : x) v = d(rng);
+    for (std::size_t k : {std::size_t{1}, n / 1000, n / 100, n}) check_topk_one("gaussian 1e8", x, k, ws);
+    for (auto& v : x) v = std::round(d(rng) * 4.0f) * 0.25f;  // about 30 distinct magnitudes: ties at the k-th
+    for (std::size_t k : {n / 1000, n / 100}) check_topk_one("tied 1e8", x, k, ws);
+  }
   // No allocation after the first call of a size.
   std::vector<float> x(1 << 16, 1.0f);
   check_topk_one("reuse", x, 100, ws);
