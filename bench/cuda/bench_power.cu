@@ -32,6 +32,7 @@
 #include <random>
 #include <vector>
 
+#include "bench_common.cuh"
 #include "commpact/compress/compressors/power_plan.hpp"
 #include "commpact/kernels/cuda/power.cuh"
 #include "../resnet18_shapes.hpp"
@@ -50,12 +51,7 @@ namespace {
 
 constexpr int warm_steps = 5, timed_steps = 30;
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using commpact_bench::check;
 
 //! Median of CUDA-event timings of step() on stream s after warm_steps untimed steps;
 //! before() runs ahead of each step, outside the timing.
@@ -126,14 +122,7 @@ double cublas_local_ms(const cp::detail::power_plan& plan, cudaStream_t s) {
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "properties");
-  std::printf("device %s\n", prop.name);
+  commpact_bench::require_device();
   cp::tensor_layout layout;
   for (auto [n, m] : commpact_bench::resnet18())
     layout.push_back({static_cast<std::int64_t>(n), static_cast<std::int64_t>(m)});

@@ -41,6 +41,7 @@
 #include <thrust/sort.h>
 #include <thrust/transform.h>
 
+#include "bench_common.cuh"
 #include "commpact/kernels/cuda/topk.cuh"
 
 #if __has_include(<nccl.h>) && defined(COMMPACT_BENCH_NCCL)
@@ -55,12 +56,7 @@ namespace ck = commpact::cuda_kernels;
 
 namespace {
 
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::printf("FAILED: %s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
+using commpact_bench::check;
 
 template <class F>
 double median_ms(F&& f, int reps) {
@@ -181,14 +177,7 @@ struct thrust_topk {
 }  // namespace
 
 int main() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-    std::printf("no CUDA device: skipped\n");
-    return 77;
-  }
-  cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, 0), "properties");
-  std::printf("device %s\n", prop.name);
+  commpact_bench::require_device();
   const std::size_t nmax = 100000000;
   float *x = nullptr, *y = nullptr;
   check(cudaMalloc(&x, 4 * nmax), "malloc"), check(cudaMalloc(&y, 4 * nmax), "malloc");

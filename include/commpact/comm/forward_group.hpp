@@ -3,7 +3,7 @@
 //! \file forward_group.hpp
 //! The group of point-to-point calls (known_size.hpp: group_begin / group_end, NcclComm's
 //! ncclGroupStart / ncclGroupEnd) passed through a decorator to the communicator it wraps,
-//! when that one has groups. CheckedComm and CountingComm derive from
+//! when that one has groups. CheckedComm, CountingComm and TreeComm derive from
 //! forwards_p2p_group<Self, C> (CRTP; Self::inner() is the wrapped C).
 
 #include "../concepts.hpp"

@@ -43,6 +43,7 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../topology/hypercube.hpp"
+#include "forward_group.hpp"
 #include "known_size.hpp"
 
 namespace commpact {
@@ -88,7 +89,7 @@ concept tree_reducer = requires(R& r, const tree_step& s, std::span<const std::b
 }  // namespace req
 
 template <class C>
-class TreeComm {
+class TreeComm : public detail::forwards_p2p_group<TreeComm<C>, C> {
   static_assert(diagnose_point_to_point<C>());
 
  public:
@@ -184,17 +185,7 @@ class TreeComm {
   void recv(int peer, std::vector<std::byte>& buf) { comm_.recv(peer, buf); }
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) { comm_.sendrecv(peer, msg, buf); }
 
-  //! The wrapped communicator's group of point-to-point calls (known_size.hpp), when it has one.
-  void group_begin()
-    requires req::has_p2p_group<C>
-  {
-    comm_.group_begin();
-  }
-  void group_end()
-    requires req::has_p2p_group<C>
-  {
-    comm_.group_end();
-  }
+  // group_begin() / group_end(): forwards_p2p_group (comm/forward_group.hpp), when C has them.
   C& inner() { return comm_; }
   const C& inner() const { return comm_; }
 
