@@ -356,28 +356,39 @@ TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communica
   REQUIRE_FALSE(comm.failed());
 }
 
-// A checked allgather sends a block of up to 32 KiB beside its signature (a held gather,
-// P <= 8): a check that fails must drain what was sent, leave `out` untouched on every
-// rank and the communicator usable, against every other call; a larger block likewise.
+// A checked allgather sends its block beside its signature, by pieces of 64 KiB, and
+// receives its peers' first pieces before their signatures (a held gather, P <= 8): a
+// check that fails must drain what was sent, cancel what was posted for pieces that never
+// come, leave `out` untouched on every rank and the communicator usable, against every
+// other call, for blocks of one piece, of a few pieces and of many.
 TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and leaves nothing behind",
           "[comm][mpi][errors]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
   const int P = comm.size(), r = comm.rank();
   if (P < 2) return;
-  // Floats per rank: held (eager; rendezvous within the first fragment), and one too
-  // large to hold (checked first, then gathered).
-  for (const std::size_t block : {std::size_t{100}, std::size_t{6000}, std::size_t{40000}}) {
-    for (int pattern = 0; pattern < 5; ++pattern) {
+  // Floats per rank: one piece (eager, and rendezvous within the first fragment), three
+  // pieces (more than the two receives posted ahead per peer), 19 pieces.
+  for (const std::size_t block : {std::size_t{100}, std::size_t{6000}, std::size_t{40000}, std::size_t{300000}}) {
+    for (int pattern = 0; pattern < 8; ++pattern) {
       // 0: the last rank's block is one float longer; 1: the last rank calls allreduce
       // on as many bytes; 2: rank 0 calls barrier; 3: the last rank's output is too
-      // small (invalid_argument on every rank); 4: only rank 0 passes an empty block.
-      const bool odd = (pattern == 2 || pattern == 4) ? r == 0 : r == P - 1;
-      const std::size_t n = pattern == 0 && odd ? block + 1 : pattern == 4 && odd ? 0 : block;
+      // small (invalid_argument on every rank); 4: only rank 0 passes an empty block;
+      // 5: the last rank's block is 20 pieces longer; 6: rank 0's block is one float
+      // (it expects one piece of each peer, which sends many); 7: the last rank calls
+      // broadcast on as many bytes.
+      const bool odd = (pattern == 2 || pattern == 4 || pattern == 6) ? r == 0 : r == P - 1;
+      const std::size_t n = !odd               ? block
+                            : pattern == 0     ? block + 1
+                            : pattern == 4     ? 0
+                            : pattern == 5     ? block + 20 * 16384
+                            : pattern == 6     ? 1
+                                               : block;
       std::vector<float> in(n, float(r + 1)), out(n * static_cast<std::size_t>(P) - (pattern == 3 && odd), -7.f);
       int got = 0;
       try {
         if (pattern == 1 && odd) comm.allreduce(std::span<float>(in));
         else if (pattern == 2 && odd) comm.barrier();
+        else if (pattern == 7 && odd) comm.broadcast(std::span<float>(in), 0);
         else comm.allgather(std::span<const float>(in), std::span<float>(out));
       } catch (const mismatch_error&) {
         got = 1;
@@ -388,13 +399,21 @@ TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and lea
       REQUIRE(got == (pattern == 3 ? 2 : 1));
       REQUIRE(std::all_of(out.begin(), out.end(), [](float x) { return x == -7.f; }));
       REQUIRE(std::all_of(in.begin(), in.end(), [&](float x) { return x == float(r + 1); }));
-      // Nothing is left in flight: an agreeing allgather, blocking and nonblocking, is exact.
-      std::vector<float> a(block, float(r)), b(block * static_cast<std::size_t>(P));
+      // Nothing is left in flight: an agreeing allgather, blocking and nonblocking, is
+      // exact in every element.
+      std::vector<float> a(block), b(block * static_cast<std::size_t>(P));
+      for (std::size_t i = 0; i < block; ++i) a[i] = float(r * 1000000 + static_cast<int>(i));
+      auto exact = [&] {
+        for (int q = 0; q < P; ++q)
+          for (std::size_t i = 0; i < block; ++i)
+            if (b[static_cast<std::size_t>(q) * block + i] != float(q * 1000000 + static_cast<int>(i))) return false;
+        return true;
+      };
       comm.allgather(std::span<const float>(a), std::span<float>(b));
-      for (int q = 0; q < P; ++q) REQUIRE(b[static_cast<std::size_t>(q) * block + block / 2] == float(q));
+      REQUIRE(exact());
       std::fill(b.begin(), b.end(), 0.f);
       comm.iallgather(std::span<const float>(a), std::span<float>(b)).wait();
-      for (int q = 0; q < P; ++q) REQUIRE(b[static_cast<std::size_t>(q) * block] == float(q));
+      REQUIRE(exact());
     }
   }
   REQUIRE_FALSE(comm.failed());

@@ -36,9 +36,9 @@
 //!   also uses; up to 8 ranks a direct exchange, one round, above a recursive doubling):
 //!   ranks that disagree all raise mismatch_error (a bad argument on one rank:
 //!   invalid_argument on all) before any data reaches user memory, and the communicator
-//!   stays usable. An allgather's blocks travel beside its signature into internal
-//!   memory (a held gather, mpi/state.hpp verify_direct) and are copied out only once the
-//!   check passed. With it off (the unchecked mode) a disagreement is undefined
+//!   stays usable. Up to 8 ranks an allgather's blocks travel beside its signature, by
+//!   pieces, into internal memory (a held gather, mpi/state.hpp verify_direct) and are
+//!   copied out only once the check passed. With it off (the unchecked mode) a disagreement is undefined
 //!   behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
@@ -378,41 +378,33 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     return {};
   }
 
-  //! The checked allgather with P <= mpi_direct_check_ranks. A block of at most
-  //! mpi_held_gather_block_max bytes leaves at once, beside the signature (a held gather,
-  //! mpi/ring_allreduce.hpp), so the check costs no round of its own: held blocks wait
-  //! in internal memory (even without isolate_buffers) until the check passed, and a
-  //! check that fails raises alike on every rank once the blocks sent are received and
-  //! dropped, with `out` untouched and the communicator usable (mpi_state::verify_direct).
-  //! A larger block goes after the check, as in the unchecked mode. Up to 64 KiB of
-  //! output it completes before it returns, as the other small collectives.
+  //! The checked allgather with P <= mpi_direct_check_ranks, whatever the block size:
+  //! a held gather (mpi/state.hpp verify_direct). The block leaves at once, by pieces of
+  //! at most 64 KiB, beside the signature, and the peers' first pieces are received
+  //! before their signatures arrive, so the check costs no round of its own and no
+  //! piece waits for it. Held pieces stay in internal memory (even without
+  //! isolate_buffers) until the check passed; a check that fails raises alike on every
+  //! rank once every piece sent is received and dropped, with `out` untouched and the
+  //! communicator usable. Up to 64 KiB of output it completes before it returns, as the
+  //! other small collectives.
   template <class T>
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     const auto bad = allgather_error(in, out);
-    // What took_signature assumes of every rank: a valid, nonempty block of at most
-    // mpi_held_gather_block_max bytes leaves beside the signature.
-    const bool sends = bad.empty() && !in.empty() && in.size_bytes() <= detail::mpi_held_gather_block_max;
+    // What took_signature assumes of every rank: a valid call sends its whole block.
+    const auto send = bad.empty() ? std::as_bytes(in) : std::span<const std::byte>{};
+    const auto into = bad.empty() ? std::as_writable_bytes(out) : std::span<std::byte>{};
     mpi_request r(state_, "allgather", true);
     try {
-      s.verify_direct(allgather_signature(in), bad, [&] {
-        if (sends) r.ring_ = s.start_held_gather(std::as_bytes(in), std::as_writable_bytes(out));
+      s.verify_direct(allgather_signature(in), bad, [&](int tag) {
+        r.ring_ = s.start_held_gather(send, into, tag);
         return r.ring_.get();
       });
     } catch (...) {
       if (r.ring_ && !r.ring_->finished()) s.drop_ring(r.ring_);  // a failure, not a judged mismatch
       throw;
     }
-    if (!sends) {  // every rank agreed: on an empty block, or on one too large to hold
-      if (in.empty()) return {};
-      if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
-        s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
-        return {};
-      }
-      r.ring_ = s.start_direct_gather(std::as_bytes(in), std::as_writable_bytes(out));
-      return r;
-    }
-    r.ring_->release_hold();
+    r.ring_->release_hold(s);
     if (out.size_bytes() <= detail::mpi_small_collective_bytes) r.wait();
     return r;
   }

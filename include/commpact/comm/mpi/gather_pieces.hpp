@@ -44,28 +44,91 @@ class mpi_gather_pieces {
 
   //! Prepares the exchange of `block` bytes from `in` into P blocks of `out` (this
   //! rank's block is the caller's to copy) for rank r of P under `tag`. No MPI call.
-  void reset(const std::byte* in, std::byte* out, std::size_t block, int r, int P, int tag) {
+  //! `held`: MpiComm's checked allgather, started before the signatures are judged
+  //! (see "Held" below); otherwise every peer sends exactly this rank's pieces.
+  void reset(const std::byte* in, std::byte* out, std::size_t block, int r, int P, int tag, bool held = false) {
     in_ = in;
     out_ = out;
     block_ = block;
     r_ = r;
     P_ = P;
     tag_ = tag;
-    pieces_ = static_cast<int>((block + mpi_gather_piece_bytes - 1) / mpi_gather_piece_bytes);
+    held_ = held;
+    pieces_ = pieces_of(block);
     const auto m = static_cast<std::size_t>(P - 1), slots = m * static_cast<std::size_t>(mpi_gather_depth);
     if (scratch_.size() < slots * mpi_gather_piece_bytes) scratch_.resize(slots * mpi_gather_piece_bytes);
     rq_.assign(2 * slots, MPI_REQUEST_NULL);
     piece_of_.assign(2 * slots, -1);
+    arrived_.assign(slots, 0);
     idx_.resize(2 * slots);
     next_recv_.assign(m, 0);
     next_send_.assign(m, 0);
+    expect_.assign(m, pieces_);
+    drain_.assign(m, 0);
     left_ = 2 * (P - 1) * pieces_;
+    cancels_ = 0;
     posted_ = false;
+  }
+
+  //! The pieces a block of `bytes` travels in.
+  static int pieces_of(std::size_t bytes) {
+    return static_cast<int>((bytes + mpi_gather_piece_bytes - 1) / mpi_gather_piece_bytes);
+  }
+
+  //! Held: peer q's signature arrived. It sends `pieces` pieces (0: it makes no
+  //! allgather, an invalid one or an empty one); `keep`: its blocks are ours to take if
+  //! the check passes (its signature equals ours), else they are received and dropped.
+  //! Receives posted for pieces it will not send are cancelled (nothing else can match
+  //! them: the tag is this collective's own).
+  template <class State>
+  void peer_sends(State& s, int q, int pieces, bool keep, const char* what) {
+    const int i = (q - r_ - 1 + 2 * P_) % P_;
+    const auto u = static_cast<std::size_t>(i);
+    if (!keep) drain_[u] = 1;
+    left_ += pieces - expect_[u];
+    expect_[u] = pieces;
+    if (next_recv_[u] > pieces) next_recv_[u] = pieces;
+    for (int d = 0; d < mpi_gather_depth; ++d) {
+      const int k = i * mpi_gather_depth + d;
+      const auto uk = static_cast<std::size_t>(k);
+      if (rq_[uk] != MPI_REQUEST_NULL && piece_of_[uk] >= pieces) {
+        s.check(MPI_Cancel(&rq_[uk]), "MPI_Cancel", what);
+        piece_of_[uk] = cancelled;  // completes in advance(), which then ignores it
+        ++cancels_;
+      } else if (drain_[u] && arrived_[uk]) {
+        arrived_[uk] = 0;  // held, now dropped
+        post_recv(s, i, k, what);
+      } else if (posted_ && rq_[uk] == MPI_REQUEST_NULL && !arrived_[uk] && piece_of_[uk] != cancelled) {
+        post_recv(s, i, k, what);  // a peer that sends more than we expected
+      }
+    }
+  }
+  //! Held, the check passed: copies the pieces that arrived into `out` and moves on.
+  template <class State>
+  void release(State& s, const char* what) {
+    held_ = false;
+    for (int k = 0; k < static_cast<int>(arrived_.size()); ++k)
+      if (arrived_[static_cast<std::size_t>(k)]) {
+        arrived_[static_cast<std::size_t>(k)] = 0;
+        take(s, k, what);
+      }
+  }
+  //! Held, the check failed: every piece still to come is received and dropped.
+  template <class State>
+  void drop(State& s, const char* what) {
+    held_ = false;
+    std::fill(drain_.begin(), drain_.end(), char{1});
+    for (int k = 0; k < static_cast<int>(arrived_.size()); ++k)
+      if (arrived_[static_cast<std::size_t>(k)]) {
+        arrived_[static_cast<std::size_t>(k)] = 0;
+        post_recv(s, k / mpi_gather_depth, k, what);
+      }
   }
 
   //! Posts the first receives and sends; then moves on as far as completed requests
   //! allow (copying arrived pieces out, posting the next ones). True once every piece
-  //! was received and copied out and every send completed. Throws what s.check throws.
+  //! was received and copied out (or dropped), every send completed and, held, the
+  //! check was decided (release or drop). Throws what s.check throws.
   template <class State>
   bool advance(State& s, const char* what) {
     const int m = P_ - 1, slots = m * mpi_gather_depth;
@@ -77,24 +140,29 @@ class mpi_gather_pieces {
           post_send(s, i, slots + i * mpi_gather_depth + d, what);
         }
     }
-    while (left_ > 0) {
+    while (left_ > 0 || cancels_ > 0) {
       int count = 0;
       s.check(MPI_Testsome(2 * slots, rq_.data(), &count, idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome", what);
       if (count == MPI_UNDEFINED || count == 0) return false;
       for (int j = 0; j < count; ++j) {
         const int k = idx_[static_cast<std::size_t>(j)];
+        const auto uk = static_cast<std::size_t>(k);
         const int i = (k < slots ? k : k - slots) / mpi_gather_depth;  // the peer's slot index
-        --left_;
-        if (k < slots) {
-          const int p = piece_of_[static_cast<std::size_t>(k)];
-          std::memcpy(out_ + block_ * static_cast<std::size_t>(peer(i)) + offset(p),
-                      scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes, length(p));
-          post_recv(s, i, k, what);
-        } else {
+        if (k >= slots) {
+          --left_;
           post_send(s, i, k, what);
+        } else if (piece_of_[uk] == cancelled) {
+          piece_of_[uk] = -1;
+          --cancels_;
+        } else {
+          --left_;
+          if (drain_[static_cast<std::size_t>(i)]) post_recv(s, i, k, what);
+          else if (held_) arrived_[uk] = 1;
+          else take(s, k, what);
         }
       }
     }
+    if (held_) return false;
     posted_ = false;
     return true;
   }
@@ -120,11 +188,15 @@ class mpi_gather_pieces {
   template <class State>
   void post_recv(State& s, int i, int k, const char* what) {
     const int p = next_recv_[static_cast<std::size_t>(i)];
-    if (p == pieces_) return;
+    piece_of_[static_cast<std::size_t>(k)] = -1;
+    if (p >= expect_[static_cast<std::size_t>(i)]) return;
     next_recv_[static_cast<std::size_t>(i)] = p + 1;
     piece_of_[static_cast<std::size_t>(k)] = p;
+    // Held or dropped, a peer's pieces may differ from ours in length: receive up to a
+    // whole slot (no piece is longer), so that no receive can be truncated.
+    const bool exact = !held_ && !drain_[static_cast<std::size_t>(i)];
     s.check(MPI_Irecv(scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes,
-                      static_cast<int>(length(p)), MPI_BYTE, peer(i), tag_, s.native(),
+                      static_cast<int>(exact ? length(p) : mpi_gather_piece_bytes), MPI_BYTE, peer(i), tag_, s.native(),
                       &rq_[static_cast<std::size_t>(k)]),
             "MPI_Irecv", what);
   }
@@ -139,11 +211,25 @@ class mpi_gather_pieces {
             "MPI_Isend", what);
   }
 
+  // Copies the piece in receive slot k out and posts the slot's next receive.
+  template <class State>
+  void take(State& s, int k, const char* what) {
+    const int p = piece_of_[static_cast<std::size_t>(k)];
+    std::memcpy(out_ + block_ * static_cast<std::size_t>(peer(k / mpi_gather_depth)) + offset(p),
+                scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes, length(p));
+    post_recv(s, k / mpi_gather_depth, k, what);
+  }
+
+  static constexpr int cancelled = -2;  // piece_of_: a cancelled receive, not yet completed
+
   const std::byte* in_ = nullptr;
   std::byte* out_ = nullptr;
   std::size_t block_ = 0;
-  int r_ = 0, P_ = 1, tag_ = 0, pieces_ = 0, left_ = 0;
-  bool posted_ = false;
+  int r_ = 0, P_ = 1, tag_ = 0, pieces_ = 0, left_ = 0, cancels_ = 0;
+  bool posted_ = false, held_ = false;
+  std::vector<char> arrived_;    // held: a receive slot holds its piece until release()
+  std::vector<int> expect_;      // per peer: the pieces it sends (held: ours until its signature says)
+  std::vector<char> drain_;      // per peer: its pieces are received and dropped
   std::vector<MPI_Request> rq_;  // receive slots (peer-major), then as many send slots
   std::vector<int> piece_of_;    // the piece a receive slot holds
   std::vector<int> idx_;

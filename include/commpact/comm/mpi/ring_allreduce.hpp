@@ -56,11 +56,13 @@ namespace commpact::detail {
 //! latency path's tag (small_collectives.hpp), the send queue's and the failure notices'.
 inline constexpr int mpi_ring_tag0 = 1024;
 inline constexpr int mpi_ring_tags = 16384;
-//! The tag of held gathers' blocks (reset_held_gather). One tag is enough: every rank
-//! posts a held gather's receives before its check returns, so in the order the
-//! gathers started, and MPI keeps the order of messages between two ranks; it also
-//! stays the same on every rank when a check fails (ring tags are counted per ring).
-inline constexpr int mpi_gather_tag = 22;
+//! Held gathers' tags (reset_held_gather): mpi_check_tag0 + (the number of direct
+//! signature checks so far mod mpi_check_tags), counted alike on every rank whether a
+//! check passes or fails (ring tags are counted per ring, which a failed check does not
+//! start). A held gather receives before it knows what its peers send; with a tag of
+//! its own per collective, a receive it cancels can never meet a later collective's piece.
+inline constexpr int mpi_check_tag0 = mpi_ring_tag0 + mpi_ring_tags;
+inline constexpr int mpi_check_tags = 8192;
 
 //! The path an allreduce of `bytes` (elements of `elem` bytes) over P ranks takes, the
 //! same for allreduce and iallreduce: the latency path (recursive doubling), the ring,
@@ -126,12 +128,13 @@ class mpi_ring_op {
   }
 
   //! Prepares a held allgather (MpiComm's checked allgather with the direct signature
-  //! exchange, P <= mpi_direct_check_ranks): this rank's block goes to every other rank
-  //! at once, under mpi_gather_tag, while the signatures travel; a receive is posted for
-  //! a peer only once that peer's signature arrived and agrees (post_peer), else the
-  //! peer is skipped (skip_peer). Blocks arrive in scratch only and nothing is written
-  //! into `out` until release_hold() (the check passed); a check that fails lets the
-  //! operation finish and leaves `out` untouched.
+  //! exchange, P <= mpi_direct_check_ranks), by pieces whatever the block size: this
+  //! rank's block goes to every other rank at once, under the collective's own tag,
+  //! while the signatures travel, and each peer's first pieces are received into
+  //! scratch before its signature arrived (then peer_sends says what it really sends).
+  //! Nothing is written into `out` until release_hold() (the check passed); a check that
+  //! fails calls drop_hold(), the operation then finishes and `out` stays untouched.
+  //! `in` empty: this rank sends nothing (an empty block, or an invalid call).
   void reset_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
                          const char* what) {
     d_ = out.data();
@@ -139,36 +142,29 @@ class mpi_ring_op {
     elem_ = 1;
     combine_ = nullptr;
     start(r, P, tag, true, what, P - 1, (r + P - 1) % P);
+    done_ = P == 1;
     direct_ = true;
-    lazy_ = true;
-    held_ = true;
     in_ = in.data();
     block_ = in.size();
-    const std::size_t need = block_ * static_cast<std::size_t>(P - 1);
-    if (scratch_.size() < need) scratch_.resize(need);
-    arrived_.assign(static_cast<std::size_t>(P - 1), 0);
+    by_pieces_ = P > 1;
+    if (by_pieces_) pieces_.reset(in_, d_, block_, r, P, tag, true);
   }
-  //! A held gather: receives peer q's block (its signature agreed with ours).
+  //! A held gather: peer q's signature arrived (see mpi_gather_pieces::peer_sends).
   template <class State>
-  void post_peer(State& s, int q) {
-    const int i = (q - r_ - 1 + 2 * P_) % P_;
-    s.check(MPI_Irecv(scratch_.data() + block_ * static_cast<std::size_t>(i), static_cast<int>(block_), MPI_BYTE, q,
-                      tag_, s.native(), &dq_[static_cast<std::size_t>(i)]),
-            "MPI_Irecv", what_);
+  void peer_sends(State& s, int q, int pieces, bool keep) {
+    pieces_.peer_sends(s, q, pieces, keep, what_);
   }
-  //! A held gather: peer q's block will not come here (its signature disagrees; what it
-  //! sent, if anything, is drained by the check).
-  void skip_peer(int) { --pending_; }
-  //! A held gather whose check passed: copies this rank's block and the blocks arrived
-  //! so far into `out`; later blocks are copied as they arrive.
-  void release_hold() {
-    held_ = false;
-    if (n_ == 0) return;
-    std::memcpy(d_ + block_ * static_cast<std::size_t>(r_), in_, block_);
-    for (int i = 0; i < P_ - 1; ++i)
-      if (arrived_[static_cast<std::size_t>(i)])
-        std::memcpy(d_ + block_ * static_cast<std::size_t>(slot_rank(i)),
-                    scratch_.data() + block_ * static_cast<std::size_t>(i), block_);
+  //! A held gather whose check passed: copies this rank's block and the pieces arrived
+  //! so far into `out`; later pieces are copied as they arrive.
+  template <class State>
+  void release_hold(State& s) {
+    if (block_ > 0) std::memcpy(d_ + block_ * static_cast<std::size_t>(r_), in_, block_);
+    if (by_pieces_) pieces_.release(s, what_);
+  }
+  //! A held gather whose check failed: what the peers send is received and dropped.
+  template <class State>
+  void drop_hold(State& s) {
+    if (by_pieces_) pieces_.drop(s, what_);
   }
 
   //! True once the ring completed or failed (then error() holds why).
@@ -249,7 +245,7 @@ class mpi_ring_op {
       idx_.resize(static_cast<std::size_t>(m));
       posted_ = true;  // from here on give_up() must abandon the receives
       const int b = static_cast<int>(block_);
-      for (int i = 0; i < m && !lazy_; ++i) {
+      for (int i = 0; i < m; ++i) {
         const int q = slot_rank(i);
         std::byte* into = isolate_ ? scratch_.data() + block_ * static_cast<std::size_t>(i)
                                    : d_ + block_ * static_cast<std::size_t>(q);
@@ -267,8 +263,7 @@ class mpi_ring_op {
       if (count == MPI_UNDEFINED || count == 0) return false;
       for (int j = 0; j < count; ++j) {
         const int i = idx_[static_cast<std::size_t>(j)];
-        if (held_) arrived_[static_cast<std::size_t>(i)] = 1;
-        else if (isolate_)
+        if (isolate_)
           std::memcpy(d_ + block_ * static_cast<std::size_t>(slot_rank(i)),
                       scratch_.data() + block_ * static_cast<std::size_t>(i), block_);
       }
@@ -292,8 +287,6 @@ class mpi_ring_op {
     c0_ = c0;
     posted_ = false;
     direct_ = false;
-    lazy_ = false;
-    held_ = false;
     by_pieces_ = false;
     done_ = P == 1 || n_ == 0;
     error_ = nullptr;
@@ -327,8 +320,6 @@ class mpi_ring_op {
   const char* what_ = "allreduce";
   MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
   bool direct_ = false;                // a direct allgather (advance_direct)
-  bool lazy_ = false, held_ = false;   // a held gather: receives posted by post_peer; out written after release_hold
-  std::vector<char> arrived_;          // a held gather: blocks in scratch not yet copied out
   const std::byte* in_ = nullptr;      // its block
   std::size_t block_ = 0;
   int pending_ = 0;

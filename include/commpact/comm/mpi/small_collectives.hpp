@@ -46,13 +46,6 @@ inline constexpr int mpi_rd_tag = 19;
 //! it lets an allgather's blocks travel with the signatures (a held gather).
 inline constexpr int mpi_direct_check_ranks = 8;
 inline constexpr int mpi_sig_tag = 21;
-//! A checked allgather sends its block beside its signature (a held gather) when the
-//! block is at most this many bytes: OpenMPI's shared-memory transport (vader) sends up
-//! to 32 KiB with the first fragment, so such a block needs no handshake after the
-//! receiver posted its receive. A larger block would wait for that handshake, which the
-//! held gather delays until the peer has read our signature; it goes after the check,
-//! to receives posted in advance.
-inline constexpr std::size_t mpi_held_gather_block_max = 32 * 1024 - 64;
 
 //! Waits for `reqs` under the state's deadline and failure notices. On an error the
 //! receives are abandoned (kept, never freed: MPI may still write into their internal

@@ -272,36 +272,37 @@ class mpi_state {
   //! other rank in one round (P - 1 messages of 56 bytes, under mpi_sig_tag), so each
   //! rank holds every signature, takes their MAX word by word (what the recursive
   //! doubling computes) and judges it alike (judge_signature). One round instead of
-  //! log2(P) dependent ones, and it lets an allgather send its block at the same time:
-  //! the held gather (started right after the signatures left: this rank's block goes to
-  //! every peer) gets a receive posted for each peer whose signature equals ours, and is
-  //! told to skip the others. A block a peer sent that this rank does not take (the peer made
-  //! a held gather, we disagree) is received into internal memory and dropped. When the
-  //! check fails, the drained blocks and `gather` complete before the error is raised,
+  //! log2(P) dependent ones, and it lets an allgather move its data at the same time:
+  //! the held gather (started right after the signatures left, under this check's own
+  //! tag, mpi_check_tag0 + the checks so far) sends this rank's block to every peer and
+  //! receives every peer's first pieces before their signatures arrive; each signature
+  //! then says what that peer sends (took_signature). What a peer sent that this rank
+  //! does not take (the peer made an allgather, we disagree) is received into internal
+  //! memory and dropped, by the held gather or, when this rank made no allgather, by a
+  //! drain of its own. When the check fails, those complete before the error is raised,
   //! so no message is left behind (the communicator stays usable) and no user memory is
   //! written (`gather` holds its blocks until release_hold, after a check that passed).
   void verify_direct(const collective_signature& sig, const std::string& local_error) {
-    verify_direct(sig, local_error, [] { return static_cast<mpi_ring_op*>(nullptr); });
+    verify_direct(sig, local_error, [](int) { return static_cast<mpi_ring_op*>(nullptr); });
   }
-  //! `start_gather()` starts the held gather (or returns nullptr) once the signatures
-  //! are on their way: they leave first, so a peer usually holds our signature, and has
-  //! posted the receive for our block, before the block arrives (a block that arrives
-  //! before its receive is buffered by MPI and copied once more).
+  //! `start_gather(tag)` starts the held gather (or returns nullptr) once the signatures
+  //! are on their way.
   template <class StartGather>
   void verify_direct(const collective_signature& sig, const std::string& local_error, StartGather&& start_gather) {
     mpi_ring_op* gather = nullptr;
+    std::unique_ptr<mpi_ring_op> drain;  // receives a peer's held gather when we made none
     constexpr int W = signature_words;
     std::int64_t* mine = sig_.get();
     encode_signature(sig, rank_, !local_error.empty(), mine);
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
     const int P = size_, m = P - 1;
+    const int tag = mpi_check_tag0 + static_cast<int>(check_seq_++ % static_cast<unsigned>(mpi_check_tags));
     std::int64_t w[W];
     std::copy(mine, mine + W, w);
     if (P > 1) {
       if (sig_in_.size() < static_cast<std::size_t>(P * W)) sig_in_.resize(static_cast<std::size_t>(P * W));
       sig_reqs_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
       sig_idx_.resize(static_cast<std::size_t>(m));
-      drain_reqs_.clear();
       auto peer = [&](int i) { return (rank_ + 1 + i) % P; };
       try {
         for (int i = 0; i < m; ++i)
@@ -311,7 +312,7 @@ class mpi_state {
         for (int i = 0; i < m; ++i)
           check(MPI_Isend(mine, W, MPI_INT64_T, peer(i), mpi_sig_tag, comm_, &sig_reqs_[static_cast<std::size_t>(m + i)]),
                 "MPI_Isend", what);
-        gather = start_gather();
+        gather = start_gather(tag);
         int left = m;
         poll(what, [&] {
           while (left > 0) {
@@ -319,7 +320,8 @@ class mpi_state {
             check(MPI_Testsome(m, sig_reqs_.data(), &count, sig_idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome",
                   what);
             if (count == MPI_UNDEFINED || count == 0) return false;
-            for (int j = 0; j < count; ++j) took_signature(peer(sig_idx_[static_cast<std::size_t>(j)]), gather, what);
+            for (int j = 0; j < count; ++j)
+              took_signature(peer(sig_idx_[static_cast<std::size_t>(j)]), gather, drain, tag);
             left -= count;
           }
           int flag = 0;
@@ -330,38 +332,37 @@ class mpi_state {
         for (int i = 0; i < m; ++i) abandon(sig_reqs_[static_cast<std::size_t>(i)]);
         for (int i = m; i < 2 * m; ++i)
           if (sig_reqs_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) MPI_Request_free(&sig_reqs_[static_cast<std::size_t>(i)]);
-        for (auto& q : drain_reqs_) abandon(q);
-        if (!drain_reqs_.empty()) new std::vector<std::vector<std::byte>>(std::move(drains_));  // MPI may write there
-        drains_.clear();
+        drop_ring(drain);
         throw;
       }
       for (int i = 0; i < m; ++i)  // our own words are in w already
         for (int k = 0; k < W; ++k) w[k] = std::max(w[k], sig_in_[static_cast<std::size_t>(peer(i) * W + k)]);
     } else {
-      gather = start_gather();
+      gather = start_gather(tag);
     }
     const bool agreed = w[6] < 0 && w[0] == -w[1] && w[2] == -w[3] && w[4] == -w[5];
     if (!agreed) {  // settle what the check let start, then raise alike on every rank
-      if (!drain_reqs_.empty()) {
-        try {
-          mpi_wait_all(*this, std::span<MPI_Request>(drain_reqs_), drain_reqs_.size(), what);
-        } catch (...) {
-          new std::vector<std::vector<std::byte>>(std::move(drains_));
-          drains_.clear();
-          throw;
-        }
-        drains_.clear();
+      try {
+        for (mpi_ring_op* g : {gather, drain.get()})
+          if (g != nullptr) {
+            g->drop_hold(*this);
+            poll(what, [&] { return g->finished(); });
+          }
+      } catch (...) {
+        drop_ring(drain);
+        throw;
       }
-      if (gather != nullptr) poll(what, [&] { return gather->finished(); });
+      if (drain) finish_ring(drain);
     }
     judge_signature(sig, rank_, w, local_error, "commpact::MpiComm");
   }
 
-  //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct: this rank's block
-  //! leaves now; receives wait for the peers' signatures.
-  std::unique_ptr<mpi_ring_op> start_held_gather(std::span<const std::byte> in, std::span<std::byte> out) {
+  //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct under `tag`: this
+  //! rank's block leaves now (`in` empty: nothing leaves), the peers' first pieces are
+  //! received into scratch; `out` is written only after release_hold.
+  std::unique_ptr<mpi_ring_op> start_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int tag) {
     auto ring = pooled_ring();
-    ring->reset_held_gather(in, out, rank_, size_, mpi_gather_tag, "allgather");
+    ring->reset_held_gather(in, out, rank_, size_, tag, "allgather");
     return launch(std::move(ring));
   }
 
@@ -517,26 +518,23 @@ class mpi_state {
     return out;
   }
 
-  //! verify_direct: peer q's signature arrived. A peer that made a held gather (a valid
-  //! allgather of a nonempty block, which sent its block already) is received by
-  //! `gather` when its signature equals ours, else drained; other peers sent nothing.
-  void took_signature(int q, mpi_ring_op* gather, const char* what) {
+  //! verify_direct: peer q's signature arrived. A peer that made a valid allgather of a
+  //! nonempty block sends it by pieces (a held gather); `gather` keeps its pieces when
+  //! its signature equals ours, else drops them; without a gather of our own, `drain`
+  //! (started here, under the same tag) drops them. Other peers send nothing.
+  void took_signature(int q, mpi_ring_op* gather, std::unique_ptr<mpi_ring_op>& drain, int tag) {
     const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
     const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
-    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0 &&
-                      v[0] <= static_cast<std::int64_t>(mpi_held_gather_block_max);
+    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0;
+    const int pieces = sent ? mpi_gather_pieces::pieces_of(static_cast<std::size_t>(v[0])) : 0;
     const std::int64_t* mine = sig_.get();
-    if (gather != nullptr && sent && v[0] == mine[0] && v[2] == mine[2]) {
-      gather->post_peer(*this, q);
+    if (gather != nullptr) {
+      gather->peer_sends(*this, q, pieces, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
       return;
     }
-    if (gather != nullptr) gather->skip_peer(q);
     if (!sent) return;
-    drains_.emplace_back(static_cast<std::size_t>(v[0]));
-    drain_reqs_.push_back(MPI_REQUEST_NULL);
-    check(MPI_Irecv(drains_.back().data(), static_cast<int>(v[0]), MPI_BYTE, q, mpi_gather_tag, comm_,
-                    &drain_reqs_.back()),
-          "MPI_Irecv", what);
+    if (!drain) drain = start_held_gather({}, {}, tag);
+    drain->peer_sends(*this, q, pieces, false);
   }
 
   void unlist(mpi_ring_op* ring) noexcept {
@@ -567,12 +565,11 @@ class mpi_state {
   std::vector<std::int64_t> sig_in_;       // verify_direct: every rank's signature words
   std::vector<MPI_Request> sig_reqs_;
   std::vector<int> sig_idx_;
-  std::vector<std::vector<std::byte>> drains_;  // verify_direct: blocks of held gathers this rank does not take
-  std::vector<MPI_Request> drain_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
   std::vector<mpi_ring_op*> active_;           // rings in flight, oldest first (owned by their callers)
   std::vector<std::unique_ptr<mpi_ring_op>> ring_pool_;  // finished rings, reused
   unsigned ring_seq_ = 0;                      // rings started; every rank counts alike
+  unsigned check_seq_ = 0;                     // direct signature checks made; every rank counts alike
   mpi_send_queue sends_;
 };
 
