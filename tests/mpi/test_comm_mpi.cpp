@@ -356,8 +356,9 @@ TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communica
   REQUIRE_FALSE(comm.failed());
 }
 
-// A checked allgather sends its block beside its signature, by pieces of 64 KiB, and
-// receives its peers' first pieces before their signatures (a held gather, P <= 8): a
+// A checked allgather sends its block inside its signature message (up to 32 KiB) or by
+// pieces of 64 KiB, and receives its peers' first pieces before their signatures (a held
+// gather, P <= 8): a
 // check that fails must drain what was sent, cancel what was posted for pieces that never
 // come, leave `out` untouched on every rank and the communicator usable, against every
 // other call, for blocks of one piece, of a few pieces and of many.
@@ -366,9 +367,12 @@ TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and lea
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
   const int P = comm.size(), r = comm.rank();
   if (P < 2) return;
-  // Floats per rank: one piece (eager, and rendezvous within the first fragment), three
-  // pieces (more than the two receives posted ahead per peer), 19 pieces.
-  for (const std::size_t block : {std::size_t{100}, std::size_t{6000}, std::size_t{40000}, std::size_t{300000}}) {
+  // Floats per rank: inside the signature message (eager, and rendezvous within the first
+  // fragment; 8160 floats is the most, so pattern 0's 8161 goes apart), three pieces
+  // (more than the two receives posted ahead per peer), 19 pieces.
+  static_assert(8160 * sizeof(float) == detail::mpi_inline_gather_block_max);
+  for (const std::size_t block :
+       {std::size_t{100}, std::size_t{6000}, std::size_t{8160}, std::size_t{40000}, std::size_t{300000}}) {
     for (int pattern = 0; pattern < 8; ++pattern) {
       // 0: the last rank's block is one float longer; 1: the last rank calls allreduce
       // on as many bytes; 2: rank 0 calls barrier; 3: the last rank's output is too

@@ -379,10 +379,10 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
   }
 
   //! The checked allgather with P <= mpi_direct_check_ranks, whatever the block size:
-  //! a held gather (mpi/state.hpp verify_direct). The block leaves at once, by pieces of
-  //! at most 64 KiB, beside the signature, and the peers' first pieces are received
-  //! before their signatures arrive, so the check costs no round of its own and no
-  //! piece waits for it. Held pieces stay in internal memory (even without
+  //! a held gather (mpi/state.hpp verify_direct). The block leaves at once: up to
+  //! 32 KiB inside the signature message (one message per peer, so the check costs no
+  //! message of its own), larger by pieces of 64 KiB whose first ones are received
+  //! before the signatures arrive, so no piece waits for the check. Held pieces stay in internal memory (even without
   //! isolate_buffers) until the check passed; a check that fails raises alike on every
   //! rank once every piece sent is received and dropped, with `out` untouched and the
   //! communicator usable. Up to 64 KiB of output it completes before it returns, as the
@@ -396,7 +396,9 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     const auto into = bad.empty() ? std::as_writable_bytes(out) : std::span<std::byte>{};
     mpi_request r(state_, "allgather", true);
     try {
-      s.verify_direct(allgather_signature(in), bad, [&](int tag) {
+      s.verify_direct(allgather_signature(in), bad,
+                      detail::mpi_gather_pieces::inline_first(send.size()) ? send : std::span<const std::byte>{},
+                      [&](int tag) {
         r.ring_ = s.start_held_gather(send, into, tag);
         return r.ring_.get();
       });

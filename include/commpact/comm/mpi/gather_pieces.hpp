@@ -34,6 +34,12 @@ namespace commpact::detail {
 inline constexpr std::size_t mpi_gather_piece_bytes = 64 * 1024;
 //! Pieces in flight per peer and direction (receive slots per peer, sends per peer).
 inline constexpr int mpi_gather_depth = 2;
+//! A held gather's block of at most this many bytes travels inside its signature
+//! message (mpi_state::verify_direct): OpenMPI's shared-memory transport (vader) sends
+//! up to 32 KiB, headers included, with a message's first fragment, so the signature
+//! and the block arrive together, one message per peer. A larger block's first piece
+//! would delay the signature behind its rendezvous; it goes apart, as piece 0.
+inline constexpr std::size_t mpi_inline_gather_block_max = 32 * 1024 - 128;
 
 //! One isolated direct allgather moved piece by piece (see the file comment). Reused
 //! through its owner (mpi_ring_op): no allocation once warm.
@@ -45,7 +51,9 @@ class mpi_gather_pieces {
   //! Prepares the exchange of `block` bytes from `in` into P blocks of `out` (this
   //! rank's block is the caller's to copy) for rank r of P under `tag`. No MPI call.
   //! `held`: MpiComm's checked allgather, started before the signatures are judged
-  //! (see "Held" below); otherwise every peer sends exactly this rank's pieces.
+  //! (see peer_sends); a block of at most mpi_inline_gather_block_max bytes then travels
+  //! inside the signature message and this object only holds it. Otherwise every peer
+  //! sends exactly this rank's pieces.
   void reset(const std::byte* in, std::byte* out, std::size_t block, int r, int P, int tag, bool held = false) {
     in_ = in;
     out_ = out;
@@ -54,6 +62,7 @@ class mpi_gather_pieces {
     P_ = P;
     tag_ = tag;
     held_ = held;
+    first_ = held && inline_first(block) ? 1 : 0;
     pieces_ = pieces_of(block);
     const auto m = static_cast<std::size_t>(P - 1), slots = m * static_cast<std::size_t>(mpi_gather_depth);
     if (scratch_.size() < slots * mpi_gather_piece_bytes) scratch_.resize(slots * mpi_gather_piece_bytes);
@@ -61,11 +70,11 @@ class mpi_gather_pieces {
     piece_of_.assign(2 * slots, -1);
     arrived_.assign(slots, 0);
     idx_.resize(2 * slots);
-    next_recv_.assign(m, 0);
-    next_send_.assign(m, 0);
+    next_recv_.assign(m, first_);
+    next_send_.assign(m, first_);
     expect_.assign(m, pieces_);
     drain_.assign(m, 0);
-    left_ = 2 * (P - 1) * pieces_;
+    left_ = 2 * (P - 1) * moved(pieces_);
     cancels_ = 0;
     posted_ = false;
   }
@@ -74,20 +83,29 @@ class mpi_gather_pieces {
   static int pieces_of(std::size_t bytes) {
     return static_cast<int>((bytes + mpi_gather_piece_bytes - 1) / mpi_gather_piece_bytes);
   }
+  //! Held: true when a block of `bytes` travels inside the signature message.
+  static bool inline_first(std::size_t bytes) { return bytes > 0 && bytes <= mpi_inline_gather_block_max; }
+  //! Held: the messages a block of `bytes` sends after the signature message.
+  static int messages_of(std::size_t bytes) { return pieces_of(bytes) - (inline_first(bytes) ? 1 : 0); }
+  //! Held: this rank's block came inside the signature messages (the peers' likewise,
+  //! if the check passes).
+  bool first_inline() const { return first_ == 1; }
 
-  //! Held: peer q's signature arrived. It sends `pieces` pieces (0: it makes no
-  //! allgather, an invalid one or an empty one); `keep`: its blocks are ours to take if
-  //! the check passes (its signature equals ours), else they are received and dropped.
-  //! Receives posted for pieces it will not send are cancelled (nothing else can match
-  //! them: the tag is this collective's own).
+  //! Held: peer q's signature arrived. It sends `msgs` messages after its signature
+  //! message (messages_of; 0: it makes no allgather, an invalid one or an empty one);
+  //! `keep`: its blocks are ours to take if the check passes (its signature equals
+  //! ours, so its pieces are ours in layout), else they are received and dropped, only
+  //! counted. Receives posted for messages it will not send are cancelled (nothing else
+  //! can match them: the tag is this collective's own).
   template <class State>
-  void peer_sends(State& s, int q, int pieces, bool keep, const char* what) {
+  void peer_sends(State& s, int q, int msgs, bool keep, const char* what) {
     const int i = (q - r_ - 1 + 2 * P_) % P_;
     const auto u = static_cast<std::size_t>(i);
+    const int pieces = first_ + msgs;  // in this rank's numbering of the receives
     if (!keep) drain_[u] = 1;
-    left_ += pieces - expect_[u];
+    left_ += moved(pieces) - moved(expect_[u]);
     expect_[u] = pieces;
-    if (next_recv_[u] > pieces) next_recv_[u] = pieces;
+    next_recv_[u] = std::max(first_, std::min(next_recv_[u], pieces));
     for (int d = 0; d < mpi_gather_depth; ++d) {
       const int k = i * mpi_gather_depth + d;
       const auto uk = static_cast<std::size_t>(k);
@@ -204,7 +222,7 @@ class mpi_gather_pieces {
   template <class State>
   void post_send(State& s, int i, int k, const char* what) {
     const int p = next_send_[static_cast<std::size_t>(i)];
-    if (p == pieces_) return;
+    if (p >= pieces_) return;
     next_send_[static_cast<std::size_t>(i)] = p + 1;
     s.check(MPI_Isend(in_ + offset(p), static_cast<int>(length(p)), MPI_BYTE, peer(i), tag_, s.native(),
                       &rq_[static_cast<std::size_t>(k)]),
@@ -221,11 +239,13 @@ class mpi_gather_pieces {
   }
 
   static constexpr int cancelled = -2;  // piece_of_: a cancelled receive, not yet completed
+  // The pieces of a block of `pieces` this object moves (held: the first travels apart).
+  int moved(int pieces) const { return std::max(0, pieces - first_); }
 
   const std::byte* in_ = nullptr;
   std::byte* out_ = nullptr;
   std::size_t block_ = 0;
-  int r_ = 0, P_ = 1, tag_ = 0, pieces_ = 0, left_ = 0, cancels_ = 0;
+  int r_ = 0, P_ = 1, tag_ = 0, pieces_ = 0, left_ = 0, cancels_ = 0, first_ = 0;
   bool posted_ = false, held_ = false;
   std::vector<char> arrived_;    // held: a receive slot holds its piece until release()
   std::vector<int> expect_;      // per peer: the pieces it sends (held: ours until its signature says)

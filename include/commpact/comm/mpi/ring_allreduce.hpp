@@ -38,6 +38,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstddef>
 #include <cstring>
@@ -128,9 +129,10 @@ class mpi_ring_op {
   }
 
   //! Prepares a held allgather (MpiComm's checked allgather with the direct signature
-  //! exchange, P <= mpi_direct_check_ranks), by pieces whatever the block size: this
-  //! rank's block goes to every other rank at once, under the collective's own tag,
-  //! while the signatures travel, and each peer's first pieces are received into
+  //! exchange, P <= mpi_direct_check_ranks), by pieces whatever the block size: a block
+  //! of at most mpi_inline_gather_block_max bytes travels inside the signature message
+  //! (mpi_state::verify_direct); a larger one's pieces go to every other rank at once,
+  //! under the collective's own tag, and each peer's first pieces are received into
   //! scratch before its signature arrived (then peer_sends says what it really sends).
   //! Nothing is written into `out` until release_hold() (the check passed); a check that
   //! fails calls drop_hold(), the operation then finishes and `out` stays untouched.
@@ -159,7 +161,11 @@ class mpi_ring_op {
   template <class State>
   void release_hold(State& s) {
     if (block_ > 0) std::memcpy(d_ + block_ * static_cast<std::size_t>(r_), in_, block_);
-    if (by_pieces_) pieces_.release(s, what_);
+    if (!by_pieces_) return;
+    if (pieces_.first_inline())  // the blocks came with the signatures
+      for (int i = 0; i < P_ - 1; ++i)
+        std::memcpy(d_ + block_ * static_cast<std::size_t>(slot_rank(i)), s.first_piece(slot_rank(i)), block_);
+    pieces_.release(s, what_);
   }
   //! A held gather whose check failed: what the peers send is received and dropped.
   template <class State>

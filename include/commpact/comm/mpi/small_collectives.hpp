@@ -45,7 +45,6 @@ inline constexpr int mpi_rd_tag = 19;
 //! one message) above. At P = 4 on shared memory the direct exchange saves a round, and
 //! it lets an allgather's blocks travel with the signatures (a held gather).
 inline constexpr int mpi_direct_check_ranks = 8;
-inline constexpr int mpi_sig_tag = 21;
 
 //! Waits for `reqs` under the state's deadline and failure notices. On an error the
 //! receives are abandoned (kept, never freed: MPI may still write into their internal

@@ -269,29 +269,33 @@ class mpi_state {
   bool direct_checks() const { return size_ <= mpi_direct_check_ranks; }
 
   //! The signature check by direct exchange: every rank sends its signature to every
-  //! other rank in one round (P - 1 messages of 56 bytes, under mpi_sig_tag), so each
-  //! rank holds every signature, takes their MAX word by word (what the recursive
-  //! doubling computes) and judges it alike (judge_signature). One round instead of
-  //! log2(P) dependent ones, and it lets an allgather move its data at the same time:
-  //! the held gather (started right after the signatures left, under this check's own
-  //! tag, mpi_check_tag0 + the checks so far) sends this rank's block to every peer and
-  //! receives every peer's first pieces before their signatures arrive; each signature
-  //! then says what that peer sends (took_signature). What a peer sent that this rank
-  //! does not take (the peer made an allgather, we disagree) is received into internal
-  //! memory and dropped, by the held gather or, when this rank made no allgather, by a
-  //! drain of its own. When the check fails, those complete before the error is raised,
-  //! so no message is left behind (the communicator stays usable) and no user memory is
-  //! written (`gather` holds its blocks until release_hold, after a check that passed).
+  //! other rank in one round (P - 1 messages, under this check's own tag,
+  //! mpi_check_tag0 + the checks so far), so each rank holds every signature, takes
+  //! their MAX word by word (what the recursive doubling computes) and judges it alike
+  //! (judge_signature). One round instead of log2(P) dependent ones, and it lets an
+  //! allgather move its data in the same round: the signature message carries a block of
+  //! up to mpi_inline_gather_block_max bytes (`first`; the receives take the most it holds,
+  //! whatever a peer sends), and the held gather (started right after the signatures
+  //! left, under the same tag) sends a larger block's pieces and receives every peer's
+  //! first pieces before their signatures arrive; each signature then says what that
+  //! peer sends (took_signature). What a peer sent that this rank does not take (the
+  //! peer made an allgather, we disagree) is received into internal memory and dropped,
+  //! by the held gather or, when this rank made no allgather, by a drain of its own.
+  //! When the check fails, those complete before the error is raised, so no message is
+  //! left behind (the communicator stays usable) and no user memory is written (`gather`
+  //! holds its blocks until release_hold, after a check that passed).
   void verify_direct(const collective_signature& sig, const std::string& local_error) {
-    verify_direct(sig, local_error, [](int) { return static_cast<mpi_ring_op*>(nullptr); });
+    verify_direct(sig, local_error, {}, [](int) { return static_cast<mpi_ring_op*>(nullptr); });
   }
   //! `start_gather(tag)` starts the held gather (or returns nullptr) once the signatures
   //! are on their way.
   template <class StartGather>
-  void verify_direct(const collective_signature& sig, const std::string& local_error, StartGather&& start_gather) {
+  void verify_direct(const collective_signature& sig, const std::string& local_error,
+                     std::span<const std::byte> first, StartGather&& start_gather) {
     mpi_ring_op* gather = nullptr;
     std::unique_ptr<mpi_ring_op> drain;  // receives a peer's held gather when we made none
     constexpr int W = signature_words;
+    constexpr std::size_t sig_bytes = sig_message_bytes - mpi_inline_gather_block_max, cap = sig_message_bytes;
     std::int64_t* mine = sig_.get();
     encode_signature(sig, rank_, !local_error.empty(), mine);
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
@@ -301,16 +305,21 @@ class mpi_state {
     std::copy(mine, mine + W, w);
     if (P > 1) {
       if (sig_in_.size() < static_cast<std::size_t>(P * W)) sig_in_.resize(static_cast<std::size_t>(P * W));
+      if (first_in_.size() < static_cast<std::size_t>(P) * cap) first_in_.resize(static_cast<std::size_t>(P) * cap);
+      first_out_.resize(sig_bytes + first.size());
+      std::memcpy(first_out_.data(), mine, sig_bytes);
+      if (!first.empty()) std::memcpy(first_out_.data() + sig_bytes, first.data(), first.size());
       sig_reqs_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
       sig_idx_.resize(static_cast<std::size_t>(m));
       auto peer = [&](int i) { return (rank_ + 1 + i) % P; };
       try {
         for (int i = 0; i < m; ++i)
-          check(MPI_Irecv(sig_in_.data() + static_cast<std::size_t>(peer(i) * W), W, MPI_INT64_T, peer(i), mpi_sig_tag,
-                          comm_, &sig_reqs_[static_cast<std::size_t>(i)]),
+          check(MPI_Irecv(first_in_.data() + static_cast<std::size_t>(peer(i)) * cap, static_cast<int>(cap), MPI_BYTE,
+                          peer(i), tag, comm_, &sig_reqs_[static_cast<std::size_t>(i)]),
                 "MPI_Irecv", what);
         for (int i = 0; i < m; ++i)
-          check(MPI_Isend(mine, W, MPI_INT64_T, peer(i), mpi_sig_tag, comm_, &sig_reqs_[static_cast<std::size_t>(m + i)]),
+          check(MPI_Isend(first_out_.data(), static_cast<int>(first_out_.size()), MPI_BYTE, peer(i), tag, comm_,
+                          &sig_reqs_[static_cast<std::size_t>(m + i)]),
                 "MPI_Isend", what);
         gather = start_gather(tag);
         int left = m;
@@ -320,8 +329,12 @@ class mpi_state {
             check(MPI_Testsome(m, sig_reqs_.data(), &count, sig_idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome",
                   what);
             if (count == MPI_UNDEFINED || count == 0) return false;
-            for (int j = 0; j < count; ++j)
-              took_signature(peer(sig_idx_[static_cast<std::size_t>(j)]), gather, drain, tag);
+            for (int j = 0; j < count; ++j) {
+              const int q = peer(sig_idx_[static_cast<std::size_t>(j)]);
+              std::memcpy(sig_in_.data() + static_cast<std::size_t>(q * W),
+                          first_in_.data() + static_cast<std::size_t>(q) * cap, sig_bytes);
+              took_signature(q, gather, drain, tag);
+            }
             left -= count;
           }
           int flag = 0;
@@ -333,7 +346,7 @@ class mpi_state {
         for (int i = m; i < 2 * m; ++i)
           if (sig_reqs_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) MPI_Request_free(&sig_reqs_[static_cast<std::size_t>(i)]);
         drop_ring(drain);
-        throw;
+        throw;  // the abandoned requests may still use first_in_/first_out_: leak_staging keeps them
       }
       for (int i = 0; i < m; ++i)  // our own words are in w already
         for (int k = 0; k < W; ++k) w[k] = std::max(w[k], sig_in_[static_cast<std::size_t>(peer(i) * W + k)]);
@@ -356,6 +369,13 @@ class mpi_state {
     }
     judge_signature(sig, rank_, w, local_error, "commpact::MpiComm");
   }
+  //! verify_direct: peer q's block, which came inside its signature message (when
+  //! mpi_gather_pieces::inline_first; valid after a check that passed, until the next check).
+  const std::byte* first_piece(int q) const {
+    return first_in_.data() + static_cast<std::size_t>(q) * sig_message_bytes + signature_words * sizeof(std::int64_t);
+  }
+  //! The most a signature message holds: the words and an inline block.
+  static constexpr std::size_t sig_message_bytes = signature_words * sizeof(std::int64_t) + mpi_inline_gather_block_max;
 
   //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct under `tag`: this
   //! rank's block leaves now (`in` empty: nothing leaves), the peers' first pieces are
@@ -526,15 +546,15 @@ class mpi_state {
     const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
     const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
     const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0;
-    const int pieces = sent ? mpi_gather_pieces::pieces_of(static_cast<std::size_t>(v[0])) : 0;
+    const int msgs = sent ? mpi_gather_pieces::messages_of(static_cast<std::size_t>(v[0])) : 0;
     const std::int64_t* mine = sig_.get();
     if (gather != nullptr) {
-      gather->peer_sends(*this, q, pieces, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
+      gather->peer_sends(*this, q, msgs, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
       return;
     }
-    if (!sent) return;
+    if (msgs == 0) return;
     if (!drain) drain = start_held_gather({}, {}, tag);
-    drain->peer_sends(*this, q, pieces, false);
+    drain->peer_sends(*this, q, msgs, false);
   }
 
   void unlist(mpi_ring_op* ring) noexcept {
@@ -549,6 +569,8 @@ class mpi_state {
     new std::vector<std::vector<std::byte>>(std::move(pool_));
     new std::vector<std::byte>(std::move(rd_scratch_));
     new std::vector<std::int64_t>(std::move(sig_in_));
+    new std::vector<std::byte>(std::move(first_in_));
+    new std::vector<std::byte>(std::move(first_out_));
     (void)sig_.release();
   }
 
@@ -563,6 +585,8 @@ class mpi_state {
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
   std::vector<std::int64_t> sig_in_;       // verify_direct: every rank's signature words
+  std::vector<std::byte> first_in_;        // verify_direct: every peer's signature message (and first piece)
+  std::vector<std::byte> first_out_;       // verify_direct: ours
   std::vector<MPI_Request> sig_reqs_;
   std::vector<int> sig_idx_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
