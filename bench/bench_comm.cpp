@@ -24,6 +24,7 @@
 //   checked      CheckedComm<MpiComm> over an unchecked MpiComm (the decorator's check)
 //   unchecked    MpiComm{verify_collectives = false} (staging kept)
 //   unchecked_nostage  MpiComm{verify_collectives = false, isolate_buffers = false}
+//   nostage      MpiComm{isolate_buffers = false}: the check, no staging (allgather)
 //   known        (send/recv only) isend + irecv of a known size on a default MpiComm;
 //                unchecked_nostage_known: the same without staging
 // Sizes are per call: allgather's output is `bytes` in total (P blocks of bytes / P).
@@ -49,6 +50,7 @@ struct world_t {
   MpiComm def{MPI_COMM_WORLD};
   MpiComm unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
   MpiComm nostage{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
+  MpiComm checked_nostage{MPI_COMM_WORLD, {.isolate_buffers = false}};
   CheckedComm<MpiComm> checked{unchecked};
   MPI_Comm raw = MPI_COMM_NULL;
   world_t() { MPI_Comm_dup(MPI_COMM_WORLD, &raw); }
@@ -152,7 +154,8 @@ void bench_allgather(benchmark::State& st, std::size_t bytes) {
                 {"default", [&] { w.def.allgather(si, so); }},
                 {"checked", [&] { w.checked.allgather(si, so); }},
                 {"unchecked", [&] { w.unchecked.allgather(si, so); }},
-                {"unchecked_nostage", [&] { w.nostage.allgather(si, so); }}});
+                {"unchecked_nostage", [&] { w.nostage.allgather(si, so); }},
+                {"nostage", [&] { w.checked_nostage.allgather(si, so); }}});
 }
 
 void bench_broadcast(benchmark::State& st, std::size_t bytes) {

@@ -3,8 +3,8 @@
 // from the data: a barrier of the default MpiComm is the check alone (the direct
 // exchange up to 8 ranks), CheckedComm's barrier the recursive doubling of 56 bytes, and
 // "check, then gather" is the order before the held gather (the check, then the
-// unchecked allgather), against the default allgather (held: the block leaves with the
-// signature).
+// unchecked allgather), against the default allgather (held: a block of up to 32 KiB
+// travels inside the signature message).
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //

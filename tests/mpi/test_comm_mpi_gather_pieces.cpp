@@ -58,8 +58,10 @@ TEST_CASE("MpiComm: a large allgather by pieces equals the brute-force concatena
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .verify_collectives = verify, .isolate_buffers = isolate}};
   const int P = comm.size(), r = comm.rank();
   // The threshold itself (whole blocks), one byte above it (a last piece of 1 byte), a
-  // piece boundary plus a tail, and many pieces (more than the slots per peer).
-  const std::size_t sizes[] = {2 * piece, 2 * piece + 1, 5 * piece + 17, 16 * piece + 3};
+  // piece boundary plus a tail, and many pieces (more than the slots per peer); checked,
+  // also one byte and the most that travels inside the signature message, and one more.
+  constexpr std::size_t in_sig = detail::mpi_inline_gather_block_max;
+  const std::size_t sizes[] = {1, in_sig, in_sig + 1, 2 * piece, 2 * piece + 1, 5 * piece + 17, 16 * piece + 3};
   mpi_guard(comm, [&] {
     std::uint64_t seed = 1;
     for (const std::size_t n : sizes) {

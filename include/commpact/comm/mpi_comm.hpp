@@ -36,9 +36,10 @@
 //!   also uses; up to 8 ranks a direct exchange, one round, above a recursive doubling):
 //!   ranks that disagree all raise mismatch_error (a bad argument on one rank:
 //!   invalid_argument on all) before any data reaches user memory, and the communicator
-//!   stays usable. Up to 8 ranks an allgather's blocks travel beside its signature, by
-//!   pieces, into internal memory (a held gather, mpi/state.hpp verify_direct) and are
-//!   copied out only once the check passed. With it off (the unchecked mode) a disagreement is undefined
+//!   stays usable. Up to 8 ranks an allgather's blocks travel with its signature (up to
+//!   32 KiB inside the signature message, larger by pieces right behind it) into
+//!   internal memory (a held gather, mpi/state.hpp verify_direct) and are copied out
+//!   only once the check passed. With it off (the unchecked mode) a disagreement is undefined
 //!   behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
@@ -382,10 +383,11 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
   //! a held gather (mpi/state.hpp verify_direct). The block leaves at once: up to
   //! 32 KiB inside the signature message (one message per peer, so the check costs no
   //! message of its own), larger by pieces of 64 KiB whose first ones are received
-  //! before the signatures arrive, so no piece waits for the check. Held pieces stay in internal memory (even without
-  //! isolate_buffers) until the check passed; a check that fails raises alike on every
-  //! rank once every piece sent is received and dropped, with `out` untouched and the
-  //! communicator usable. Up to 64 KiB of output it completes before it returns, as the
+  //! before the signatures arrive, so no piece waits for the check. What arrives before
+  //! the check passed stays in internal memory (even without isolate_buffers, which then
+  //! lets the later pieces go straight into `out`); a check that fails raises alike on
+  //! every rank once every piece sent is received and dropped, with `out` untouched and
+  //! the communicator usable. Up to 64 KiB of output it completes before it returns, as the
   //! other small collectives.
   template <class T>
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {

@@ -18,7 +18,16 @@
 //! posted, so piece j of a block always meets the j-th receive posted for that peer:
 //! both sides post pieces in ascending order, whatever order their requests complete
 //! in. Receives target the scratch slots only; a give-up leaves them to the state and
-//! the scratch to its owner, which leaks it (mpi_ring_op). Part of MpiComm (include
+//! the scratch to its owner, which leaks it (mpi_ring_op).
+//!
+//! Held (MpiComm's checked allgather, mpi_state::verify_direct): the object starts
+//! before the signatures are judged, under the check's own tag. It sends this rank's
+//! pieces and posts receives for each peer's first pieces as if the peer's block equals
+//! ours, each for a whole slot so that no piece can be truncated; arrived pieces wait in
+//! their slots. peer_sends() then says what a peer really sends: receives for messages
+//! it will not send are cancelled, and a disagreeing peer's messages are received and
+//! dropped. release() (the check passed) copies the held pieces out and goes on as
+//! above; drop() (it failed) drops everything still to come. Part of MpiComm (include
 //! commpact/comm/mpi_comm.hpp).
 
 #include <mpi.h>
@@ -54,7 +63,10 @@ class mpi_gather_pieces {
   //! (see peer_sends); a block of at most mpi_inline_gather_block_max bytes then travels
   //! inside the signature message and this object only holds it. Otherwise every peer
   //! sends exactly this rank's pieces.
-  void reset(const std::byte* in, std::byte* out, std::size_t block, int r, int P, int tag, bool held = false) {
+  //! `isolate` false (held only): once the check passed, pieces are received straight
+  //! into `out` (MPI may then write there after a failure, as isolate_buffers says).
+  void reset(const std::byte* in, std::byte* out, std::size_t block, int r, int P, int tag, bool held = false,
+             bool isolate = true) {
     in_ = in;
     out_ = out;
     block_ = block;
@@ -62,6 +74,7 @@ class mpi_gather_pieces {
     P_ = P;
     tag_ = tag;
     held_ = held;
+    isolate_ = isolate || !held;
     first_ = held && inline_first(block) ? 1 : 0;
     pieces_ = pieces_of(block);
     const auto m = static_cast<std::size_t>(P - 1), slots = m * static_cast<std::size_t>(mpi_gather_depth);
@@ -69,6 +82,7 @@ class mpi_gather_pieces {
     rq_.assign(2 * slots, MPI_REQUEST_NULL);
     piece_of_.assign(2 * slots, -1);
     arrived_.assign(slots, 0);
+    direct_.assign(slots, 0);
     idx_.resize(2 * slots);
     next_recv_.assign(m, first_);
     next_send_.assign(m, first_);
@@ -213,9 +227,13 @@ class mpi_gather_pieces {
     // Held or dropped, a peer's pieces may differ from ours in length: receive up to a
     // whole slot (no piece is longer), so that no receive can be truncated.
     const bool exact = !held_ && !drain_[static_cast<std::size_t>(i)];
-    s.check(MPI_Irecv(scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes,
-                      static_cast<int>(exact ? length(p) : mpi_gather_piece_bytes), MPI_BYTE, peer(i), tag_, s.native(),
-                      &rq_[static_cast<std::size_t>(k)]),
+    // Not isolated, a held gather whose check passed receives straight into `out`.
+    direct_[static_cast<std::size_t>(k)] = exact && !isolate_;
+    std::byte* into = direct_[static_cast<std::size_t>(k)]
+                          ? out_ + block_ * static_cast<std::size_t>(peer(i)) + offset(p)
+                          : scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes;
+    s.check(MPI_Irecv(into, static_cast<int>(exact ? length(p) : mpi_gather_piece_bytes), MPI_BYTE, peer(i), tag_,
+                      s.native(), &rq_[static_cast<std::size_t>(k)]),
             "MPI_Irecv", what);
   }
   // Posts the next piece of this rank's block to peer i as request k, if one is left.
@@ -233,8 +251,9 @@ class mpi_gather_pieces {
   template <class State>
   void take(State& s, int k, const char* what) {
     const int p = piece_of_[static_cast<std::size_t>(k)];
-    std::memcpy(out_ + block_ * static_cast<std::size_t>(peer(k / mpi_gather_depth)) + offset(p),
-                scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes, length(p));
+    if (!direct_[static_cast<std::size_t>(k)])
+      std::memcpy(out_ + block_ * static_cast<std::size_t>(peer(k / mpi_gather_depth)) + offset(p),
+                  scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes, length(p));
     post_recv(s, k / mpi_gather_depth, k, what);
   }
 
@@ -246,7 +265,8 @@ class mpi_gather_pieces {
   std::byte* out_ = nullptr;
   std::size_t block_ = 0;
   int r_ = 0, P_ = 1, tag_ = 0, pieces_ = 0, left_ = 0, cancels_ = 0, first_ = 0;
-  bool posted_ = false, held_ = false;
+  bool posted_ = false, held_ = false, isolate_ = true;
+  std::vector<char> direct_;     // a receive slot's request receives into `out` (not isolated)
   std::vector<char> arrived_;    // held: a receive slot holds its piece until release()
   std::vector<int> expect_;      // per peer: the pieces it sends (held: ours until its signature says)
   std::vector<char> drain_;      // per peer: its pieces are received and dropped

@@ -137,8 +137,9 @@ class mpi_ring_op {
   //! Nothing is written into `out` until release_hold() (the check passed); a check that
   //! fails calls drop_hold(), the operation then finishes and `out` stays untouched.
   //! `in` empty: this rank sends nothing (an empty block, or an invalid call).
+  //! `isolate` false: pieces after the check are received straight into `out`.
   void reset_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
-                         const char* what) {
+                         bool isolate, const char* what) {
     d_ = out.data();
     n_ = out.size();
     elem_ = 1;
@@ -149,7 +150,7 @@ class mpi_ring_op {
     in_ = in.data();
     block_ = in.size();
     by_pieces_ = P > 1;
-    if (by_pieces_) pieces_.reset(in_, d_, block_, r, P, tag, true);
+    if (by_pieces_) pieces_.reset(in_, d_, block_, r, P, tag, true, isolate);
   }
   //! A held gather: peer q's signature arrived (see mpi_gather_pieces::peer_sends).
   template <class State>

@@ -382,7 +382,7 @@ class mpi_state {
   //! received into scratch; `out` is written only after release_hold.
   std::unique_ptr<mpi_ring_op> start_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int tag) {
     auto ring = pooled_ring();
-    ring->reset_held_gather(in, out, rank_, size_, tag, "allgather");
+    ring->reset_held_gather(in, out, rank_, size_, tag, opt_.isolate_buffers, "allgather");
     return launch(std::move(ring));
   }
 
