@@ -14,9 +14,9 @@
 //! as it arrived (MPI_Iallgather into staging copied the whole output once more, and
 //! its own block twice); blocks above 128 KiB travel as 64 KiB pieces through a few
 //! slots of scratch per peer that stay in cache (gather_pieces.hpp), so that copy reads
-//! from cache, not memory. The ring's allgather half alone (reset_gather) was no better
-//! within the noise at P = 4 on 2 cores, where each of its P-1 dependent steps waits
-//! for a neighbour to be scheduled.
+//! from cache, not memory. The ring's allgather half alone was tried and removed: no
+//! better within the noise at P = 4 on 2 cores, where each of its P-1 dependent steps
+//! waits for a neighbour to be scheduled.
 //!
 //! One operation is an mpi_ring_op: a state machine of 2 (P-1) steps (one send to the
 //! right, one receive from the left, then a fold or a copy). `allreduce` starts one and
@@ -92,21 +92,10 @@ class mpi_ring_op {
       mpi_combine(reinterpret_cast<T*>(out), reinterpret_cast<const T*>(a), reinterpret_cast<const T*>(b), n, o);
     };
     op_ = op;
-    start(r, P, tag, isolate, what, 0, r);
-  }
-
-  //! Prepares a ring allgather: `out` holds P blocks of in.size() bytes; this rank's
-  //! block is copied from `in` now, the others travel round the ring (the allgather
-  //! half of the allreduce). `isolate`: MPI receives only into scratch.
-  void reset_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag, bool isolate,
-                    const char* what) {
-    d_ = out.data();
-    n_ = out.size();
-    elem_ = 1;
-    combine_ = nullptr;
-    std::memcpy(out.data() + in.size() * static_cast<std::size_t>(r), in.data(), in.size());
-    // Rank r holds chunk r: the allreduce's allgather half with the chunks shifted by one.
-    start(r, P, tag, isolate, what, P - 1, (r + P - 1) % P);
+    start(r, P, tag, isolate, what);
+    // One chunk: the receive target of the reduce-scatter (and, isolated, of the allgather half).
+    const std::size_t most = (n_ + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
+    if (scratch_.size() < most * elem_) scratch_.resize(most * elem_);
   }
 
   //! Prepares a direct allgather: every rank sends its block to every other rank at
@@ -115,7 +104,12 @@ class mpi_ring_op {
   //! out as soon as it arrived.
   void reset_direct_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
                            bool isolate, const char* what) {
-    reset_gather(in, out, r, P, tag, isolate, what);
+    d_ = out.data();
+    n_ = out.size();
+    elem_ = 1;
+    combine_ = nullptr;
+    std::memcpy(out.data() + in.size() * static_cast<std::size_t>(r), in.data(), in.size());
+    start(r, P, tag, isolate, what);
     direct_ = true;
     in_ = in.data();
     block_ = in.size();
@@ -144,7 +138,7 @@ class mpi_ring_op {
     n_ = out.size();
     elem_ = 1;
     combine_ = nullptr;
-    start(r, P, tag, true, what, P - 1, (r + P - 1) % P);
+    start(r, P, tag, true, what);
     done_ = P == 1;
     direct_ = true;
     in_ = in.data();
@@ -232,13 +226,11 @@ class mpi_ring_op {
   // chunk it folded in step k - 1 later) and folds chunk r - k - 1 in; afterwards rank r
   // holds the final value of chunk r + 1. Allgather (steps P-1 .. 2P-3, j = k - P + 1):
   // rank r passes chunk r + 1 - j on and receives chunk r - j.
-  // c0_: the chunk this rank holds final before the allgather half, minus one (r for an
-  // allreduce, r - 1 for an allgather, which starts at k = P - 1).
   int send_chunk(int k) const {
-    return k < P_ - 1 ? (r_ - k + P_) % P_ : (c0_ + 1 - (k - P_ + 1) + P_) % P_;
+    return k < P_ - 1 ? (r_ - k + P_) % P_ : (r_ + 1 - (k - P_ + 1) + P_) % P_;
   }
   int recv_chunk(int k) const {
-    return k < P_ - 1 ? (r_ - k - 1 + 2 * P_) % P_ : (c0_ - (k - P_ + 1) + P_) % P_;
+    return k < P_ - 1 ? (r_ - k - 1 + 2 * P_) % P_ : (r_ - (k - P_ + 1) + P_) % P_;
   }
   // The direct allgather: slot i (of P - 1) is rank r + 1 + i; requests dq_[0, P-1) are
   // the receives, dq_[P-1, 2P-2) the sends; pending_ receives are outstanding.
@@ -284,14 +276,13 @@ class mpi_ring_op {
     return true;
   }
 
-  void start(int r, int P, int tag, bool isolate, const char* what, int k0, int c0) {
+  void start(int r, int P, int tag, bool isolate, const char* what) {
     r_ = r;
     P_ = P;
     tag_ = tag;
     isolate_ = isolate;
     what_ = what;
-    k_ = k0;
-    c0_ = c0;
+    k_ = 0;
     posted_ = false;
     direct_ = false;
     by_pieces_ = false;
@@ -299,8 +290,6 @@ class mpi_ring_op {
     error_ = nullptr;
     q_[0] = q_[1] = MPI_REQUEST_NULL;
     dq_.clear();
-    const std::size_t most = (n_ + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P);
-    if (scratch_.size() < most * elem_) scratch_.resize(most * elem_);
   }
   std::size_t lo(int c) const { return n_ * static_cast<std::size_t>(c) / static_cast<std::size_t>(P_); }
   std::size_t len(int c) const { return lo(c + 1) - lo(c); }
@@ -322,7 +311,7 @@ class mpi_ring_op {
   std::size_t n_ = 0, elem_ = 1;
   void (*combine_)(std::byte*, const std::byte*, const std::byte*, std::size_t, reduce_op) = nullptr;
   reduce_op op_ = reduce_op::sum;
-  int r_ = 0, P_ = 1, tag_ = mpi_ring_tag0, k_ = 0, c0_ = 0;
+  int r_ = 0, P_ = 1, tag_ = mpi_ring_tag0, k_ = 0;
   bool isolate_ = true, posted_ = false, done_ = true;
   const char* what_ = "allreduce";
   MPI_Request q_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};

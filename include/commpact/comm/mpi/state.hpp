@@ -295,7 +295,7 @@ class mpi_state {
     mpi_ring_op* gather = nullptr;
     std::unique_ptr<mpi_ring_op> drain;  // receives a peer's held gather when we made none
     constexpr int W = signature_words;
-    constexpr std::size_t sig_bytes = sig_message_bytes - mpi_inline_gather_block_max, cap = sig_message_bytes;
+    constexpr std::size_t sig_bytes = sig_word_bytes, cap = sig_message_bytes;
     std::int64_t* mine = sig_.get();
     encode_signature(sig, rank_, !local_error.empty(), mine);
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
@@ -372,10 +372,12 @@ class mpi_state {
   //! verify_direct: peer q's block, which came inside its signature message (when
   //! mpi_gather_pieces::inline_first; valid after a check that passed, until the next check).
   const std::byte* first_piece(int q) const {
-    return first_in_.data() + static_cast<std::size_t>(q) * sig_message_bytes + signature_words * sizeof(std::int64_t);
+    return first_in_.data() + static_cast<std::size_t>(q) * sig_message_bytes + sig_word_bytes;
   }
-  //! The most a signature message holds: the words and an inline block.
-  static constexpr std::size_t sig_message_bytes = signature_words * sizeof(std::int64_t) + mpi_inline_gather_block_max;
+  //! A signature message: the signature's words, then (an inline allgather) the block;
+  //! sig_message_bytes is the most it holds.
+  static constexpr std::size_t sig_word_bytes = signature_words * sizeof(std::int64_t);
+  static constexpr std::size_t sig_message_bytes = sig_word_bytes + mpi_inline_gather_block_max;
 
   //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct under `tag`: this
   //! rank's block leaves now (`in` empty: nothing leaves), the peers' first pieces are
