@@ -110,6 +110,11 @@ inline std::vector<float> values(std::uint64_t seed, std::size_t n, float scale 
   for (auto& x : v) x = d(g);
   return v;
 }
+//! Adversarial values sprinkled into v (every 7th element): +-0, denormals, ties.
+inline void sprinkle(std::vector<float>& v) {
+  const float special[] = {0.0f, -0.0f, 1e-40f, -3e-41f, 1.0f, 1.0f};
+  for (std::size_t i = 0; i < v.size(); i += 7) v[i] = special[(i / 7) % 6];
+}
 
 }  // namespace commpact_test
 

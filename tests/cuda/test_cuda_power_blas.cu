@@ -59,37 +59,21 @@ constexpr double u = 0x1p-24;       // float's unit roundoff
 constexpr double tiny = 0x1p-120;
 //! gamma_k = k u / (1 - k u) (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
 double gamma(std::size_t k) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
+//! The bound 2 gamma_k sum_l t(l) + tiny k on one element of a product whose k terms have
+//! the magnitudes t(0), ..., t(k - 1) (docs/kernels.md).
+template <class Terms>
+double product_bound(std::size_t k, Terms t) {
+  double s = 0;
+  for (std::size_t l = 0; l < k; ++l) s += t(l);
+  return 2 * gamma(k) * s + tiny * double(k);
+}
 
-std::vector<float> values(std::uint64_t seed, std::size_t n) {
-  std::mt19937_64 g(seed);
-  std::normal_distribution<float> d;
-  std::vector<float> v(n);
-  for (auto& x : v) x = d(g);
-  return v;
-}
-void sprinkle(std::vector<float>& v) {
-  const float special[] = {0.0f, -0.0f, 1e-40f, -3e-41f, 1.0f, 1.0f};
-  for (std::size_t i = 0; i < v.size(); i += 7) v[i] = special[(i / 7) % 6];
-}
-template <class T>
-cp::cuda_buffer<T> upload(const cp::cuda_space::exec& e, const std::vector<T>& h) {
-  cp::cuda_buffer<T> b;
-  b.resize(h.size());
-  if (!h.empty()) D::from_host(e, std::span<const T>(h), b.view());
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return b;
-}
-template <class T>
-std::vector<T> download(const cp::cuda_space::exec& e, cp::cuda_span<const T> s) {
-  std::vector<T> h(s.size());
-  if (!h.empty()) D::to_host(e, s, std::span<T>(h));
-  cp::cuda_space::fence(e, cp::no_deadline());
-  return h;
-}
-template <class T>
-bool same(const std::vector<T>& a, const std::vector<T>& b) {
-  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
-}
+using commpact_test::download;
+using commpact_test::same;
+using commpact_test::sprinkle;
+using commpact_test::upload;
+using commpact_test::values;
+
 //! How many |a[i] - b[i]| > bound[i] (and a non-finite value counts); worst: the largest ratio.
 std::size_t outside(const std::vector<float>& a, const std::vector<float>& b, const std::vector<double>& bound,
                     double* worst = nullptr) {
@@ -135,11 +119,9 @@ void check_rows(const cp::cuda_space::exec& E) {
         // |P_blas - P_host| <= 2 gamma_m |M||Q|.
         std::vector<double> bp(n * r);
         for (std::size_t c = 0; c < r; ++c)
-          for (std::size_t i = 0; i < n; ++i) {
-            double s = 0;
-            for (std::size_t j = 0; j < m; ++j) s += std::fabs(double(hM[i * m + j])) * std::fabs(double(q[c * m + j]));
-            bp[c * n + i] = 2 * gamma(m) * s + tiny * double(m);
-          }
+          for (std::size_t i = 0; i < n; ++i)
+            bp[c * n + i] = product_bound(
+                m, [&](std::size_t j) { return std::fabs(double(hM[i * m + j])) * std::fabs(double(q[c * m + j])); });
         const auto dPh = download(E, dP.cview());
         double worst = 0;
         EXPECT(outside(dPh, P, bp, &worst) == 0, "blas project %zux%zu r=%zu mode %d: P outside the bound (worst %.3g)",
@@ -155,11 +137,9 @@ void check_rows(const cp::cuda_space::exec& E) {
         D::lowrank_back_project(E, dMf.cview(), n, m, dPf.cview(), r, dQ.view(), kBlas);
         std::vector<double> bq(m * r);
         for (std::size_t c = 0; c < r; ++c)
-          for (std::size_t j = 0; j < m; ++j) {
-            double s = 0;
-            for (std::size_t i = 0; i < n; ++i) s += std::fabs(double(Mf[i * m + j])) * std::fabs(double(Pf[c * n + i]));
-            bq[c * m + j] = 2 * gamma(n) * s + tiny * double(n);
-          }
+          for (std::size_t j = 0; j < m; ++j)
+            bq[c * m + j] = product_bound(
+                n, [&](std::size_t i) { return std::fabs(double(Mf[i * m + j])) * std::fabs(double(Pf[c * n + i])); });
         const auto dQh = download(E, dQ.cview());
         EXPECT(outside(dQh, Q, bq, &worst) == 0, "blas back_project %zux%zu r=%zu: Q outside the bound (worst %.3g)", n,
                m, r, worst);
@@ -185,9 +165,9 @@ void check_rows(const cp::cuda_space::exec& E) {
           std::size_t bad_e = 0;
           for (std::size_t i = 0; i < n; ++i)
             for (std::size_t j = 0; j < m; ++j) {
-              double s = 0;
-              for (std::size_t c = 0; c < r; ++c) s += std::fabs(double(Pf[c * n + i])) * std::fabs(double(dQh[c * m + j]));
-              ba[i * m + j] = 2 * gamma(r) * s + tiny * double(r);
+              ba[i * m + j] = product_bound(r, [&](std::size_t c) {
+                return std::fabs(double(Pf[c * n + i])) * std::fabs(double(dQh[c * m + j]));
+              });
               // The residual is M - A, one float subtraction of what was written to g.
               const float want = Mf[i * m + j] - go[i * m + j];
               bad_e += std::memcmp(&want, &ge[i * m + j], sizeof(float)) != 0;

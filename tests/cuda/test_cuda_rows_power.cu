@@ -35,6 +35,7 @@
 
 namespace cp = commpact;
 using commpact_test::failures;
+using commpact_test::sprinkle;
 using D = cp::ops<cp::cuda_space>;
 using H = cp::ops<cp::host_space>;
 
@@ -54,11 +55,6 @@ std::vector<float> randn(std::size_t n) {
   std::vector<float> v(n);
   for (auto& x : v) x = d(rng);
   return v;
-}
-//! Adversarial values sprinkled in: +-0, denormals, ties (equal values).
-void sprinkle(std::vector<float>& v) {
-  const float special[] = {0.0f, -0.0f, 1e-40f, -3e-41f, 1.0f, 1.0f};
-  for (std::size_t i = 0; i < v.size(); i += 7) v[i] = special[(i / 7) % 6];
 }
 template <class T>
 cp::cuda_buffer<T> dev(const std::vector<T>& h) {
