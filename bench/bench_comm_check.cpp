@@ -4,7 +4,8 @@
 // exchange up to 8 ranks), CheckedComm's barrier the recursive doubling of 56 bytes, and
 // "check, then gather" is the order before the held gather (the check, then the
 // unchecked allgather), against the default allgather (held: a block of up to 32 KiB
-// travels inside the signature message).
+// travels inside the signature message). "nostage" and "unchecked, no staging" are the
+// default and the unchecked MpiComm with isolate_buffers = false (no staging copy).
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //
@@ -33,6 +34,9 @@ int main(int argc, char** argv) {
     const std::size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64u << 10;
     const int iterations = argc > 2 ? std::atoi(argv[2]) : 2000;
     MpiComm def{MPI_COMM_WORLD}, unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
+    // Without staging (isolate_buffers = false), checked and unchecked.
+    MpiComm nostage{MPI_COMM_WORLD, {.isolate_buffers = false}},
+        bare{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
     CheckedComm<MpiComm> checked{unchecked};
     MPI_Comm raw = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
@@ -48,6 +52,8 @@ int main(int argc, char** argv) {
         {"raw MPI_Allgather", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, raw); }},
         {"default allgather", [&] { def.allgather(si, so); }},
         {"unchecked allgather", [&] { unchecked.allgather(si, so); }},
+        {"nostage allgather (checked)", [&] { nostage.allgather(si, so); }},
+        {"unchecked, no staging", [&] { bare.allgather(si, so); }},
         {"check, then gather", [&] {
            def.barrier();
            unchecked.allgather(si, so);

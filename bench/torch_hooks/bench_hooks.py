@@ -21,12 +21,18 @@ import sys
 import tempfile
 import time
 
-import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
-from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-from torch.nn.parallel import DistributedDataParallel as DDP
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    from torch.nn.parallel import DistributedDataParallel as DDP
+except ImportError as e:
+    print("bench_hooks: PyTorch is not importable for this python3 (%s: %s); nothing was run.\n"
+          "Install it with: apt-get install python3-torch libopenblas0-openmp\n"
+          "and run with Debian's /usr/bin/python3." % (sys.executable, e), file=sys.stderr)
+    sys.exit(2)
 
 
 class Net(torch.nn.Module):

@@ -32,9 +32,12 @@ static_assert(std::is_copy_constructible_v<MpiComm>);
 #define COMMPACT_TEST_COUNT_ALLOCS 1
 namespace {
 std::atomic<long> g_allocs{0};
+std::atomic<std::size_t> g_largest_alloc{0};  // the largest single allocation (reset by tests)
 }
 void* operator new(std::size_t n) {
   ++g_allocs;
+  for (std::size_t m = g_largest_alloc.load(); n > m && !g_largest_alloc.compare_exchange_weak(m, n);) {
+  }
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
@@ -463,6 +466,32 @@ TEST_CASE("MpiComm steady state does not allocate", "[comm][mpi]") {
   });
   comm.flush();
   REQUIRE(comm.pending_sends() == 0);
+}
+
+TEST_CASE("A checked allgather of blocks inside the signature messages allocates no piece slots",
+          "[comm][mpi]") {
+  // The held gather's receive slots (mpi_gather_depth pieces per peer) are for blocks
+  // that travel by pieces; a block of up to mpi_inline_gather_block_max bytes comes
+  // inside the signature message and needs none of them.
+  MpiComm comm{MPI_COMM_WORLD};
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  on_all_ranks(comm, [&] {
+    const std::size_t slots_bytes =
+        static_cast<std::size_t>(2 * (P - 1)) * detail::mpi_gather_piece_bytes;  // mpi_gather_depth = 2
+    static_assert(detail::mpi_gather_depth == 2);
+    std::vector<std::byte> in(1000, std::byte(r)), out(1000 * static_cast<std::size_t>(P));
+#if COMMPACT_TEST_COUNT_ALLOCS
+    g_largest_alloc = 0;
+#endif
+    comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
+#if COMMPACT_TEST_COUNT_ALLOCS
+    const std::size_t largest = g_largest_alloc.load();
+    INFO("largest allocation " << largest << " bytes; the piece slots would take " << slots_bytes);
+    REQUIRE(largest < slots_bytes);
+#endif
+    for (int q = 0; q < P; ++q) REQUIRE(out[1000 * static_cast<std::size_t>(q) + 999] == std::byte(q));
+  });
 }
 
 TEST_CASE("MpiComm send does not wait for the receiver", "[comm][mpi]") {

@@ -78,7 +78,7 @@ class mpi_gather_pieces {
     first_ = held && inline_first(block) ? 1 : 0;
     pieces_ = pieces_of(block);
     const auto m = static_cast<std::size_t>(P - 1), slots = m * static_cast<std::size_t>(mpi_gather_depth);
-    if (scratch_.size() < slots * mpi_gather_piece_bytes) scratch_.resize(slots * mpi_gather_piece_bytes);
+    scratch_bytes_ = slots * mpi_gather_piece_bytes;  // allocated by the first receive into a slot (post_recv)
     rq_.assign(2 * slots, MPI_REQUEST_NULL);
     piece_of_.assign(2 * slots, -1);
     arrived_.assign(slots, 0);
@@ -229,6 +229,9 @@ class mpi_gather_pieces {
     const bool exact = !held_ && !drain_[static_cast<std::size_t>(i)];
     // Not isolated, a held gather whose check passed receives straight into `out`.
     direct_[static_cast<std::size_t>(k)] = exact && !isolate_;
+    // The slots are allocated whole, before any receive targets them: a held gather of
+    // blocks that travel inside the signature messages never needs them.
+    if (!direct_[static_cast<std::size_t>(k)] && scratch_.size() < scratch_bytes_) scratch_.resize(scratch_bytes_);
     std::byte* into = direct_[static_cast<std::size_t>(k)]
                           ? out_ + block_ * static_cast<std::size_t>(peer(i)) + offset(p)
                           : scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes;
@@ -275,6 +278,7 @@ class mpi_gather_pieces {
   std::vector<int> idx_;
   std::vector<int> next_recv_, next_send_;  // per peer: the next piece to post
   std::vector<std::byte> scratch_;          // one piece per receive slot
+  std::size_t scratch_bytes_ = 0;           // its size for this exchange
 };
 
 }  // namespace commpact::detail
