@@ -25,8 +25,14 @@ static_assert(PointToPoint<CountingComm<MpiComm>>);
 static_assert(std::is_copy_constructible_v<MpiComm>);
 
 // ---- allocation counter (for the steady-state test) ---------------------------------
-// Not under AddressSanitizer, which owns operator new itself.
-#if defined(__SANITIZE_ADDRESS__)
+// Not under AddressSanitizer, which owns operator new itself (g++ says so with
+// __SANITIZE_ADDRESS__, clang++ 14 only through __has_feature).
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COMMPACT_TEST_UNDER_ASAN 1
+#endif
+#endif
+#if defined(__SANITIZE_ADDRESS__) || defined(COMMPACT_TEST_UNDER_ASAN)
 #define COMMPACT_TEST_COUNT_ALLOCS 0
 #else
 #define COMMPACT_TEST_COUNT_ALLOCS 1
