@@ -78,7 +78,6 @@ class mpi_gather_pieces {
     first_ = held && inline_first(block) ? 1 : 0;
     pieces_ = pieces_of(block);
     const auto m = static_cast<std::size_t>(P - 1), slots = m * static_cast<std::size_t>(mpi_gather_depth);
-    scratch_bytes_ = slots * mpi_gather_piece_bytes;  // allocated by the first receive into a slot (post_recv)
     rq_.assign(2 * slots, MPI_REQUEST_NULL);
     piece_of_.assign(2 * slots, -1);
     arrived_.assign(slots, 0);
@@ -231,7 +230,9 @@ class mpi_gather_pieces {
     direct_[static_cast<std::size_t>(k)] = exact && !isolate_;
     // The slots are allocated whole, before any receive targets them: a held gather of
     // blocks that travel inside the signature messages never needs them.
-    if (!direct_[static_cast<std::size_t>(k)] && scratch_.size() < scratch_bytes_) scratch_.resize(scratch_bytes_);
+    if (const std::size_t whole = arrived_.size() * mpi_gather_piece_bytes;  // one piece per slot
+        !direct_[static_cast<std::size_t>(k)] && scratch_.size() < whole)
+      scratch_.resize(whole);
     std::byte* into = direct_[static_cast<std::size_t>(k)]
                           ? out_ + block_ * static_cast<std::size_t>(peer(i)) + offset(p)
                           : scratch_.data() + static_cast<std::size_t>(k) * mpi_gather_piece_bytes;
@@ -277,8 +278,7 @@ class mpi_gather_pieces {
   std::vector<int> piece_of_;    // the piece a receive slot holds
   std::vector<int> idx_;
   std::vector<int> next_recv_, next_send_;  // per peer: the next piece to post
-  std::vector<std::byte> scratch_;          // one piece per receive slot
-  std::size_t scratch_bytes_ = 0;           // its size for this exchange
+  std::vector<std::byte> scratch_;          // one piece per receive slot (allocated by post_recv)
 };
 
 }  // namespace commpact::detail
