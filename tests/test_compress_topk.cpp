@@ -3,6 +3,7 @@
 // bytes by the ring allgather formula, bad input, save/load, workspace reuse. The checks
 // live in tests/common/sparse_checks.hpp.
 // Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
+// commpact-long-test: under ASan+UBSan (clang++) 54 s at -O0, 11 s at -O1 (COMMPACT_LONG_TEST_FLAGS)
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/compressors/topk.hpp>
 

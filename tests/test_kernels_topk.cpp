@@ -1,5 +1,6 @@
 // Tests of commpact::host::topk_abs against a brute-force reference (a full stable sort by
 // (abs_key desc, index asc)) on random and adversarial inputs.
+// commpact-long-test: under ASan+UBSan (clang++) 93 s at -O0, 14 s at -O1 (COMMPACT_LONG_TEST_FLAGS)
 
 #include <algorithm>
 #include <bit>

@@ -2,6 +2,7 @@
 // its definition: host::ef_accumulate followed by host::topk_abs, bit for bit (acc, idx,
 // val, the returned index and the path taken), on random, tied, sparse, non-finite and
 // denormal inputs, with and without a residual and a scale.
+// commpact-long-test: under ASan+UBSan (clang++) 156 s at -O0, 66 s at -O1 (COMMPACT_LONG_TEST_FLAGS)
 
 #include <algorithm>
 #include <bit>
