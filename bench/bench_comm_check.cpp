@@ -5,7 +5,8 @@
 // "check, then gather" is the order before the held gather (the check, then the
 // unchecked allgather), against the default allgather (held: a block of up to 32 KiB
 // travels inside the signature message). "nostage" and "unchecked, no staging" are the
-// default and the unchecked MpiComm with isolate_buffers = false (no staging copy).
+// default and the unchecked MpiComm with isolate_buffers = false (no staging copy);
+// "check, then no staging" is the check, then the latter (one message per peer into out).
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //
@@ -57,6 +58,10 @@ int main(int argc, char** argv) {
         {"check, then gather", [&] {
            def.barrier();
            unchecked.allgather(si, so);
+         }},
+        {"check, then no staging", [&] {
+           def.barrier();
+           bare.allgather(si, so);
          }}};
     std::vector<std::vector<double>> t(v.size());
     for (const auto& [name, fn] : v) fn();  // warm up
