@@ -36,11 +36,11 @@
 //!   also uses; up to 8 ranks a direct exchange, one round, above a recursive doubling):
 //!   ranks that disagree all raise mismatch_error (a bad argument on one rank:
 //!   invalid_argument on all) before any data reaches user memory, and the communicator
-//!   stays usable. Up to 8 ranks an allgather's blocks of up to 32 KiB travel inside the
-//!   signature message into internal memory (a held gather, mpi/state.hpp verify_direct)
-//!   and are copied out only once the check passed; larger blocks move after the check.
-//!   With it off (the unchecked mode) a disagreement is undefined behaviour, as in MPI
-//!   and NCCL.
+//!   stays usable. Up to 8 ranks an allgather's blocks travel with its signature (up to
+//!   32 KiB inside the signature message, larger by pieces right behind it) into
+//!   internal memory (a held gather, mpi/state.hpp verify_direct) and are copied out
+//!   only once the check passed. With it off (the unchecked mode) a disagreement is undefined
+//!   behaviour, as in MPI and NCCL.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
 //!   as fast as OpenMPI's blocking collectives. Larger allreduces run a ring and larger
@@ -186,8 +186,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
   mpi_request iallgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
     s.enter("allgather");
-    if (s.options().verify_collectives && s.direct_checks() && detail::mpi_gather_pieces::inline_first(in.size_bytes()))
-      return held_allgather(in, out);
+    if (s.options().verify_collectives && s.direct_checks()) return held_allgather(in, out);
     if (!verified(allgather_signature(in), allgather_error(in, out))) return {};
     if (out.size_bytes() <= detail::mpi_small_collective_bytes) {
       s.small_allgather(std::as_bytes(in), std::as_writable_bytes(out));
@@ -380,18 +379,16 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     return {};
   }
 
-  //! The checked allgather with P <= mpi_direct_check_ranks of a block that fits inside
-  //! the signature message (mpi_gather_pieces::inline_first, up to 32 KiB): a held gather
-  //! (mpi/state.hpp verify_direct). The block leaves at once, inside the signature
-  //! message (one message per peer, so the check costs no message of its own), and stays
-  //! in internal memory until the check passed (even without isolate_buffers); a check
-  //! that fails raises alike on every rank with `out` untouched and the communicator
-  //! usable. A larger block moves after the check (iallgather), straight into `out`
-  //! without isolate_buffers: the held gather sent its pieces before the check, which
-  //! kept them out of `out` until it passed, and measured 1.14-1.30x raw MPI_Allgather
-  //! from 1 MiB at P = 2 without isolate_buffers, against 1.00-1.11x for the check, then
-  //! one message per peer (docs/communicators.md, issue 20 item 13). Up to 64 KiB of
-  //! output it completes before it returns, as the other small collectives.
+  //! The checked allgather with P <= mpi_direct_check_ranks, whatever the block size:
+  //! a held gather (mpi/state.hpp verify_direct). The block leaves at once: up to
+  //! 32 KiB inside the signature message (one message per peer, so the check costs no
+  //! message of its own), larger by pieces of 64 KiB whose first ones are received
+  //! before the signatures arrive, so no piece waits for the check. What arrives before
+  //! the check passed stays in internal memory (even without isolate_buffers, which then
+  //! lets the later pieces go straight into `out`); a check that fails raises alike on
+  //! every rank once every piece sent is received and dropped, with `out` untouched and
+  //! the communicator usable. Up to 64 KiB of output it completes before it returns, as the
+  //! other small collectives.
   template <class T>
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;

@@ -132,8 +132,6 @@ class mpi_ring_op {
   //! fails calls drop_hold(), the operation then finishes and `out` stays untouched.
   //! `in` empty: this rank sends nothing (an empty block, or an invalid call).
   //! `isolate` false: pieces after the check are received straight into `out`.
-  //! MpiComm holds only blocks that travel inside the signature message (a larger one
-  //! moves after the check, MpiComm::iallgather), so it never sends held pieces.
   void reset_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
                          bool isolate, const char* what) {
     d_ = out.data();

@@ -275,11 +275,15 @@ class mpi_state {
   //! (judge_signature). One round instead of log2(P) dependent ones, and it lets an
   //! allgather move its data in the same round: the signature message carries a block of
   //! up to mpi_inline_gather_block_max bytes (`first`; the receives take the most it holds,
-  //! whatever a peer sends), which the held gather (started right after the signatures
-  //! left) holds until release_hold, after a check that passed, so that no user memory is
-  //! written when it fails. Nothing else travels under the check's tag (took_signature):
-  //! a larger block moves after the check (MpiComm::iallgather), so a check that fails
-  //! leaves no message behind and the communicator stays usable.
+  //! whatever a peer sends), and the held gather (started right after the signatures
+  //! left, under the same tag) sends a larger block's pieces and receives every peer's
+  //! first pieces before their signatures arrive; each signature then says what that
+  //! peer sends (took_signature). What a peer sent that this rank does not take (the
+  //! peer made an allgather, we disagree) is received into internal memory and dropped,
+  //! by the held gather or, when this rank made no allgather, by a drain of its own.
+  //! When the check fails, those complete before the error is raised, so no message is
+  //! left behind (the communicator stays usable) and no user memory is written (`gather`
+  //! holds its blocks until release_hold, after a check that passed).
   void verify_direct(const collective_signature& sig, const std::string& local_error) {
     verify_direct(sig, local_error, {}, [](int) { return static_cast<mpi_ring_op*>(nullptr); });
   }
@@ -289,6 +293,7 @@ class mpi_state {
   void verify_direct(const collective_signature& sig, const std::string& local_error,
                      std::span<const std::byte> first, StartGather&& start_gather) {
     mpi_ring_op* gather = nullptr;
+    std::unique_ptr<mpi_ring_op> drain;  // receives a peer's held gather when we made none
     constexpr int W = signature_words;
     constexpr std::size_t sig_bytes = sig_word_bytes, cap = sig_message_bytes;
     std::int64_t* mine = sig_.get();
@@ -328,7 +333,7 @@ class mpi_state {
               const int q = peer(sig_idx_[static_cast<std::size_t>(j)]);
               std::memcpy(sig_in_.data() + static_cast<std::size_t>(q * W),
                           first_in_.data() + static_cast<std::size_t>(q) * cap, sig_bytes);
-              took_signature(q, gather);
+              took_signature(q, gather, drain, tag);
             }
             left -= count;
           }
@@ -340,6 +345,7 @@ class mpi_state {
         for (int i = 0; i < m; ++i) abandon(sig_reqs_[static_cast<std::size_t>(i)]);
         for (int i = m; i < 2 * m; ++i)
           if (sig_reqs_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) MPI_Request_free(&sig_reqs_[static_cast<std::size_t>(i)]);
+        drop_ring(drain);
         throw;  // the abandoned requests may still use first_in_/first_out_: leak_staging keeps them
       }
       for (int i = 0; i < m; ++i)  // our own words are in w already
@@ -348,9 +354,18 @@ class mpi_state {
       gather = start_gather(tag);
     }
     const bool agreed = w[6] < 0 && w[0] == -w[1] && w[2] == -w[3] && w[4] == -w[5];
-    if (!agreed && gather != nullptr) {  // settle what the check let start, then raise alike on every rank
-      gather->drop_hold(*this);
-      poll(what, [&] { return gather->finished(); });
+    if (!agreed) {  // settle what the check let start, then raise alike on every rank
+      try {
+        for (mpi_ring_op* g : {gather, drain.get()})
+          if (g != nullptr) {
+            g->drop_hold(*this);
+            poll(what, [&] { return g->finished(); });
+          }
+      } catch (...) {
+        drop_ring(drain);
+        throw;
+      }
+      if (drain) finish_ring(drain);
     }
     judge_signature(sig, rank_, w, local_error, "commpact::MpiComm");
   }
@@ -525,17 +540,23 @@ class mpi_state {
     return out;
   }
 
-  //! verify_direct: peer q's signature arrived. No peer sends anything after its
-  //! signature message under the check's tag: a held gather's block travels inside it,
-  //! and MpiComm holds no larger block (MpiComm::iallgather checks first, then moves
-  //! it). `gather` learns whether q's block is ours to take (its signature equals ours).
-  void took_signature(int q, mpi_ring_op* gather) {
-    if (gather == nullptr) return;
+  //! verify_direct: peer q's signature arrived. A peer that made a valid allgather of a
+  //! nonempty block sends it by pieces (a held gather); `gather` keeps its pieces when
+  //! its signature equals ours, else drops them; without a gather of our own, `drain`
+  //! (started here, under the same tag) drops them. Other peers send nothing.
+  void took_signature(int q, mpi_ring_op* gather, std::unique_ptr<mpi_ring_op>& drain, int tag) {
     const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
     const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
     const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0;
+    const int msgs = sent ? mpi_gather_pieces::messages_of(static_cast<std::size_t>(v[0])) : 0;
     const std::int64_t* mine = sig_.get();
-    gather->peer_sends(*this, q, 0, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
+    if (gather != nullptr) {
+      gather->peer_sends(*this, q, msgs, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
+      return;
+    }
+    if (msgs == 0) return;
+    if (!drain) drain = start_held_gather({}, {}, tag);
+    drain->peer_sends(*this, q, msgs, false);
   }
 
   void unlist(mpi_ring_op* ring) noexcept {
