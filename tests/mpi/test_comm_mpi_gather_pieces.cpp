@@ -4,7 +4,8 @@
 // computed locally: block sizes on both sides of the piece threshold and of piece
 // boundaries (a last piece of 1 byte), blocking and nonblocking forms mixed across
 // ranks, several gathers and a ring in flight waited in different orders, a mismatched
-// block size raising on every rank with the communicator usable after, and a failure
+// block size raising on every rank with the communicator usable after (also across the
+// size a checked allgather holds), ranks that differ in isolate_buffers, and a failure
 // mid-gather after which nothing writes into the caller's output.
 // commpact-mpi-ranks: 2 3 4 8
 #include <commpact/comm/mpi_comm.hpp>
@@ -131,6 +132,56 @@ TEST_CASE("MpiComm: a mismatched large allgather raises on every rank and moves 
   std::vector<std::byte> out2(n * static_cast<std::size_t>(P));
   comm.allgather(std::span<const std::byte>(in2), std::span<std::byte>(out2));
   REQUIRE(out2 == expected(22, P, n));
+}
+
+// A checked allgather holds a block that travels inside the signature message (a held
+// gather) and moves a larger one after the check: ranks that disagree across that size
+// take different paths, which must still raise alike and leave nothing in flight.
+TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike and move nothing",
+          "[comm][mpi][gather]") {
+  const bool isolate = GENERATE(true, false);
+  const bool small_on_zero = GENERATE(true, false);
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = isolate}};
+  const int P = comm.size(), r = comm.rank();
+  constexpr std::size_t in_sig = detail::mpi_inline_gather_block_max;
+  const std::size_t small = in_sig, large = 4 * piece + 1;
+  const std::size_t n = (r == 0) == small_on_zero ? small : large;
+  const auto in = block_of(41, r, n);
+  std::vector<std::byte> out(n * static_cast<std::size_t>(P), std::byte{0x44});
+  const auto before = out;
+  REQUIRE_THROWS_AS(comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out)), mismatch_error);
+  REQUIRE(out == before);
+  REQUIRE_FALSE(comm.failed());
+  for (const std::size_t m : {small, large}) {  // nothing left in flight: the next ones are exact
+    const auto in2 = block_of(42 + m, r, m);
+    std::vector<std::byte> out2(m * static_cast<std::size_t>(P));
+    comm.allgather(std::span<const std::byte>(in2), std::span<std::byte>(out2));
+    REQUIRE(out2 == expected(42 + m, P, m));
+  }
+}
+
+// isolate_buffers is each rank's own choice (where MPI may write on this rank): ranks
+// that differ in it gather alike, held or not.
+TEST_CASE("MpiComm: ranks that differ in isolate_buffers gather alike", "[comm][mpi][gather]") {
+  const int rank = [] {
+    int q = 0;
+    MPI_Comm_rank(MPI_COMM_WORLD, &q);
+    return q;
+  }();
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = rank % 2 == 0}};
+  const int P = comm.size(), r = comm.rank();
+  constexpr std::size_t in_sig = detail::mpi_inline_gather_block_max;
+  mpi_guard(comm, [&] {
+    std::uint64_t seed = 51;
+    for (const std::size_t n : {std::size_t{1}, in_sig, in_sig + 1, 2 * piece + 1, 5 * piece + 17}) {
+      const auto in = block_of(seed, r, n);
+      std::vector<std::byte> out(n * static_cast<std::size_t>(P));
+      comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
+      REQUIRE(out == expected(seed, P, n));
+      ++seed;
+    }
+  });
+  REQUIRE_FALSE(comm.failed());
 }
 
 TEST_CASE("MpiComm: after a failure mid-allgather nothing writes into the output", "[comm][mpi][gather]") {
