@@ -46,7 +46,10 @@ struct mpi_options {
   //! Collectives and receives write into internal staging memory (reused; one copy out
   //! on success), so that an operation abandoned after a failure never writes into user
   //! memory later. Turn off to save that copy when the process ends after any
-  //! communication failure anyway.
+  //! communication failure anyway. Checked, ranks may differ in it; unchecked
+  //! (verify_collectives = false), give every rank the same value: an allgather of
+  //! blocks above 128 KiB sends pieces when it isolates and one message when it does
+  //! not (docs/communicators.md, "The check first, then one message per peer").
   bool isolate_buffers = true;
 };
 
