@@ -134,9 +134,10 @@ TEST_CASE("MpiComm: a mismatched large allgather raises on every rank and moves 
   REQUIRE(out2 == expected(22, P, n));
 }
 
-// A checked allgather holds a block that travels inside the signature message (a held
-// gather) and moves a larger one after the check: ranks that disagree across that size
-// take different paths, which must still raise alike and leave nothing in flight.
+// A checked allgather sends a block of up to mpi_inline_gather_block_max bytes inside
+// its signature message and a larger one by pieces behind it: ranks that disagree across
+// that size send different messages under the check's tag, which must still raise alike
+// and leave nothing in flight.
 TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike and move nothing",
           "[comm][mpi][gather]") {
   const bool isolate = GENERATE(true, false);
