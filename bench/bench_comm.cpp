@@ -11,10 +11,15 @@
 //   mpiexec ... build/bench/bench_comm --benchmark_format=json --benchmark_out=p2_1.json
 //   python3 bench/bench_comm_table.py p2_*.json
 //
-// One benchmark per operation and size; each iteration runs every variant once, in a
-// rotating order, so all variants see the same machine load, each call after an untimed
-// MPI_Barrier (a rank that left the previous call early would otherwise charge its wait
-// for the peer to whichever variant came next). Counters: `<variant>` is
+// One benchmark per operation and size; each iteration runs every variant once, in an
+// order shuffled per iteration (a fixed seed, so the same on every rank), so all variants
+// see the same machine load and no variant always follows the same one, each call after
+// an untimed MPI_Barrier (a rank that left the previous call early would otherwise
+// charge its wait for the peer to whichever variant came next). A rotation, used before,
+// gave each variant the same predecessor in every iteration: "unchecked" always followed
+// "checked", which runs over the same MpiComm, and found the ring's scratch still in
+// cache (allreduce, 16 MiB, P = 2: unchecked 1.00x raw against 1.28x for the default,
+// which followed raw_nb; the same allreduce in both). Counters: `<variant>` is
 // the median time of one call in microseconds, `<variant>_x` that median over raw's
 // (medians, because a loaded machine preempts ranks now and then), `<variant>_xmin`
 // the ratio of the fastest calls (the cost without interference). Variants:
@@ -31,15 +36,17 @@
 #include <benchmark/benchmark.h>
 #include <mpi.h>
 
+#include <algorithm>
 #include <chrono>
 #include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <cstddef>
-#include <algorithm>
 #include <functional>
-#include <utility>
 #include <memory>
+#include <numeric>
+#include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 using namespace commpact;
@@ -90,11 +97,13 @@ void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std
   for (const auto& [name, fn] : vs) fn();  // warm up (staging and pools grow here)
   MPI_Barrier(MPI_COMM_WORLD);
   std::vector<std::vector<double>> t(vs.size());
-  std::size_t turn = 0;
+  std::vector<std::size_t> order(vs.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::mt19937 shuffle_rng(20261202);  // the same seed on every rank: the same order everywhere
   for (auto _ : st) {
     double raw = 0;
-    for (std::size_t k = 0; k < vs.size(); ++k) {
-      const std::size_t i = (k + turn) % vs.size();
+    std::shuffle(order.begin(), order.end(), shuffle_rng);
+    for (const std::size_t i : order) {
       MPI_Barrier(MPI_COMM_WORLD);  // untimed: every call starts together, so none pays for the last one's skew
       const auto t0 = std::chrono::steady_clock::now();
       vs[i].second();
@@ -102,7 +111,6 @@ void run_variants(benchmark::State& st, std::size_t bytes, const std::vector<std
       t[i].push_back(sec);
       if (i == 0) raw = sec;
     }
-    ++turn;
     st.SetIterationTime(raw);
   }
   const double raw_med = median(t[0]), raw_min = *std::min_element(t[0].begin(), t[0].end());

@@ -2,15 +2,19 @@
 // bench_comm times the collectives themselves). At 64 KiB, P = 4 it separates the check
 // from the data: a barrier of the default MpiComm is the check alone (the direct
 // exchange up to 8 ranks), CheckedComm's barrier the recursive doubling of 56 bytes, and
-// "check, then gather" is the order before the held gather (the check, then the
-// unchecked allgather), against the default allgather (held: a block of up to 32 KiB
-// travels inside the signature message). "nostage" and "unchecked, no staging" are the
-// default and the unchecked MpiComm with isolate_buffers = false (no staging copy);
-// "check, then no staging" is the check, then the latter (one message per peer into out).
+// "check, then gather" is the check, then the unchecked allgather, against the default
+// allgather (held: a block of up to 32 KiB travels inside the signature message; a
+// larger one moves after the check, so from 64 KiB of output at P = 2 the two send the
+// same messages). "nostage" and "unchecked, no staging" are the default and the
+// unchecked MpiComm with isolate_buffers = false (no staging copy); "check, then no
+// staging" is the check, then the latter (one message per peer into out), which is what
+// "nostage" does above 32 KiB per block.
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //
-// Every call after an untimed MPI_Barrier, variants rotated per iteration; rank 0 prints
+// Every call after an untimed MPI_Barrier, variants in an order shuffled per iteration
+// (a fixed seed: the same order on every rank; see bench_comm.cpp for why not a
+// rotation); rank 0 prints
 // the median and quartiles of each variant's time and the median's ratio to raw.
 #include <mpi.h>
 
@@ -21,6 +25,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
+#include <numeric>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -65,14 +71,18 @@ int main(int argc, char** argv) {
          }}};
     std::vector<std::vector<double>> t(v.size());
     for (const auto& [name, fn] : v) fn();  // warm up
-    for (int it = 0; it < iterations; ++it)
-      for (std::size_t k = 0; k < v.size(); ++k) {
-        const std::size_t i = (k + static_cast<std::size_t>(it)) % v.size();
+    std::vector<std::size_t> order(v.size());
+    std::iota(order.begin(), order.end(), std::size_t{0});
+    std::mt19937 shuffle_rng(20261202);  // the same seed on every rank: the same order everywhere
+    for (int it = 0; it < iterations; ++it) {
+      std::shuffle(order.begin(), order.end(), shuffle_rng);
+      for (const std::size_t i : order) {
         MPI_Barrier(MPI_COMM_WORLD);
         const auto t0 = std::chrono::steady_clock::now();
         v[i].second();
         t[i].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
       }
+    }
     if (r == 0) {
       std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, bytes, iterations);
       std::vector<double> med(v.size());

@@ -5,8 +5,8 @@
 // the same source builds against any commpact tree through the umbrella header:
 //
 //   build/bench/bench_compressor_step --benchmark_min_time=0.3 --benchmark_repetitions=5
-//   g++ -std=c++20 -O2 -DNDEBUG -I<other tree>/include bench/bench_compressor_step.cpp \
-//       -lbenchmark -lpthread -o /tmp/step_other   # then run both, interleaved
+//   g++ -std=c++20 -O2 -DNDEBUG -I<other tree>/include bench/bench_compressor_step.cpp
+//       -lbenchmark -lpthread -o /tmp/step_other   # one line; then run both, interleaved
 #include <benchmark/benchmark.h>
 
 #include <commpact/commpact.hpp>

@@ -365,12 +365,11 @@ TEST_CASE("MpiComm: ranks that disagree all get mismatch_error and the communica
   REQUIRE_FALSE(comm.failed());
 }
 
-// A checked allgather sends its block inside its signature message (up to 32 KiB) or by
-// pieces of 64 KiB, and receives its peers' first pieces before their signatures (a held
-// gather, P <= 8): a
-// check that fails must drain what was sent, cancel what was posted for pieces that never
-// come, leave `out` untouched on every rank and the communicator usable, against every
-// other call, for blocks of one piece, of a few pieces and of many.
+// A checked allgather sends a block of up to 32 KiB inside its signature message (a held
+// gather, P <= 8) and a larger one after the check (by pieces of 64 KiB above 128 KiB):
+// a check that fails must leave `out` untouched on every rank, no message in flight and
+// the communicator usable, against every other call, for blocks inside the message, of a
+// few pieces and of many.
 TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and leaves nothing behind",
           "[comm][mpi][errors]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 30s}};
@@ -476,9 +475,9 @@ TEST_CASE("MpiComm steady state does not allocate", "[comm][mpi]") {
 
 TEST_CASE("A checked allgather of blocks inside the signature messages allocates no piece slots",
           "[comm][mpi]") {
-  // The held gather's receive slots (mpi_gather_depth pieces per peer) are for blocks
-  // that travel by pieces; a block of up to mpi_inline_gather_block_max bytes comes
-  // inside the signature message and needs none of them.
+  // The piece slots (mpi_gather_depth pieces per peer) are for blocks that travel by
+  // pieces; a block of up to mpi_inline_gather_block_max bytes comes inside the
+  // signature message and needs none of them.
   MpiComm comm{MPI_COMM_WORLD};
   const int P = comm.size(), r = comm.rank();
   if (P < 2) return;

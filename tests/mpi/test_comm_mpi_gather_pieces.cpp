@@ -6,8 +6,9 @@
 // ranks, several gathers and a ring in flight waited in different orders, a mismatched
 // block size raising on every rank with the communicator usable after (also across the
 // size a checked allgather holds), ranks that differ in isolate_buffers, and a failure
-// mid-gather after which nothing writes into the caller's output.
-// commpact-mpi-ranks: 2 3 4 8
+// mid-gather after which nothing writes into the caller's output. 9 ranks: the first
+// size whose signature check is a recursive doubling, not a direct exchange.
+// commpact-mpi-ranks: 2 3 4 8 9
 #include <commpact/comm/mpi_comm.hpp>
 
 #include <catch2/catch.hpp>
@@ -135,8 +136,8 @@ TEST_CASE("MpiComm: a mismatched large allgather raises on every rank and moves 
 }
 
 // A checked allgather sends a block of up to mpi_inline_gather_block_max bytes inside
-// its signature message and a larger one by pieces behind it: ranks that disagree across
-// that size send different messages under the check's tag, which must still raise alike
+// its signature message and a larger one after the check: ranks that disagree across
+// that size send signature messages of different lengths, which must still raise alike
 // and leave nothing in flight.
 TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike and move nothing",
           "[comm][mpi][gather]") {
@@ -162,7 +163,11 @@ TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike a
 }
 
 // isolate_buffers is each rank's own choice (where MPI may write on this rank): ranks
-// that differ in it gather alike, held or not.
+// that differ in it gather alike, held or not. The message pattern of a large block (by
+// pieces when any rank isolates) must still be the same on every rank: the check tells
+// every rank whether any rank isolates. Before it did, this failed at 9 ranks (a failed
+// communicator: MPI_ERR_IN_STATUS in MPI_Testsome), and at every size on the 'check
+// first' allgather of 306ab1f.
 TEST_CASE("MpiComm: ranks that differ in isolate_buffers gather alike", "[comm][mpi][gather]") {
   const int rank = [] {
     int q = 0;

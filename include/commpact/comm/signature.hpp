@@ -63,7 +63,13 @@ struct collective_signature {
 inline constexpr int signature_words = 7;
 
 //! Fills `w` with this rank's signature; `bad` says whether its arguments were invalid.
-inline void encode_signature(const collective_signature& s, int rank, bool bad, std::int64_t* w) {
+//! Word 6 is the rank that passed an invalid argument (>= 0 after MAX: some rank did),
+//! else -1 when this rank isolates its buffers and -2 when it does not, so that a check
+//! that passed also tells every rank alike whether any rank isolates
+//! (signature_any_isolates; MpiComm's allgather follows it, mpi/gather_pieces.hpp).
+//! Communicators without such an option leave `isolate` at its default.
+inline void encode_signature(const collective_signature& s, int rank, bool bad, std::int64_t* w,
+                             bool isolate = true) {
   const std::int64_t code = static_cast<std::int64_t>(s.kind) * 256 + s.type_code;
   w[0] = s.bytes;
   w[1] = -s.bytes;
@@ -71,8 +77,12 @@ inline void encode_signature(const collective_signature& s, int rank, bool bad, 
   w[3] = -code;
   w[4] = s.extra;
   w[5] = -s.extra;
-  w[6] = bad ? rank : -1;
+  w[6] = bad ? rank : isolate ? -1 : -2;
 }
+
+//! Given the MAX-reduced words of a check that passed: true when some rank isolates its
+//! buffers (encode_signature).
+inline bool signature_any_isolates(const std::int64_t* w) { return w[6] == -1; }
 
 //! Given the MAX-reduced words, throws the same error class on every rank when the ranks
 //! disagree or one passed an invalid argument (that rank gets its own message).

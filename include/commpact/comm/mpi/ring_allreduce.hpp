@@ -57,11 +57,11 @@ namespace commpact::detail {
 //! latency path's tag (small_collectives.hpp), the send queue's and the failure notices'.
 inline constexpr int mpi_ring_tag0 = 1024;
 inline constexpr int mpi_ring_tags = 16384;
-//! Held gathers' tags (reset_held_gather): mpi_check_tag0 + (the number of direct
-//! signature checks so far mod mpi_check_tags), counted alike on every rank whether a
-//! check passes or fails (ring tags are counted per ring, which a failed check does not
-//! start). A held gather receives before it knows what its peers send; with a tag of
-//! its own per collective, a receive it cancels can never meet a later collective's piece.
+//! Direct signature checks' tags (mpi_state::verify_direct): mpi_check_tag0 + (the
+//! number of direct checks so far mod mpi_check_tags), counted alike on every rank
+//! whether a check passes or fails (ring tags are counted per ring, which a failed check
+//! does not start). A check's messages, which may carry an allgather's block (a held
+//! gather), never meet another collective's.
 inline constexpr int mpi_check_tag0 = mpi_ring_tag0 + mpi_ring_tags;
 inline constexpr int mpi_check_tags = 8192;
 
@@ -101,9 +101,11 @@ class mpi_ring_op {
   //! Prepares a direct allgather: every rank sends its block to every other rank at
   //! once (no chain of steps, which costs a scheduling round per step when ranks share
   //! cores); with `isolate` each block arrives in its own slot of scratch and is copied
-  //! out as soon as it arrived.
+  //! out as soon as it arrived. `pieces`: some rank isolates its buffers, so blocks
+  //! above 128 KiB travel by pieces (gather_pieces.hpp), which every rank must know
+  //! alike (it is the message pattern); else each block is one message.
   void reset_direct_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
-                           bool isolate, const char* what) {
+                           bool isolate, bool pieces, const char* what) {
     d_ = out.data();
     n_ = out.size();
     elem_ = 1;
@@ -113,59 +115,13 @@ class mpi_ring_op {
     direct_ = true;
     in_ = in.data();
     block_ = in.size();
-    if (isolate && P > 1 && mpi_gather_pieces::wanted(block_)) {  // large blocks: by cache-sized pieces
+    if (pieces && P > 1 && mpi_gather_pieces::wanted(block_)) {  // large blocks: by cache-sized pieces
       by_pieces_ = true;
-      pieces_.reset(in_, d_, block_, r, P, tag);
+      pieces_.reset(in_, d_, block_, r, P, tag, isolate);
       return;
     }
     const std::size_t need = isolate ? block_ * static_cast<std::size_t>(P - 1) : 0;
     if (scratch_.size() < need) scratch_.resize(need);
-  }
-
-  //! Prepares a held allgather (MpiComm's checked allgather with the direct signature
-  //! exchange, P <= mpi_direct_check_ranks), by pieces whatever the block size: a block
-  //! of at most mpi_inline_gather_block_max bytes travels inside the signature message
-  //! (mpi_state::verify_direct); a larger one's pieces go to every other rank at once,
-  //! under the collective's own tag, and each peer's first pieces are received into
-  //! scratch before its signature arrived (then peer_sends says what it really sends).
-  //! Nothing is written into `out` until release_hold() (the check passed); a check that
-  //! fails calls drop_hold(), the operation then finishes and `out` stays untouched.
-  //! `in` empty: this rank sends nothing (an empty block, or an invalid call).
-  //! `isolate` false: pieces after the check are received straight into `out`.
-  void reset_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int r, int P, int tag,
-                         bool isolate, const char* what) {
-    d_ = out.data();
-    n_ = out.size();
-    elem_ = 1;
-    combine_ = nullptr;
-    start(r, P, tag, true, what);
-    done_ = P == 1;
-    direct_ = true;
-    in_ = in.data();
-    block_ = in.size();
-    by_pieces_ = P > 1;
-    if (by_pieces_) pieces_.reset(in_, d_, block_, r, P, tag, true, isolate);
-  }
-  //! A held gather: peer q's signature arrived (see mpi_gather_pieces::peer_sends).
-  template <class State>
-  void peer_sends(State& s, int q, int pieces, bool keep) {
-    pieces_.peer_sends(s, q, pieces, keep, what_);
-  }
-  //! A held gather whose check passed: copies this rank's block and the pieces arrived
-  //! so far into `out`; later pieces are copied as they arrive.
-  template <class State>
-  void release_hold(State& s) {
-    if (block_ > 0) std::memcpy(d_ + block_ * static_cast<std::size_t>(r_), in_, block_);
-    if (!by_pieces_) return;
-    if (pieces_.first_inline())  // the blocks came with the signatures
-      for (int i = 0; i < P_ - 1; ++i)
-        std::memcpy(d_ + block_ * static_cast<std::size_t>(slot_rank(i)), s.first_piece(slot_rank(i)), block_);
-    pieces_.release(s, what_);
-  }
-  //! A held gather whose check failed: what the peers send is received and dropped.
-  template <class State>
-  void drop_hold(State& s) {
-    if (by_pieces_) pieces_.drop(s, what_);
   }
 
   //! True once the ring completed or failed (then error() holds why).
@@ -322,7 +278,7 @@ class mpi_ring_op {
   std::vector<MPI_Request> dq_;        // its requests (kept: no allocation once warm)
   std::vector<int> idx_;
   std::vector<std::byte> scratch_;  // one chunk: the receive target of the reduce-scatter
-  bool by_pieces_ = false;          // an isolated direct allgather of large blocks (gather_pieces.hpp)
+  bool by_pieces_ = false;          // a direct allgather of large blocks by pieces (gather_pieces.hpp)
   mpi_gather_pieces pieces_;
   std::exception_ptr error_;
 };

@@ -38,7 +38,8 @@ struct mpi_options {
   //! Start every collective with an exchange of its signature, so that ranks that
   //! disagree (sizes, operation, type, root) all raise mismatch_error before any data
   //! reaches user memory. Costs one small-message round per collective (up to 8 ranks;
-  //! log2(P) rounds above), which an allgather overlaps with its data. `false` is the unchecked
+  //! log2(P) rounds above), which an allgather of blocks up to 32 KiB overlaps with its
+  //! data (the block travels inside the signature message). `false` is the unchecked
   //! mode: as in MPI and NCCL, ranks that disagree are then UNDEFINED BEHAVIOUR (OpenMPI
   //! may corrupt the heap or hang until the deadline); use it only where every call site
   //! is known to agree, or wrap the communicator in CheckedComm.
@@ -46,10 +47,11 @@ struct mpi_options {
   //! Collectives and receives write into internal staging memory (reused; one copy out
   //! on success), so that an operation abandoned after a failure never writes into user
   //! memory later. Turn off to save that copy when the process ends after any
-  //! communication failure anyway. Checked, ranks may differ in it; unchecked
-  //! (verify_collectives = false), give every rank the same value: an allgather of
-  //! blocks above 128 KiB sends pieces when it isolates and one message when it does
-  //! not (docs/communicators.md, "The check first, then one message per peer").
+  //! communication failure anyway. Checked, ranks may differ in it (the check tells
+  //! every rank whether any isolates, and an allgather of blocks above 128 KiB then goes
+  //! by pieces on every rank); unchecked (verify_collectives = false), give every rank
+  //! the same value: such an allgather sends pieces when it isolates and one message
+  //! when it does not (docs/communicators.md, "The check first, then one message per peer").
   bool isolate_buffers = true;
 };
 
@@ -262,11 +264,18 @@ class mpi_state {
       verify_direct(sig, local_error);
       return;
     }
-    encode_signature(sig, rank_, !local_error.empty(), sig_.get());
+    encode_signature(sig, rank_, !local_error.empty(), sig_.get(), opt_.isolate_buffers);
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
     small_allreduce(std::span<std::int64_t>(sig_.get(), signature_words), reduce_op::max, what);
     judge_signature(sig, rank_, sig_.get(), local_error, "commpact::MpiComm");
+    any_isolates_ = signature_any_isolates(sig_.get());
   }
+
+  //! The message pattern of a direct allgather after the check (or, unchecked, without
+  //! one): whether some rank isolates its buffers (gather_pieces.hpp). Checked, the last
+  //! check that passed says so for every rank alike (encode_signature); unchecked, every
+  //! rank must give isolate_buffers the same value.
+  bool gather_by_pieces() const { return opt_.verify_collectives ? any_isolates_ : opt_.isolate_buffers; }
 
   //! True when the signature check is a direct exchange (verify_direct).
   bool direct_checks() const { return size_ <= mpi_direct_check_ranks; }
@@ -277,43 +286,29 @@ class mpi_state {
   //! their MAX word by word (what the recursive doubling computes) and judges it alike
   //! (judge_signature). One round instead of log2(P) dependent ones, and it lets an
   //! allgather move its data in the same round: the signature message carries a block of
-  //! up to mpi_inline_gather_block_max bytes (`first`; the receives take the most it holds,
-  //! whatever a peer sends), and the held gather (started right after the signatures
-  //! left, under the same tag) sends a larger block's pieces and receives every peer's
-  //! first pieces before their signatures arrive; each signature then says what that
-  //! peer sends (took_signature). What a peer sent that this rank does not take (the
-  //! peer made an allgather, we disagree) is received into internal memory and dropped,
-  //! by the held gather or, when this rank made no allgather, by a drain of its own.
-  //! When the check fails, those complete before the error is raised, so no message is
-  //! left behind (the communicator stays usable) and no user memory is written (`gather`
-  //! holds its blocks until release_hold, after a check that passed).
-  void verify_direct(const collective_signature& sig, const std::string& local_error) {
-    verify_direct(sig, local_error, {}, [](int) { return static_cast<mpi_ring_op*>(nullptr); });
-  }
-  //! `start_gather(tag)` starts the held gather (or returns nullptr) once the signatures
-  //! are on their way.
-  template <class StartGather>
+  //! up to mpi_inline_gather_block_max bytes (`first`; the receives take the most a
+  //! message holds, whatever a peer sends), which stays in internal memory (first_piece)
+  //! until the caller copies it out, after a check that passed (a held gather,
+  //! MpiComm::held_allgather). Nothing else travels under the check's tag, so a check
+  //! that fails leaves no message behind, writes no user memory, and the communicator
+  //! stays usable.
   void verify_direct(const collective_signature& sig, const std::string& local_error,
-                     std::span<const std::byte> first, StartGather&& start_gather) {
-    mpi_ring_op* gather = nullptr;
-    std::unique_ptr<mpi_ring_op> drain;  // receives a peer's held gather when we made none
+                     std::span<const std::byte> first = {}) {
     constexpr int W = signature_words;
     constexpr std::size_t sig_bytes = sig_word_bytes, cap = sig_message_bytes;
     std::int64_t* mine = sig_.get();
-    encode_signature(sig, rank_, !local_error.empty(), mine);
+    encode_signature(sig, rank_, !local_error.empty(), mine, opt_.isolate_buffers);
     const char* what = coll_sig_name(static_cast<std::int64_t>(sig.kind));
     const int P = size_, m = P - 1;
     const int tag = mpi_check_tag0 + static_cast<int>(check_seq_++ % static_cast<unsigned>(mpi_check_tags));
     std::int64_t w[W];
     std::copy(mine, mine + W, w);
     if (P > 1) {
-      if (sig_in_.size() < static_cast<std::size_t>(P * W)) sig_in_.resize(static_cast<std::size_t>(P * W));
       if (first_in_.size() < static_cast<std::size_t>(P) * cap) first_in_.resize(static_cast<std::size_t>(P) * cap);
       first_out_.resize(sig_bytes + first.size());
       std::memcpy(first_out_.data(), mine, sig_bytes);
       if (!first.empty()) std::memcpy(first_out_.data() + sig_bytes, first.data(), first.size());
       sig_reqs_.assign(2 * static_cast<std::size_t>(m), MPI_REQUEST_NULL);
-      sig_idx_.resize(static_cast<std::size_t>(m));
       auto peer = [&](int i) { return (rank_ + 1 + i) % P; };
       try {
         for (int i = 0; i < m; ++i)
@@ -324,53 +319,25 @@ class mpi_state {
           check(MPI_Isend(first_out_.data(), static_cast<int>(first_out_.size()), MPI_BYTE, peer(i), tag, comm_,
                           &sig_reqs_[static_cast<std::size_t>(m + i)]),
                 "MPI_Isend", what);
-        gather = start_gather(tag);
-        int left = m;
         poll(what, [&] {
-          while (left > 0) {
-            int count = 0;
-            check(MPI_Testsome(m, sig_reqs_.data(), &count, sig_idx_.data(), MPI_STATUSES_IGNORE), "MPI_Testsome",
-                  what);
-            if (count == MPI_UNDEFINED || count == 0) return false;
-            for (int j = 0; j < count; ++j) {
-              const int q = peer(sig_idx_[static_cast<std::size_t>(j)]);
-              std::memcpy(sig_in_.data() + static_cast<std::size_t>(q * W),
-                          first_in_.data() + static_cast<std::size_t>(q) * cap, sig_bytes);
-              took_signature(q, gather, drain, tag);
-            }
-            left -= count;
-          }
           int flag = 0;
-          check(MPI_Testall(m, sig_reqs_.data() + m, &flag, MPI_STATUSES_IGNORE), "MPI_Testall", what);
+          check(MPI_Testall(2 * m, sig_reqs_.data(), &flag, MPI_STATUSES_IGNORE), "MPI_Testall", what);
           return flag != 0;
         });
       } catch (...) {
         for (int i = 0; i < m; ++i) abandon(sig_reqs_[static_cast<std::size_t>(i)]);
         for (int i = m; i < 2 * m; ++i)
           if (sig_reqs_[static_cast<std::size_t>(i)] != MPI_REQUEST_NULL) MPI_Request_free(&sig_reqs_[static_cast<std::size_t>(i)]);
-        drop_ring(drain);
         throw;  // the abandoned requests may still use first_in_/first_out_: leak_staging keeps them
       }
-      for (int i = 0; i < m; ++i)  // our own words are in w already
-        for (int k = 0; k < W; ++k) w[k] = std::max(w[k], sig_in_[static_cast<std::size_t>(peer(i) * W + k)]);
-    } else {
-      gather = start_gather(tag);
-    }
-    const bool agreed = w[6] < 0 && w[0] == -w[1] && w[2] == -w[3] && w[4] == -w[5];
-    if (!agreed) {  // settle what the check let start, then raise alike on every rank
-      try {
-        for (mpi_ring_op* g : {gather, drain.get()})
-          if (g != nullptr) {
-            g->drop_hold(*this);
-            poll(what, [&] { return g->finished(); });
-          }
-      } catch (...) {
-        drop_ring(drain);
-        throw;
+      for (int i = 0; i < m; ++i) {  // our own words are in w already
+        std::int64_t v[W];
+        std::memcpy(v, first_in_.data() + static_cast<std::size_t>(peer(i)) * cap, sig_bytes);
+        for (int k = 0; k < W; ++k) w[k] = std::max(w[k], v[k]);
       }
-      if (drain) finish_ring(drain);
     }
     judge_signature(sig, rank_, w, local_error, "commpact::MpiComm");
+    any_isolates_ = signature_any_isolates(w);
   }
   //! verify_direct: peer q's block, which came inside its signature message (when
   //! mpi_gather_pieces::inline_first; valid after a check that passed, until the next check).
@@ -381,15 +348,6 @@ class mpi_state {
   //! sig_message_bytes is the most it holds.
   static constexpr std::size_t sig_word_bytes = signature_words * sizeof(std::int64_t);
   static constexpr std::size_t sig_message_bytes = sig_word_bytes + mpi_inline_gather_block_max;
-
-  //! Starts a held gather (mpi/ring_allreduce.hpp) for verify_direct under `tag`: this
-  //! rank's block leaves now (`in` empty: nothing leaves), the peers' first pieces are
-  //! received into scratch; `out` is written only after release_hold.
-  std::unique_ptr<mpi_ring_op> start_held_gather(std::span<const std::byte> in, std::span<std::byte> out, int tag) {
-    auto ring = pooled_ring();
-    ring->reset_held_gather(in, out, rank_, size_, tag, opt_.isolate_buffers, "allgather");
-    return launch(std::move(ring));
-  }
 
   // The latency path over point to point (mpi/small_collectives.hpp), for collectives
   // of at most mpi_rd_allreduce_bytes (allreduce) or mpi_small_collective_bytes.
@@ -406,10 +364,12 @@ class mpi_state {
     ring->reset(data, op, rank_, size_, next_ring_tag(), opt_.isolate_buffers, what);
     return launch(std::move(ring));
   }
-  //! Starts a direct allgather (every block to every rank at once; mpi/ring_allreduce.hpp).
+  //! Starts a direct allgather (every block to every rank at once; mpi/ring_allreduce.hpp),
+  //! by pieces when gather_by_pieces().
   std::unique_ptr<mpi_ring_op> start_direct_gather(std::span<const std::byte> in, std::span<std::byte> out) {
     auto ring = pooled_ring();
-    ring->reset_direct_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, "allgather");
+    ring->reset_direct_gather(in, out, rank_, size_, next_ring_tag(), opt_.isolate_buffers, gather_by_pieces(),
+                              "allgather");
     return launch(std::move(ring));
   }
   std::unique_ptr<mpi_ring_op> pooled_ring() {
@@ -543,25 +503,6 @@ class mpi_state {
     return out;
   }
 
-  //! verify_direct: peer q's signature arrived. A peer that made a valid allgather of a
-  //! nonempty block sends it by pieces (a held gather); `gather` keeps its pieces when
-  //! its signature equals ours, else drops them; without a gather of our own, `drain`
-  //! (started here, under the same tag) drops them. Other peers send nothing.
-  void took_signature(int q, mpi_ring_op* gather, std::unique_ptr<mpi_ring_op>& drain, int tag) {
-    const std::int64_t* v = sig_in_.data() + static_cast<std::size_t>(q * signature_words);
-    const std::int64_t gather_code = static_cast<std::int64_t>(coll_kind_sig::allgather) * 256;
-    const bool sent = v[2] == gather_code && v[6] < 0 && v[0] > 0;
-    const int msgs = sent ? mpi_gather_pieces::messages_of(static_cast<std::size_t>(v[0])) : 0;
-    const std::int64_t* mine = sig_.get();
-    if (gather != nullptr) {
-      gather->peer_sends(*this, q, msgs, sent && mine[6] < 0 && v[0] == mine[0] && v[2] == mine[2]);
-      return;
-    }
-    if (msgs == 0) return;
-    if (!drain) drain = start_held_gather({}, {}, tag);
-    drain->peer_sends(*this, q, msgs, false);
-  }
-
   void unlist(mpi_ring_op* ring) noexcept {
     for (std::size_t i = 0; i < active_.size(); ++i)
       if (active_[i] == ring) {
@@ -573,7 +514,6 @@ class mpi_state {
   void leak_staging() noexcept {  // intentionally never freed: an abandoned operation may still write there
     new std::vector<std::vector<std::byte>>(std::move(pool_));
     new std::vector<std::byte>(std::move(rd_scratch_));
-    new std::vector<std::int64_t>(std::move(sig_in_));
     new std::vector<std::byte>(std::move(first_in_));
     new std::vector<std::byte>(std::move(first_out_));
     (void)sig_.release();
@@ -589,16 +529,15 @@ class mpi_state {
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
-  std::vector<std::int64_t> sig_in_;       // verify_direct: every rank's signature words
   std::vector<std::byte> first_in_;        // verify_direct: every peer's signature message (and first piece)
   std::vector<std::byte> first_out_;       // verify_direct: ours
   std::vector<MPI_Request> sig_reqs_;
-  std::vector<int> sig_idx_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
   std::vector<mpi_ring_op*> active_;           // rings in flight, oldest first (owned by their callers)
   std::vector<std::unique_ptr<mpi_ring_op>> ring_pool_;  // finished rings, reused
   unsigned ring_seq_ = 0;                      // rings started; every rank counts alike
   unsigned check_seq_ = 0;                     // direct signature checks made; every rank counts alike
+  bool any_isolates_ = true;                   // the last check that passed: some rank isolates its buffers
   mpi_send_queue sends_;
 };
 
