@@ -377,7 +377,7 @@ TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and lea
   if (P < 2) return;
   // Floats per rank: inside the signature message (eager, and rendezvous within the first
   // fragment; 8160 floats is the most, so pattern 0's 8161 goes apart), three pieces
-  // (more than the two receives posted ahead per peer), 19 pieces.
+  // (more than the two receives in flight per peer), 19 pieces.
   static_assert(8160 * sizeof(float) == detail::mpi_inline_gather_block_max);
   for (const std::size_t block :
        {std::size_t{100}, std::size_t{6000}, std::size_t{8160}, std::size_t{40000}, std::size_t{300000}}) {
@@ -386,7 +386,7 @@ TEST_CASE("MpiComm: a held allgather that fails its check writes nothing and lea
       // on as many bytes; 2: rank 0 calls barrier; 3: the last rank's output is too
       // small (invalid_argument on every rank); 4: only rank 0 passes an empty block;
       // 5: the last rank's block is 20 pieces longer; 6: rank 0's block is one float
-      // (it expects one piece of each peer, which sends many); 7: the last rank calls
+      // (inside its signature message, however large its peers' blocks are); 7: the last rank calls
       // broadcast on as many bytes.
       const bool odd = (pattern == 2 || pattern == 4 || pattern == 6) ? r == 0 : r == P - 1;
       const std::size_t n = !odd               ? block

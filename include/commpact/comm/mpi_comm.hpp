@@ -400,7 +400,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     const std::size_t b = in.size_bytes();  // the check passed: every rank's block came with its signature
     auto* o = reinterpret_cast<std::byte*>(out.data());
     for (int q = 0; q < size(); ++q) {
-      const std::byte* from = q == rank() ? reinterpret_cast<const std::byte*>(in.data()) : s.first_piece(q);
+      const std::byte* from = q == rank() ? reinterpret_cast<const std::byte*>(in.data()) : s.inline_block(q);
       std::memcpy(o + b * static_cast<std::size_t>(q), from, b);
     }
     return {};

@@ -287,7 +287,7 @@ class mpi_state {
   //! (judge_signature). One round instead of log2(P) dependent ones, and it lets an
   //! allgather move its data in the same round: the signature message carries a block of
   //! up to mpi_inline_gather_block_max bytes (`first`; the receives take the most a
-  //! message holds, whatever a peer sends), which stays in internal memory (first_piece)
+  //! message holds, whatever a peer sends), which stays in internal memory (inline_block)
   //! until the caller copies it out, after a check that passed (a held gather,
   //! MpiComm::held_allgather). Nothing else travels under the check's tag, so a check
   //! that fails leaves no message behind, writes no user memory, and the communicator
@@ -341,7 +341,7 @@ class mpi_state {
   }
   //! verify_direct: peer q's block, which came inside its signature message (when
   //! mpi_gather_pieces::inline_first; valid after a check that passed, until the next check).
-  const std::byte* first_piece(int q) const {
+  const std::byte* inline_block(int q) const {
     return first_in_.data() + static_cast<std::size_t>(q) * sig_message_bytes + sig_word_bytes;
   }
   //! A signature message: the signature's words, then (an inline allgather) the block;
@@ -529,7 +529,7 @@ class mpi_state {
   std::vector<MPI_Request> abandoned_;  // operations given up after a failure (MPI cannot cancel them)
   std::vector<std::byte> rd_scratch_;  // receive buffer of the small collectives
   std::vector<MPI_Request> rd_reqs_;
-  std::vector<std::byte> first_in_;        // verify_direct: every peer's signature message (and first piece)
+  std::vector<std::byte> first_in_;        // verify_direct: every peer's signature message (and inline block)
   std::vector<std::byte> first_out_;       // verify_direct: ours
   std::vector<MPI_Request> sig_reqs_;
   std::vector<std::vector<std::byte>> pool_;  // staging for nonblocking operations
