@@ -25,11 +25,14 @@
 // the ratio of the fastest calls (the cost without interference). Variants:
 //   raw          MPI_Allreduce(MPI_IN_PLACE) / MPI_Allgather / MPI_Bcast / MPI_Sendrecv
 //   raw_nb       the nonblocking MPI call MpiComm uses, then MPI_Wait (collectives only)
-//   default      MpiComm{world}: signature check + staging (safe)
+//   default      MpiComm{world}: signature check, isolated buffers (safe); on one node,
+//                allreduce and allgather through shared memory (mpi/shared_memory.hpp)
+//   p2p          the default with shared_memory_max = 0: over point to point, staged
 //   checked      CheckedComm<MpiComm> over an unchecked MpiComm of its own (the decorator's check)
 //   unchecked    MpiComm{verify_collectives = false} (staging kept)
 //   unchecked_nostage  MpiComm{verify_collectives = false, isolate_buffers = false}
-//   nostage      MpiComm{isolate_buffers = false}: the check, no staging (allreduce, allgather)
+//   nostage      MpiComm{isolate_buffers = false}: the check, no staging (allreduce, allgather;
+//                shared memory on one node, like the default)
 //   known        (send/recv only) isend + irecv of a known size on a default MpiComm;
 //                unchecked_nostage_known: the same without staging
 // Sizes are per call: allgather's output is `bytes` in total (P blocks of bytes / P).
@@ -58,6 +61,8 @@ struct world_t {
   MpiComm unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
   MpiComm nostage{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
   MpiComm checked_nostage{MPI_COMM_WORLD, {.isolate_buffers = false}};
+  // The default without its shared-memory path: checked, isolated, over point to point.
+  MpiComm p2p{MPI_COMM_WORLD, {.shared_memory_max = 0}};
   // CheckedComm wraps an unchecked MpiComm of its own: over `unchecked` it would share
   // that variant's scratch, which each of the two would then find warm after the other.
   MpiComm checked_inner{MPI_COMM_WORLD, {.verify_collectives = false}};
@@ -145,7 +150,8 @@ void bench_allreduce(benchmark::State& st, std::size_t bytes) {
                 {"checked", [&] { w.checked.allreduce(s, reduce_op::sum); }},
                 {"unchecked", [&] { w.unchecked.allreduce(s, reduce_op::sum); }},
                 {"unchecked_nostage", [&] { w.nostage.allreduce(s, reduce_op::sum); }},
-                {"nostage", [&] { w.checked_nostage.allreduce(s, reduce_op::sum); }}});
+                {"nostage", [&] { w.checked_nostage.allreduce(s, reduce_op::sum); }},
+                {"p2p", [&] { w.p2p.allreduce(s, reduce_op::sum); }}});
 }
 
 void bench_allgather(benchmark::State& st, std::size_t bytes) {
@@ -167,7 +173,8 @@ void bench_allgather(benchmark::State& st, std::size_t bytes) {
                 {"checked", [&] { w.checked.allgather(si, so); }},
                 {"unchecked", [&] { w.unchecked.allgather(si, so); }},
                 {"unchecked_nostage", [&] { w.nostage.allgather(si, so); }},
-                {"nostage", [&] { w.checked_nostage.allgather(si, so); }}});
+                {"nostage", [&] { w.checked_nostage.allgather(si, so); }},
+                {"p2p", [&] { w.p2p.allgather(si, so); }}});
 }
 
 void bench_broadcast(benchmark::State& st, std::size_t bytes) {

@@ -2,13 +2,13 @@
 // bench_comm times the collectives themselves). At 64 KiB, P = 4 it separates the check
 // from the data: a barrier of the default MpiComm is the check alone (the direct
 // exchange up to 8 ranks), CheckedComm's barrier the recursive doubling of 56 bytes, and
-// "check, then gather" is the check, then the unchecked allgather, against the default
-// allgather (held: a block of up to 32 KiB travels inside the signature message; a
-// larger one moves after the check, so from 64 KiB of output at P = 2 the two send the
-// same messages). "nostage" and "unchecked, no staging" are the default and the
-// unchecked MpiComm with isolate_buffers = false (no staging copy); "check, then no
-// staging" is the check, then the latter (one message per peer into out), which is what
-// "nostage" does above 32 KiB per block.
+// "check, then gather" is the check, then the unchecked allgather. On one node the default
+// allgather and "nostage" take shared memory (mpi/shared_memory.hpp): stage, check, copy
+// out; "default, point to point" is the default with shared_memory_max = 0 (held: a block
+// of up to 32 KiB travels inside the signature message; a larger one moves after the
+// check). "nostage" and "unchecked, no staging" are the default and the unchecked MpiComm
+// with isolate_buffers = false (no staging copy); "check, then no staging" is the check,
+// then the latter (one message per peer into out).
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //
@@ -45,6 +45,8 @@ int main(int argc, char** argv) {
     MpiComm nostage{MPI_COMM_WORLD, {.isolate_buffers = false}},
         bare{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
     CheckedComm<MpiComm> checked{unchecked};
+    // The default without its shared-memory path (shared_memory_max = 0): what it was before.
+    MpiComm p2p{MPI_COMM_WORLD, {.shared_memory_max = 0}};
     MPI_Comm raw = MPI_COMM_NULL;
     MPI_Comm_dup(MPI_COMM_WORLD, &raw);
     const std::size_t block = bytes / static_cast<std::size_t>(P);
@@ -58,6 +60,7 @@ int main(int argc, char** argv) {
         {"CheckedComm barrier", [&] { checked.barrier(); }},
         {"raw MPI_Allgather", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, raw); }},
         {"default allgather", [&] { def.allgather(si, so); }},
+        {"default, point to point", [&] { p2p.allgather(si, so); }},
         {"unchecked allgather", [&] { unchecked.allgather(si, so); }},
         {"nostage allgather (checked)", [&] { nostage.allgather(si, so); }},
         {"unchecked, no staging", [&] { bare.allgather(si, so); }},

@@ -60,7 +60,9 @@ void on_all_ranks(MpiComm& comm, F&& f) {
 }  // namespace
 
 TEST_CASE("MpiComm collectives match the serial reference", "[comm][mpi]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s}};
+  // Shared memory (the default where every rank shares a node), and point to point.
+  const std::size_t shm = GENERATE(mpi_options{}.shared_memory_max, std::size_t{0});
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 60s, .shared_memory_max = shm}};
   int P = 0;
   MPI_Comm_size(MPI_COMM_WORLD, &P);
   REQUIRE(comm.size() == P);
@@ -69,8 +71,11 @@ TEST_CASE("MpiComm collectives match the serial reference", "[comm][mpi]") {
   }
 }
 
-TEST_CASE("MpiComm large allreduces (the ring) match the reference, staged or not", "[comm][mpi]") {
-  MpiComm def{MPI_COMM_WORLD, {.timeout = 60s}};
+TEST_CASE("MpiComm large allreduces (shared memory, the ring) match the reference, staged or not", "[comm][mpi]") {
+  // The default takes shared memory (mpi/shared_memory.hpp); shared_memory_max = 0 and
+  // the unchecked mode take the ring.
+  const std::size_t shm = GENERATE(std::size_t{0}, mpi_options{}.shared_memory_max);
+  MpiComm def{MPI_COMM_WORLD, {.timeout = 60s, .shared_memory_max = shm}};
   MpiComm bare{MPI_COMM_WORLD, {.timeout = 60s, .verify_collectives = false, .isolate_buffers = false}};
   // 16385 floats: just above the 64 KiB switch; 300001: chunks of unequal length.
   for (std::size_t n : {std::size_t{16385}, std::size_t{300001}}) {
@@ -111,7 +116,8 @@ TEMPLATE_TEST_CASE("MpiComm allreduce over every supported element type", "[comm
 }
 
 TEST_CASE("MpiComm real-valued sums are bit-identical on every rank", "[comm][mpi]") {
-  MpiComm comm{MPI_COMM_WORLD};
+  const std::size_t shm = GENERATE(std::size_t{0}, mpi_options{}.shared_memory_max);  // the ring, shared memory
+  MpiComm comm{MPI_COMM_WORLD, {.shared_memory_max = shm}};
   on_all_ranks(comm, [&] {
     // Sizes on both sides of MpiComm's switch (recursive doubling up to 64 KiB, then a
     // ring over point to point), with chunks of unequal length (n not a multiple of P).

@@ -57,7 +57,7 @@ std::vector<std::byte> expected(std::uint64_t s, int P, std::size_t n) {
 TEST_CASE("MpiComm: a large allgather by pieces equals the brute-force concatenation", "[comm][mpi][gather]") {
   const bool verify = GENERATE(true, false);
   const bool isolate = GENERATE(true, false);
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .verify_collectives = verify, .isolate_buffers = isolate}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .verify_collectives = verify, .isolate_buffers = isolate, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank();
   // The threshold itself (whole blocks), one byte above it (a last piece of 1 byte), a
   // piece boundary plus a tail, and many pieces (more than the slots per peer); checked,
@@ -91,7 +91,7 @@ TEST_CASE("MpiComm: a large allgather by pieces equals the brute-force concatena
 }
 
 TEST_CASE("MpiComm: allgathers by pieces and a ring in flight complete in any wait order", "[comm][mpi][gather]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank();
   mpi_guard(comm, [&] {
     const std::size_t n1 = 3 * piece + 5, n2 = 7 * piece;
@@ -119,7 +119,7 @@ TEST_CASE("MpiComm: allgathers by pieces and a ring in flight complete in any wa
 }
 
 TEST_CASE("MpiComm: a mismatched large allgather raises on every rank and moves nothing", "[comm][mpi][gather]") {
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank();
   const std::size_t n = 4 * piece + 1, wrong = 3 * piece + 1;  // rank 0 disagrees on the block size
   const auto in = block_of(21, r, r == 0 ? wrong : n);
@@ -143,7 +143,7 @@ TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike a
           "[comm][mpi][gather]") {
   const bool isolate = GENERATE(true, false);
   const bool small_on_zero = GENERATE(true, false);
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = isolate}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = isolate, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank();
   constexpr std::size_t in_sig = detail::mpi_inline_gather_block_max;
   const std::size_t small = in_sig, large = 4 * piece + 1;
@@ -174,7 +174,7 @@ TEST_CASE("MpiComm: ranks that differ in isolate_buffers gather alike", "[comm][
     MPI_Comm_rank(MPI_COMM_WORLD, &q);
     return q;
   }();
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = rank % 2 == 0}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .isolate_buffers = rank % 2 == 0, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank();
   constexpr std::size_t in_sig = detail::mpi_inline_gather_block_max;
   mpi_guard(comm, [&] {
@@ -192,7 +192,7 @@ TEST_CASE("MpiComm: ranks that differ in isolate_buffers gather alike", "[comm][
 
 TEST_CASE("MpiComm: after a failure mid-allgather nothing writes into the output", "[comm][mpi][gather]") {
   const bool verify = GENERATE(true, false);
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .verify_collectives = verify}};
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .verify_collectives = verify, .shared_memory_max = 0}};
   const int P = comm.size(), r = comm.rank(), bad = P - 1;
   const std::size_t n = 16 * piece;  // many more pieces than slots: it cannot finish without rank `bad`
   const auto in = block_of(31, r, n);

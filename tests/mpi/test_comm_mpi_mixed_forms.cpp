@@ -105,9 +105,12 @@ TEST_CASE("MpiComm: a blocking collective on some ranks and its nonblocking form
   const bool isolate = GENERATE(true, false);
   // 5 s: plenty for these sizes on 8 ranks sharing 2 cores; short enough that a
   // mismatch of paths fails the test instead of hanging it.
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 5s, .verify_collectives = verify, .isolate_buffers = isolate}};
+  const std::size_t shm = GENERATE(std::size_t{0}, mpi_options{}.shared_memory_max);
+  MpiComm comm{MPI_COMM_WORLD,
+               {.timeout = 5s, .verify_collectives = verify, .isolate_buffers = isolate, .shared_memory_max = shm}};
   mpi_guard(comm, [&] {
-    // 1 KiB and 64 KiB: the latency path; 64 KiB + 4 and 1 MiB: the ring and libnbc.
+    // 1 KiB and 64 KiB: the latency path; 64 KiB + 4 and 1 MiB: the ring and libnbc
+    // (checked with shared_memory_max > 0: shared memory).
     for (std::size_t n : {std::size_t{256}, std::size_t{16384}, std::size_t{16385}, std::size_t{262144}})
       for (int pattern = 0; pattern < 3; ++pattern) check_mixed(comm, n, pattern, 100 * n + pattern);
   });
@@ -131,7 +134,9 @@ TEST_CASE("MpiComm: CheckedComm over a default MpiComm completes mixed forms too
 
 TEST_CASE("MpiComm: rings in flight complete whatever order ranks wait for them in", "[comm][mpi][async]") {
   const bool isolate = GENERATE(true, false);
-  MpiComm comm{MPI_COMM_WORLD, {.timeout = 5s, .isolate_buffers = isolate}};
+  // shared_memory_max = 0: the ring; else shared memory, which completes each call at once.
+  const std::size_t shm = GENERATE(std::size_t{0}, mpi_options{}.shared_memory_max);
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 5s, .isolate_buffers = isolate, .shared_memory_max = shm}};
   const int P = comm.size(), r = comm.rank();
   mpi_guard(comm, [&] {
     const std::size_t n = 50000;  // 200 KB: the ring

@@ -9,11 +9,13 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <climits>
 #include <cstdio>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <span>
 #include <string>
@@ -29,6 +31,7 @@
 #include "failure.hpp"
 #include "point_to_point.hpp"
 #include "ring_allreduce.hpp"
+#include "shared_memory.hpp"
 
 namespace commpact {
 
@@ -53,6 +56,18 @@ struct mpi_options {
   //! the same value: such an allgather sends pieces when it isolates and one message
   //! when it does not (docs/communicators.md, "The check first, then one message per peer").
   bool isolate_buffers = true;
+  //! Checked allreduces and allgathers whose data (allreduce) or block per rank
+  //! (allgather) is at most this many bytes move through shared memory when every
+  //! rank runs on one node (mpi/shared_memory.hpp): each rank copies its data into a
+  //! segment of its own and reads its peers' segments directly, so MPI never writes into
+  //! user memory (what isolate_buffers promises, without staging) and each byte is
+  //! copied twice instead of vader's two plus staging's one. Each rank maps two halves of
+  //! the largest such size rounded up to a power of two (at least 1 MiB), reserved in
+  //! /dev/shm; where that fails on any rank, or the ranks span nodes, every rank takes
+  //! the point-to-point path for that size and above (MpiComm::shared_memory_note says
+  //! why). 0: never. Give every rank the same value. Unchecked collectives
+  //! (verify_collectives = false) never take this path: it needs the check's barrier.
+  std::size_t shared_memory_max = std::size_t{64} << 20;
 };
 
 namespace detail {
@@ -110,6 +125,7 @@ class mpi_state {
       (void)sig_.release();  // MPI may still write there; the duplicates stay alive too
       throw;
     }
+    nonce_ = *cell;
     notice_.open(notice, rank_, size_, *cell);
   }
 
@@ -430,6 +446,100 @@ class mpi_state {
     mpi_direct_allgather(*this, in, out, opt_.isolate_buffers, rd_scratch_, rd_reqs_, "allgather");
   }
 
+  // The shared-memory path (mpi/shared_memory.hpp), for checked collectives only.
+
+  //! True when a checked collective moving `bytes` per rank (an allreduce's data, an
+  //! allgather's block) takes the shared-memory path. Every rank that passes the same
+  //! size decides alike (the ceiling changes only where every rank agreed).
+  bool shm_wanted(std::size_t bytes) const {
+    return opt_.verify_collectives && size_ > 1 && bytes > 0 && bytes <= opt_.shared_memory_max &&
+           bytes <= shm_ceiling_;
+  }
+  //! Before the check: copies this rank's bytes into its current half when the segments
+  //! hold them already (true), which the check then publishes. Else false: shm_ready
+  //! sets the segments up after the check.
+  bool shm_stage(std::span<const std::byte> mine) {
+    if (!shm_.mapped() || mine.size() > shm_.capacity()) return false;
+    std::memcpy(shm_.half(rank_), mine.data(), mine.size());
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return true;
+  }
+  //! After a check that passed (so every rank calls it alike, with the same size and the
+  //! same `staged`): true when every rank's bytes are in its current half. Where they were
+  //! not staged, sets up or grows the segments (collective: two rounds of the latency
+  //! path), staging this rank's bytes into the new ones before the second round. False
+  //! when that failed on some rank: every rank then takes point to point for this size
+  //! and above, and shared_memory_note() says why.
+  bool shm_ready(std::span<const std::byte> mine, bool staged, const char* what) {
+    if (!staged) {
+      std::size_t half = mpi_shm_min_half;
+      while (half < mine.size()) half *= 2;
+      const std::size_t most = (opt_.shared_memory_max + 4095) / 4096 * 4096;  // >= mine.size()
+      half = std::min(half, std::max(most, mine.size()));
+      const unsigned gen = shm_gen_++;
+      try {
+        std::string err = shm_.create(nonce_, rank_, gen, half);
+        if (!shm_agree(err, what)) return false;
+        for (int q = 0; q < size_ && err.empty(); ++q)
+          if (q != rank_) err = shm_.attach(nonce_, q, gen);
+        if (err.empty()) std::memcpy(shm_.pending_own(), mine.data(), mine.size());
+        std::atomic_thread_fence(std::memory_order_seq_cst);
+        if (!shm_agree(err, what)) return false;  // also the barrier: every rank staged
+        shm_.adopt(size_);
+      } catch (...) {
+        shm_.drop_pending();
+        throw;
+      }
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    return true;
+  }
+  //! Why the shared-memory path was given up for some sizes (empty while it was not).
+  const std::string& shm_note() const { return shm_note_; }
+  //! Bytes each mapped half holds (0 while none is mapped).
+  std::size_t shm_capacity() const { return shm_.capacity(); }
+
+  //! The allgather over shared memory, after shm_ready: every peer's block from its half.
+  void shm_allgather(std::span<const std::byte> in, std::span<std::byte> out) {
+    const std::size_t b = in.size();
+    for (int i = 0; i < size_; ++i) {
+      const int q = (rank_ + i) % size_;
+      std::memcpy(out.data() + b * static_cast<std::size_t>(q), q == rank_ ? in.data() : shm_.half(q), b);
+    }
+    shm_.flip();
+  }
+  //! The allreduce over shared memory, after shm_ready: this rank folds chunk rank() of
+  //! every half (ranks in ascending order) into chunk rank() of its own, a check round
+  //! (`sig`, the collective's own signature again) makes sure every rank has folded,
+  //! then every chunk is copied from the half of the rank that folded it.
+  template <class T>
+  void shm_allreduce(std::span<T> data, reduce_op op, const collective_signature& sig) {
+    const std::size_t n = data.size(), P = static_cast<std::size_t>(size_), r = static_cast<std::size_t>(rank_);
+    auto lo = [&](std::size_t c) { return n * c / P; };
+    auto h = [&](std::size_t q) { return reinterpret_cast<T*>(shm_.half(static_cast<int>(q))); };
+    T* mine = h(r);
+    const std::size_t a = lo(r), e = lo(r + 1);
+    if (r <= 1) {  // the first fold writes this rank's own operand in place; the others are read only
+      mpi_combine(mine + a, h(0) + a, h(1) + a, e - a, op);
+      for (std::size_t q = 2; q < P; ++q) mpi_combine(mine + a, mine + a, h(q) + a, e - a, op);
+    } else {  // this rank's operand is read at q = r: fold block by block in cache, then copy
+      constexpr std::size_t B = 4096 / sizeof(T);
+      if (shm_fold_.size() < B * sizeof(T)) shm_fold_.resize(B * sizeof(T));
+      T* t = reinterpret_cast<T*>(shm_fold_.data());
+      for (std::size_t i = a; i < e; i += B) {
+        const std::size_t len = std::min(B, e - i);
+        mpi_combine(t, h(0) + i, h(1) + i, len, op);
+        for (std::size_t q = 2; q < P; ++q) mpi_combine(t, t, h(q) + i, len, op);
+        std::memcpy(mine + i, t, len * sizeof(T));
+      }
+    }
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    verify(sig, {});  // every rank folded its chunk
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    for (std::size_t c = 0; c < P; ++c) std::memcpy(data.data() + lo(c), h(c) + lo(c), (lo(c + 1) - lo(c)) * sizeof(T));
+    shm_.flip();
+  }
+
   //! A pooled buffer of n bytes for one operation (the best fit: the smallest that holds
   //! n, else the largest, so mixed sizes rarely reallocate); give it back with recycle()
   //! when the operation completed, or leak it when it was abandoned.
@@ -461,6 +571,21 @@ class mpi_state {
   }
 
  private:
+  //! One round of the latency path: true when `err` is empty on every rank; else every
+  //! rank drops the new segments and keeps point to point from this size up.
+  bool shm_agree(const std::string& err, const char* what) {
+    std::int64_t ok[1] = {err.empty() ? 1 : 0};  // never a receive target (small_collectives.hpp)
+    small_allreduce(std::span<std::int64_t>(ok, 1), reduce_op::min, what);
+    if (ok[0] == 1) return true;
+    shm_.drop_pending();
+    shm_ceiling_ = shm_.capacity();
+    shm_note_ = err.empty() ? detail::cat("another rank could not set up shared memory; collectives above ",
+                                          shm_ceiling_, " bytes per rank take point to point")
+                            : detail::cat("rank ", rank_, ": ", err, "; collectives above ", shm_ceiling_,
+                                          " bytes per rank take point to point");
+    return false;
+  }
+
   void poll_notice() {
     std::string reason;
     if (notice_.poll(reason) && !failed_) {
@@ -539,6 +664,12 @@ class mpi_state {
   unsigned check_seq_ = 0;                     // direct signature checks made; every rank counts alike
   bool any_isolates_ = true;                   // the last check that passed: some rank isolates its buffers
   mpi_send_queue sends_;
+  std::uint64_t nonce_ = 0;                    // agreed by every rank at construction
+  mpi_shared_segments shm_;                    // the shared-memory path (shared_memory.hpp)
+  unsigned shm_gen_ = 0;                       // segment generations; every rank counts alike
+  std::size_t shm_ceiling_ = static_cast<std::size_t>(-1);  // larger sizes stay on point to point
+  std::string shm_note_;
+  std::vector<std::byte> shm_fold_;            // shm_allreduce's fold block
 };
 
 }  // namespace detail
