@@ -15,7 +15,7 @@ import json
 import statistics
 import sys
 
-VARIANTS = ["default", "checked", "unchecked", "unchecked_nostage", "nostage", "known", "raw_nb"]
+VARIANTS = ["default", "p2p", "checked", "unchecked", "unchecked_nostage", "nostage", "known", "raw_nb"]
 
 
 def load(paths):

@@ -171,9 +171,10 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
       const auto sig = allreduce_signature(data, op);
       const auto bad = allreduce_error(data, op);
       const auto mine = std::as_bytes(data);
-      const bool staged = bad.empty() && s.shm_stage(mine);
+      const auto [own_lo, own_hi] = s.shm_own_chunk(data.size(), sizeof(T));  // read by this rank only
+      const bool staged = bad.empty() && s.shm_stage(mine, own_lo, own_hi);
       s.verify(sig, bad);
-      if (s.shm_ready(mine, staged, "allreduce")) {
+      if (s.shm_ready(mine, staged, "allreduce", own_lo, own_hi)) {
         s.shm_allreduce(data, op, sig);
         return {};
       }

@@ -456,11 +456,12 @@ class mpi_state {
            bytes <= shm_ceiling_;
   }
   //! Before the check: copies this rank's bytes into its current half when the segments
-  //! hold them already (true), which the check then publishes. Else false: shm_ready
-  //! sets the segments up after the check.
-  bool shm_stage(std::span<const std::byte> mine) {
+  //! hold them already (true), which the check then publishes; bytes [skip_lo, skip_hi)
+  //! only this rank reads (an allreduce's own chunk), so they stay out. Else false:
+  //! shm_ready sets the segments up after the check.
+  bool shm_stage(std::span<const std::byte> mine, std::size_t skip_lo = 0, std::size_t skip_hi = 0) {
     if (!shm_.mapped() || mine.size() > shm_.capacity()) return false;
-    std::memcpy(shm_.half(rank_), mine.data(), mine.size());
+    shm_copy_in(shm_.half(rank_), mine, skip_lo, skip_hi);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     return true;
   }
@@ -470,7 +471,8 @@ class mpi_state {
   //! path), staging this rank's bytes into the new ones before the second round. False
   //! when that failed on some rank: every rank then takes point to point for this size
   //! and above, and shared_memory_note() says why.
-  bool shm_ready(std::span<const std::byte> mine, bool staged, const char* what) {
+  bool shm_ready(std::span<const std::byte> mine, bool staged, const char* what, std::size_t skip_lo = 0,
+                 std::size_t skip_hi = 0) {
     if (!staged) {
       std::size_t half = mpi_shm_min_half;
       while (half < mine.size()) half *= 2;
@@ -482,7 +484,7 @@ class mpi_state {
         if (!shm_agree(err, what)) return false;
         for (int q = 0; q < size_ && err.empty(); ++q)
           if (q != rank_) err = shm_.attach(nonce_, q, gen);
-        if (err.empty()) std::memcpy(shm_.pending_own(), mine.data(), mine.size());
+        if (err.empty()) shm_copy_in(shm_.pending_own(), mine, skip_lo, skip_hi);
         std::atomic_thread_fence(std::memory_order_seq_cst);
         if (!shm_agree(err, what)) return false;  // also the barrier: every rank staged
         shm_.adopt(size_);
@@ -508,8 +510,15 @@ class mpi_state {
     }
     shm_.flip();
   }
+  //! The bytes of this rank's chunk of an allreduce of n elements of `elem` bytes, the
+  //! chunk only this rank reads (shm_stage leaves it out; shm_allreduce reads it from `data`).
+  std::pair<std::size_t, std::size_t> shm_own_chunk(std::size_t n, std::size_t elem) const {
+    const auto P = static_cast<std::size_t>(size_), r = static_cast<std::size_t>(rank_);
+    return {n * r / P * elem, n * (r + 1) / P * elem};
+  }
   //! The allreduce over shared memory, after shm_ready: this rank folds chunk rank() of
-  //! every half (ranks in ascending order) into chunk rank() of its own, a check round
+  //! every rank's data (ranks in ascending order; its own operand straight from `data`,
+  //! the others from their halves) into chunk rank() of its own half, a check round
   //! (`sig`, the collective's own signature again) makes sure every rank has folded,
   //! then every chunk is copied from the half of the rank that folded it.
   template <class T>
@@ -517,22 +526,11 @@ class mpi_state {
     const std::size_t n = data.size(), P = static_cast<std::size_t>(size_), r = static_cast<std::size_t>(rank_);
     auto lo = [&](std::size_t c) { return n * c / P; };
     auto h = [&](std::size_t q) { return reinterpret_cast<T*>(shm_.half(static_cast<int>(q))); };
-    T* mine = h(r);
-    const std::size_t a = lo(r), e = lo(r + 1);
-    if (r <= 1) {  // the first fold writes this rank's own operand in place; the others are read only
-      mpi_combine(mine + a, h(0) + a, h(1) + a, e - a, op);
-      for (std::size_t q = 2; q < P; ++q) mpi_combine(mine + a, mine + a, h(q) + a, e - a, op);
-    } else {  // this rank's operand is read at q = r: fold block by block in cache, then copy
-      constexpr std::size_t B = 4096 / sizeof(T);
-      if (shm_fold_.size() < B * sizeof(T)) shm_fold_.resize(B * sizeof(T));
-      T* t = reinterpret_cast<T*>(shm_fold_.data());
-      for (std::size_t i = a; i < e; i += B) {
-        const std::size_t len = std::min(B, e - i);
-        mpi_combine(t, h(0) + i, h(1) + i, len, op);
-        for (std::size_t q = 2; q < P; ++q) mpi_combine(t, t, h(q) + i, len, op);
-        std::memcpy(mine + i, t, len * sizeof(T));
-      }
-    }
+    auto operand = [&](std::size_t q) -> const T* { return q == r ? data.data() : h(q); };
+    T* mine = h(r);  // the result's chunk r; no operand lives there
+    const std::size_t a = lo(r), len = lo(r + 1) - a;
+    mpi_combine(mine + a, operand(0) + a, operand(1) + a, len, op);
+    for (std::size_t q = 2; q < P; ++q) mpi_combine(mine + a, mine + a, operand(q) + a, len, op);
     std::atomic_thread_fence(std::memory_order_seq_cst);
     verify(sig, {});  // every rank folded its chunk
     std::atomic_thread_fence(std::memory_order_seq_cst);
@@ -571,6 +569,14 @@ class mpi_state {
   }
 
  private:
+  static void shm_copy_in(std::byte* to, std::span<const std::byte> from, std::size_t skip_lo, std::size_t skip_hi) {
+    if (skip_hi <= skip_lo) {
+      std::memcpy(to, from.data(), from.size());
+      return;
+    }
+    std::memcpy(to, from.data(), skip_lo);
+    std::memcpy(to + skip_hi, from.data() + skip_hi, from.size() - skip_hi);
+  }
   //! One round of the latency path: true when `err` is empty on every rank; else every
   //! rank drops the new segments and keeps point to point from this size up.
   bool shm_agree(const std::string& err, const char* what) {
@@ -669,7 +675,6 @@ class mpi_state {
   unsigned shm_gen_ = 0;                       // segment generations; every rank counts alike
   std::size_t shm_ceiling_ = static_cast<std::size_t>(-1);  // larger sizes stay on point to point
   std::string shm_note_;
-  std::vector<std::byte> shm_fold_;            // shm_allreduce's fold block
 };
 
 }  // namespace detail
