@@ -48,8 +48,9 @@
 //!   its own CPU (an allreduce folds its chunk of every segment, a second check round,
 //!   then copies every chunk out). MPI never writes into user memory, each byte is copied
 //!   twice, and the call completes before it returns (the nonblocking forms return a
-//!   completed handle). 0.34-0.90x a raw MPI_Allgather and 0.46-0.80x a raw
-//!   MPI_Allreduce from 1 MiB at P = 2 and 4 (docs/communicators.md, "Shared memory").
+//!   completed handle). At -O2 on 2 vCPUs: 0.31-1.03x a raw MPI_Allgather at P = 2 and
+//!   4, and 0.41-1.14x a raw MPI_Allreduce from 64 KiB except at 1 MiB, P = 4 (1.57x;
+//!   the ring: 1.16x) (docs/communicators.md, "Shared memory: the default on one node").
 //!   Otherwise (ranks on several nodes, shared_memory_max = 0, unchecked), the paths below.
 //! - Latency path: allreduces, broadcasts and allgathers up to 64 KiB, and
 //!   the signature check run over point-to-point messages (mpi/small_collectives.hpp),
@@ -58,8 +59,8 @@
 //!   (mpi/ring_allreduce.hpp; isolated blocks above 128 KiB move in cache-sized pieces,
 //!   mpi/gather_pieces.hpp); larger broadcasts use MPI_Ibcast (libnbc).
 //! - One path per size: a blocking collective runs exactly what its nonblocking form
-//!   then wait() runs, so ranks may mix the forms (as on ThreadComm). Up to 64 KiB the
-//!   nonblocking form completes before it returns; a ring advances in every wait of the
+//!   then wait() runs, so ranks may mix the forms (as on ThreadComm). On shared memory,
+//!   and up to 64 KiB, the nonblocking form completes before it returns; a ring advances in every wait of the
 //!   communicator, so rings in flight complete in any wait order.
 //! - Identical results: the recursive doubling combines op(lower rank, higher rank) on
 //!   both partners (one vectorised fold, mpi/combine.hpp); the ring, and OpenMPI's

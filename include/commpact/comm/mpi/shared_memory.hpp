@@ -9,10 +9,12 @@
 //! once it passed every rank's data is in place), and then each rank copies what it
 //! needs straight from the peers' segments with its own CPU:
 //! - allgather: every peer's block, from its segment into `out`;
-//! - allreduce: rank r folds chunk r of every rank's segment (ranks 0, 1, ..., P-1, in
-//!   that order) into chunk r of its own segment, a second check-round barrier, then
-//!   every rank copies chunk c from rank c's segment into `data`. Each element's final
-//!   value is computed on one rank and copied by the others: identical bits everywhere.
+//! - allreduce: rank r stages every chunk but its own (chunk r, which only it reads),
+//!   folds chunk r of every rank's data (ranks 0, 1, ..., P-1, in that order; its own
+//!   straight from `data`) into chunk r of its own segment, a second check round makes
+//!   sure every rank folded, then every rank copies chunk c from rank c's segment into
+//!   `data`. Each element's final value is computed on one rank and copied by the
+//!   others: identical bits everywhere.
 //!
 //! Vader without single-copy, OpenMPI's shared-memory transport here, copies every
 //! message twice (into a shared FIFO, out of it), and isolated buffers need a third
