@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <numeric>
@@ -34,6 +35,28 @@ inline std::vector<std::byte> rank_bytes(std::uint64_t seed, int from, int to, s
   std::vector<std::byte> v(n);
   for (auto& b : v) b = static_cast<std::byte>(gen() & 0xff);
   return v;
+}
+
+// Rank q's allgather block for seed s: bytes every rank can compute for every other rank.
+inline std::vector<std::byte> block_of(std::uint64_t s, int q, std::size_t n) {
+  std::vector<std::byte> b(n);
+  std::uint64_t x = s * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(q) * 0xbf58476d1ce4e5b9ull + n;
+  for (auto& v : b) {
+    x ^= x >> 31;
+    x *= 0x94d049bb133111ebull;
+    x ^= x >> 29;
+    v = static_cast<std::byte>(x >> 56);
+  }
+  return b;
+}
+// The brute-force allgather of block_of(s, q, n) over ranks q = 0 .. P-1.
+inline std::vector<std::byte> gathered_blocks(std::uint64_t s, int P, std::size_t n) {
+  std::vector<std::byte> all;
+  for (int q = 0; q < P; ++q) {
+    const auto b = block_of(s, q, n);
+    all.insert(all.end(), b.begin(), b.end());
+  }
+  return all;
 }
 
 // Every rank checks that all ranks hold the same bytes (through allgather).

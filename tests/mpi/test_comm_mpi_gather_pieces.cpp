@@ -31,26 +31,7 @@ namespace {
 
 constexpr std::size_t piece = detail::mpi_gather_piece_bytes;
 
-// Rank q's block for seed s: bytes every rank can compute for every other rank.
-std::vector<std::byte> block_of(std::uint64_t s, int q, std::size_t n) {
-  std::vector<std::byte> b(n);
-  std::uint64_t x = s * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(q) * 0xbf58476d1ce4e5b9ull + n;
-  for (auto& v : b) {
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 29;
-    v = static_cast<std::byte>(x >> 56);
-  }
-  return b;
-}
-std::vector<std::byte> expected(std::uint64_t s, int P, std::size_t n) {
-  std::vector<std::byte> all;
-  for (int q = 0; q < P; ++q) {
-    const auto b = block_of(s, q, n);
-    all.insert(all.end(), b.begin(), b.end());
-  }
-  return all;
-}
+using commpact_test::block_of;  // rank q's block for a seed (tests/common/collective_checks.hpp)
 
 }  // namespace
 
@@ -83,7 +64,7 @@ TEST_CASE("MpiComm: a large allgather by pieces equals the brute-force concatena
         } else {
           comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
         }
-        REQUIRE(out == expected(seed, P, n));
+        REQUIRE(out == commpact_test::gathered_blocks(seed, P, n));
       }
     }
   });
@@ -111,8 +92,8 @@ TEST_CASE("MpiComm: allgathers by pieces and a ring in flight complete in any wa
       h2.wait();
       h1.wait();
     }
-    REQUIRE(out1 == expected(11, P, n1));
-    REQUIRE(out2 == expected(12, P, n2));
+    REQUIRE(out1 == commpact_test::gathered_blocks(11, P, n1));
+    REQUIRE(out2 == commpact_test::gathered_blocks(12, P, n2));
     REQUIRE(g == ref);
   });
   REQUIRE_FALSE(comm.failed());
@@ -132,7 +113,7 @@ TEST_CASE("MpiComm: a mismatched large allgather raises on every rank and moves 
   const auto in2 = block_of(22, r, n);
   std::vector<std::byte> out2(n * static_cast<std::size_t>(P));
   comm.allgather(std::span<const std::byte>(in2), std::span<std::byte>(out2));
-  REQUIRE(out2 == expected(22, P, n));
+  REQUIRE(out2 == commpact_test::gathered_blocks(22, P, n));
 }
 
 // A checked allgather sends a block of up to mpi_inline_gather_block_max bytes inside
@@ -158,7 +139,7 @@ TEST_CASE("MpiComm: ranks that disagree across the held block size raise alike a
     const auto in2 = block_of(42 + m, r, m);
     std::vector<std::byte> out2(m * static_cast<std::size_t>(P));
     comm.allgather(std::span<const std::byte>(in2), std::span<std::byte>(out2));
-    REQUIRE(out2 == expected(42 + m, P, m));
+    REQUIRE(out2 == commpact_test::gathered_blocks(42 + m, P, m));
   }
 }
 
@@ -183,7 +164,7 @@ TEST_CASE("MpiComm: ranks that differ in isolate_buffers gather alike", "[comm][
       const auto in = block_of(seed, r, n);
       std::vector<std::byte> out(n * static_cast<std::size_t>(P));
       comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
-      REQUIRE(out == expected(seed, P, n));
+      REQUIRE(out == commpact_test::gathered_blocks(seed, P, n));
       ++seed;
     }
   });

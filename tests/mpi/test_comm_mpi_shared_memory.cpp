@@ -28,6 +28,8 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/collective_checks.hpp"
+
 using namespace commpact;
 using namespace std::chrono_literals;
 
@@ -75,25 +77,7 @@ std::vector<T> folded(std::uint64_t s, int P, std::size_t n, reduce_op op) {
   return acc;
 }
 
-std::vector<std::byte> block_of(std::uint64_t s, int q, std::size_t n) {
-  std::vector<std::byte> b(n);
-  std::uint64_t x = s * 0x9e3779b97f4a7c15ull + static_cast<std::uint64_t>(q) * 0xbf58476d1ce4e5b9ull + n;
-  for (auto& v : b) {
-    x ^= x >> 31;
-    x *= 0x94d049bb133111ebull;
-    x ^= x >> 29;
-    v = static_cast<std::byte>(x >> 56);
-  }
-  return b;
-}
-std::vector<std::byte> gathered(std::uint64_t s, int P, std::size_t n) {
-  std::vector<std::byte> all;
-  for (int q = 0; q < P; ++q) {
-    const auto b = block_of(s, q, n);
-    all.insert(all.end(), b.begin(), b.end());
-  }
-  return all;
-}
+using commpact_test::block_of;
 
 // Names under /dev/shm that this library creates (it unlinks each once every rank mapped it).
 int commpact_names_in_dev_shm() {
@@ -152,7 +136,7 @@ TEST_CASE("MpiComm: an allgather through shared memory equals the concatenation"
         const bool nb = form == 2 || (form == 1 && r % 2 == 1);
         if (nb) comm.iallgather(std::span<const std::byte>(in), std::span<std::byte>(out)).wait();
         else comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
-        REQUIRE(out == gathered(seed, P, n));
+        REQUIRE(out == commpact_test::gathered_blocks(seed, P, n));
       }
   });
   if (P > 1) REQUIRE(comm.shared_memory_bytes() >= (3u << 20) + 1);
@@ -175,7 +159,7 @@ TEST_CASE("MpiComm: back-to-back shared-memory collectives never read a half bei
     mine[k] = data_of<float>(500 + k, r, n);
   }
   const auto in = block_of(600, r, 4 * n);
-  const auto all = gathered(600, P, 4 * n);
+  const auto all = commpact_test::gathered_blocks(600, P, 4 * n);
   std::vector<std::byte> out(4 * n * static_cast<std::size_t>(P));
   int wrong = 0;
   mpi_guard(comm, [&] {
@@ -240,7 +224,7 @@ TEST_CASE("MpiComm: a shared-memory collective that one rank gets wrong raises a
     const auto in = block_of(s, r, n);
     std::vector<std::byte> out(n * static_cast<std::size_t>(P));
     comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
-    REQUIRE(out == gathered(s, P, n));
+    REQUIRE(out == commpact_test::gathered_blocks(s, P, n));
   }
 }
 
@@ -283,7 +267,7 @@ TEST_CASE("MpiComm: sizes above shared_memory_max take point to point, exactly",
     const auto in = block_of(8, r, 4 * n);
     std::vector<std::byte> out(4 * n * static_cast<std::size_t>(P));
     comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
-    REQUIRE(out == gathered(8, P, 4 * n));
+    REQUIRE(out == commpact_test::gathered_blocks(8, P, 4 * n));
   });
   REQUIRE(comm.shared_memory_bytes() == 0);
 }
