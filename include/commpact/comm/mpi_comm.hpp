@@ -167,10 +167,10 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     s.enter("allreduce");
     const auto path =
         detail::allreduce_path_for(data.size_bytes(), sizeof(T), size(), detail::mpi_rd_allreduce_bytes);
+    const auto sig = allreduce_signature(data, op);
+    const auto bad = allreduce_error(data, op);
     if (s.shm_wanted(data.size_bytes())) {
       // Shared memory (mpi/shared_memory.hpp): stage, check, fold, check, copy out.
-      const auto sig = allreduce_signature(data, op);
-      const auto bad = allreduce_error(data, op);
       const auto mine = std::as_bytes(data);
       const auto [own_lo, own_hi] = s.shm_own_chunk(data.size(), sizeof(T));  // read by this rank only
       const bool staged = bad.empty() && s.shm_stage(mine, own_lo, own_hi);
@@ -179,7 +179,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
         s.shm_allreduce(data, op, sig);
         return {};
       }
-    } else if (!verified(allreduce_signature(data, op), allreduce_error(data, op))) {
+    } else if (!verified(sig, bad)) {
       return {};
     }
     // Small: recursive doubling (mpi/small_collectives.hpp), with the latency of a

@@ -39,7 +39,7 @@
 //! agrees on that (ranks on different nodes fail to open each other's names), and each
 //! unlinks its name (the mappings stay; nothing is left in /dev/shm, even after a
 //! crash later). A failure on any rank leaves every rank on point-to-point for this
-//! size and above (mpi_state::shm_ceiling). Everything here is local: no call can hang.
+//! size and above (mpi_state's shm_ceiling_). Everything here is local: no call can hang.
 //! Part of MpiComm (include commpact/comm/mpi_comm.hpp).
 
 #include <fcntl.h>
@@ -80,22 +80,25 @@ class mpi_shared_segments {
   //! Moves on to the other half (after a shared-memory collective completed).
   void flip() { parity_ ^= 1; }
 
-  //! Creates this rank's new segment of two halves of `half` bytes (not yet mapped for
-  //! use: adopt() does that). Returns an empty string or why it failed.
-  std::string create(std::uint64_t nonce, int rank, unsigned gen, std::size_t half) {
+  //! Creates this rank's new segment of two halves of `half_bytes` each (not yet mapped
+  //! for use: adopt() does that). Returns an empty string or why it failed.
+  std::string create(std::uint64_t nonce, int rank, unsigned gen, std::size_t half_bytes) {
     drop_pending();
     const std::string name = name_of(nonce, rank, gen);
-    const std::size_t bytes = 2 * half;
+    const std::size_t bytes = 2 * half_bytes;
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return why("shm_open", name, errno);
     pending_name_ = name;
-    int rc = ::ftruncate(fd, static_cast<off_t>(bytes));
-    if (rc == 0) rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
-    else rc = errno;
+    const char* call = "ftruncate";
+    int rc = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    if (rc == 0) {
+      call = "posix_fallocate";
+      rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+    }
     if (rc != 0) {
       ::close(fd);
       drop_pending();
-      return why("posix_fallocate", name, rc);
+      return why(call, name, rc);
     }
     void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     const int e = errno;
@@ -106,7 +109,7 @@ class mpi_shared_segments {
     }
     pending_own_ = static_cast<std::byte*>(p);
     pending_rank_ = rank;
-    pending_half_ = half;
+    pending_half_ = half_bytes;
     return {};
   }
 
