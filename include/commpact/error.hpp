@@ -59,6 +59,15 @@ class peer_failure : public comm_error {
   using comm_error::comm_error;
 };
 
+//! The program broke a rule of the execution model that a GPU would punish silently: it
+//! read a device result before the fence that covers it, consumed on one executor what
+//! another produced without a join, or destroyed or regrew a buffer with work still
+//! queued on it. The deferred space (space/deferred.hpp) raises it; fix the program.
+class usage_error : public error {
+ public:
+  using error::error;
+};
+
 //! A wait passed its deadline.
 class timeout_error : public comm_error {
  public:

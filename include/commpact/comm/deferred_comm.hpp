@@ -52,32 +52,38 @@ class DeferredComm {
   int size() const { return comm_.size(); }
   const deferred_space::exec& exec() const { return exec_; }
   void fence(deadline until = no_deadline()) { deferred_space::fence(exec_, until); }
+  //! C's timeout, when it has one: the deadline of every fence on this executor's work.
+  auto timeout() const
+    requires requires(const C& c) { c.timeout(); }
+  {
+    return comm_.timeout();
+  }
 
   // ---- data plane: queued ---------------------------------------------------------
   template <class T>
   void allreduce(deferred_span<T> data, reduce_op op = reduce_op::sum) {
-    exec_.enqueue([c = &comm_, data, op] { c->allreduce(deferred_access::host(data), op); });
+    exec_.enqueue([c = &comm_, data, op] { c->allreduce(deferred_access::host(data), op); }, data);
   }
   template <class T>
   void allgather(deferred_span<const T> in, deferred_span<T> out) {
     exec_.enqueue([c = &comm_, in, out] {
       c->allgather(std::span<const T>(deferred_access::host(in)), deferred_access::host(out));
-    });
+    }, in, out);
   }
   template <class T>
   void broadcast(deferred_span<T> data, int root) {
-    exec_.enqueue([c = &comm_, data, root] { c->broadcast(deferred_access::host(data), root); });
+    exec_.enqueue([c = &comm_, data, root] { c->broadcast(deferred_access::host(data), root); }, data);
   }
   void exchange(int peer, deferred_span<const std::byte> out, deferred_span<std::byte> in) {
     exec_.enqueue([c = &comm_, peer, out, in] {
       commpact::exchange(*c, peer, deferred_access::host(out), deferred_access::host(in));
-    });
+    }, out, in);
   }
   void send_known(int peer, deferred_span<const std::byte> out) {
-    exec_.enqueue([c = &comm_, peer, out] { commpact::send_known(*c, peer, deferred_access::host(out)); });
+    exec_.enqueue([c = &comm_, peer, out] { commpact::send_known(*c, peer, deferred_access::host(out)); }, out);
   }
   void recv_known(int peer, deferred_span<std::byte> in) {
-    exec_.enqueue([c = &comm_, peer, in] { commpact::recv_known(*c, peer, deferred_access::host(in)); });
+    exec_.enqueue([c = &comm_, peer, in] { commpact::recv_known(*c, peer, deferred_access::host(in)); }, in);
   }
   //! C's group of point-to-point calls, queued (only when C has groups).
   void group_begin()
@@ -125,7 +131,7 @@ class DeferredComm {
   }
   //! Marks the group failed at once (not queued): the others raise instead of waiting.
   void abort(std::string_view why) {
-    exec_.q->work.clear();
+    exec_.q->drop();
     comm_.abort(why);
   }
 

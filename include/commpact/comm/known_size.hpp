@@ -27,6 +27,7 @@
 //! the group reads it, and no two receives of a group share bytes.
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -48,6 +49,48 @@ template <class C>
 auto comm_exec(C& c) {
   if constexpr (requires { c.exec(); }) return c.exec();
   else return typename comm_space_t<C>::exec{};
+}
+
+//! How long a wait on c's queued work may last: c.timeout() when C has one (ThreadComm,
+//! MpiComm, NcclComm, and the wrappers that forward it), else forever (milliseconds::max()).
+template <class C>
+std::chrono::milliseconds comm_timeout(const C& c) {
+  if constexpr (requires { c.timeout(); }) return std::chrono::duration_cast<std::chrono::milliseconds>(c.timeout());
+  else return std::chrono::milliseconds::max();
+}
+
+//! now + t, or no_deadline() when that would not fit.
+inline deadline deadline_after(std::chrono::milliseconds t) {
+  const auto now = std::chrono::steady_clock::now();
+  if (t >= std::chrono::duration_cast<std::chrono::milliseconds>(deadline::max() - now)) return no_deadline();
+  return now + t;
+}
+
+//! When a wait on c's queued work that starts now must end (comm_timeout).
+template <class C>
+deadline comm_deadline(const C& c) {
+  return deadline_after(comm_timeout(c));
+}
+
+//! Waits for the work queued on c's executor, never past comm_deadline(c): the one
+//! host wait of a compressor's step (timeout_error at the deadline).
+template <class C>
+void comm_fence(C& c) {
+  comm_space_t<C>::fence(comm_exec(c), comm_deadline(c));
+}
+
+//! Orders the work c queues from now on after the work `ev` marks (a framework's
+//! backward, recorded on its stream): the join before a step, with no host wait.
+template <class C>
+void comm_wait(C& c, const typename comm_space_t<C>::event& ev) {
+  comm_space_t<C>::wait(comm_exec(c), ev);
+}
+
+//! An event marking everything c has queued so far (a step's end): the consumer (the
+//! optimiser's stream) waits on it instead of the host fencing.
+template <class C>
+auto comm_record(C& c) {
+  return comm_space_t<C>::record(comm_exec(c));
 }
 
 namespace detail {

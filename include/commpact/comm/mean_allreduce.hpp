@@ -47,16 +47,19 @@ bool mean_allreduce(C& comm, Span v, typename comm_space_t<C>::template buffer<s
   using S = comm_space_t<C>;
   const auto e = comm_exec(comm);
   status.resize(1);
-  std::uint32_t flags = 0;
+  thread_local pinned_t<S, std::uint32_t> flags;  // pinned: the copy stays queued
+  flags.resize(1);
   ops<S>::fill(e, status.view(), std::uint32_t{0});
   comm.allreduce(v, reduce_op::sum);
   ops<S>::mean(e, v, comm.size(), status.view());
-  ops<S>::to_host(e, status.cview(), std::span<std::uint32_t>(&flags, 1));
-  S::fence(e, no_deadline());
-  if ((flags & status_nonfinite) == 0) return true;
+  ops<S>::to_host(e, status.cview(), flags.view());
+  comm_fence(comm);
+  const std::uint32_t bits = flags.view()[0];
+  require_fenced(bits, who);
+  if ((bits & status_nonfinite) == 0) return true;
   if (policy == nonfinite::raise) detail::raise_nonfinite(who, what, static_cast<std::size_t>(-1), step);
   ops<S>::fill(e, v, 0.0f);
-  S::fence(e, no_deadline());
+  comm_fence(comm);
   return false;
 }
 

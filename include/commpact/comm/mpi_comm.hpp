@@ -122,6 +122,8 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
   int rank() const { return state_->rank(); }
   int size() const { return state_->size(); }
   const mpi_options& options() const { return state_->options(); }
+  //! How long one wait may last (mpi_options::timeout): the deadline of a fence on its work.
+  std::chrono::milliseconds timeout() const { return state_->options().timeout; }
   //! True when this communicator checks collective signatures itself (verify_collectives).
   bool checks_collectives() const { return state_->options().verify_collectives; }
   //! True when MPI runs at MPI_THREAD_SERIALIZED or above: a second thread may then make

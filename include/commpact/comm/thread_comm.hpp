@@ -270,6 +270,8 @@ class ThreadComm {
   }
 
   const thread_options& options() const { return world_->options(); }
+  //! How long one wait may last (thread_options::timeout): the deadline of a fence on its work.
+  std::chrono::milliseconds timeout() const { return std::chrono::duration_cast<std::chrono::milliseconds>(world_->options().timeout); }
 
  private:
   void check_peer(int peer, const char* what) const {

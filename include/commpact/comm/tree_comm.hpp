@@ -167,6 +167,12 @@ class TreeComm : public detail::forwards_p2p_group<TreeComm<C>, C> {
   // ---- the Communicator interface, forwarded ---------------------------------
   using space_type = comm_space_t<C>;
   auto exec() { return comm_exec(comm_); }
+  //! C's timeout, when it has one (the deadline of a fence on the tree's work).
+  auto timeout() const
+    requires requires(const C& c) { c.timeout(); }
+  {
+    return comm_.timeout();
+  }
   template <class Span>
   void allreduce(Span data, reduce_op op = reduce_op::sum) {
     comm_.allreduce(data, op);

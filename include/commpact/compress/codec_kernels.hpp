@@ -7,7 +7,7 @@
 //! | operation | specification |
 //! |---|---|
 //! | `encode_frame(e, codec, acc, block, h, approx, status)` | when status holds no bit and h.flags is 0: the codec encodes acc into block's payload (after the 48-byte frame header, frame.hpp), h.payload = its length (above the block: status_wire); then the rest of the payload is zeroed and h written as block's header, with flag nonfinite_input when status holds status_nonfinite. The length stays in the space: the host never waits for it. |
-//! | `decode_sum(e, codec, blocks, block_floats, sum, status)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload: host and deferred spaces raise wire_error (out of the fence on the deferred space), before anything of the caller's changes; the CUDA space sets status_wire and a NaN in sum (so that the mean leaves out untouched) |
+//! | `decode_sum(e, codec, blocks, block_floats, sum, status)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload sets status_wire and a NaN in sum (so that the mean leaves out untouched) in every space, one code path (on the host: the decoder's error is caught; a call without a status word gets it) |
 //! | `clear_delivered(e, codec, r, u)` | a sparse codec's delivered indices leave the residual (and velocity) |
 //!
 //! A specialisation may hold state (the CUDA space's top-k workspace): CodecCompressor
@@ -24,6 +24,8 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 
 #include "../concepts.hpp"
@@ -67,14 +69,22 @@ struct codec_kernels<Codec, host_space> {
   }
 
   static void decode_sum(exec, const Codec& codec, std::span<const float> blocks, std::size_t block_floats,
-                         std::span<float> sum, std::span<std::uint32_t> /*status: the host raises*/ = {}) {
+                         std::span<float> sum, std::span<std::uint32_t> status = {}) {
     std::fill(sum.begin(), sum.end(), 0.0f);
     const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
-    for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
-      const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
-      std::uint32_t len;
-      std::memcpy(&len, b.data() + 8, 4);
-      codec.decode_add(b.subspan(frame::header_bytes, len), sum);
+    try {
+      for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+        const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
+        std::uint32_t len;
+        std::memcpy(&len, b.data() + 8, 4);
+        codec.decode_add(b.subspan(frame::header_bytes, len), sum);
+      }
+    } catch (const error&) {
+      if (status.empty()) throw;  // a caller without a status word gets the decoder's error
+      // As on the CUDA space: the status says it, and a NaN in the sum keeps the mean
+      // from writing the caller's output.
+      status[0] |= status_wire;
+      if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
     }
   }
 
@@ -92,21 +102,28 @@ struct codec_kernels<Codec, deferred_space> {
 
   static void encode_frame(const exec& e, Codec& codec, span<const float> acc, span<float> block, frame::header h,
                            span<float> approx, span<const std::uint32_t> status) {
-    e.enqueue([c = &codec, acc, block, h, approx, status] {
-      H::encode_frame({}, *c, deferred_access::host(acc), deferred_access::host(block), h,
-                      deferred_access::host(approx), deferred_access::host(status));
-    });
+    e.enqueue(
+        [c = &codec, acc, block, h, approx, status] {
+          H::encode_frame({}, *c, deferred_access::host(acc), deferred_access::host(block), h,
+                          deferred_access::host(approx), deferred_access::host(status));
+        },
+        acc, block, approx, status);
   }
   static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
-                         span<float> sum, span<std::uint32_t> /*status: raises out of the fence*/ = {}) {
-    e.enqueue([c = &codec, blocks, block_floats, sum] {
-      H::decode_sum({}, *c, deferred_access::host(blocks), block_floats, deferred_access::host(sum));
-    });
+                         span<float> sum, span<std::uint32_t> status = {}) {
+    e.enqueue(
+        [c = &codec, blocks, block_floats, sum, status] {
+          H::decode_sum({}, *c, deferred_access::host(blocks), block_floats, deferred_access::host(sum),
+                        deferred_access::host(status));
+        },
+        blocks, sum, status);
   }
   static void clear_delivered(const exec& e, const Codec& codec, span<float> residual, span<float> velocity) {
-    e.enqueue([c = &codec, residual, velocity] {
-      H::clear_delivered({}, *c, deferred_access::host(residual), deferred_access::host(velocity));
-    });
+    e.enqueue(
+        [c = &codec, residual, velocity] {
+          H::clear_delivered({}, *c, deferred_access::host(residual), deferred_access::host(velocity));
+        },
+        residual, velocity);
   }
 };
 

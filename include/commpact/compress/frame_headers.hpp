@@ -3,16 +3,19 @@
 //! \file frame_headers.hpp
 //! Every rank's frame header (frame.hpp) on the host, for the compressors that check
 //! them alike on every rank (CodecCompressor, MajorityVote): queue() copies the 48-byte
-//! header of each received block to the host after the exchange (the payloads stay in
+//! header of each received block into pinned host memory after the exchange (the payloads stay in
 //! the space); after the fence, check() is frame::check_headers on them.
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string_view>
 #include <vector>
 
+#include "../error.hpp"
 #include "../kernels/ops.hpp"
+#include "../space/host.hpp"
 #include "frame.hpp"
 
 namespace commpact::frame {
@@ -27,18 +30,25 @@ class host_headers {
     const auto P = static_cast<std::size_t>(agg.sources());
     hdr_.resize(P * hf);
     for (std::size_t r = 0; r < P; ++r)
-      ops<Space>::to_host(e, agg.received(static_cast<int>(r)).first(hf), std::span<float>(hdr_).subspan(r * hf, hf));
+      ops<Space>::to_host(e, agg.received(static_cast<int>(r)).first(hf), hdr_.view().subspan(r * hf, hf));
   }
   //! After the fence: mismatch_error alike on every rank, or the union of the flags.
   std::uint16_t check(int P, std::size_t block_bytes, std::string_view who) const {
-    return check_headers(std::as_bytes(std::span<const float>(hdr_)), P, block_bytes, who);
+    const auto h = std::span<const float>(hdr_.view());
+    // A header starts with the magic word, never a NaN: a NaN there is the poison of a
+    // copy read before its fence (the deferred space's check).
+    for (std::size_t i = 0; i < h.size(); i += header_bytes / 4)
+      if (std::isnan(h[i]))
+        throw usage_error(detail::cat("commpact::", who, ": the frame headers were read on the host before the fence "
+                                      "that covers their copy; fence the executor first."));
+    return check_headers(std::as_bytes(h), P, block_bytes, who);
   }
   //! Where the headers live (for a compressor's allocation signature).
   const void* data() const { return hdr_.data(); }
   std::size_t capacity() const { return hdr_.capacity(); }
 
  private:
-  std::vector<float> hdr_;  // float storage, as the blocks
+  pinned_t<Space, float> hdr_;  // float storage, as the blocks; pinned on CUDA
 };
 
 }  // namespace commpact::frame

@@ -77,10 +77,11 @@ class step_phase {
     v_ = idle;
   }
 
-  //! cancel() of a compressor in Space: drop(), the queued work on `e` completed first.
+  //! cancel() of a compressor in Space: drop(), the queued work on `e` completed first,
+  //! never waiting past `until` (the communicator's deadline).
   template <class Space, class Exec>
-  void drop_in(const Exec& e) noexcept {
-    drop([&] { Space::fence(e, no_deadline()); });
+  void drop_in(const Exec& e, deadline until) noexcept {
+    drop([&] { Space::fence(e, until); });
   }
 
   step_phase& operator=(value v) {

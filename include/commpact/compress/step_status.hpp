@@ -2,15 +2,19 @@
 #pragma once
 //! \file step_status.hpp
 //! A step's status word (kernels/status.hpp's bits) in the compressor's space, and its
-//! copy on the host: start() clears it (queued), the kernels set bits instead of
-//! throwing, finish() queues fetch() before its fence and reads bits() after it.
+//! copy in pinned host memory: start() clears it (queued), the kernels set bits instead
+//! of throwing, start() queues fetch() last, and finish() reads bits() after its fence
+//! (a read before it raises usage_error on the deferred space).
 //! Dense, CastAllreduce, LinearCompressor, CodecCompressor and MajorityVote hold one.
 
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string_view>
 
 #include "../kernels/ops.hpp"
+#include "../kernels/status.hpp"
+#include "../space/host.hpp"
 
 namespace commpact::detail {
 
@@ -23,20 +27,29 @@ class status_word {
   //! One word, cleared on `e` (queued): call at the start of every step.
   void clear(const typename Space::exec& e) {
     buf_.resize(1);
+    host_.resize(1);
     ops<Space>::fill(e, buf_.view(), std::uint32_t{0});
   }
   span view() { return buf_.view(); }
   cspan cview() const { return buf_.cview(); }
-  //! Queues the copy of the word to the host; bits() holds it after the next fence.
-  void fetch(const typename Space::exec& e) { ops<Space>::to_host(e, buf_.cview(), std::span<std::uint32_t>(&host_, 1)); }
-  std::uint32_t bits() const { return host_; }
+  //! Queues the copy of the word into pinned host memory; bits() holds it after the next fence.
+  void fetch(const typename Space::exec& e) {
+    host_.resize(1);
+    ops<Space>::to_host(e, buf_.cview(), host_.view());
+  }
+  //! The word as the last fenced fetch() left it; usage_error when read before that fence.
+  std::uint32_t bits(std::string_view who = "a compressor") const {
+    const std::uint32_t b = host_.size() ? host_.view()[0] : 0;
+    require_fenced(b, who);
+    return b;
+  }
   //! Where the word lives (for a compressor's allocation signature).
   const void* data() const { return buf_.data(); }
   std::size_t capacity() const { return buf_.capacity(); }
 
  private:
   typename Space::template buffer<std::uint32_t> buf_;
-  std::uint32_t host_ = 0;
+  pinned_t<Space, std::uint32_t> host_;
 };
 
 }  // namespace commpact::detail

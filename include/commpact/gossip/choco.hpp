@@ -61,7 +61,7 @@ class choco_algorithm {
   using buffer = typename space_type::template buffer<T>;
 
   choco_algorithm(const tensor_layout&, std::size_t n, choco_gossip<Q> pol, neighbor_exchange<Comm>& ex)
-      : codec_(std::move(pol.codec)), gamma_(pol.gamma), n_(n), deg_(ex.degree()), exec_(ex.exec()) {
+      : codec_(std::move(pol.codec)), gamma_(pol.gamma), n_(n), deg_(ex.degree()), exec_(ex.exec()), timeout_(ex.timeout()) {
     require(std::isfinite(gamma_) && gamma_ > 0.0 && gamma_ <= 1.0, "commpact::choco_gossip: gamma = ", gamma_,
             " must be in (0, 1] (CHOCO's consensus step size).");
     if constexpr (req::codec_has_bind_rank<Q>) codec_.bind_rank(ex.rank());  // stochastic codecs: own streams
@@ -73,7 +73,7 @@ class choco_algorithm {
     acc_.resize(n_);
     ops<space_type>::fill(exec_, hat_self_.view(), 0.0f);
     ops<space_type>::fill(exec_, hat_nb_.view(), 0.0f);
-    space_type::fence(exec_, no_deadline());
+    space_type::fence(exec_, deadline_after(timeout_));
   }
 
   //! The bytes of this round's message: the codec's max_encoded_bytes(n) at this round
@@ -139,7 +139,7 @@ class choco_algorithm {
     round_ = s.round;
     ops<space_type>::from_host(exec_, std::span<const float>(s.self), hat_self_.view());
     if (!s.nb.empty()) ops<space_type>::from_host(exec_, std::span<const float>(s.nb), hat_nb_.view());
-    space_type::fence(exec_, no_deadline());
+    space_type::fence(exec_, deadline_after(timeout_));
   }
 
   template <class Out>
@@ -157,7 +157,7 @@ class choco_algorithm {
     std::vector<float> h(b.size());
     if (h.empty()) return h;
     ops<space_type>::to_host(exec_, b.cview(), std::span<float>(h));
-    space_type::fence(exec_, no_deadline());
+    space_type::fence(exec_, deadline_after(timeout_));
     return h;
   }
 
@@ -166,6 +166,7 @@ class choco_algorithm {
   double gamma_;
   std::size_t n_, deg_;
   typename space_type::exec exec_;
+  std::chrono::milliseconds timeout_;  // the communicator's: every fence's deadline
   buffer<float> hat_self_, hat_nb_, q_nb_, diff_, q_self_;
   buffer<double> acc_;
   std::string why_;

@@ -76,6 +76,8 @@ class neighbor_exchange {
   }
 
   Comm& comm() { return comm_; }
+  //! How long a wait on this exchange's queued work may last (the communicator's timeout).
+  std::chrono::milliseconds timeout() const { return comm_timeout(comm_); }
   int rank() const { return comm_.rank(); }
   std::size_t degree() const { return nb_.size(); }
   const std::vector<int>& neighbors() const { return nb_; }
@@ -173,18 +175,21 @@ class neighbor_exchange {
   //! `why` is read after the fence (the decode kernel writes it).
   std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
     const auto e = exec();
-    K::to_host(e, words_.cview(), std::span<std::int64_t>(words_host_));
-    space_type::fence(e, no_deadline());
-    if (words_host_[0] == 0 && words_host_[2] == 0) return 0;
+    words_host_.resize(host::gossip::status_words);
+    K::to_host(e, words_.cview(), words_host_.view());
+    comm_fence(comm_);
+    const auto w = std::span<const std::int64_t>(words_host_.view());
+    require_fenced(static_cast<std::uint32_t>(w[0] >> 32), "GossipMixer::mix");
+    if (w[0] == 0 && w[2] == 0) return 0;
     stats_ = before;
-    if (words_host_[2] != 0)
+    if (w[2] != 0)
       throw wire_error(detail::cat("commpact::GossipMixer::mix: rank ", comm_.rank(), " received a malformed message from rank ",
-                                   nb_[static_cast<std::size_t>(words_host_[2] - 1)], ": ", why,
+                                   nb_[static_cast<std::size_t>(w[2] - 1)], ": ", why,
                                    " The round changed nothing on this rank."));
-    return words_host_[0];
+    return w[0];
   }
   //! This rank's first non-finite index at the last finish_round (n when none).
-  std::size_t bad_index() const { return static_cast<std::size_t>(words_host_[1]); }
+  std::size_t bad_index() const { return static_cast<std::size_t>(std::span<const std::int64_t>(words_host_.view())[1]); }
 
   //! A round with a non-finite model somewhere (every rank knows it): raises
   //! numeric_error on every rank, or returns false under skip_step.
@@ -222,7 +227,7 @@ class neighbor_exchange {
   buffer<double> w_dev_;
   buffer<std::byte> send_dev_, recv_dev_;
   std::size_t msg_bytes_ = 0;
-  std::array<std::int64_t, host::gossip::status_words> words_host_{};
+  pinned_t<space_type, std::int64_t> words_host_;  // the round's status words, read after the fence
 };
 
 }  // namespace commpact

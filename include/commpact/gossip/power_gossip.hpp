@@ -78,7 +78,7 @@ class power_gossip_algorithm {
   using K = typename exchange_type::K;
 
   power_gossip_algorithm(const tensor_layout& layout, std::size_t, power_gossip<R> pol, neighbor_exchange<Comm>& ex)
-      : pol_(pol), me_(ex.rank()), self_w_(ex.self_weight()), exec_(ex.exec()) {
+      : pol_(pol), me_(ex.rank()), self_w_(ex.self_weight()), exec_(ex.exec()), timeout_(ex.timeout()) {
     require(std::isfinite(pol_.gamma) && pol_.gamma > 0.0 && pol_.gamma <= 1.0, "commpact::power_gossip: gamma = ",
             pol_.gamma, " must be in (0, 1].");
     std::size_t off = 0, voff = 0;
@@ -119,7 +119,7 @@ class power_gossip_algorithm {
     upd_.resize(max_nm_);
     vacc_.resize(n_vec_);
     ex.reserve_messages(max_bytes);
-    space_type::fence(exec_, no_deadline());
+    space_type::fence(exec_, deadline_after(timeout_));
   }
 
   //! Bytes of one message in the current phase (0: m x r projections, 1: n x r).
@@ -203,7 +203,7 @@ class power_gossip_algorithm {
     std::vector<float> h(shared_.size());
     if (!h.empty()) {
       K::to_host(exec_, shared_.cview(), std::span<float>(h));
-      space_type::fence(exec_, no_deadline());
+      space_type::fence(exec_, deadline_after(timeout_));
     }
     for (std::size_t k = 0; k < nb_.size(); ++k)
       for (const auto& t : t_)
@@ -230,7 +230,7 @@ class power_gossip_algorithm {
   void install(staged&& s) {
     round_ = s.round;
     if (!s.shared.empty()) K::from_host(exec_, std::span<const float>(s.shared), shared_.view());
-    space_type::fence(exec_, no_deadline());
+    space_type::fence(exec_, deadline_after(timeout_));
   }
 
   template <class Out>
@@ -254,6 +254,7 @@ class power_gossip_algorithm {
   int me_;
   double self_w_;
   typename space_type::exec exec_;
+  std::chrono::milliseconds timeout_;  // the communicator's: every fence's deadline
   std::vector<tensor> t_;
   std::size_t n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0;
   std::vector<int> nb_;

@@ -33,6 +33,15 @@ class host_buffer {
  public:
   void resize(std::size_t n) { v_.resize(n); }
   void reserve(std::size_t n) { v_.reserve(n); }
+  //! The same, ordered on an executor (a space whose buffers allocate on a stream uses it).
+  template <class Exec>
+  void resize(std::size_t n, const Exec&) {
+    resize(n);
+  }
+  template <class Exec>
+  void reserve(std::size_t n, const Exec&) {
+    reserve(n);
+  }
   std::size_t size() const { return v_.size(); }
   std::size_t capacity() const { return v_.capacity(); }
   bool empty() const { return v_.empty(); }
@@ -55,8 +64,20 @@ struct host_space {
   using span = std::span<T>;
   template <class T>
   using buffer = host_buffer<T>;
+  //! Host memory that a device-to-host copy lands in (pinned memory on CUDA, so that the
+  //! copy stays queued): status words, headers and counts a step reads after its fence.
+  template <class T>
+  using pinned = host_buffer<T>;
   //! Nothing to carry: work runs at once on the calling thread.
   struct exec {};
+  //! A point in an executor's work (CUDA: an event), for ordering work across executors.
+  struct event {};
+  //! Marks the work queued on e so far; nothing to mark on the host.
+  static event record(exec) { return {}; }
+  //! Orders the work queued on e from now on after the work ev marks; it has run already.
+  static void wait(exec, event) {}
+  //! Makes e's device current on the calling thread (a worker thread calls it first); no device here.
+  static void activate(exec) {}
   //! Queued work has already run.
   static void fence(exec, deadline) {}
 };
@@ -72,6 +93,29 @@ struct space_of<T> {
   using type = typename T::space_type;
 };
 }  // namespace detail
+
+namespace detail {
+template <class S, class T>
+struct pinned_of {
+  using type = host_buffer<T>;
+};
+template <class S, class T>
+  requires requires { typename S::template pinned<T>; }
+struct pinned_of<S, T> {
+  using type = typename S::template pinned<T>;
+};
+}  // namespace detail
+
+//! S's pinned host buffer of T (S::pinned<T>), or host_buffer<T> for a space without one.
+template <class S, class T>
+using pinned_t = typename detail::pinned_of<S, T>::type;
+
+//! S::activate(e) where S has it (the CUDA space: e's device becomes current on this
+//! thread, as a worker thread must do before it queues work), else nothing.
+template <class S, class E>
+void activate(const E& e) {
+  if constexpr (requires { S::activate(e); }) S::activate(e);
+}
 
 //! The space of a communicator, compressor or aggregation: T::space_type when T names
 //! one, else host_space (the v2 types, which take std::span).

@@ -202,6 +202,12 @@ class DataParallel {
     if (overlap_) compressor_.ready(layer);
   }
 
+  //! Orders the next step's work after `ev` (the framework's backward, recorded on its
+  //! stream): no host wait. The space's event: cuda_space::event, deferred_space::event.
+  void wait(const typename space_type::event& ev) { space_type::wait(exec(), ev); }
+  //! An event marking the work queued so far (a step's end), for a consumer's stream.
+  typename space_type::event record() const { return space_type::record(exec()); }
+
   //! One optimizer step after backward. `grads` may be overwritten (by the averaged
   //! gradient in gradient rounds). Returns true when this step ended with a
   //! synchronisation round, after which params are the same on every rank.

@@ -182,13 +182,14 @@ class SparseReduceScatter {
       for (int j = 0; j < P_; ++j)
         if (j != me) recv_known(comm_, j, slot(hdr_in_, static_cast<std::size_t>(j)));
     });
-    ops<space_type>::to_host(e, hdr_out_.cview().first(up * header), std::span<std::byte>(hdr_out_host_));
-    ops<space_type>::to_host(e, hdr_in_.cview().first(up * header), std::span<std::byte>(hdr_in_host_));
-    space_type::fence(e, no_deadline());
+    ops<space_type>::to_host(e, hdr_out_.cview().first(up * header), hdr_out_host_.view().first(up * header));
+    ops<space_type>::to_host(e, hdr_in_.cview().first(up * header), hdr_in_host_.view().first(up * header));
+    comm_fence(comm_);
     if (!check_headers(me)) return;  // a flagged step: no entries move
     // The entries of every frame, sized by the headers.
-    auto count = [&](const std::vector<std::byte>& h, int j) {
-      return static_cast<std::size_t>(host::oktopk::read_header(h.data() + static_cast<std::size_t>(j) * header).count);
+    auto count = [&](const auto& h, int j) {
+      return static_cast<std::size_t>(
+          host::oktopk::read_header(h.view().data() + static_cast<std::size_t>(j) * header).count);
     };
     auto pay = [&](auto& b, int j, std::size_t c) {
       return b.view().subspan(static_cast<std::size_t>(j) * pay_stride(), 8 * c);
@@ -225,17 +226,19 @@ class SparseReduceScatter {
         send_known(comm_, static_cast<int>(mod(me + 1)), span<const std::byte>(block(mod(me - s), 0, 8)));
         recv_known(comm_, static_cast<int>(mod(me - 1)), block(mod(me - s - 1), 0, 8));
       });
-    std::uint32_t st[2] = {0, 0};
-    ops<space_type>::to_host(e, span<const std::uint32_t>(status_), std::span<std::uint32_t>(st));
-    ops<space_type>::to_host(e, theta_dev_.cview(), std::span<float>(&theta_step_, 1));
+    ops<space_type>::to_host(e, span<const std::uint32_t>(status_), st_host_.view());
+    ops<space_type>::to_host(e, theta_dev_.cview(), theta_host_.view());
     for (std::size_t o = 0; o < up; ++o)
-      ops<space_type>::to_host(e, span<const std::byte>(block(o, 0, 8)), std::span<std::byte>(block_hdr_host_).subspan(8 * o, 8));
-    space_type::fence(e, no_deadline());
+      ops<space_type>::to_host(e, span<const std::byte>(block(o, 0, 8)), block_hdr_host_.view().subspan(8 * o, 8));
+    comm_fence(comm_);
+    const auto st = std::span<const std::uint32_t>(st_host_.view());
+    require_fenced(st[0], "OkTopK (SparseReduceScatter)");
+    theta_step_ = theta_host_.view()[0];
     if (st[0] & status_wire)
       wire_failure(detail::cat("the frame of rank ", st[1], " has entries out of order, outside this region or not finite"));
-    auto bcount = [&](std::size_t o) { return static_cast<std::size_t>(host::oktopk::get<std::uint32_t>(block_hdr_host_.data() + 8 * o + 4)); };
+    auto bcount = [&](std::size_t o) { return static_cast<std::size_t>(host::oktopk::get<std::uint32_t>(block_hdr_host_.view().data() + 8 * o + 4)); };
     for (std::size_t o = 0; o < up; ++o) {
-      const auto origin = host::oktopk::get<std::uint32_t>(block_hdr_host_.data() + 8 * o);
+      const auto origin = host::oktopk::get<std::uint32_t>(block_hdr_host_.view().data() + 8 * o);
       if (origin != o || bcount(o) > cap_)
         wire_failure(detail::cat("the allgather block of rank ", o, " is malformed (origin ", origin, ", ", bcount(o),
                                  " entries, at most ", cap_, ")"));
@@ -271,7 +274,7 @@ class SparseReduceScatter {
     const auto e = exec();
     ops<space_type>::oktopk_clear_selected(e, acc, lidx_.cview(), blocks(), dbounds_.cview(), status,
                                            dbounds_next_.view());
-    ops<space_type>::to_host(e, dbounds_next_.cview(), std::span<std::int64_t>(bounds_next_));
+    ops<space_type>::to_host(e, dbounds_next_.cview(), bounds_next_.view());
   }
 
   //! Installs the step (after the caller's fence): delivered, the rebalanced regions and
@@ -279,7 +282,8 @@ class SparseReduceScatter {
   //! when the regions did not reset.
   void commit(bool delivered) {
     if (delivered) {
-      bounds_.assign(bounds_next_.begin(), bounds_next_.end());
+      const auto next = std::span<const std::int64_t>(bounds_next_.view());
+      bounds_.assign(next.begin(), next.end());
       theta_ = theta_step_;
       theta_valid_ = true;
     } else {
@@ -322,7 +326,7 @@ class SparseReduceScatter {
     const std::size_t P = static_cast<std::size_t>(P_);
     theta_dev_.resize(1), dbounds_.resize(P + 1), dbounds_next_.resize(P + 1);
     bounds_next_.resize(P + 1), hdr_out_host_.resize(P * header), hdr_in_host_.resize(P * header);
-    block_hdr_host_.resize(P * 8);
+    block_hdr_host_.resize(P * 8), st_host_.resize(2), theta_host_.resize(1);
     hdr_out_.resize(P * header), hdr_in_.resize(P * header);
     if (!accepted) return;
     reg_.resize(n_), touched_.resize(n_), magws_.resize(n_), selws_.resize(n_);
@@ -341,11 +345,11 @@ class SparseReduceScatter {
   //! a malformed header or another n, k or step; collects the flags. Returns false for a
   //! flagged step.
   bool check_headers(int me) {
-    const auto own = host::oktopk::read_header(hdr_out_host_.data() + static_cast<std::size_t>(me) * header);
+    const auto own = host::oktopk::read_header(hdr_out_host_.view().data() + static_cast<std::size_t>(me) * header);
     std::uint32_t all = own.flags;
     for (int j = 0; j < P_; ++j) {
       if (j == me) continue;
-      const auto h = host::oktopk::read_header(hdr_in_host_.data() + static_cast<std::size_t>(j) * header);
+      const auto h = host::oktopk::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
       if (h.magic != host::oktopk::magic || h.flags > 3u)
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
       if (h.flags) {
@@ -369,8 +373,12 @@ class SparseReduceScatter {
   buffer<std::uint8_t> touched_;
   buffer<std::byte> hdr_out_, hdr_in_, pay_out_, pay_in_, blocks_;
   buffer<std::int64_t> dbounds_, dbounds_next_;
-  std::vector<std::int64_t> bounds_, step_bounds_, bounds_next_;
-  std::vector<std::byte> hdr_out_host_, hdr_in_host_, block_hdr_host_;
+  std::vector<std::int64_t> bounds_, step_bounds_;
+  // Host copies of device data, read after a fence: pinned on CUDA (the copies stay queued).
+  pinned_t<space_type, std::int64_t> bounds_next_;
+  pinned_t<space_type, std::byte> hdr_out_host_, hdr_in_host_, block_hdr_host_;
+  pinned_t<space_type, std::uint32_t> st_host_;
+  pinned_t<space_type, float> theta_host_;
   span<std::uint32_t> status_{};
   std::size_t n_ = 0, k_ = 1, cap_ = 1;
   int P_ = 1;

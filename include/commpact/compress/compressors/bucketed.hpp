@@ -64,6 +64,7 @@
 #include "../../concepts.hpp"
 #include "../../detail/serial_worker.hpp"
 #include "../../error.hpp"
+#include "../../comm/known_size.hpp"
 #include "../../state.hpp"
 #include "../transaction.hpp"
 
@@ -329,6 +330,8 @@ class Bucketed {
     if (failed_.v.load()) return;
     try {
       const auto& i = info_[b];
+      // The worker thread runs on the bucket's device (the CUDA space: its exec's device).
+      if constexpr (requires { comps_[b].comm(); }) activate<space_type>(comm_exec(comps_[b].comm()));
       auto part = grad_.subspan(i.offset, i.size);
       const bool ok = txs_[b].run(comps_[b], part, opt_.transactional);
       ran_ = b + 1;

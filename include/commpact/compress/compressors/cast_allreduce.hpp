@@ -147,7 +147,7 @@ class CastAllreduce {
     try {
       ops<space_type>::template cast_decode_mean<Cast>(e, codes_.cview(), grad_, comm_.size(), status_.view());
       status_.fetch(e);
-      space_type::fence(e, no_deadline());
+      fence();
     } catch (...) {
       phase_ = phase::idle;
       throw;
@@ -158,7 +158,7 @@ class CastAllreduce {
       if (opt_.on_nonfinite == nonfinite::raise)
         detail::raise_nonfinite(who, "summed gradient", static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      fence();
     }
     phase_ = phase::finished;
     return !skipped_step_;
@@ -175,7 +175,7 @@ class CastAllreduce {
 
   //! Drops a started or finished step: the residual and counters stay as before it
   //! (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
 
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("CastAllreduce", "save_state");
@@ -200,7 +200,7 @@ class CastAllreduce {
     residual_.clear();
     residual_.resize(res.size());
     ops<space_type>::from_host(exec(), std::span<const float>(res), residual_.view());
-    space_type::fence(exec(), no_deadline());
+    fence();
     checked_size_ = -1;
   }
 
@@ -237,10 +237,13 @@ class CastAllreduce {
     else return 3;
   }
   auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<Comm&>(comm_)); }
+  deadline until() const { return comm_deadline(const_cast<Comm&>(comm_)); }
   std::vector<float> to_host(const buffer<float>& b) const {
     std::vector<float> h(b.size());
     ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
+    fence();
     return h;
   }
 

@@ -162,7 +162,7 @@ class CodecCompressor {
   bool finish() {
     phase_.take_started(name_);
     const auto e = exec();
-    space_type::fence(e, no_deadline());
+    fence();
     // A rank that rejected its input sends agreement -1: the lengths are compared first,
     // the rest only among ranks that did not reject.
     const std::uint16_t flags =
@@ -175,7 +175,7 @@ class CodecCompressor {
     // rest finite), before grad is written.
     agg_.combine(codec_, grad_, status_.view());
     status_.fetch(e);
-    space_type::fence(e, no_deadline());
+    fence();
     if (status_.bits() & status_wire)  // a space whose decode cannot raise (CUDA) reports it here
       throw wire_error(detail::cat("commpact::", name_, "::reduce: a rank's payload at step ", steps_,
                                    " is malformed (the codec's decoder rejects it); every rank received the same "
@@ -205,7 +205,7 @@ class CodecCompressor {
 
   //! Drops a started or finished step: residual, velocity and counters as before start().
   //! Queued work is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
@@ -276,6 +276,9 @@ class CodecCompressor {
   using kernels = codec_kernels<Codec, space_type>;
 
   auto exec() const { return comm_exec(const_cast<Aggregation&>(agg_).comm()); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<Aggregation&>(agg_).comm()); }
+  deadline until() const { return comm_deadline(const_cast<Aggregation&>(agg_).comm()); }
 
   std::string check(std::size_t n) const {
     if constexpr (req::codec_has_check<Codec>) return std::string(codec_.check(n));
@@ -297,7 +300,7 @@ class CodecCompressor {
       detail::raise_nonfinite(name_ + "::reduce", what, static_cast<std::size_t>(-1), steps_);
     const auto e = exec();
     ops<space_type>::fill(e, grad_, 0.0f);
-    space_type::fence(e, no_deadline());
+    fence();
     phase_ = phase::finished;
     outcome_ = outcome::skipped;
     return false;

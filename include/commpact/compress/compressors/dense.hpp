@@ -79,13 +79,13 @@ class Dense {
   bool finish() {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
-    space_type::fence(e, no_deadline());
+    comm_fence(comm_);
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
         detail::raise_nonfinite("Dense::reduce", "summed gradient", static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      comm_fence(comm_);
     }
     phase_ = phase::finished;
     return !skipped_step_;
@@ -100,7 +100,7 @@ class Dense {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(comm_exec(comm_)); }
+  void cancel() noexcept { phase_.drop_in<space_type>(comm_exec(comm_), comm_deadline(comm_)); }
 
   void save_state(std::vector<std::byte>& out) const {
     state::writer w{out, "commpact.Dense"};

@@ -149,7 +149,8 @@ class gTopK {
     try {
       agg_.exchange();
       agg_.combine(no_codec{}, grad, span<std::uint32_t>{});  // the status: the meta, read after the fence
-      ops<space_type>::to_host(e, agg_.meta(), std::span<sparse_tree_meta>(&meta_host_, 1));
+      meta_host_.resize(1);
+      ops<space_type>::to_host(e, agg_.meta(), meta_host_.view());
     } catch (...) {
       phase_ = phase::idle;
       throw;
@@ -163,13 +164,14 @@ class gTopK {
     phase_.require_started("gTopK");
     const auto e = exec();
     try {
-      space_type::fence(e, no_deadline());
+      fence();
     } catch (...) {
       phase_ = phase::idle;
       throw;
     }
     phase_ = phase::idle;
-    const sparse_tree_meta& m = meta_host_;
+    const sparse_tree_meta& m = meta_host_.view()[0];
+    require_fenced(m.status, "gTopK::finish");
     const int me = agg_.comm().rank();
     if (m.status & status_wire) {
       const auto why = detail::cat("gTopK: rank ", me, " received a malformed frame from rank ", m.wire_peer,
@@ -191,7 +193,7 @@ class gTopK {
         detail::raise_nonfinite("gTopK::reduce", "gradient (with its residual) of some rank, or a merged sum,",
                                 static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      fence();
       outcome_ = outcome::skipped;
     } else {
       outcome_ = outcome::delivered;
@@ -208,7 +210,7 @@ class gTopK {
       residual_.swap(acc_);
       if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
       ops<space_type>::tree_zero_delivered(exec(), agg_.meta(), residual_.view(), velocity_.view(), agg_.views());
-      last_count_ = meta_host_.cur_count;
+      last_count_ = meta_host_.view()[0].cur_count;
     } else {
       ++skipped_;
     }
@@ -219,7 +221,7 @@ class gTopK {
   //! Drops a started or finished step: the residual, the velocity and the counters stay
   //! as before start(). (grad holds the step's result if it finished.) Every rank that
   //! started the step must cancel it; queued communication is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
   void save_state(std::vector<std::byte>& out) const {
@@ -294,6 +296,9 @@ class gTopK {
   struct no_codec {};
 
   auto exec() const { return comm_exec(const_cast<tree_type&>(agg_.comm())); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<tree_type&>(agg_.comm())); }
+  deadline until() const { return comm_deadline(const_cast<tree_type&>(agg_.comm())); }
 
   template <class T>
   static span<const T> cview(span<T> s) {
@@ -330,7 +335,7 @@ class gTopK {
   options opt_;
   typename ops<space_type>::topk_workspace ws_;
   buffer<float> residual_, acc_, velocity_, u_next_, scale_;
-  sparse_tree_meta meta_host_{};
+  pinned_t<space_type, sparse_tree_meta> meta_host_;  // the step's outcome, read after the fence
   span<float> grad_{};
   std::string problem_;
   bool agreed_ = false;

@@ -125,14 +125,14 @@ class LinearCompressor {
     agg_.combine(codec_, grad_, status_.view());
     const auto e = exec();
     status_.fetch(e);
-    space_type::fence(e, no_deadline());
+    fence();
     outcome_ = outcome::delivered;
     if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
         detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank",
                                 static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      fence();
       outcome_ = outcome::skipped;
     }
     phase_ = phase::finished;
@@ -161,7 +161,7 @@ class LinearCompressor {
 
   //! Drops a started or finished step: residual and counters as before start(). Queued
   //! work is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
 
   //! Saves the counters and the residual (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
@@ -234,6 +234,9 @@ class LinearCompressor {
   std::int64_t n_ = -1, ef_n_ = 0, steps_ = 0, skipped_ = 0;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
+  deadline until() const { return comm_deadline(const_cast<aggregation_type&>(agg_).comm()); }
 };
 
 }  // namespace commpact

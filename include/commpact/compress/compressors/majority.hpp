@@ -138,7 +138,7 @@ class MajorityVote {
   bool finish() {
     phase_.take_started("MajorityVote");
     const auto e = exec();
-    space_type::fence(e, no_deadline());
+    fence();
     const std::uint16_t flags =
         headers_.check(agg_.sources(), cap_, "MajorityVote");
     if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem_, steps_);
@@ -148,14 +148,14 @@ class MajorityVote {
         detail::raise_nonfinite("MajorityVote::reduce", "gradient (or momentum) of some rank",
                                 static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      fence();
       outcome_ = outcome::skipped;
       phase_ = phase::finished;
       return false;
     }
     agg_.combine(codec_, grad_, status_.view());
     status_.fetch(e);
-    space_type::fence(e, no_deadline());
+    fence();
     if (status_.bits() & status_wire)
       throw wire_error(detail::cat("commpact::MajorityVote::reduce: a rank's vote at step ", steps_, " is malformed "
                                    "(a payload that is not 4 + ceil(n / 8) = ", payload_bytes(grad_.size()),
@@ -180,7 +180,7 @@ class MajorityVote {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(exec()); }
+  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
 
   //! Saves the counters and Signum's momentum (state.hpp, kind "commpact.MajorityVote").
   void save_state(std::vector<std::byte>& out) const {
@@ -226,6 +226,9 @@ class MajorityVote {
   using outcome = detail::step_outcome;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
+  deadline until() const { return comm_deadline(const_cast<aggregation_type&>(agg_).comm()); }
 
   aggregation_type agg_;
   majority_options opt_;

@@ -130,24 +130,27 @@ class OkTopK {
       if (!pending_ && outcome_ == outcome::delivered) {
         agg_.combine(*this, grad_, status_.view());
         agg_.clear_selected(acc_.view(), status_.cview());
-        ops<space_type>::to_host(e, status_.cview(), std::span<std::uint32_t>(status_host_));
+        status_host_.resize(2);
+        ops<space_type>::to_host(e, status_.cview(), status_host_.view());
       }
-      space_type::fence(e, no_deadline());
+      fence();
     } catch (...) {
       phase_ = phase::idle;
       throw;
     }
     phase_ = phase::idle;
     if (pending_) std::rethrow_exception(std::exchange(pending_, nullptr));
-    if (outcome_ == outcome::delivered && (status_host_[0] & status_wire)) {
+    const auto sh = std::span<const std::uint32_t>(status_host_.view());
+    if (outcome_ == outcome::delivered) require_fenced(sh[0], "OkTopK::finish");
+    if (outcome_ == outcome::delivered && (sh[0] & status_wire)) {
       const auto why = detail::cat("OkTopK: rank ", comm().rank(), " at step ", steps_, ": the allgather block of rank ",
-                                   status_host_[1], " has entries out of order, outside its region or not finite.");
+                                   sh[1], " has entries out of order, outside its region or not finite.");
       comm().abort(why);
       throw wire_error(detail::cat("commpact::", why, " Every rank must run the same commpact; the step is abandoned."));
     }
     if (outcome_ == outcome::skipped) {
       ops<space_type>::fill(e, grad_, 0.0f);
-      space_type::fence(e, no_deadline());
+      fence();
     }
     phase_ = phase::finished;
     return outcome_ == outcome::delivered;
@@ -172,7 +175,7 @@ class OkTopK {
   //! Drops a started or finished step (queued work is completed first): the residual,
   //! the regions, theta and the counters stay as before it.
   void cancel() noexcept {
-    phase_.drop_in<space_type>(exec());
+    phase_.drop_in<space_type>(exec(), until());
     pending_ = nullptr;
   }
 
@@ -182,7 +185,7 @@ class OkTopK {
     state::write_counters(w, steps_, skipped_);
     std::vector<float> h(static_cast<std::size_t>(residual_len_));
     ops<space_type>::to_host(exec(), residual(), std::span<float>(h));
-    space_type::fence(exec(), no_deadline());
+    fence();
     w.f32s(10, h);
     w.f32s(11, std::vector<float>{});
     w.finish();
@@ -197,7 +200,7 @@ class OkTopK {
     r.done();
     residual_.resize(l.residual.size());
     ops<space_type>::from_host(exec(), std::span<const float>(l.residual), residual_.view());
-    space_type::fence(exec(), no_deadline());
+    fence();
     residual_len_ = static_cast<std::int64_t>(l.residual.size());
     steps_ = s;
     skipped_ = k;
@@ -237,6 +240,9 @@ class OkTopK {
     return opt.period;
   }
   auto exec() const { return comm_exec(const_cast<C&>(agg_.comm())); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<C&>(agg_.comm())); }
+  deadline until() const { return comm_deadline(const_cast<C&>(agg_.comm())); }
 
   //! After the exchange, from every rank's flags: raises alike on every rank for a
   //! rejected input or (unless skip_step) a non-finite one; a skipped step otherwise.
@@ -255,7 +261,7 @@ class OkTopK {
   typename ops<space_type>::topk_workspace ws_;
   buffer<float> residual_, acc_;
   buffer<std::uint32_t> status_;
-  std::uint32_t status_host_[2] = {0, 0};
+  pinned_t<space_type, std::uint32_t> status_host_;  // 2 words, read after the fence
   span<float> grad_{};
   std::string problem_;
   std::exception_ptr pending_;

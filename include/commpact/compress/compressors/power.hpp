@@ -153,7 +153,7 @@ class PowerCompressor {
       if (en.compressed) ops<Space>::lowrank_prepare(exec(), en.rows, en.cols, en.r, opt_.products);
     if (q > 0) {
       ops<Space>::fill(exec(), q_.view(), 0.0f);
-      Space::fence(exec(), no_deadline());
+      fence();
     }
     layout_ = std::move(layout);
     entries_ = std::move(plan.entries);
@@ -195,7 +195,8 @@ class PowerCompressor {
     dense_step_ = steps_ < opt_.start_step;
     if (dense_step_) queue_dense_step(grad);
     else queue_compressed_step(grad);
-    ops<Space>::to_host(e, status_.cview(), std::span<std::uint32_t>(status_host_));
+    status_host_.resize(status_words);
+    ops<Space>::to_host(e, status_.cview(), status_host_.view());
     grad_ = grad;
     phase_ = phase::started;
   }
@@ -206,8 +207,9 @@ class PowerCompressor {
   bool finish() {
     phase_.take_started("PowerCompressor");
     const auto e = exec();
-    Space::fence(e, no_deadline());
-    const auto& s = status_host_;
+    fence();
+    const auto s = std::span<const std::uint32_t>(status_host_.view());
+    for (const auto w : s) require_fenced(w, "PowerCompressor::finish");
     outcome_ = outcome::delivered;
     if (s[0] | s[1] | s[2]) {
       const char* what = dense_step_ ? "allreduced dense gradient"
@@ -217,7 +219,7 @@ class PowerCompressor {
       if (opt_.on_nonfinite == nonfinite::raise)
         detail::raise_nonfinite("PowerCompressor::reduce", what, static_cast<std::size_t>(-1), steps_);
       ops<Space>::fill(e, grad_, 0.0f);
-      Space::fence(e, no_deadline());
+      fence();
       // Only a bad Q (P and the dense part fine) redraws Q from the seed at the next step.
       outcome_ = !dense_step_ && !s[0] && !s[1] ? outcome::skipped_redraw : outcome::skipped;
     }
@@ -243,7 +245,7 @@ class PowerCompressor {
   }
 
   //! Drops a started or finished step: residual, Q and counters as before start().
-  void cancel() noexcept { phase_.drop_in<Space>(exec()); }
+  void cancel() noexcept { phase_.drop_in<Space>(exec(), until()); }
 
   //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
@@ -278,7 +280,7 @@ class PowerCompressor {
     const auto e = exec();
     if (!l.residual.empty()) ops<Space>::from_host(e, std::span<const float>(l.residual), residual_.view());
     if (!q.empty()) ops<Space>::from_host(e, std::span<const float>(q), q_.view());
-    Space::fence(e, no_deadline());
+    fence();
     has_residual_ = !l.residual.empty();
     steps_ = c[0];
     skipped_ = c[1];
@@ -316,7 +318,7 @@ class PowerCompressor {
             en.compressed ? " takes " : " is not compressed and takes ", en.compressed ? en.cols * en.r : 0,
             " floats, got ", q.size(), ".");
     ops<Space>::from_host(exec(), q, q_.view().subspan(en.q_off, q.size()));
-    Space::fence(exec(), no_deadline());
+    fence();
     q_ready_ = true;
   }
   //! Floats allreduced per compressed step: sum (n + m) r over compressed matrices plus
@@ -350,6 +352,9 @@ class PowerCompressor {
   using entry = detail::power_entry;
 
   auto exec() const { return comm_exec(const_cast<comm_type&>(comm_)); }
+  //! Waits for the step's queued work under the communicator's deadline.
+  void fence() const { comm_fence(const_cast<comm_type&>(comm_)); }
+  deadline until() const { return comm_deadline(const_cast<comm_type&>(comm_)); }
 
   void check_options() const {
     require(opt_.approximation_rank >= 0, "commpact::PowerCompressor: approximation_rank = ", opt_.approximation_rank,
@@ -372,7 +377,7 @@ class PowerCompressor {
       tmp.resize(n);
       if (n == 0) return {};
       ops<Space>::to_host(exec(), b.cview().first(n), std::span<float>(tmp));
-      Space::fence(exec(), no_deadline());
+      fence();
       return tmp;
     }
   }
@@ -464,7 +469,7 @@ class PowerCompressor {
   // workspaces; q_ and residual_ the state, replaced by swapping at commit().
   buffer<float> p_, q_, q_next_, dense_, residual_, m_, stage_;
   buffer<std::uint32_t> status_;
-  std::array<std::uint32_t, status_words> status_host_{};
+  pinned_t<Space, std::uint32_t> status_host_;  // status_words words, read after the fence
   span<float> grad_{};
   phase phase_;
   outcome outcome_ = outcome::delivered;

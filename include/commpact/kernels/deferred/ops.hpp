@@ -3,11 +3,14 @@
 //! \file ops.hpp
 //! ops<deferred_space>: every row of the kernel table (kernels/ops.hpp) queued on the
 //! executor and run by the next fence, as the host kernel on the spans' host storage.
-//! So the deferred space computes exactly the host's bits, only later: a result read
-//! before the fence is stale.
+//! So the deferred space computes exactly the host's bits, only later. Every row tells
+//! the checker which buffers it touches, and to_host poisons its host side when queued.
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
 #include <functional>
 #include <span>
 #include <type_traits>
@@ -61,10 +64,38 @@ inline host_tree_views un(const sparse_tree_views<deferred_span>& v) {
   return v.map<host_span>([](auto s) { return deferred_access::host(s); });
 }
 
-//! Queues f(host storage of args...) on e.
+// The storage an argument touches, for the checker (space/deferred.hpp): a deferred
+// span (const: read; otherwise written), every span of a tree's views (written).
+template <class T>
+void touches(std::vector<deferred_check::touch>& ts, deferred_span<T> s) {
+  ts.push_back(deferred_check::touch_of(s));
+}
+inline void touches(std::vector<deferred_check::touch>& ts, const sparse_tree_views<deferred_span>& v) {
+  (void)v.map<deferred_span>([&](auto s) {
+    ts.push_back(deferred_check::touch_of(s));
+    return s;
+  });
+}
+template <class T>
+void touches(std::vector<deferred_check::touch>&, const T&) {}
+
+//! Queues f(host storage of args...) on e, telling the checker what it touches.
 template <class F, class... A>
 void queue(const deferred_space::exec& e, F f, A&&... a) {
-  e.enqueue([f, ... c = cap(a)]() mutable { f(un(c)...); });
+  std::vector<deferred_check::touch> ts;
+  (touches(ts, a), ...);
+  e.enqueue_touching([f, ... c = cap(a)]() mutable { f(un(c)...); }, ts);
+}
+
+//! What a host copy holds until the fence that covers it: NaN for floats, 0xFF bytes
+//! otherwise (so a status word reads status_unfenced, kernels/status.hpp).
+template <class T>
+void poison_host(std::span<T> h) {
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
+    for (auto& x : h) x = std::numeric_limits<float>::quiet_NaN();
+  } else {
+    std::memset(static_cast<void*>(h.data()), 0xFF, h.size_bytes());
+  }
 }
 }  // namespace detail::deferred
 
@@ -85,7 +116,13 @@ struct ops<deferred_space> {
   }
   COMMPACT_DEFERRED_OP(fill)
   COMMPACT_DEFERRED_OP(copy)
-  COMMPACT_DEFERRED_OP(to_host)
+  //! Queued like every row, and the host side is poisoned now: a read before the fence
+  //! that covers the copy sees poison, never stale or final data.
+  template <class Src, class T>
+  static void to_host(const exec& e, Src src, std::span<T> host) {
+    detail::deferred::queue(e, [](auto&&... x) { H::to_host({}, x...); }, src, host);
+    detail::deferred::poison_host(host);
+  }
   COMMPACT_DEFERRED_OP(from_host)
   COMMPACT_DEFERRED_OP(mean)
   COMMPACT_DEFERRED_OP(mean_into)

@@ -1,0 +1,364 @@
+// The deferred space as a device checker: each rule a GPU punishes without a word is
+// broken here on purpose and must raise (or read poison), so removing a check fails a
+// test. Then every compressor over the deferred space: start() only queues (nothing has
+// run when it returns, and the host has not waited), and a communicator that withholds
+// one rank's message makes every rank raise within its deadline plus a second.
+#include <catch2/catch.hpp>
+#include <commpact/comm/deferred_comm.hpp>
+#include <commpact/comm/thread_comm.hpp>
+#include <commpact/comm/tree_comm.hpp>
+#include <commpact/compress/compressors/cast_allreduce.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/compressors/majority.hpp>
+#include <commpact/compress/compressors/oktopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/step_status.hpp>
+#include <commpact/kernels/deferred/ops.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "common/space_copies.hpp"
+
+using namespace commpact;
+using namespace commpact_test::deferred_twins;
+
+namespace {
+using DC = DeferredComm<ThreadComm>;
+using ops_d = ops<deferred_space>;
+
+deferred_span<const float> span_of(const deferred_space::buffer<float>& b) { return b.cview(); }
+
+deferred_space::buffer<float> filled(const deferred_space::exec& e, std::size_t n, float x) {
+  deferred_space::buffer<float> b;
+  b.resize(n);
+  ops_d::fill(e, b.view(), x);
+  deferred_space::fence(e, no_deadline());
+  return b;
+}
+}  // namespace
+
+TEST_CASE("checker: a host copy read before its fence reads poison, never stale or final data", "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  auto b = filled(e, 4, 7.0f);
+  SECTION("floats read NaN") {
+    std::vector<float> h(4, 1.0f);  // what a stale read would show
+    ops_d::to_host(e, b.cview(), std::span<float>(h));
+    for (float x : h) CHECK(std::isnan(x));
+    deferred_space::fence(e, no_deadline());
+    CHECK(h == std::vector<float>(4, 7.0f));
+  }
+  SECTION("a status word reads 'not fenced', and reading it raises") {
+    detail::status_word<deferred_space> st;
+    st.clear(e);
+    st.fetch(e);
+    CHECK_THROWS_AS(st.bits("test"), usage_error);
+    deferred_space::fence(e, no_deadline());
+    CHECK(st.bits("test") == 0u);  // after the fence: healthy
+    // A set bit survives the fence as itself, and the not-fenced bit is never a kernel's.
+    st.clear(e);
+    ops_d::mean(e, b.view().first(1), 0, st.view());  // 7 / 0: Inf, so status_nonfinite
+    st.fetch(e);
+    CHECK_THROWS_AS(st.bits("test"), usage_error);
+    deferred_space::fence(e, no_deadline());
+    CHECK(st.bits("test") == status_nonfinite);
+  }
+  SECTION("integers and structs read all-ones bytes") {
+    deferred_space::buffer<std::int64_t> w;
+    w.resize(2);
+    ops_d::fill(e, w.view(), std::int64_t{5});
+    std::int64_t h[2] = {0, 0};
+    ops_d::to_host(e, w.cview(), std::span<std::int64_t>(h));
+    CHECK(h[0] == -1);
+    CHECK((static_cast<std::uint32_t>(h[1]) & status_unfenced) != 0u);
+    deferred_space::fence(e, no_deadline());
+    CHECK((h[0] == 5 && h[1] == 5));
+  }
+}
+
+TEST_CASE("checker: work on one executor that uses what another produced needs a join", "[space][checker]") {
+  auto producer = deferred_space::make_exec();
+  auto consumer = deferred_space::make_exec();
+  auto a = filled(producer, 8, 0.0f);
+  deferred_space::buffer<float> out;
+  out.resize(8);
+  ops_d::fill(producer, a.view(), 3.0f);  // queued on the producer, not run
+  SECTION("without a join: usage_error, and nothing is queued") {
+    CHECK_THROWS_AS(ops_d::copy(consumer, a.cview(), out.view()), usage_error);
+    CHECK(consumer.pending() == 0);
+    // A write that races a pending read is caught as well.
+    ops_d::copy(producer, a.cview(), out.view());
+    CHECK_THROWS_AS(ops_d::fill(consumer, a.view(), 1.0f), usage_error);
+    deferred_space::fence(producer, no_deadline());
+  }
+  SECTION("two readers need no join") {
+    ops_d::copy(producer, a.cview(), out.view());
+    deferred_space::buffer<float> out2;
+    out2.resize(8);
+    deferred_space::fence(producer, no_deadline());
+    ops_d::copy(producer, a.cview(), out.view());
+    CHECK_NOTHROW(ops_d::copy(consumer, a.cview(), out2.view()));
+    deferred_space::fence(producer, no_deadline());
+    deferred_space::fence(consumer, no_deadline());
+    CHECK(host_copy(consumer, out2.cview()) == std::vector<float>(8, 3.0f));
+  }
+  SECTION("with a join: the consumer's fence runs the producer's work first and sees its result") {
+    deferred_space::wait(consumer, deferred_space::record(producer));
+    ops_d::copy(consumer, a.cview(), out.view());
+    deferred_space::fence(consumer, no_deadline());  // the producer was never fenced
+    CHECK(producer.pending() == 0);
+    CHECK(host_copy(consumer, out.cview()) == std::vector<float>(8, 3.0f));
+  }
+  SECTION("a join covers only the work recorded before it") {
+    deferred_space::wait(consumer, deferred_space::record(producer));
+    ops_d::fill(producer, a.view(), 4.0f);  // after the record: not joined
+    CHECK_THROWS_AS(ops_d::copy(consumer, a.cview(), out.view()), usage_error);
+    deferred_space::fence(producer, no_deadline());
+    deferred_space::fence(consumer, no_deadline());
+  }
+}
+
+TEST_CASE("checker: a buffer regrown or destroyed with work queued on it", "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  SECTION("regrowing past its capacity raises and keeps the work") {
+    deferred_space::buffer<float> b;
+    b.resize(4);
+    ops_d::fill(e, b.view(), 2.0f);
+    CHECK_THROWS_AS(b.resize(b.capacity() + 1), usage_error);
+    CHECK_THROWS_AS(b.reserve(b.capacity() * 4 + 64), usage_error);
+    CHECK(b.size() == 4);
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, b.cview()) == std::vector<float>(4, 2.0f));
+    b.resize(b.capacity() + 1);  // nothing queued: fine
+    CHECK(b.size() == 5);
+  }
+  SECTION("copying raises while work is queued") {
+    deferred_space::buffer<float> b;
+    b.resize(4);
+    ops_d::fill(e, b.view(), 2.0f);
+    CHECK_THROWS_AS(deferred_space::buffer<float>(b), usage_error);
+    deferred_space::fence(e, no_deadline());
+  }
+  SECTION("destroying makes the next fence raise and drops the work unrun") {
+    std::vector<float> h(4, 5.0f);
+    auto keep = filled(e, 4, 1.0f);
+    {
+      deferred_space::buffer<float> b;
+      b.resize(4);
+      ops_d::fill(e, b.view(), 9.0f);
+      ops_d::copy(e, b.cview(), keep.view());  // would read freed memory on a GPU
+    }
+    CHECK_THROWS_AS(deferred_space::fence(e, no_deadline()), usage_error);
+    CHECK(e.pending() == 0);
+    CHECK(host_copy(e, keep.cview()) == std::vector<float>(4, 1.0f));  // the copy never ran
+  }
+  SECTION("after a fence, destroying is fine") {
+    {
+      deferred_space::buffer<float> b;
+      b.resize(4);
+      ops_d::fill(e, b.view(), 9.0f);
+      deferred_space::fence(e, no_deadline());
+    }
+    CHECK_NOTHROW(deferred_space::fence(e, no_deadline()));
+  }
+}
+
+namespace {
+
+// Runs a second step of `c` (the first agreed on sizes) and reports whether start()
+// returned with its work queued and unrun and the host never waiting in it.
+template <class C>
+struct start_probe {
+  bool queued_only = false;
+  std::uint64_t fences_in_start = 0;
+};
+
+template <class C, class Grad>
+start_probe<C> probe_start(C& c, const deferred_space::exec& e, Grad grad) {
+  start_probe<C> p;
+  const auto fences = e.q->fences, ran = e.q->ran;
+  c.start(grad);
+  p.fences_in_start = e.q->fences - fences;
+  p.queued_only = e.q->ran == ran && e.pending() > 0;
+  c.finish();
+  c.commit();
+  return p;
+}
+
+template <class Make>
+void check_start_queues(int P, std::size_t n, Make make, std::uint64_t allowed_fences = 0) {
+  std::vector<int> ok(static_cast<std::size_t>(P), 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    DC dc{comm};
+    auto c = make(dc);
+    const auto e = dc.exec();
+    auto g = device_copy(e, normal(100 + comm.rank(), n));
+    c.reduce(g.view());  // the first step agrees on sizes (a control-plane wait)
+    auto g2 = device_copy(e, normal(200 + comm.rank(), n));
+    const auto p = probe_start(c, e, g2.view());
+    ok[static_cast<std::size_t>(comm.rank())] =
+        (allowed_fences == 0 ? p.queued_only && p.fences_in_start == 0 : p.fences_in_start <= allowed_fences) ? 1 : 0;
+  });
+  for (int r : ok) CHECK(r == 1);
+}
+
+const tensor_layout kLayout = {{24, 18}, {18}, {30, 40}, {9}};
+constexpr std::size_t kN = 24 * 18 + 18 + 1200 + 9;
+
+}  // namespace
+
+TEST_CASE("every compressor over the deferred space: start() only queues", "[space][checker][async]") {
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  SECTION("Dense") {
+    check_start_queues(P, 300, [](DC c) { return Dense<DC>{c}; });
+  }
+  SECTION("gTopK") {
+    check_start_queues(P, 600, [](DC c) { return gTopK<TreeComm<DC>>{c, {.density = 0.05}}; });
+  }
+  SECTION("TopK") {
+    check_start_queues(P, 600, [](DC c) { return TopK<DC>{c, {.density = 0.05}}; });
+  }
+  SECTION("a codec (QSGD) through CodecCompressor") {
+    check_start_queues(P, 500, [](DC c) {
+      return CodecCompressor<qsgd_codec, Allgather<DC>>{c, qsgd_codec{}};
+    });
+  }
+  SECTION("LinearCompressor<randomk_codec>") {
+    check_start_queues(P, 500, [](DC c) { return LinearCompressor<randomk_codec, DC>{c, randomk_codec{0.05, 9}}; });
+  }
+  SECTION("MajorityVote") {
+    check_start_queues(P, 500, [](DC c) { return MajorityVote<DC>{c, {}}; });
+  }
+  SECTION("Fp16Allreduce") {
+    check_start_queues(P, 500, [](DC c) { return Fp16Allreduce<DC>{c}; });
+  }
+  SECTION("PowerCompressor") {
+    check_start_queues(P, kN, [](DC c) { return PowerCompressor<2, deferred_space>{c, kLayout}; });
+  }
+  SECTION("OkTopK: its regions' sizes are read on the host mid-step, in two documented waits") {
+    check_start_queues(P, 800, [](DC c) { return OkTopK<DC>{c, {.density = 0.02}}; }, 2);
+  }
+}
+
+namespace {
+// A ThreadComm whose rank `victim` stops delivering its point-to-point messages once armed.
+struct withholding_comm : ThreadComm {
+  withholding_comm(ThreadComm c, int victim, std::shared_ptr<std::atomic<bool>> armed)
+      : ThreadComm(c), victim(victim), armed(std::move(armed)) {}
+  void send(int peer, std::span<const std::byte> msg) {
+    if (rank() == victim && armed->load()) return;  // withheld: never arrives
+    ThreadComm::send(peer, msg);
+  }
+  int victim;
+  std::shared_ptr<std::atomic<bool>> armed;
+};
+}  // namespace
+
+TEST_CASE("a withheld message: every rank raises within the deadline plus a second", "[space][checker][deadline]") {
+  // Fp16Allreduce's ring needs every rank's message: one withheld message stalls every
+  // rank, and each must raise (timeout_error, or peer_failure once a peer timed out)
+  // within the communicator's timeout plus a second, never hang.
+  const int P = 3;
+  const auto timeout = std::chrono::milliseconds(700);
+  std::vector<int> raised(P, 0);
+  std::vector<double> waited(P, 0.0);
+  auto armed = std::make_shared<std::atomic<bool>>(false);
+  run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        using W = DeferredComm<withholding_comm>;
+        W dc{withholding_comm{comm, 0, armed}};
+        Fp16Allreduce<W> c{dc};
+        const auto e = dc.exec();
+        auto g = device_copy(e, normal(10 + comm.rank(), 400));
+        c.reduce(g.view());
+        comm.barrier();
+        armed->store(true);
+        comm.barrier();
+        const auto t0 = std::chrono::steady_clock::now();
+        try {
+          c.start(g.view());
+          c.finish();
+          c.commit();
+        } catch (const comm_error&) {
+          raised[static_cast<std::size_t>(comm.rank())] = 1;
+          c.cancel();
+        }
+        waited[static_cast<std::size_t>(comm.rank())] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      },
+      thread_options{.timeout = timeout});
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r, waited[static_cast<std::size_t>(r)]);
+    CHECK(raised[static_cast<std::size_t>(r)] == 1);
+    CHECK(waited[static_cast<std::size_t>(r)] < std::chrono::duration<double>(timeout).count() + 1.0);
+  }
+}
+
+TEST_CASE("a step joins its producer and its consumer through events, with no host wait", "[space][checker][join]") {
+  // The framework's backward writes the gradient on its own executor (stream); the step
+  // must wait for it, and the optimiser (a third executor) must wait for the step.
+  const int P = 2;
+  const std::size_t n = 256;
+  const bool joined = GENERATE(false, true);
+  CAPTURE(joined);
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    DC dc{comm};
+    Dense<DC> d{dc};
+    auto backward = deferred_space::make_exec();
+    auto optimiser = deferred_space::make_exec();
+    const auto e = dc.exec();
+    auto g = device_copy(e, normal(comm.rank(), n));
+    d.reduce(g.view());  // agreement step
+    deferred_space::buffer<float> params;
+    params.resize(n);
+    ops_d::fill(e, params.view(), 0.0f);
+    deferred_space::fence(e, no_deadline());
+    bool good = true;
+    const float mine = static_cast<float>(comm.rank() + 1);
+    if (!joined) {  // the checker refuses both hand-overs
+      ops_d::fill(backward, g.view(), mine);  // backward's write, not yet run
+      try {
+        d.start(g.view());
+        good = false;  // the step read a gradient another executor is still writing
+      } catch (const usage_error&) {
+      }
+      deferred_space::fence(backward, no_deadline());
+      comm.barrier();
+      d.start(g.view());
+      good = good && e.pending() > 0;
+      try {
+        ops_d::sub(optimiser, params.view(), span_of(g));
+        good = false;  // the optimiser read a gradient the step is still writing
+      } catch (const usage_error&) {
+      }
+      good = good && d.finish();
+      d.commit();
+    } else {  // with joins: one fence per executor, no host wait between them
+      ops_d::fill(backward, g.view(), mine);
+      comm_wait(dc, deferred_space::record(backward));
+      const auto fences = e.q->fences;
+      d.start(g.view());  // queued behind backward's write
+      good = good && e.q->fences == fences && backward.pending() == 1;
+      deferred_space::wait(optimiser, comm_record(dc));
+      ops_d::sub(optimiser, params.view(), span_of(g));  // params = -mean
+      good = good && d.finish();
+      d.commit();
+      const auto h = host_copy(optimiser, params.cview());
+      const float mean = (1.0f + 2.0f) / 2.0f;
+      for (float x : h) good = good && x == -mean;
+    }
+    ok[static_cast<std::size_t>(comm.rank())] = good ? 1 : 0;
+  });
+  for (int r : ok) CHECK(r == 1);
+}
