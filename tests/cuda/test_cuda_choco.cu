@@ -172,7 +172,7 @@ void check_direct(const char* name, Q codec, std::size_t n) {
   using HK = cp::choco_kernels<Q, cp::host_space>;
   cp::choco_kernels<Q, cp::cuda_space> dk;
   const bool framed = cp::variable_length_codec<Q>::value;
-  cp::cuda_space::exec e;
+  const auto e = cp::cuda_space::make_exec();
   Q hc = codec, dc = codec;
   if constexpr (requires { hc.begin_step(3); }) hc.begin_step(3), dc.begin_step(3);
   if constexpr (requires { hc.bind_rank(1); }) hc.bind_rank(1), dc.bind_rank(1);

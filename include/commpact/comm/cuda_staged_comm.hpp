@@ -17,12 +17,14 @@
 //! \endcode
 //!
 //! Data-plane calls on device spans (allreduce, allgather, broadcast, exchange, send_known,
-//! recv_known) wait for the executor's stream (the data must be final: a host collective
-//! cannot wait on a stream), copy device to pinned, run C's call on host memory, and queue
-//! the copy back on the stream (ordered before later work on it; the pinned memory is not
-//! reused before the next call has waited for the stream again). Errors of C (a peer's
+//! recv_known) queue the copy device to pinned and fence the executor (the data must be
+//! final: a host collective cannot wait on a stream), run C's call on host memory, and
+//! queue the copy back on the stream (ordered before later work on it; the pinned memory
+//! is not reused before the next call has fenced the stream again). Every fence ends at
+//! the communicator's deadline (now + C's timeout(), when C has one): past it, C is
+//! aborted (its peers stop waiting) and timeout_error raised. Errors of C (a peer's
 //! failure, a timeout, a mismatch) are raised by the call itself, a CUDA failure as
-//! device_error. Control-plane calls on host memory wait for the stream, then run at once.
+//! device_error. Control-plane calls on host memory fence the stream, then run at once.
 //! The pinned staging buffer grows to the largest message and is then reused: no
 //! allocation after the first step. Bytes on the wire are C's, unchanged.
 //!
@@ -55,37 +57,22 @@ template <class C>
 class CudaStagedComm {
   static_assert(diagnose_point_to_point<C>());
 
-  //! Grow-only pinned host memory, shared by the copies of one communicator.
-  struct pinned {
-    void* p = nullptr;
-    std::size_t bytes = 0;
-    pinned() = default;
-    pinned(const pinned&) = delete;
-    pinned& operator=(const pinned&) = delete;
-    ~pinned() {
-      if (p) (void)cudaFreeHost(p);
-    }
-    std::byte* get(std::size_t need) {
-      if (need > bytes) {
-        if (p) check(cudaFreeHost(p), "cudaFreeHost");
-        p = nullptr, bytes = 0;
-        check(cudaMallocHost(&p, need), "cudaMallocHost");
-        bytes = need;
-      }
-      return static_cast<std::byte*>(p);
-    }
-  };
-
  public:
   using space_type = cuda_space;
   using inner_type = C;
 
   explicit CudaStagedComm(C comm, cuda_space::exec e = cuda_space::make_exec())
-      : comm_(std::move(comm)), exec_(std::move(e)), pin_(std::make_shared<pinned>()) {}
+      : comm_(std::move(comm)), exec_(std::move(e)), pin_(std::make_shared<cuda_pinned_buffer<std::byte>>()) {}
 
   int rank() const { return comm_.rank(); }
   int size() const { return comm_.size(); }
   const cuda_space::exec& exec() const { return exec_; }
+  //! C's timeout: the deadline of every fence this communicator makes.
+  auto timeout() const
+    requires requires(const C& c) { c.timeout(); }
+  {
+    return comm_.timeout();
+  }
   void fence(deadline until = no_deadline()) { cuda_space::fence(exec_, until); }
 
   // ---- data plane: staged through pinned memory -------------------------------------
@@ -101,7 +88,7 @@ class CudaStagedComm {
             "output holds ", out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
     const std::size_t at = aligned(in.size_bytes());
     T* hin = down(in, 0, at + out.size_bytes());
-    T* hout = reinterpret_cast<T*>(pin_->get(at + out.size_bytes()) + at);
+    T* hout = reinterpret_cast<T*>(pinned_at(at));
     comm_.allgather(std::span<const T>(hin, in.size()), std::span<T>(hout, out.size()));
     up(out, hout);
   }
@@ -114,7 +101,7 @@ class CudaStagedComm {
   void exchange(int peer, cuda_span<const std::byte> out, cuda_span<std::byte> in) {
     const std::size_t at = aligned(out.size_bytes());
     std::byte* hout = down(out, 0, at + in.size_bytes());
-    std::byte* hin = pin_->get(at + in.size_bytes()) + at;
+    std::byte* hin = pinned_at(at);
     commpact::exchange(comm_, peer, std::span<const std::byte>(hout, out.size()), std::span<std::byte>(hin, in.size()));
     up(in, hin);
   }
@@ -123,8 +110,9 @@ class CudaStagedComm {
     commpact::send_known(comm_, peer, std::span<const std::byte>(h, out.size()));
   }
   void recv_known(int peer, cuda_span<std::byte> in) {
-    sync();
-    std::byte* h = pin_->get(in.size_bytes());
+    sync();  // earlier copies up from the pinned memory have run
+    grow(in.size_bytes());
+    std::byte* h = pinned_at(0);
     commpact::recv_known(comm_, peer, std::span<std::byte>(h, in.size()));
     up(in, h);
   }
@@ -170,19 +158,35 @@ class CudaStagedComm {
  private:
   static void check(cudaError_t e, const char* what) { cuda_kernels::detail::check(e, what, "commpact::CudaStagedComm"); }
   static std::size_t aligned(std::size_t b) { return (b + 255) / 256 * 256; }
-  void sync() { check(cudaStreamSynchronize(exec_.stream()), "cudaStreamSynchronize"); }
+  //! Fences the executor until the communicator's deadline; past it, aborts C (its
+  //! peers stop waiting) and raises timeout_error.
+  void sync() {
+    try {
+      cuda_space::fence(exec_, comm_deadline(comm_));
+    } catch (const timeout_error& e) {
+      comm_.abort(e.what());
+      throw;
+    }
+  }
+  //! Grows the pinned buffer to `need` bytes; growing frees the old storage, so the
+  //! stream is fenced first (a queued copy up may still read it).
+  void grow(std::size_t need) {
+    if (need <= pin_->size()) return;
+    sync();
+    pin_->resize(need);
+  }
+  std::byte* pinned_at(std::size_t at) { return pin_->view().data() + at; }
 
-  //! Waits for the stream, then copies src to the pinned buffer (grown to `need` bytes)
-  //! at byte offset `at`; returns the host copy.
+  //! Copies src to the pinned buffer (grown to `need` bytes) at byte offset `at`, queued
+  //! behind the work on the stream, and fences once; returns the host copy.
   template <class T>
   T* down(cuda_span<const T> src, std::size_t at, std::size_t need) {
-    sync();
-    std::byte* h = pin_->get(need) + at;
-    if (!src.empty()) {
+    grow(need);
+    std::byte* h = pinned_at(at);
+    if (!src.empty())
       check(cudaMemcpyAsync(h, cuda_access::ptr(src), src.size_bytes(), cudaMemcpyDeviceToHost, exec_.stream()),
             "cudaMemcpyAsync (device to pinned)");
-      sync();
-    }
+    sync();
     return reinterpret_cast<T*>(h);
   }
   //! Queues the copy of the host values back into dst on the stream.
@@ -195,7 +199,7 @@ class CudaStagedComm {
 
   C comm_;
   cuda_space::exec exec_;
-  std::shared_ptr<pinned> pin_;
+  std::shared_ptr<cuda_pinned_buffer<std::byte>> pin_;  // shared by the copies of one communicator
 };
 
 template <class C>

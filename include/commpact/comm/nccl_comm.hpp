@@ -17,9 +17,14 @@
 //! g.reduce(grad);    // grad: a cuda_span<float>; one fence per step
 //! \endcode
 //!
+//! The communicator lives on its executor's device: create() initialises it there, and
+//! every call makes that device current for its NCCL calls (cuda_device_guard).
+//!
 //! Data plane (device spans, queued on the executor's stream, no host synchronisation):
 //! allreduce, allgather, broadcast, and known-size point-to-point (`exchange`,
 //! `send_known`, `recv_known`) as ncclSend/ncclRecv inside ncclGroupStart/End.
+//! allgather runs in place when `in` is the rank's block of `out` (in == out + rank *
+//! count, NCCL's in-place form); any other overlap raises invalid_argument.
 //! `group_begin()` / `group_end()` (ncclGroupStart/ncclGroupEnd, what comm/known_size.hpp's
 //! `grouped` and `p2p_group` call) make several known-size sends and receives one group:
 //! an all-to-all or a ring step, where separate ncclSend/ncclRecv calls on one stream can
@@ -28,16 +33,31 @@
 //! (a control-plane call raises invalid_argument: its staged copy could not wait for a
 //! receive that the group has not posted yet).
 //! Control plane (host spans: the agreement's small allreduce, barrier, the
-//! variable-length send/recv of the PointToPoint concept): staged through a device buffer
-//! and fenced at once, as DeferredComm does; variable-length messages travel as an 8-byte
-//! length followed by the bytes (NCCL has no probe).
+//! variable-length send/recv of the PointToPoint concept): staged through pinned host
+//! memory and a device buffer, and fenced at once under the communicator's deadline;
+//! variable-length messages travel as an 8-byte length followed by the bytes (NCCL has no
+//! probe), so recv and sendrecv wait once for the length before the body.
 //!
-//! Errors. The communicator is created nonblocking (config.blocking = 0): every call that
-//! returns ncclInProgress is polled with ncclCommGetAsyncError until it completes, never
-//! past `timeout()`. The executor's fence polls the same asynchronous error, so a peer
-//! that failed raises peer_failure at the next fence; a fence whose deadline passes calls
-//! ncclCommAbort first (peers stop waiting too) and raises timeout_error. abort(why)
-//! aborts the communicator; every later call raises peer_failure naming why.
+//! Errors. The communicator is created nonblocking (config.blocking = 0). Construction
+//! waits for the initialisation to complete (ncclCommGetAsyncError until it is no longer
+//! ncclInProgress) before it asks NCCL anything. Every NCCL call's result is checked:
+//! inside a group ncclInProgress is fine (the group posts at its end); outside one it is
+//! polled with ncclCommGetAsyncError until it completes; any error aborts the
+//! communicator and raises (invalid_argument for an argument or usage error, peer_failure
+//! for a remote or system error, a peer's failure, comm_error otherwise). Every host-side
+//! wait ends at the communicator's deadline (now + timeout()): a deadline that passes
+//! aborts the communicator (ncclCommAbort, so that peers stop waiting too) and raises
+//! timeout_error. The communicator installs its hooks on the executor (keyed by itself,
+//! so several communicators may share one executor): every fence on it polls this
+//! communicator's asynchronous error (a peer that failed raises peer_failure at the next
+//! fence) and a fence whose deadline passes aborts it. abort(why) aborts the communicator;
+//! every later call raises peer_failure naming why.
+//!
+//! Destruction (the last copy of the handle) is bounded: ncclCommFinalize, then polling
+//! with yields and short sleeps for at most min(timeout(), finalize_limit); on failure or
+//! expiry the communicator is aborted instead of destroyed. (A blocking communicator's
+//! finalisation blocks inside NCCL: it is attempted only once the stream has drained
+//! within the same bound, and aborted otherwise.)
 
 #if !defined(__CUDACC__)
 #error "commpact/comm/nccl_comm.hpp needs nvcc (and nccl.h): include it from a .cu file only."
@@ -46,6 +66,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -86,31 +107,70 @@ inline ncclRedOp_t nccl_op(reduce_op op) {
   }
   return ncclSum;
 }
+//! A host poll's pause: spin briefly, then yield, then sleep a little (a long wait does
+//! not hold a core).
+inline void nccl_backoff(unsigned spin) {
+  if (spin < 64) return;
+  if (spin < 4096) std::this_thread::yield();
+  else std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+//! now + t, or no_deadline() when that would not fit.
+inline deadline nccl_deadline_after(std::chrono::milliseconds t) {
+  const auto now = std::chrono::steady_clock::now();
+  if (t >= std::chrono::duration_cast<std::chrono::milliseconds>(deadline::max() - now)) return no_deadline();
+  return now + t;
+}
 }  // namespace detail
 
 class NcclComm {
   struct state {
-    ncclComm_t comm = nullptr;
+    ncclComm_t comm = nullptr;  // nullptr once aborted (ncclCommAbort frees it)
     bool owns = true;
+    bool blocking = false;
     bool aborted = false;
-    int group_depth = 0;  //!< ncclGroupStart calls of group_begin not yet ended
+    int group_depth = 0;  //!< ncclGroupStart calls (group_begin's and exchange's own) not yet ended
     std::string why;
-    int rank = 0, size = 1;
+    int rank = 0, size = 1, device = 0;
     cuda_space::exec exec;
-    cuda_buffer<std::byte> stage;
+    cuda_buffer<std::byte> stage;          // the control plane's device staging
+    cuda_pinned_buffer<std::byte> hstage;  // the control plane's pinned host staging
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    state() = default;
+    state(const state&) = delete;
+    state& operator=(const state&) = delete;
     ~state() {
-      if (!owns || !comm) return;
-      if (aborted) return;
-      // A nonblocking communicator is finalised (flushed) before it is destroyed.
-      if (ncclCommFinalize(comm) == ncclInProgress) {
-        ncclResult_t r = ncclInProgress;
-        const auto until = std::chrono::steady_clock::now() + timeout;
-        while (r == ncclInProgress && std::chrono::steady_clock::now() < until) (void)ncclCommGetAsyncError(comm, &r);
-        if (r != ncclSuccess) {
-          (void)ncclCommAbort(comm);
-          return;
+      exec.remove_hook(this);
+      if (!owns || !comm || aborted) return;
+      cuda_device_guard g(device, std::nothrow);
+      const auto until = detail::nccl_deadline_after(std::min(timeout, finalize_limit));
+      if (blocking) {
+        // ncclCommFinalize blocks inside NCCL here: only once the stream has drained.
+        for (unsigned spin = 0;; ++spin) {
+          const cudaError_t q = cudaStreamQuery(exec.s->stream);
+          if (q == cudaSuccess) break;
+          if (q != cudaErrorNotReady || std::chrono::steady_clock::now() >= until) {
+            (void)ncclCommAbort(comm);
+            return;
+          }
+          detail::nccl_backoff(spin);
         }
+      }
+      ncclResult_t r = ncclCommFinalize(comm);
+      if (r == ncclSuccess || r == ncclInProgress) {
+        for (unsigned spin = 0;; ++spin) {
+          ncclResult_t a = ncclInProgress;
+          if (ncclCommGetAsyncError(comm, &a) != ncclSuccess) {
+            r = ncclInternalError;
+            break;
+          }
+          r = a;
+          if (a != ncclInProgress || std::chrono::steady_clock::now() >= until) break;
+          detail::nccl_backoff(spin);
+        }
+      }
+      if (r != ncclSuccess) {
+        (void)ncclCommAbort(comm);
+        return;
       }
       (void)ncclCommDestroy(comm);
     }
@@ -118,6 +178,10 @@ class NcclComm {
 
  public:
   using space_type = cuda_space;
+  //! How long a host-side wait lasts unless set_timeout() says otherwise.
+  static constexpr std::chrono::milliseconds default_timeout{std::chrono::minutes(5)};
+  //! The most the destructor waits for ncclCommFinalize (then it aborts).
+  static constexpr std::chrono::milliseconds finalize_limit{std::chrono::seconds(5)};
 
   //! A fresh id for create() (call on one rank and send it to the others).
   static ncclUniqueId unique_id() {
@@ -127,101 +191,118 @@ class NcclComm {
                         ncclGetErrorString(r), ".");
     return id;
   }
-  //! Rank `rank` of `nranks` on the current device, a nonblocking communicator (blocking:
-  //! the classic one), its work on e's stream.
+  //! Rank `rank` of `nranks` on e's device, a nonblocking communicator (blocking: the
+  //! classic one), its work on e's stream; waits for the initialisation at most `timeout`
+  //! (then aborts it and raises timeout_error), which is also the communicator's timeout().
   static NcclComm create(int nranks, const ncclUniqueId& id, int rank, cuda_space::exec e = cuda_space::make_exec(),
-                         bool blocking = false) {
+                         bool blocking = false, std::chrono::milliseconds timeout = default_timeout) {
+    require(e.s != nullptr, "commpact::NcclComm::create: the executor has no stream; make one with "
+                            "cuda_space::make_exec().");
+    cuda_device_guard g(e.device());
     ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
     config.blocking = blocking ? 1 : 0;
     ncclComm_t c = nullptr;
     const ncclResult_t r = ncclCommInitRankConfig(&c, nranks, id, rank, &config);
-    NcclComm out(c, std::move(e), true);
-    out.wait(r, "ncclCommInitRankConfig");
-    out.query_rank_and_size();  // a nonblocking communicator answers once initialised
-    return out;
+    if (r != ncclSuccess && r != ncclInProgress) {
+      const std::string last = c ? ncclGetLastError(c) : "";
+      if (c) (void)ncclCommAbort(c);
+      throw comm_error(detail::cat("commpact::NcclComm::create: ncclCommInitRankConfig failed on rank ", rank, " of ",
+                                   nranks, " with ", ncclGetErrorString(r), " (", last,
+                                   "); check that every rank passes the same id and count."));
+    }
+    return NcclComm(c, std::move(e), true, timeout, blocking);
   }
-  //! A one-rank communicator on the current device (tests, single-GPU runs).
+  //! A one-rank communicator on e's device (tests, single-GPU runs).
   static NcclComm single(cuda_space::exec e = cuda_space::make_exec()) { return create(1, unique_id(), 0, std::move(e)); }
 
   //! Wraps an existing communicator (owns: destroy it with the last copy of this handle).
-  NcclComm(ncclComm_t comm, cuda_space::exec e, bool owns) : s_(std::make_shared<state>()) {
-    s_->comm = comm;
-    s_->owns = owns;
-    s_->exec = std::move(e);
-    if (comm) query_rank_and_size();
-    std::weak_ptr<state> w = s_;
-    s_->exec.s->poll_async_error = [w] {
-      if (auto st = w.lock()) poll(*st);
-    };
-    s_->exec.s->on_timeout = [w](const char* what) {
-      if (auto st = w.lock()) do_abort(*st, what);
-    };
-  }
+  //! A nonblocking communicator still initialising is waited for first (at most
+  //! default_timeout). Its device must be e's.
+  NcclComm(ncclComm_t comm, cuda_space::exec e, bool owns) : NcclComm(comm, std::move(e), owns, default_timeout, false) {}
 
   int rank() const { return s_->rank; }
   int size() const { return s_->size; }
+  //! The CUDA device of the communicator and its executor.
+  int device() const { return s_->device; }
   const cuda_space::exec& exec() const { return s_->exec; }
+  //! The NCCL handle (nullptr once aborted: ncclCommAbort frees it).
   ncclComm_t handle() const { return s_->comm; }
   //! How long a host-side wait (nonblocking progress, control-plane fence) may last.
   std::chrono::milliseconds timeout() const { return s_->timeout; }
   void set_timeout(std::chrono::milliseconds t) { s_->timeout = t; }
-  void fence(deadline until = no_deadline()) { cuda_space::fence(s_->exec, until); }
+  //! Waits for the work queued on the executor, until the communicator's deadline.
+  void fence() { fence_now(); }
+  //! Waits for the work queued on the executor, until `until`.
+  void fence(deadline until) { cuda_space::fence(s_->exec, until); }
 
   // ---- data plane on device spans: queued on the stream --------------------------------
   template <class T>
   void allreduce(cuda_span<T> data, reduce_op op = reduce_op::sum) {
     live();
+    cuda_device_guard g(s_->device);
     auto* p = cuda_access::ptr(data);
-    wait(ncclAllReduce(p, p, data.size(), detail::nccl_type<T>(), detail::nccl_op(op), s_->comm, stream()),
+    done(ncclAllReduce(p, p, data.size(), detail::nccl_type<T>(), detail::nccl_op(op), s_->comm, stream()),
          "ncclAllReduce");
   }
   template <class T>
   void allgather(cuda_span<const T> in, cuda_span<T> out) {
     live();
-    require(out.size() == in.size() * static_cast<std::size_t>(size()), "commpact::NcclComm::allgather: the output holds ",
-            out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
-    wait(ncclAllGather(cuda_access::ptr(in), cuda_access::ptr(out), in.size(), detail::nccl_type<T>(), s_->comm,
-                       stream()),
-         "ncclAllGather");
+    const std::size_t n = in.size();
+    require(out.size() == n * static_cast<std::size_t>(size()), "commpact::NcclComm::allgather: the output holds ",
+            out.size(), " values; it needs ", n, " x ", size(), " ranks.");
+    const T* ip = cuda_access::ptr(in);
+    const T* op = cuda_access::ptr(out);
+    if (n != 0 && ip != op + static_cast<std::size_t>(rank()) * n) {
+      const auto il = reinterpret_cast<std::uintptr_t>(ip), ol = reinterpret_cast<std::uintptr_t>(op);
+      require(il + in.size_bytes() <= ol || ol + out.size_bytes() <= il, "commpact::NcclComm::allgather: the input "
+              "overlaps the output but is not this rank's block of it (offset rank x count = ",
+              static_cast<std::size_t>(rank()) * n, " values), the only in-place form NCCL accepts.");
+    }
+    cuda_device_guard g(s_->device);
+    // in == out + rank * count is NCCL's in-place allgather: the same pointer is passed.
+    done(ncclAllGather(ip, cuda_access::ptr(out), n, detail::nccl_type<T>(), s_->comm, stream()), "ncclAllGather");
   }
   template <class T>
   void broadcast(cuda_span<T> data, int root) {
     live();
+    cuda_device_guard g(s_->device);
     auto* p = cuda_access::ptr(data);
-    wait(ncclBroadcast(p, p, data.size(), detail::nccl_type<T>(), root, s_->comm, stream()), "ncclBroadcast");
+    done(ncclBroadcast(p, p, data.size(), detail::nccl_type<T>(), root, s_->comm, stream()), "ncclBroadcast");
   }
   void exchange(int peer, cuda_span<const std::byte> out, cuda_span<std::byte> in) {
     live();
-    wait(ncclGroupStart(), "ncclGroupStart");
-    (void)ncclSend(cuda_access::ptr(out), out.size(), ncclUint8, peer, s_->comm, stream());
-    (void)ncclRecv(cuda_access::ptr(in), in.size(), ncclUint8, peer, s_->comm, stream());
-    wait(ncclGroupEnd(), "ncclSend/ncclRecv (exchange)");
+    cuda_device_guard g(s_->device);
+    pair(peer, cuda_access::ptr(out), out.size(), true, cuda_access::ptr(in), in.size(), true, "exchange");
   }
   void send_known(int peer, cuda_span<const std::byte> out) {
     live();
-    wait(ncclSend(cuda_access::ptr(out), out.size(), ncclUint8, peer, s_->comm, stream()), "ncclSend");
+    cuda_device_guard g(s_->device);
+    done(ncclSend(cuda_access::ptr(out), out.size(), ncclUint8, peer, s_->comm, stream()), "ncclSend");
   }
   void recv_known(int peer, cuda_span<std::byte> in) {
     live();
-    wait(ncclRecv(cuda_access::ptr(in), in.size(), ncclUint8, peer, s_->comm, stream()), "ncclRecv");
+    cuda_device_guard g(s_->device);
+    done(ncclRecv(cuda_access::ptr(in), in.size(), ncclUint8, peer, s_->comm, stream()), "ncclRecv");
   }
   //! Opens a group (ncclGroupStart): the known-size calls up to group_end() are posted
   //! together, on the executor's stream.
   void group_begin() {
     live();
-    wait(ncclGroupStart(), "ncclGroupStart");
+    const ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) fail(r, "ncclGroupStart");
     ++s_->group_depth;
   }
   //! Closes the group (ncclGroupEnd), polling a nonblocking communicator's progress until
-  //! the group is posted, never past timeout(); an error raises as every call's does.
+  //! the group is posted, never past the deadline; an error raises as every call's does.
   void group_end() {
     if (s_->group_depth == 0) {
       live();  // an abort closed the group already
       throw invalid_argument(detail::cat("commpact::NcclComm::group_end: rank ", s_->rank,
                                          " has no open group; call group_begin() first (or use commpact::grouped)."));
     }
+    cuda_device_guard g(s_->device);
     --s_->group_depth;
-    wait(ncclGroupEnd(), "ncclGroupEnd (grouped send/recv)");
+    done(ncclGroupEnd(), "ncclGroupEnd (grouped send/recv)");
   }
   //! Groups opened by group_begin() and not yet closed.
   int group_depth() const { return s_->group_depth; }
@@ -230,31 +311,38 @@ class NcclComm {
   template <class T>
   void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
     no_group("allreduce (host memory)");
-    auto d = staged<T>(data.size());
-    to_device(std::span<const T>(data), d);
-    allreduce(d, op);
-    to_host(cuda_span<const T>(d), data);
+    const std::size_t b = data.size_bytes();
+    stage(b);
+    up(0, data.data(), b);
+    allreduce(device_at<T>(0, data.size()), op);
+    down(0, b);
+    fence_now();
+    copy_out(data.data(), 0, b);
   }
   template <class T>
   void allgather(std::span<const T> in, std::span<T> out) {
     require(out.size() == in.size() * static_cast<std::size_t>(size()), "commpact::NcclComm::allgather: the output holds ",
             out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
     no_group("allgather (host memory)");
-    auto d = staged<T>(out.size());
-    auto din = d.first(in.size());
-    to_device(in, din);
-    // in sits at the front of the staging buffer; NCCL allows out-of-place only: copy it.
-    auto dout = staged_second<T>(out.size());
-    allgather(cuda_span<const T>(din), dout);
-    to_host(cuda_span<const T>(dout), out);
+    const std::size_t at = static_cast<std::size_t>(rank()) * in.size();
+    stage(out.size_bytes());
+    up(at * sizeof(T), in.data(), in.size_bytes());
+    const auto d = device_at<T>(0, out.size());
+    allgather(cuda_span<const T>(d.subspan(at, in.size())), d);  // in place: the rank's block of the output
+    down(0, out.size_bytes());
+    fence_now();
+    copy_out(out.data(), 0, out.size_bytes());
   }
   template <class T>
   void broadcast(std::span<T> data, int root) {
     no_group("broadcast (host memory)");
-    auto d = staged<T>(data.size());
-    to_device(std::span<const T>(data), d);
-    broadcast(d, root);
-    to_host(cuda_span<const T>(d), data);
+    const std::size_t b = data.size_bytes();
+    stage(b);
+    up(0, data.data(), b);
+    broadcast(device_at<T>(0, data.size()), root);
+    down(0, b);
+    fence_now();
+    copy_out(data.data(), 0, b);
   }
   void barrier() {
     std::int32_t one = 1;
@@ -263,44 +351,53 @@ class NcclComm {
   void send(int peer, std::span<const std::byte> msg) {
     no_group("send");
     const std::uint64_t len = msg.size();
-    auto d = staged<std::byte>(8 + msg.size());
-    to_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&len), 8), d.first(8));
-    if (!msg.empty()) to_device(msg, d.subspan(8));
-    send_known(peer, cuda_span<const std::byte>(d.first(8)));
-    if (!msg.empty()) send_known(peer, cuda_span<const std::byte>(d.subspan(8)));
+    stage(8 + msg.size());
+    std::memcpy(host_at(0), &len, 8);
+    if (!msg.empty()) std::memcpy(host_at(8), msg.data(), msg.size());
+    queue_up(0, 8 + msg.size());
+    send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)));
+    if (!msg.empty()) send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(8, msg.size())));
     fence_now();
   }
   void recv(int peer, std::vector<std::byte>& buf) {
     no_group("recv");
     std::uint64_t len = 0;
-    auto d = staged<std::byte>(8);
-    recv_known(peer, d.first(8));
-    to_host(cuda_span<const std::byte>(d.first(8)), std::span<std::byte>(reinterpret_cast<std::byte*>(&len), 8));
+    stage(8);
+    recv_known(peer, device_at<std::byte>(0, 8));
+    down(0, 8);
+    fence_now();
+    copy_out(&len, 0, 8);
     buf.resize(len);
     if (len == 0) return;
-    auto b = staged<std::byte>(len);
-    recv_known(peer, b);
-    to_host(cuda_span<const std::byte>(b), std::span<std::byte>(buf));
+    stage(len);
+    recv_known(peer, device_at<std::byte>(0, len));
+    down(0, len);
+    fence_now();
+    copy_out(buf.data(), 0, len);
   }
   void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
-    // Lengths first (both directions in one group), then the bodies.
+    // Lengths first (both directions in one group), then the bodies (one group).
     no_group("sendrecv");
     const std::uint64_t len = msg.size();
-    auto d = staged<std::byte>(16 + msg.size());
-    to_device(std::span<const std::byte>(reinterpret_cast<const std::byte*>(&len), 8), d.first(8));
-    exchange(peer, cuda_span<const std::byte>(d.first(8)), d.subspan(8, 8));
+    stage(16);
+    up(0, &len, 8);
+    exchange(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)), device_at<std::byte>(8, 8));
+    down(8, 8);
+    fence_now();
     std::uint64_t in_len = 0;
-    to_host(cuda_span<const std::byte>(d.subspan(8, 8)), std::span<std::byte>(reinterpret_cast<std::byte*>(&in_len), 8));
-    auto o = staged<std::byte>(msg.size() + in_len + 1);
-    if (!msg.empty()) to_device(msg, o.first(msg.size()));
+    copy_out(&in_len, 8, 8);
+    const std::size_t at = aligned(msg.size());
+    stage(at + in_len);
+    if (!msg.empty()) up(0, msg.data(), msg.size());
     live();
-    wait(ncclGroupStart(), "ncclGroupStart");
-    if (!msg.empty()) (void)ncclSend(cuda_access::ptr(o), msg.size(), ncclUint8, peer, s_->comm, stream());
-    if (in_len) (void)ncclRecv(cuda_access::ptr(o) + msg.size(), in_len, ncclUint8, peer, s_->comm, stream());
-    wait(ncclGroupEnd(), "ncclSend/ncclRecv (sendrecv)");
+    cuda_device_guard g(s_->device);
+    // A body of 0 bytes is not sent (the peer, knowing the length, posts no receive).
+    pair(peer, cuda_access::ptr(device_at<std::byte>(0, msg.size())), msg.size(), !msg.empty(),
+         cuda_access::ptr(device_at<std::byte>(at, in_len)), in_len, in_len != 0, "sendrecv");
     buf.resize(in_len);
-    if (in_len) to_host(cuda_span<const std::byte>(o.subspan(msg.size(), in_len)), std::span<std::byte>(buf));
-    else fence_now();
+    if (in_len) down(at, in_len);
+    fence_now();
+    if (in_len) copy_out(buf.data(), at, in_len);
   }
   //! Aborts the communicator (ncclCommAbort): peers stop waiting and raise; every later
   //! call on this rank raises peer_failure naming why.
@@ -308,98 +405,182 @@ class NcclComm {
   bool aborted() const { return s_->aborted; }
 
  private:
-  cudaStream_t stream() const { return s_->exec.stream(); }
-  void query_rank_and_size() {
-    if (!s_->comm) return;
-    int r = 0, n = 1;
-    if (ncclCommUserRank(s_->comm, &r) == ncclSuccess) s_->rank = r;
-    if (ncclCommCount(s_->comm, &n) == ncclSuccess) s_->size = n;
+  NcclComm(ncclComm_t comm, cuda_space::exec e, bool owns, std::chrono::milliseconds timeout, bool blocking)
+      : s_(std::make_shared<state>()) {
+    require(e.s != nullptr, "commpact::NcclComm: the executor has no stream; make one with cuda_space::make_exec().");
+    s_->comm = comm;
+    s_->owns = owns;
+    s_->blocking = blocking;
+    s_->timeout = timeout;
+    s_->device = e.device();
+    s_->exec = std::move(e);
+    if (!comm) return;
+    cuda_device_guard g(s_->device);
+    // A nonblocking communicator answers queries only once its initialisation is done.
+    const ncclResult_t r = settle("the communicator's initialisation (ncclCommInitRankConfig)");
+    if (r != ncclSuccess) fail(r, "the communicator's initialisation (ncclCommInitRankConfig)");
+    int rk = 0, n = 1, dev = 0;
+    query(ncclCommUserRank(comm, &rk), "ncclCommUserRank");
+    query(ncclCommCount(comm, &n), "ncclCommCount");
+    query(ncclCommCuDevice(comm, &dev), "ncclCommCuDevice");
+    s_->rank = rk;
+    s_->size = n;
+    if (dev != s_->device) {
+      const std::string msg = detail::cat("commpact::NcclComm: the communicator lives on device ", dev,
+                                          " but its executor's stream on device ", s_->device,
+                                          "; make the executor on the communicator's device.");
+      do_abort(*s_, msg.c_str());
+      throw invalid_argument(msg);
+    }
+    std::weak_ptr<state> w = s_;
+    s_->exec.add_hook({s_.get(),
+                       [w] {
+                         if (auto st = w.lock()) poll(*st);
+                       },
+                       [w](const char* what) {
+                         if (auto st = w.lock()) do_abort(*st, what);
+                       }});
   }
+
+  cudaStream_t stream() const { return s_->exec.stream(); }
+  deadline until() const { return detail::nccl_deadline_after(s_->timeout); }
 
   static void do_abort(state& st, const char* why) {
     if (st.aborted) return;
     st.aborted = true;
     st.why = why ? why : "";
+    cuda_device_guard g(st.device, std::nothrow);
     // Open groups are closed first (what they hold is then aborted with the rest), so that
     // NCCL's per-thread group state does not outlive the communicator.
     for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
     if (st.comm) (void)ncclCommAbort(st.comm);
+    st.comm = nullptr;
   }
+  //! The exception for an NCCL error r with message msg.
+  [[noreturn]] static void raise(ncclResult_t r, const std::string& msg) {
+    if (r == ncclInvalidArgument || r == ncclInvalidUsage) throw invalid_argument(msg);
+    if (r == ncclRemoteError || r == ncclSystemError) throw peer_failure(msg);
+    throw comm_error(msg);
+  }
+  //! The executor's hook: raises the communicator's asynchronous error (aborting it).
   static void poll(state& st) {
     if (st.aborted)
-      throw peer_failure(detail::cat("commpact::NcclComm: the communicator was aborted (", st.why,
+      throw peer_failure(detail::cat("commpact::NcclComm: rank ", st.rank, ": the communicator was aborted (", st.why,
                                      "); the step is abandoned."));
-    ncclResult_t r = ncclSuccess;
-    (void)ncclCommGetAsyncError(st.comm, &r);
-    if (r == ncclSuccess || r == ncclInProgress) return;
-    const std::string what = detail::cat("commpact::NcclComm: NCCL reported ", ncclGetErrorString(r), " (",
+    ncclResult_t a = ncclSuccess;
+    const ncclResult_t q = ncclCommGetAsyncError(st.comm, &a);
+    if (q != ncclSuccess) a = q;
+    if (a == ncclSuccess || a == ncclInProgress) return;
+    const std::string what = detail::cat("commpact::NcclComm: NCCL reported ", ncclGetErrorString(a), " (",
                                          ncclGetLastError(st.comm), ") on rank ", st.rank,
                                          "; the communicator is aborted and the step abandoned.");
     do_abort(st, what.c_str());
-    throw peer_failure(what);
+    // Asynchronous: a peer's or the network's failure, or NCCL's own.
+    if (a == ncclRemoteError || a == ncclSystemError) throw peer_failure(what);
+    throw comm_error(what);
   }
   void live() const {
     if (s_->aborted)
       throw peer_failure(detail::cat("commpact::NcclComm: rank ", s_->rank, ": the communicator was aborted (", s_->why,
                                      "); create a new one."));
   }
-  //! Completes a call that returned r (polling a nonblocking communicator's progress).
-  void wait(ncclResult_t r, const char* what) {
-    if (r == ncclInProgress) {
-      const auto until = std::chrono::steady_clock::now() + s_->timeout;
-      while (r == ncclInProgress) {
-        (void)ncclCommGetAsyncError(s_->comm, &r);
-        if (r == ncclInProgress && std::chrono::steady_clock::now() > until) {
-          do_abort(*s_, what);
-          throw timeout_error(detail::cat("commpact::NcclComm: ", what, " did not complete within ",
-                                          s_->timeout.count(), " ms on rank ", s_->rank, "; the communicator is aborted."));
-        }
-        if (r == ncclInProgress) std::this_thread::yield();
-      }
-    }
-    if (r == ncclSuccess) return;
+  //! Aborts the communicator and raises the error r of `what`.
+  [[noreturn]] void fail(ncclResult_t r, const char* what) {
     const std::string msg = detail::cat("commpact::NcclComm: ", what, " failed on rank ", s_->rank, " with ",
-                                        ncclGetErrorString(r), " (", s_->comm ? ncclGetLastError(s_->comm) : "", ").");
-    if (r == ncclInvalidArgument || r == ncclInvalidUsage) throw invalid_argument(msg);
+                                        ncclGetErrorString(r), " (", s_->comm ? ncclGetLastError(s_->comm) : "",
+                                        "); the communicator is aborted.");
     do_abort(*s_, msg.c_str());
-    throw peer_failure(msg);
+    raise(r, msg);
+  }
+  //! Polls a nonblocking communicator until its pending call is no longer in progress;
+  //! at the deadline it aborts the communicator and raises timeout_error.
+  ncclResult_t settle(const char* what) {
+    const deadline end = until();
+    for (unsigned spin = 0;; ++spin) {
+      ncclResult_t a = ncclInProgress;
+      const ncclResult_t q = ncclCommGetAsyncError(s_->comm, &a);
+      if (q != ncclSuccess) return q;
+      if (a != ncclInProgress) return a;
+      if (std::chrono::steady_clock::now() > end) {
+        const std::string msg = detail::cat("commpact::NcclComm: ", what, " did not complete within ",
+                                            s_->timeout.count(), " ms on rank ", s_->rank,
+                                            "; the communicator is aborted.");
+        do_abort(*s_, msg.c_str());
+        throw timeout_error(msg);
+      }
+      detail::nccl_backoff(spin);
+    }
+  }
+  //! Completes a call that returned r: inside a group ncclInProgress is fine (the group
+  //! posts at its end); outside one it is polled until done. Errors abort and raise.
+  void done(ncclResult_t r, const char* what) {
+    if (r == ncclInProgress && s_->group_depth == 0) r = settle(what);
+    if (r != ncclSuccess && r != ncclInProgress) fail(r, what);
+  }
+  //! A query on an initialised communicator.
+  void query(ncclResult_t r, const char* what) {
+    if (r != ncclSuccess) fail(r, what);
+  }
+  //! A send of `sb` bytes (when `send`) and a receive of `rb` bytes (when `recv`) with
+  //! peer, in one group. The caller made the device current.
+  void pair(int peer, const std::byte* sp, std::size_t sb, bool send, std::byte* rp, std::size_t rb, bool recv,
+            const char* what) {
+    const ncclResult_t r = ncclGroupStart();
+    if (r != ncclSuccess) fail(r, "ncclGroupStart");
+    ++s_->group_depth;  // do_abort closes it when a call fails
+    if (send) done(ncclSend(sp, sb, ncclUint8, peer, s_->comm, stream()), what);
+    if (recv) done(ncclRecv(rp, rb, ncclUint8, peer, s_->comm, stream()), what);
+    --s_->group_depth;
+    done(ncclGroupEnd(), what);
   }
   //! A control-plane call stages and fences at once: inside a group it would read a
   //! receive that is not posted yet.
   void no_group(const char* what) const {
+    live();
     require(s_->group_depth == 0, "commpact::NcclComm::", what, ": rank ", s_->rank,
             " is inside a group (group_begin without group_end); a group holds known-size sends and receives on "
             "device spans only: end the group first.");
   }
-  void fence_now() { cuda_space::fence(s_->exec, std::chrono::steady_clock::now() + s_->timeout); }
+  void fence_now() { cuda_space::fence(s_->exec, until()); }
 
-  //! The staging buffer as n values of T (grows; growing synchronises the device).
-  template <class T>
-  cuda_span<T> staged(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + 255) / 256 * 256;
-    if (s_->stage.size() < 2 * bytes) s_->stage.resize(2 * bytes);
-    return cuda_access::wrap(reinterpret_cast<T*>(cuda_access::ptr(s_->stage.view())), n);
-  }
-  //! The second half of the staging buffer (after staged<T>(n)).
-  template <class T>
-  cuda_span<T> staged_second(std::size_t n) {
-    const std::size_t bytes = (n * sizeof(T) + 255) / 256 * 256;
-    return cuda_access::wrap(reinterpret_cast<T*>(cuda_access::ptr(s_->stage.view()) + bytes), n);
+  // ---- the control plane's staging: the same byte offsets on the device and in pinned
+  // memory; grown at the start of a call (the previous call fenced before it returned).
+  static std::size_t aligned(std::size_t b) { return (b + 255) / 256 * 256; }
+  void stage(std::size_t bytes) {
+    const std::size_t b = aligned(bytes == 0 ? 1 : bytes);
+    if (s_->stage.size() < b) s_->stage.resize(b, s_->exec);
+    if (s_->hstage.size() < b) s_->hstage.resize(b);
   }
   template <class T>
-  void to_device(std::span<const T> h, cuda_span<T> d) {
-    if (h.empty()) return;
-    const cudaError_t e = cudaMemcpyAsync(cuda_access::ptr(d), h.data(), h.size_bytes(), cudaMemcpyHostToDevice, stream());
+  cuda_span<T> device_at(std::size_t byte_off, std::size_t n) {
+    return cuda_access::wrap(reinterpret_cast<T*>(cuda_access::ptr(s_->stage.view()) + byte_off), n);
+  }
+  std::byte* host_at(std::size_t byte_off) { return s_->hstage.view().data() + byte_off; }
+  //! Queues the copy of the pinned bytes [off, off + b) to the device bytes there.
+  void queue_up(std::size_t off, std::size_t b) {
+    if (b == 0) return;
+    cuda_device_guard g(s_->device);
+    const cudaError_t e = cudaMemcpyAsync(cuda_access::ptr(s_->stage.view()) + off, host_at(off), b,
+                                          cudaMemcpyHostToDevice, stream());
     require<device_error>(e == cudaSuccess, "commpact::NcclComm: staging to the device failed: ", cudaGetErrorString(e));
   }
-  template <class T>
-  void to_host(cuda_span<const T> d, std::span<T> h) {
-    if (!h.empty()) {
-      const cudaError_t e =
-          cudaMemcpyAsync(h.data(), cuda_access::ptr(d), h.size_bytes(), cudaMemcpyDeviceToHost, stream());
-      require<device_error>(e == cudaSuccess, "commpact::NcclComm: staging to the host failed: ", cudaGetErrorString(e));
-    }
-    fence_now();
+  //! src's b bytes into pinned memory at off, then queued to the device there.
+  void up(std::size_t off, const void* src, std::size_t b) {
+    if (b == 0) return;
+    std::memcpy(host_at(off), src, b);
+    queue_up(off, b);
+  }
+  //! Queues the copy of the device bytes [off, off + b) to pinned memory there.
+  void down(std::size_t off, std::size_t b) {
+    if (b == 0) return;
+    cuda_device_guard g(s_->device);
+    const cudaError_t e = cudaMemcpyAsync(host_at(off), cuda_access::ptr(s_->stage.view()) + off, b,
+                                          cudaMemcpyDeviceToHost, stream());
+    require<device_error>(e == cudaSuccess, "commpact::NcclComm: staging to the host failed: ", cudaGetErrorString(e));
+  }
+  //! After the fence: the pinned bytes [off, off + b) into dst.
+  void copy_out(void* dst, std::size_t off, std::size_t b) {
+    if (b) std::memcpy(dst, host_at(off), b);
   }
 
   std::shared_ptr<state> s_;

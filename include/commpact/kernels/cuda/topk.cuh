@@ -22,11 +22,11 @@
 //! \code
 //! std::size_t bytes = 0;
 //! commpact::cuda_kernels::topk_abs(nullptr, bytes, d_x, n, k, d_idx, d_val, stream);
-//! cudaMalloc(&d_temp, bytes);
+//! cudaMallocAsync(&d_temp, bytes, stream);
 //! commpact::cuda_kernels::topk_abs(d_temp, bytes, d_x, n, k, d_idx, d_val, stream);
 //! // or, owning and reusing the temporary storage:
 //! commpact::cuda_kernels::topk_workspace ws;
-//! ws.run(d_x, n, k, d_idx, d_val, stream);
+//! ws.run(exec, d_x, n, k, d_idx, d_val);   // on the executor's stream, stream-ordered growth
 //! \endcode
 //!
 //! Only nvcc compiles this file (CUB headers need it); include it from .cu files.
@@ -91,55 +91,66 @@ inline cudaError_t topk_abs(void* d_temp, std::size_t& temp_bytes, const float* 
 }
 
 //! Owns the temporary storage of topk_abs (from an allocator hook); grows on demand,
-//! never shrinks, so repeated calls with the same or smaller n allocate once.
+//! never shrinks, so repeated calls with the same or smaller n allocate once. Growth and
+//! release are stream-ordered (CUB's discipline: the storage belongs to one stream at a
+//! time): the old storage is freed on the stream after the work queued there, the new
+//! one allocated there; nothing waits on the host.
+//!
+//! bind(exec) ties it to an executor's stream (kept alive until the workspace goes): the
+//! way ops<cuda_space> uses it. run/reserve with a raw stream order it on that stream
+//! instead (the caller keeps the stream alive until the workspace is destroyed or used on
+//! another stream). Moving to another stream orders the new stream after the old one.
 class topk_workspace {
  public:
-  explicit topk_workspace(const cuda_allocator* a = cuda_default_allocator()) : a_(a) {}
-  topk_workspace(const topk_workspace&) = delete;
-  topk_workspace& operator=(const topk_workspace&) = delete;
-  topk_workspace(topk_workspace&& o) noexcept { swap(o); }
-  topk_workspace& operator=(topk_workspace&& o) noexcept {
-    swap(o);
-    return *this;
-  }
-  ~topk_workspace() { a_->deallocate(temp_); }
+  explicit topk_workspace(const cuda_allocator* a = nullptr) : mem_(a) {}
 
-  //! topk_abs with this workspace's storage; throws commpact::device_error on a CUDA error.
-  void run(const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx, float* d_val, cudaStream_t stream = 0) {
+  //! Ties the workspace to e's stream and, while it holds no storage, to e's allocator.
+  void bind(const cuda_space::exec& e) { mem_.bind(e); }
+  //! topk_abs on e's stream with this workspace's storage (binds it to e).
+  void run(const cuda_space::exec& e, const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx,
+           float* d_val) {
+    bind(e);
+    cuda_device_guard g(e.device());
+    run(d_x, n, k, d_idx, d_val, e.stream());
+  }
+  //! topk_abs with this workspace's storage, queued on `stream` (as CUB's calls, 0 is the
+  //! legacy default stream: commpact's rows pass the executor's); throws
+  //! commpact::device_error on a CUDA error.
+  void run(const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx, float* d_val,
+           cudaStream_t stream = 0) {
     std::size_t need = 0;
     detail::check(topk_abs(nullptr, need, d_x, n, k, d_idx, d_val, stream), "topk_abs (size query)");
-    reserve(need);
-    detail::check(topk_abs(temp_, bytes_, d_x, n, k, d_idx, d_val, stream), "topk_abs");
+    reserve(need, stream);
+    std::size_t have = mem_.size();
+    detail::check(topk_abs(mem_.data(), have, d_x, n, k, d_idx, d_val, stream), "topk_abs");
   }
-  //! Grows to at least `bytes` (synchronises the device when it grows).
+  //! Grows to at least `bytes`, stream-ordered on `stream`.
+  void reserve(std::size_t bytes, cudaStream_t stream) {
+    mem_.use(stream);
+    if (mem_.grow(bytes)) ++allocations_;
+  }
+  //! Grows to at least `bytes` on the stream it is bound to. Never bound: on the calling
+  //! thread's per-thread default stream, then waits for it (a set-up-time fallback).
   void reserve(std::size_t bytes) {
-    if (bytes <= bytes_) return;
-    detail::check(cudaDeviceSynchronize(), "cudaDeviceSynchronize before growing the top-k workspace");
-    a_->deallocate(temp_);
-    temp_ = nullptr;
-    bytes_ = 0;
-    temp_ = a_->allocate(bytes);
-    bytes_ = bytes;
-    ++allocations_;
+    if (bytes <= mem_.size()) return;
+    if (mem_.ordered()) {
+      if (mem_.grow(bytes)) ++allocations_;
+      return;
+    }
+    mem_.use(cudaStreamPerThread);
+    if (mem_.grow(bytes)) ++allocations_;
+    detail::check(cudaStreamSynchronize(cudaStreamPerThread),  // commpact-discipline: allow set-up fallback of a workspace bound to no stream
+                  "cudaStreamSynchronize (growing a top-k workspace bound to no stream)");
   }
-  void set_allocator(const cuda_allocator* a) {
-    if (temp_ == nullptr && a) a_ = a;
-  }
-  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return bytes_; }
+  //! The allocator of the next growth while the workspace holds no storage.
+  void set_allocator(const cuda_allocator* a) { mem_.set_allocator(a); }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return mem_.size(); }
   [[nodiscard]] std::size_t allocations() const noexcept { return allocations_; }
-  [[nodiscard]] const void* data() const noexcept { return temp_; }
-  [[nodiscard]] void* storage() noexcept { return temp_; }
+  [[nodiscard]] const void* data() const noexcept { return mem_.data(); }
+  [[nodiscard]] void* storage() noexcept { return mem_.data(); }
 
  private:
-  void swap(topk_workspace& o) noexcept {
-    std::swap(a_, o.a_);
-    std::swap(temp_, o.temp_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(allocations_, o.allocations_);
-  }
-  const cuda_allocator* a_ = cuda_default_allocator();
-  void* temp_ = nullptr;
-  std::size_t bytes_ = 0;
+  cuda_workspace_bytes mem_;
   std::size_t allocations_ = 0;
 };
 
