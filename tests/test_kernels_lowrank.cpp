@@ -63,12 +63,32 @@ std::vector<float> project_emulated(const std::vector<float>& M, std::size_t n, 
   return P;
 }
 
+// The documented tree of lowrank_back_project, level by level: the rows by chunks of 128,
+// each chunk's products added in row order from 0; then groups of 128 consecutive sums,
+// each added in order from 0, until one sum is left.
 std::vector<float> back_emulated(const std::vector<float>& M, std::size_t n, std::size_t m, const std::vector<float>& P,
                                  std::size_t r) {
+  constexpr std::size_t R = 128;
   std::vector<float> Q(m * r, 0.0f);
   for (std::size_t c = 0; c < r; ++c)
-    for (std::size_t i = 0; i < n; ++i)
-      for (std::size_t j = 0; j < m; ++j) Q[c * m + j] = fadd(Q[c * m + j], fmul(M[i * m + j], P[c * n + i]));
+    for (std::size_t j = 0; j < m; ++j) {
+      std::vector<float> level;
+      for (std::size_t i0 = 0; i0 < n || level.empty(); i0 += R) {
+        float s = 0.0f;
+        for (std::size_t i = i0; i < std::min(n, i0 + R); ++i) s = fadd(s, fmul(M[i * m + j], P[c * n + i]));
+        level.push_back(s);
+      }
+      while (level.size() > 1) {
+        std::vector<float> up;
+        for (std::size_t g = 0; g < level.size(); g += R) {
+          float s = 0.0f;
+          for (std::size_t k = g; k < std::min(level.size(), g + R); ++k) s = fadd(s, level[k]);
+          up.push_back(s);
+        }
+        level.swap(up);
+      }
+      Q[c * m + j] = level[0];
+    }
   return Q;
 }
 

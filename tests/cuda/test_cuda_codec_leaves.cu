@@ -122,14 +122,14 @@ void check_decode(std::mt19937_64& rng) {
 }
 
 //! sign_codec's leaves: encode_frame (frame and approx byte for byte; n around the
-//! 4096-value chunks of the scale's sum; every input kind; a status with
+//! levels of the scale's sum, kernels/fixed_sum.hpp's nodes of 2048 values; every input kind; a status with
 //! status_nonfinite; a rejected input) and decode_sum (valid blocks: the host's sum bit
 //! for bit; a wrong length, a NaN, Inf or negative scale, sign bits past n: status_wire
 //! where the host raises wire_error).
 void check_sign_leaves(std::mt19937_64& rng) {
   cp::sign_codec codec;
   cp::codec_kernels<cp::sign_codec, cp::cuda_space> dk;
-  for (std::size_t n : {1, 7, 8, 9, 4095, 4096, 4097, 3 * 4096 + 17, 100003, (1 << 20) + 3})
+  for (std::size_t n : {1, 7, 8, 9, 2047, 2048, 2049, 3 * 2048 + 17, 100003, (1 << 22) + 3})
     for (int kind = 0; kind < 5; ++kind)
       for (int st = 0; st < 3; ++st) {
         const auto v = make_input(kind, n, rng);
@@ -251,8 +251,10 @@ int main() {
     tern.begin_step(3), tern.bind_rank(0);
     check_dense_leaves("TernGrad", tern, 6, tern_corrupt, rng);
     // QSGD: kind 1: length; 2: NaN norm; 3: -1 norm; 4: field 0 a sign on level 0; 5: a padding bit
+    // Buckets of 512, 7, n (d = 0), 100 and 3000 values (two levels of kernels/fixed_sum.hpp's
+    // shape per bucket, the last bucket shorter).
     for (auto q : {cp::qsgd_codec{1, 9}, cp::qsgd_codec{5, 1, 7}, cp::qsgd_codec{256, 3, 0},
-                   cp::qsgd_codec{65535, 3, 100}}) {
+                   cp::qsgd_codec{65535, 3, 100}, cp::qsgd_codec{16, 5, 3000}}) {
       q.begin_step(2), q.bind_rank(1);
       const auto qsgd_corrupt = [q](int kind, std::uint32_t* w, std::size_t n) {
         const std::size_t nb = q.buckets(n);

@@ -3,7 +3,7 @@
 // per_tensor<K> (compress/codec_kernels_cuda_natural.cuh, _onebit.cuh, _per_tensor.cuh)
 // against the host codecs, on fresh random inputs (the seed is printed):
 // - encode_frame into a poisoned block: the frame byte for byte and approx bit for bit,
-//   n from 1 to about 1e6 (around 1-bit's 4096-value chunks), every input kind of
+//   n from 1 to about 4e6 (around the levels of 1-bit's sums, nodes of 2048), every input kind of
 //   codec_test::make_input (Gaussian, ties with +-0, all equal, denormals) and an edge
 //   kind (Inf, NaN, values at and past 2^127, the smallest normal and denormals), a
 //   status with status_nonfinite (flagged frame) and a rejected input;
@@ -181,7 +181,7 @@ int main() {
   return commpact_test::run_checks("all device codec leaf checks passed\n", "%d device codec leaf checks failed\n", [] {
     E = cp::cuda_space::make_exec();
     auto rng = commpact_test::seeded_rng();
-    for (std::size_t n : {1, 2, 8, 17, 1000, 4095, 4096, 4097, 65537, (1 << 20) + 3})
+    for (std::size_t n : {1, 2, 8, 17, 1000, 2047, 2048, 2049, 65537, (1 << 22) + 3})
       for (int kind = 0; kind < 6; ++kind) {
         check_encode("natural", cp::natural_codec{11}, n, kind, rng);
         check_encode("1-bit", cp::onebit_codec{}, n, kind, rng);

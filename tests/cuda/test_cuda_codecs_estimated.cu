@@ -77,8 +77,9 @@ void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::m
 void check_all_encodes(std::mt19937_64& rng) {
   const auto no_prep = [](cp::gaussiank_codec&, int) {};
   const auto dgc_prep = [](cp::dgc_codec& c, int round) { c.begin_step(3 + round), c.bind_rank(round % 3); };
-  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{1000}, std::size_t{65537},
-                        (std::size_t{1} << 20) + 7}) {
+  // n on both sides of the levels of Gaussian-k's moments (kernels/fixed_sum.hpp: 1, 2, 3 levels).
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{17}, std::size_t{1000}, std::size_t{2049},
+                        std::size_t{65537}, (std::size_t{1} << 20) + 7, (std::size_t{1} << 22) + 7}) {
     const bool big = n > 100000;
     for (double density : {0.001, 0.01, 0.3}) check_encode("gaussiank", cp::gaussiank_codec{density}, no_prep, n, rng);
     check_encode("gaussiank r=1", cp::gaussiank_codec{0.05, 1}, no_prep, n, rng);

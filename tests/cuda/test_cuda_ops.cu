@@ -178,21 +178,23 @@ void check_mean(std::mt19937_64& rng) {
   }
 }
 
+// Sizes on both sides of each level of kernels/fixed_sum.hpp's shape (1, 2 and 3 levels).
 void check_clip(std::mt19937_64& rng) {
-  for (float clip : {0.0f, 0.5f, 1e6f}) {
-    std::normal_distribution<float> d;
-    std::vector<float> h(1 << 18);
-    for (auto& v : h) v = d(rng);
-    cp::cuda_buffer<float> g, s;
-    upload(g, h);
-    s.resize(1);
-    D::clip_scale(E, g.cview(), clip, 4, s.view());
-    std::vector<float> hs(1);
-    H::clip_scale({}, std::span<const float>(h), clip, 4, std::span<float>(hs));
-    const float ds = download(s)[0];
-    const auto diff = std::abs(static_cast<std::int64_t>(bits(ds)) - static_cast<std::int64_t>(bits(hs[0])));
-    EXPECT(diff <= 1, "clip_scale(clip=%g): device %a vs host %a (more than one ulp)", clip, ds, hs[0]);
-  }
+  for (std::size_t n : {std::size_t{1}, std::size_t{2048}, std::size_t{2049}, std::size_t{1} << 18,
+                        (std::size_t{1} << 22) + 3})
+    for (float clip : {0.0f, 0.5f, 1e6f}) {
+      std::normal_distribution<float> d;
+      std::vector<float> h(n);
+      for (auto& v : h) v = d(rng);
+      cp::cuda_buffer<float> g, s;
+      upload(g, h);
+      s.resize(1);
+      D::clip_scale(E, g.cview(), clip, 4, s.view());
+      std::vector<float> hs(1);
+      H::clip_scale({}, std::span<const float>(h), clip, 4, std::span<float>(hs));
+      const float ds = download(s)[0];
+      EXPECT(bits(ds) == bits(hs[0]), "clip_scale(n=%zu, clip=%g): device %a vs host %a", n, clip, ds, hs[0]);
+    }
 }
 
 void check_topk_one(const char* what, const std::vector<float>& x, std::size_t k, D::topk_workspace& ws) {

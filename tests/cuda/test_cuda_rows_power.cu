@@ -117,7 +117,8 @@ void check_status_rows() {
 struct shape {
   std::size_t n, m;
 };
-const shape kShapes[] = {{1, 1}, {1, 9}, {7, 1}, {13, 8}, {33, 17}, {100, 257}, {1000, 31}, {5, 3000}};
+// n up to 20000: 1, 2 and 3 levels of lowrank_back_project's tree (chunks of 128 rows).
+const shape kShapes[] = {{1, 1}, {1, 9}, {7, 1}, {13, 8}, {33, 17}, {100, 257}, {128, 5}, {129, 40}, {1000, 31}, {5, 3000}, {20000, 3}};
 
 void check_lowrank_rows() {
   for (const auto [n, m] : kShapes)
@@ -167,7 +168,8 @@ void check_lowrank_rows() {
 }
 
 void check_orthonormalize_rows() {
-  for (std::size_t rows : {1u, 2u, 5u, 64u, 1000u, 4099u})
+  // Rows on both sides of the levels of the dot products' shape (kernels/fixed_sum.hpp).
+  for (std::size_t rows : {1u, 2u, 5u, 64u, 1000u, 2048u, 2049u, 4099u})
     for (std::size_t cols = 1; cols <= 4; ++cols)
       for (int kind = 0; kind < 4; ++kind) {  // 0 random, 1 a zero column, 2 duplicate columns, 3 a NaN
         auto a = randn(rows * cols);
@@ -191,6 +193,15 @@ void check_orthonormalize_rows() {
         D::redraw_zero_columns(E, dq.view(), rows, cols, seed, t, step);
         EXPECT(diff(host(dq), q) == 0, "redraw_zero_columns %zux%zu differs", rows, cols);
       }
+  // Three levels of the dot products' shape (no redraws: a drawn value may differ in its last bit).
+  for (std::size_t cols : {1u, 3u}) {
+    const std::size_t rows = (std::size_t{1} << 22) + 5;
+    auto a = randn(rows * cols);
+    auto da = dev(a);
+    H::orthonormalize({}, hs(a), rows, cols);
+    D::orthonormalize(E, da.view(), rows, cols);
+    EXPECT(diff(host(da), a) == 0, "orthonormalize %zux%zu differs", rows, cols);
+  }
   for (std::size_t n : {1u, 2u, 3u, 1001u, 1u << 20})
     for (std::uint64_t seed : {0ull, 42ull, ~0ull}) {
       std::vector<float> v(n, kNaN);

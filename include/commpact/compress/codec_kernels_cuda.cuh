@@ -15,11 +15,11 @@
 //! | threshold_codec | codec_kernels_cuda_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
 //! | fp16_codec, bf16_codec | cast16_encode (detail::to_half / to_bf16), frame_finish | cast16_validate, cast16_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | terngrad_codec | terngrad_absmax (atomicMax on the bits), terngrad_encode (random_stream replayed), frame_finish | terngrad_validate, terngrad_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | qsgd_codec | codec_kernels_cuda_qsgd.cuh: qsgd_norms (a bucket per thread), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | sign_codec | sign_l1_chunks + sign_l1_total (the host's chunked double sum), sign_bits, frame_finish | sign_validate, sign_add (every rank's value per element, in rank order), poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | qsgd_codec | codec_kernels_cuda_qsgd.cuh: qsgd_norms (each bucket's sum of squares in kernels/fixed_sum.hpp's shape, a block per node), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | sign_codec | sign_l1 (||v||_1 in double in kernels/fixed_sum.hpp's shape, as the host), sign_bits, frame_finish | sign_validate, sign_add (every rank's value per element, in rank order), poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | natural_codec | codec_kernels_cuda_natural.cuh: one thread per payload byte of the 9-bit fields (detail::natural_field, random_stream replayed), frame_finish | natural_validate, natural_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | onebit_codec | codec_kernels_cuda_onebit.cuh: the two sums by chunks of 4096 (the host's order), the side bits, frame_finish | onebit_validate, onebit_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | gaussiank_codec, dgc_codec | codec_kernels_cuda_estimated.cuh: the threshold estimated on the device with the host's arithmetic (Gaussian-k: one thread sums in index order; DGC: the sample replayed), counts and decisions on the device, then threshold_codec's selection | as threshold_codec | as threshold_codec | frames byte for byte; sum, mean and residual bits |
+//! | gaussiank_codec, dgc_codec | codec_kernels_cuda_estimated.cuh: the threshold estimated on the device with the host's arithmetic (Gaussian-k: the moments in kernels/fixed_sum.hpp's shape, as the host; DGC: the sample replayed), counts and decisions on the device, then threshold_codec's selection | as threshold_codec | as threshold_codec | frames byte for byte; sum, mean and residual bits |
 //! | per_tensor<K> (any K above) | codec_kernels_cuda_per_tensor.cuh: K's kernels per tensor into aligned temp frames, a scan of the lengths and a byte-packing kernel | the framing walked per rank, K's decode_sum per tensor | K's per tensor | frames byte for byte; sum bits |
 //!
 //! Differences from the host kernels: a malformed payload sets status_wire (and NaN in
@@ -117,7 +117,7 @@ inline void cuda_dense_decode_sum(const cuda_space::exec& e, const char* who, cu
   if (n) cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
   validate<<<kc::grid_for(validate_threads), kc::block_threads, 0, s>>>(b, block_floats, P, n, st);
   if (n) add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, n, cuda_access::ptr(sum), st);
-  kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+  cuda_kernels::decision_launch(kc::poison_on_wire, s, cuda_access::ptr(sum), n, st);
   cuda_codec_check(cudaGetLastError(), "decode_sum");
 }
 
@@ -144,7 +144,7 @@ inline void cuda_sparse_decode_sum(const cuda_space::exec& e, const char* who, s
     kc::topk_add<<<kc::grid_for(cmax), kc::block_threads, 0, s>>>(b + r * block_floats, cmax, cuda_access::ptr(sum), st);
     cuda_codec_check(cudaGetLastError(), "topk_add");
   }
-  kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+  cuda_kernels::decision_launch(kc::poison_on_wire, s, cuda_access::ptr(sum), n, st);
   cuda_codec_check(cudaGetLastError(), "poison_on_wire");
 }
 
@@ -213,8 +213,8 @@ struct codec_kernels<topk_codec, cuda_space> {
   span<const std::int32_t> delivered_{};
 };
 
-//! sign_codec on the CUDA space (EF-SignSGD; MajorityVote's encode): stateless, its
-//! scratch (one double per chunk of detail::sign_l1_chunk values) from the executor's.
+//! sign_codec on the CUDA space (EF-SignSGD; MajorityVote's encode): stateless, the
+//! scratch of its scale's sum (above 2048 values) from the executor's.
 template <>
 struct codec_kernels<sign_codec, cuda_space> {
   using exec = cuda_space::exec;
@@ -231,17 +231,14 @@ struct codec_kernels<sign_codec, cuda_space> {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::sign_codec: a block of ", block.size() * 4,
               " bytes cannot hold the ", len, "-byte message behind the frame header.");
       const cudaStream_t s = e.stream();
-      const std::size_t chunks = (n + detail::sign_l1_chunk - 1) / detail::sign_l1_chunk;
-      // The executor's scratch (free between kernels on its stream), at least what
-      // ops<cuda_space> takes of it (clip_scale's sums, mean_into's flag): grown once.
-      auto* part = static_cast<double*>(
-          e.scratch(std::max<std::size_t>(sizeof(double) * chunks, cuda_kernels::clip_scratch_bytes + 256)));
+      // The levels of the sum above 2048 values in the executor's scratch (free between
+      // kernels on its stream).
+      const std::size_t scratch = kc::sign_l1_scratch(n);
       float* payload = cuda_access::ptr(block) + kc::header_words;  // the scale, then the bits
-      const std::size_t warps = (chunks + 31) / 32;
-      if (chunks)
-        kc::sign_l1_chunks<<<static_cast<unsigned>((warps + kc::sign_warps - 1) / kc::sign_warps), 32 * kc::sign_warps,
-                             0, s>>>(cuda_access::ptr(acc), n, part, chunks);
-      kc::sign_l1_total<<<1, 1, 0, s>>>(part, chunks, n, payload);
+      detail::cuda_codec_check(
+          kc::sign_l1(cuda_access::ptr(acc), n, payload,
+                      scratch ? static_cast<double*>(e.scratch(sizeof(double) * scratch)) : nullptr, s),
+          "sign scale");
       const std::size_t nb = (n + 7) / 8;
       if (nb)
         kc::sign_bits<<<kc::grid_for(nb), kc::block_threads, 0, s>>>(
@@ -324,7 +321,7 @@ struct codec_kernels<terngrad_codec, cuda_space> {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::terngrad_codec: a block of ",
               block.size() * 4, " bytes cannot hold the ", len, "-byte message behind the frame header.");
       const cudaStream_t s = e.stream();
-      auto* m = static_cast<std::uint32_t*>(e.scratch(cuda_kernels::clip_scratch_bytes + 256));
+      auto* m = static_cast<std::uint32_t*>(e.scratch(sizeof(std::uint32_t)));
       detail::cuda_codec_check(cudaMemsetAsync(m, 0, sizeof(std::uint32_t), s), "terngrad (zero the scale)");
       if (n) kc::terngrad_absmax<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), n, m);
       kc::terngrad_encode<<<kc::grid_for((2 * n + 7) / 8), kc::block_threads, 0, s>>>(

@@ -10,12 +10,11 @@
 //!
 //! | codec | estimate on the device | then |
 //! |---|---|---|
-//! | gaussiank_codec | gaussiank_moments (the host's sequential double sums on one thread, z from the host), then `rounds - 1` times estimate_count (strict) + gaussiank_round | the selection of |v_i| > t, cap floor(cap_factor k) |
-//! | dgc_codec | dgc_sample (random_stream replayed), topk_abs of the sample_rank(m) largest samples, dgc_kth, then `iters` times estimate_count + dgc_round | the selection of |v_i| >= t, cap k |
+//! | gaussiank_codec | gaussiank_moments (the sums in double in kernels/fixed_sum.hpp's shape, as the host, z from the host), then `rounds - 1` times estimate_count (strict) ending in gaussiank_decide | the selection of |v_i| > t, cap floor(cap_factor k) |
+//! | dgc_codec | dgc_sample (random_stream replayed), topk_abs of the sample_rank(m) largest samples, dgc_kth, then `iters` times estimate_count ending in dgc_decide | the selection of |v_i| >= t, cap k |
 //!
 //! The host codec's statistics (last_threshold, last_passed, last_adjustments) are not
-//! updated by the device. Gaussian-k's sums run on one thread (see codecs_estimated.cuh:
-//! about n dependent double additions, the price of the host's bits).
+//! updated by the device.
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_estimated.cu
 //! compares it with the host codecs (exit 77 without a device).
@@ -84,6 +83,7 @@ struct cuda_estimated_kernels {
     s.emplace_back(count_.data(), count_.capacity());
     s.emplace_back(scan_tmp_.data(), scan_tmp_.capacity());
     s.emplace_back(state_.data(), state_.capacity());
+    s.emplace_back(mom_.data(), mom_.capacity());
   }
 
  protected:
@@ -102,8 +102,8 @@ struct cuda_estimated_kernels {
             block.size() * 4, " bytes cannot hold the cap of ", cap, " entries behind the frame header.");
     std::size_t scan_bytes = 0;
     cuda_codec_check(kc::threshold_scan_bytes(cap, scan_bytes), "estimated threshold scan (size query)");
-    w_.resize(n), idx_.resize(cap), val_.resize(cap), flag_.resize(cap), pos_.resize(cap), count_.resize(1);
-    scan_tmp_.resize(scan_bytes ? scan_bytes : 1), state_.resize(1);
+    w_.resize(n, e), idx_.resize(cap, e), val_.resize(cap, e), flag_.resize(cap, e), pos_.resize(cap, e), count_.resize(1, e);
+    scan_tmp_.resize(scan_bytes ? scan_bytes : 1, e), state_.resize(1, e);
     return true;
   }
 
@@ -136,16 +136,16 @@ struct cuda_estimated_kernels {
     cuda_finish_frame(e, block, h, 0, status, cuda_access::ptr(count_.cview()), 8);
   }
 
-  //! `rounds` counts of the entries passing the state's threshold, each followed by
-  //! round(state) (one thread): the loop runs on the device, no count reaches the host.
-  template <class Round>
-  void adjust(const exec& e, span<const float> acc, bool strict, int rounds, Round round) {
+  //! `rounds` counts of the entries passing the state's threshold, each ending in
+  //! decide(state, count) (the count's last block): the loop runs on the device, no count
+  //! reaches the host.
+  template <class Decide>
+  void adjust(const exec& e, span<const float> acc, bool strict, int rounds, Decide decide) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size();
     for (int r = 0; r < rounds; ++r) {
       kc::estimate_count<<<kc::grid_for(n), kc::block_threads, 0, e.stream()>>>(cuda_access::ptr(acc), n, strict,
-                                                                                state());
-      round(state());
+                                                                                state(), decide);
       cuda_codec_check(cudaGetLastError(), "estimate_count");
     }
   }
@@ -160,6 +160,7 @@ struct cuda_estimated_kernels {
   cuda_buffer<std::uint32_t> flag_, pos_, count_;
   cuda_buffer<unsigned char> scan_tmp_;
   cuda_buffer<cuda_kernels::codec::estimate_state> state_;
+  cuda_buffer<fixed_sum::double2_sum> mom_;  // Gaussian-k's moments: the fixed-shape sum's levels
   const std::int32_t* delivered_ = nullptr;  // this rank's block's indices (count_ of them)
   std::size_t cap_ = 0;
 };
@@ -175,11 +176,11 @@ struct codec_kernels<gaussiank_codec, cuda_space> : detail::cuda_estimated_kerne
     const std::size_t n = acc.size();
     if (!begin(e, codec, n, block, h, status)) return;
     const cudaStream_t s = e.stream();
-    kc::gaussiank_moments<<<1, kc::moments_threads, 0, s>>>(cuda_access::ptr(acc), n, codec.z(), state());
-    detail::cuda_codec_check(cudaGetLastError(), "gaussiank_moments");
-    const std::uint64_t k = codec.k(n);
-    adjust(e, acc, true, codec.rounds() - 1,
-           [&](kc::estimate_state* st) { kc::gaussiank_round<<<1, 1, 0, s>>>(st, k); });
+    mom_.resize(kc::gaussiank_scratch(n) ? kc::gaussiank_scratch(n) : 1, e);
+    detail::cuda_codec_check(kc::gaussiank_moments(cuda_access::ptr(acc), n, codec.z(), state(),
+                                                   cuda_access::ptr(mom_.view()), s),
+                             "gaussiank_moments");
+    adjust(e, acc, true, codec.rounds() - 1, kc::gaussiank_decide{codec.k(n)});
     select(e, codec, acc, true, block, h, status);
   }
 };
@@ -193,18 +194,15 @@ struct codec_kernels<dgc_codec, cuda_space> : detail::cuda_estimated_kernels<dgc
     const std::size_t n = acc.size();
     if (!begin(e, codec, n, block, h, status)) return;
     const std::size_t m = codec.samples(n), ks = codec.sample_rank(m);
-    smp_.resize(m), sidx_.resize(ks), sval_.resize(ks);
+    smp_.resize(m, e), sidx_.resize(ks, e), sval_.resize(ks, e);
     const cudaStream_t s = e.stream();
     kc::dgc_sample<<<kc::grid_for(m), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), n, m, codec.stream(),
-                                                                 cuda_access::ptr(smp_.view()));
+                                                                 cuda_access::ptr(smp_.view()), state());
     detail::cuda_codec_check(cudaGetLastError(), "dgc_sample");
     ops<cuda_space>::topk_abs(e, smp_.cview(), ks, sidx_.view(), sval_.view(), ws_);
-    kc::dgc_kth<<<1, kc::block_threads, 0, s>>>(cuda_access::ptr(sval_.cview()), ks, state());
+    kc::dgc_kth<<<kc::grid_for(ks), kc::block_threads, 0, s>>>(cuda_access::ptr(sval_.cview()), ks, state());
     detail::cuda_codec_check(cudaGetLastError(), "dgc_kth");
-    const double floor_count = codec.floor_count(n);
-    const auto lower = static_cast<float>(codec.lower());
-    adjust(e, acc, false, codec.iters(),
-           [&](kc::estimate_state* st) { kc::dgc_round<<<1, 1, 0, s>>>(st, floor_count, lower); });
+    adjust(e, acc, false, codec.iters(), kc::dgc_decide{codec.floor_count(n), static_cast<float>(codec.lower())});
     select(e, codec, acc, false, block, h, status);
   }
 };

@@ -2,15 +2,12 @@
 #pragma once
 //! \file codec_kernels_cuda_onebit.cuh
 //! codec_kernels<onebit_codec, cuda_space> (included by codec_kernels_cuda.cuh): 1-bit SGD
-//! on the device, its kernels in kernels/cuda/codecs_onebit.cuh. Stateless: its scratch
-//! (the sums of one chunk of detail::onebit_chunk values each) is the executor's.
+//! on the device, its kernels in kernels/cuda/codecs_onebit.cuh. Stateless: the scratch
+//! of its sums (above 2048 values) is the executor's.
 //!
-//! Frames byte for byte and sums bit for bit with the host: the host's two sums in double
-//! run by chunks of 4096 values (each in order from 0.0), then the chunk sums in order,
-//! an order the device reproduces with one thread per chunk (sign_codec's scheme). This
-//! file brought that order to the host: it is the old sequential sum for n <= 4096 (every
-//! tensor of the demo's per-row layouts), and can differ from it in the last bit of a
-//! double (rarely of the float mean) above.
+//! Frames byte for byte and sums bit for bit with the host: both add the two sums in
+//! double and the count in kernels/fixed_sum.hpp's shape (a block per node of 2048 values
+//! on the device, the same tree on the host).
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
 //! it with the host codec (exit 77 without a device).
@@ -51,16 +48,15 @@ struct codec_kernels<onebit_codec, cuda_space> {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::onebit_codec: a block of ", block.size() * 4,
               " bytes cannot hold the ", len, "-byte message behind the frame header.");
       const cudaStream_t s = e.stream();
-      const std::size_t chunks = (n + detail::onebit_chunk - 1) / detail::onebit_chunk;
-      // The executor's scratch, at least what ops<cuda_space> takes of it: grown once.
-      auto* part = static_cast<detail::onebit_sums*>(e.scratch(
-          std::max<std::size_t>(sizeof(detail::onebit_sums) * chunks, cuda_kernels::clip_scratch_bytes + 256)));
+      // The levels of the sums above 2048 values in the executor's scratch.
+      const std::size_t scratch = kc::onebit_scratch(n);
       float* payload = cuda_access::ptr(block) + kc::header_words;  // the two means, then the bits
-      const std::size_t warps = (chunks + 31) / 32;
-      if (chunks)
-        kc::onebit_chunks<<<static_cast<unsigned>((warps + kc::onebit_warps - 1) / kc::onebit_warps),
-                            32 * kc::onebit_warps, 0, s>>>(cuda_access::ptr(acc), n, part, chunks);
-      kc::onebit_total<<<1, 1, 0, s>>>(part, chunks, n, payload);
+      detail::cuda_codec_check(
+          kc::onebit_means(cuda_access::ptr(acc), n, payload,
+                           scratch ? static_cast<detail::onebit_sums*>(e.scratch(sizeof(detail::onebit_sums) * scratch))
+                                   : nullptr,
+                           s),
+          "onebit means");
       const std::size_t nb = (n + 7) / 8;
       if (nb)
         kc::onebit_bits<<<kc::grid_for(nb), kc::block_threads, 0, s>>>(

@@ -144,7 +144,7 @@ struct codec_kernels<per_tensor<K>, cuda_space> {
       require(e.scratch(0) == base, "commpact::codec_kernels<per_tensor, cuda_space>::decode_sum: K's decode_sum grew "
               "the executor's scratch past the ", decode_head, " bytes left to it; raise decode_head.");
     }
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+    cuda_kernels::decision_launch(kc::poison_on_wire, s, cuda_access::ptr(sum), n, st);
     detail::cuda_codec_check(cudaGetLastError(), "per_tensor decode");
   }
 
@@ -177,9 +177,9 @@ struct codec_kernels<per_tensor<K>, cuda_space> {
     tb_off_.assign(T, 0);
     std::size_t words = 0;
     for (std::size_t t = 0; t < T; ++t) tb_off_[t] = words, words += temp_words(codec, t);
-    tmp_.resize(words);
-    tb_off_d_.resize(T);
-    out_off_.resize(T + 1);
+    tmp_.resize(words, e);
+    tb_off_d_.resize(T, e);
+    out_off_.resize(T + 1, e);
     ops<cuda_space>::from_host(e, std::span<const std::uint64_t>(tb_off_), tb_off_d_.view());
   }
 

@@ -3,8 +3,10 @@
 //! \file codec_kernels_cuda_qsgd.cuh
 //! codec_kernels<qsgd_codec, cuda_space> (included by codec_kernels_cuda.cuh): QSGD on the
 //! device, its kernels in kernels/cuda/codecs_qsgd.cuh. Stateless: the bucket norms are
-//! written into the payload, where the packing reads them. One thread per bucket sums
-//! its squares in the host's order (a single bucket, d = 0, is one thread's loop).
+//! written into the payload, where the packing reads them. Each bucket's squares are
+//! summed in kernels/fixed_sum.hpp's shape, as the host sums them: a block per bucket up
+//! to d = 2048 values, a level per launch above (a single bucket, d = 0, spreads over the
+//! whole grid).
 //!
 //! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codec_leaves.cu and
 //! test_cuda_codecs.cu compare it with the host codec (exit 77 without a device).
@@ -49,7 +51,13 @@ struct codec_kernels<qsgd_codec, cuda_space> {
       const auto q = shape(codec, n);
       const cudaStream_t s = e.stream();
       float* norms = cuda_access::ptr(block) + kc::header_words;
-      kc::qsgd_norms<<<kc::grid_for(q.nb), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), q, norms);
+      // Buckets above 2048 values sum in levels through the executor's scratch.
+      const std::size_t scratch = kc::qsgd_norms_scratch(q);
+      detail::cuda_codec_check(kc::qsgd_norms(cuda_access::ptr(acc), q, norms,
+                                              scratch ? static_cast<double*>(e.scratch(sizeof(double) * scratch))
+                                                      : nullptr,
+                                              s),
+                               "qsgd norms");
       kc::qsgd_pack<<<kc::grid_for((n * q.w + 7) / 8), kc::block_threads, 0, s>>>(
           cuda_access::ptr(acc), norms, q, codec.stream(), reinterpret_cast<unsigned char*>(norms + q.nb),
           approx.empty() ? nullptr : cuda_access::ptr(approx));
@@ -73,7 +81,7 @@ struct codec_kernels<qsgd_codec, cuda_space> {
     if (n) detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(sum), 0, n * sizeof(float), s), "decode_sum (zero)");
     kc::qsgd_validate<<<kc::grid_for(P * (q.nb + n + 1)), kc::block_threads, 0, s>>>(b, block_floats, P, q, st);
     if (n) kc::qsgd_add<<<kc::grid_for(n), kc::block_threads, 0, s>>>(b, block_floats, P, q, cuda_access::ptr(sum), st);
-    kc::poison_on_wire<<<1, 1, 0, s>>>(cuda_access::ptr(sum), n, st);
+    cuda_kernels::decision_launch(kc::poison_on_wire, s, cuda_access::ptr(sum), n, st);
     detail::cuda_codec_check(cudaGetLastError(), "qsgd decode");
   }
 

@@ -52,8 +52,8 @@ struct codec_kernels<threshold_codec, cuda_space> {
     const cudaStream_t s = e.stream();
     std::size_t scan_bytes = 0;
     detail::cuda_codec_check(kc::threshold_scan_bytes(cap, scan_bytes), "threshold scan (size query)");
-    w_.resize(n), idx_.resize(cap), val_.resize(cap), flag_.resize(cap), pos_.resize(cap), count_.resize(1);
-    scan_tmp_.resize(scan_bytes ? scan_bytes : 1);
+    w_.resize(n, e), idx_.resize(cap, e), val_.resize(cap, e), flag_.resize(cap, e), pos_.resize(cap, e), count_.resize(1, e);
+    scan_tmp_.resize(scan_bytes ? scan_bytes : 1, e);
     kc::threshold_mask<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), n, t, cuda_access::ptr(w_.view()));
     detail::cuda_codec_check(cudaGetLastError(), "threshold_mask");
     ops<cuda_space>::topk_abs(e, w_.cview(), cap, idx_.view(), val_.view(), ws_);

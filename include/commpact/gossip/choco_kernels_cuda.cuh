@@ -100,6 +100,7 @@ __global__ void message(const std::uint32_t* block, std::size_t cap, unsigned ch
 
 //! words[0] = 2 when words[0] is 0 and the (unframed) payload is not cap bytes long.
 __global__ void short_message(const std::uint32_t* block, std::size_t cap, std::int64_t* words) {
+  if (!decision_lane()) return;
   if (words[0] == 0 && block[2] != cap) words[0] = 2;
 }
 
@@ -134,14 +135,19 @@ __global__ void frames(const unsigned char* recv, std::size_t msg_bytes, std::si
   }
 }
 
-//! words[2] = 1 + the first k with status_wire in st[k], when words[0] = words[2] = 0 (one thread).
+//! words[2] = 1 + the first k with status_wire in st[k], when words[0] = words[2] = 0: one
+//! warp, 32 neighbours at a time (a ballot, the lowest set lane first).
 __global__ void first_malformed(const std::uint32_t* st, std::size_t deg, std::int64_t* words) {
   if (words[0] != 0 || words[2] != 0) return;
-  for (std::size_t k = 0; k < deg; ++k)
-    if (st[k] & status_wire) {
-      words[2] = static_cast<std::int64_t>(k) + 1;
+  const unsigned lane = threadIdx.x;
+  for (std::size_t k0 = 0; k0 < deg; k0 += 32) {
+    const bool bad = k0 + lane < deg && (st[k0 + lane] & status_wire) != 0;
+    const unsigned mask = __ballot_sync(0xffffffffu, bad);
+    if (mask != 0) {
+      if (lane == 0) words[2] = static_cast<std::int64_t>(k0 + static_cast<std::size_t>(__ffs(mask) - 1)) + 1;
       return;
     }
+  }
 }
 
 
@@ -191,7 +197,7 @@ struct choco_kernels<Codec, cuda_space> {
             "commpact::choco_kernels<cuda_space>::encode: x holds ", n, " values, hat ", hat.size(), ", diff ",
             diff.size(), ", q ", q.size(), "; msg ", msg.size(), " bytes; words ", words.size(), " (3 needed).");
     const std::size_t cap = msg.size() - off;
-    block_.resize(kc::header_words + (cap + 3) / 4);
+    block_.resize(kc::header_words + (cap + 3) / 4, e);
     const cudaStream_t s = e.stream();
     if (n)
       ch::diff<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(x), cuda_access::ptr(hat),
@@ -213,7 +219,7 @@ struct choco_kernels<Codec, cuda_space> {
     if (!msg.empty())
       ch::message<<<kc::grid_for(msg.size()), kc::block_threads, 0, s>>>(
           b, cap, reinterpret_cast<unsigned char*>(cuda_access::ptr(msg)), msg.size(), framed, cuda_access::ptr(words));
-    if (!framed) ch::short_message<<<1, 1, 0, s>>>(b, cap, cuda_access::ptr(words));
+    if (!framed) cuda_kernels::decision_launch(ch::short_message, s, b, cap, cuda_access::ptr(words));
     detail::cuda_codec_check(cudaGetLastError(), "choco message");
   }
 
@@ -232,8 +238,8 @@ struct choco_kernels<Codec, cuda_space> {
     const cudaStream_t s = e.stream();
     if (deg) {
       const std::size_t bw = kc::header_words + (msg_bytes - off + 3) / 4;
-      frames_.resize(deg * bw);
-      st_.resize(deg);
+      frames_.resize(deg * bw, e);
+      st_.resize(deg, e);
       auto* fb = reinterpret_cast<std::uint32_t*>(cuda_access::ptr(frames_.view()));
       ch::frames<<<kc::grid_for(deg * bw), kc::block_threads, 0, s>>>(
           reinterpret_cast<const unsigned char*>(cuda_access::ptr(recv)), msg_bytes, deg, framed, fb, bw,
@@ -243,7 +249,7 @@ struct choco_kernels<Codec, cuda_space> {
         ck_.decode_sum(e, codec, frames_.cview().subspan(k * bw, bw), bw, q_nb.subspan(k * n, n),
                        st_.view().subspan(k, 1));
     }
-    ch::first_malformed<<<1, 1, 0, s>>>(deg ? cuda_access::ptr(st_.cview()) : nullptr, deg, cuda_access::ptr(words));
+    ch::first_malformed<<<1, 32, 0, s>>>(deg ? cuda_access::ptr(st_.cview()) : nullptr, deg, cuda_access::ptr(words));
     detail::cuda_codec_check(cudaGetLastError(), "choco first_malformed");
   }
 

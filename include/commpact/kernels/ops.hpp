@@ -17,7 +17,7 @@
 //! | `mean_into(e, src, dst, P, status)` | when every src[i] is finite: dst[i] = mean_of(src[i], P); else status \|= nonfinite and dst is untouched |
 //! | `ef_accumulate(e, acc, u_next, u, r, g, m, scale, status)` | error feedback's accumulate: g' = scale[0] g (g when scale is empty); with momentum m > 0, u_next = (m u) + g' and acc = r + u_next, else acc = r + g'; status \|= nonfinite when an acc value is not finite |
 //! | `sub(e, y, x)` | y[i] -= x[i] |
-//! | `clip_scale(e, g, clip_norm, P, scale)` | scale[0] = DGC's clipping factor of g (1 when no clipping applies) |
+//! | `clip_scale(e, g, clip_norm, P, scale)` | scale[0] = DGC's clipping factor of g (1 when no clipping applies); ||g||^2 summed in double in kernels/fixed_sum.hpp's shape (kernels/clip.hpp) |
 //! | `topk_abs(e, v, k, idx, val, ws)` | the k largest \|v\|, index-sorted, ties to the smaller index (host::topk_abs) |
 //! | `scatter_mean(e, out, idx, val, P)` | out = 0, then out[idx[j]] = mean_of(val[j], P) |
 //! | `zero_delivered(e, r, u, idx, alive)` | r[idx[j]] = 0 (and u[idx[j]]) where alive[j] |
@@ -26,7 +26,7 @@
 //! | `sgd_step(e, x, v, g, lr, mu, wd)` | Sgd's update (kernels/host/sgd.hpp): d = g + wd x; v = mu v + d; x -= lr v (v empty: x -= lr d), float, no FMA |
 //! | `check_finite(e, v, status)` | status \|= nonfinite when some v[i] is not finite (PowerCompressor) |
 //! | `copy_if_clear(e, src, dst, status)` | dst[i] = src[i] when every status word is 0, else nothing (PowerCompressor) |
-//! | `lowrank_prepare(e, n, m, r, products)` | makes the three products of an n x m matrix at rank r ready to run without allocating (cuda_space with blas: the executor's cuBLAS handle and scratch; elsewhere nothing); called off the hot path (PowerCompressor::set_layout) |
+//! | `lowrank_prepare(e, n, m, r, products)` | makes the three products of an n x m matrix at rank r ready to run without allocating (cuda_space: with blas the executor's cuBLAS handle and scratch, exact the scratch of back_project's tree; elsewhere nothing); called off the hot path (PowerCompressor::set_layout) |
 //! | `lowrank_project(e, g, res, M, n, m, Q, r, P, products = exact)` | M = g + res (M = g when res is empty), then P = M Q; M, g, res row-major n x m, Q (m x r) and P (n x r) column-major, in lowrank.hpp's order (products = exact; blas: power_products.hpp) (PowerCompressor) |
 //! | `lowrank_back_project(e, M, n, m, P, r, Q, products = exact)` | Q = M^T P, in lowrank.hpp's order (exact; blas: power_products.hpp) (PowerCompressor) |
 //! | `lowrank_approx_residual(e, g, M, n, m, P, Q, r, status, products = exact)` | when every status word is 0: A = P Q^T, M = M - A (the residual, in place), g = A; else nothing; A in lowrank.hpp's order (exact; blas: power_products.hpp), M - A one float subtraction either way (PowerCompressor) |

@@ -32,6 +32,7 @@
 #include "../../config.hpp"
 #include "../../error.hpp"
 #include "../../kernels/exact.hpp"
+#include "../../kernels/fixed_sum.hpp"
 #include "bits.hpp"
 #include "casts.hpp"
 
@@ -68,15 +69,16 @@ COMMPACT_HOST_DEVICE inline double qsgd_mul(double a, double b) {
   return a * b;
 #endif
 }
-//! ss + x^2 in double.
-COMMPACT_HOST_DEVICE inline double qsgd_sq_add(double ss, float x) {
-  const double p = qsgd_mul(static_cast<double>(x), static_cast<double>(x));
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(ss, p);
-#else
-  return ss + p;
-#endif
-}
+//! Leaf i of a bucket's sum of squares: x^2 in double, x = v[i]. A bucket's leaves are
+//! added in kernels/fixed_sum.hpp's shape with the levels of a full bucket
+//! (fixed_sum::levels(d)), which the device reproduces bit for bit, a block per node.
+struct qsgd_sq_leaf {
+  const float* v;
+  COMMPACT_HOST_DEVICE double operator()(std::size_t i) const {
+    const auto d = static_cast<double>(v[i]);
+    return fixed_sum::exact_product(d, d);
+  }
+};
 //! A bucket's norm from its sum of squares: sqrt, saturated at the largest float (finite_scale).
 COMMPACT_HOST_DEVICE inline float qsgd_norm(double ss) {
 #if defined(__CUDA_ARCH__)
@@ -148,8 +150,8 @@ class qsgd_codec {
     detail::bit_writer w(msg.data() + 4 * nb);
     for (std::size_t b = 0; b < nb; ++b) {
       const std::size_t lo = b * d, hi = std::min(n, lo + d);
-      double ss = 0.0;
-      for (std::size_t i = lo; i < hi; ++i) ss = detail::qsgd_sq_add(ss, v[i]);
+      const double ss = fixed_sum::host_sum<double>(hi - lo, detail::qsgd_sq_leaf{v.data() + lo},
+                                                    fixed_sum::add_double{}, fixed_sum::levels(d));
       const float norm = detail::qsgd_norm(ss);
       std::memcpy(msg.data() + 4 * b, &norm, 4);
       const double scale = detail::qsgd_scale(norm, s_);
@@ -277,32 +279,33 @@ class terngrad_codec {
 namespace detail {
 // onebit_codec's arithmetic, shared with its CUDA kernels (kernels/cuda/codecs_onebit.cuh).
 
-//! onebit_codec sums each side in double by chunks of this many values (each in order
-//! from 0.0), then the chunk sums in order from 0.0 (sign_codec's order): for n <= 4096
-//! the plain sequential sum, and an order the device reproduces with one thread per chunk.
-inline constexpr std::size_t onebit_chunk = 4096;
 //! The side of x: set for x < 0 (not for -0 or a NaN), on the bits.
 COMMPACT_HOST_DEVICE inline bool onebit_negative(float x) {
   const std::uint32_t b = exact::bits(x);
   return (b >> 31) != 0u && (b & 0x7FFFFFFFu) != 0u && (b & 0x7FFFFFFFu) <= 0x7F800000u;
 }
-//! The sums of one side and the other over one chunk, in order from 0.0, and the count
-//! of the values on the non-negative side.
+//! The sums in double of the values on one side and on the other, and the count of the
+//! values on the non-negative side. onebit_codec adds them over v in kernels/fixed_sum.hpp's
+//! shape (onebit_leaf, onebit_add), which the device reproduces bit for bit in parallel.
 struct onebit_sums {
   double sp = 0.0, sn = 0.0;
   std::uint64_t np = 0;
 };
-//! Adds x to its side's sum (and counts it on the non-negative side).
-COMMPACT_HOST_DEVICE inline void onebit_push(onebit_sums& s, float x) {
-  if (onebit_negative(x)) s.sn = exact::add(s.sn, static_cast<double>(x));
-  else s.sp = exact::add(s.sp, static_cast<double>(x)), ++s.np;
-}
-//! The sums over p[0, m) in order from 0.0.
-COMMPACT_HOST_DEVICE inline onebit_sums onebit_chunk_sums(const float* p, std::size_t m) {
-  onebit_sums s;
-  for (std::size_t j = 0; j < m; ++j) onebit_push(s, p[j]);
-  return s;
-}
+//! Leaf i: v[i] on its side (counted on the non-negative side), 0 on the other.
+struct onebit_leaf {
+  const float* v;
+  COMMPACT_HOST_DEVICE onebit_sums operator()(std::size_t i) const {
+    const float x = v[i];
+    if (onebit_negative(x)) return {0.0, static_cast<double>(x), 0};
+    return {static_cast<double>(x), 0.0, 1};
+  }
+};
+//! The addition of two onebit_sums, field by field.
+struct onebit_add {
+  COMMPACT_HOST_DEVICE onebit_sums operator()(const onebit_sums& a, const onebit_sums& b) const {
+    return {exact::add(a.sp, b.sp), exact::add(a.sn, b.sn), a.np + b.np};
+  }
+};
 //! min(x, the largest float) as a float (finite_scale, on the host and the device).
 COMMPACT_HOST_DEVICE inline float onebit_finite(double x) {
   constexpr double big = 0x1.fffffep127;
@@ -331,18 +334,14 @@ COMMPACT_HOST_DEVICE inline unsigned char onebit_byte(const float* v, std::size_
 
 //! 1-bit SGD: one bit per value (set: v_i < 0); the receiver reconstructs the mean of
 //! the entries on v_i's side (a >= 0, b <= 0). Biased: use it with error feedback. The
-//! sums run by chunks of detail::onebit_chunk values (the device's order).
+//! sums run in kernels/fixed_sum.hpp's shape (the device's order).
 struct onebit_codec {
   std::size_t max_encoded_bytes(std::size_t n) const { return 8 + (n + 7) / 8; }
 
   std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     detail::check_capacity("onebit_codec", msg, bytes, n);
-    detail::onebit_sums s;
-    for (std::size_t c = 0; c < n; c += detail::onebit_chunk) {
-      const auto part = detail::onebit_chunk_sums(v.data() + c, std::min(detail::onebit_chunk, n - c));
-      s.sp += part.sp, s.sn += part.sn, s.np += part.np;
-    }
+    const auto s = fixed_sum::host_sum<detail::onebit_sums>(n, detail::onebit_leaf{v.data()}, detail::onebit_add{});
     float a, b;
     detail::onebit_means(s, n, &a, &b);
     std::memcpy(msg.data(), &a, 4);

@@ -18,6 +18,7 @@
 
 #include "../../comm/agree.hpp"
 #include "../../error.hpp"
+#include "../../kernels/clip.hpp"
 #include "../../nonfinite.hpp"
 
 namespace commpact {
@@ -137,9 +138,7 @@ inline std::string length_problem(const char* who, std::int64_t n, std::int64_t 
 //! applies (off, within the bound, or a non-finite norm that the finiteness check reports).
 inline std::optional<float> clip_scale(std::span<const float> g, float clip_norm, int P) {
   if (clip_norm <= 0.0f) return std::nullopt;
-  double s = 0;
-  for (float x : g) s += static_cast<double>(x) * x;
-  const double norm = std::sqrt(s);
+  const double norm = std::sqrt(clip::host_sumsq(g));  // kernels/clip.hpp: the device's order
   const double bound = static_cast<double>(clip_norm) / std::sqrt(static_cast<double>(P));
   if (!std::isfinite(norm) || norm <= bound) return std::nullopt;
   return static_cast<float>(bound / norm);

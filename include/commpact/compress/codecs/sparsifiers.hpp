@@ -30,6 +30,7 @@
 
 #include "../../error.hpp"
 #include "../../kernels/exact.hpp"
+#include "../../kernels/fixed_sum.hpp"
 #include "../../kernels/host/topk.hpp"
 #include "../../config.hpp"
 #include "bits.hpp"
@@ -47,13 +48,16 @@ COMMPACT_HOST_DEVICE inline bool passes_threshold(float x, float t, bool strict)
   return strict ? a > t : a >= t;
 }
 
-//! Gaussian-k's running sums, one value at a time in the caller's order: s += x and
-//! ss += x^2, in double. Shared with the CUDA kernel (kernels/cuda/codecs_estimated.cuh).
-COMMPACT_HOST_DEVICE inline void gaussiank_accumulate(double& s, double& ss, float x) {
-  const auto d = static_cast<double>(x);
-  s = exact::add(s, d);
-  ss = exact::add(ss, exact::mul(d, d));
-}
+//! Gaussian-k's moments are the fixed-shape sum (kernels/fixed_sum.hpp) of these leaves:
+//! value i is (x, x^2) in double, x = v[i]. Shared with the CUDA kernels
+//! (kernels/cuda/codecs_estimated.cuh), which add them in the same shape.
+struct gaussiank_leaf {
+  const float* v;
+  COMMPACT_HOST_DEVICE fixed_sum::double2_sum operator()(std::size_t i) const {
+    const auto d = static_cast<double>(v[i]);
+    return {d, fixed_sum::exact_product(d, d)};
+  }
+};
 
 //! Gaussian-k's first estimate from the sums of n values and z: mean + sd z, mean = s / n,
 //! sd^2 = max(0, (ss - s mean) / (n - 1)) (sd = 0 for n = 1). Shared with the CUDA kernel.
@@ -263,11 +267,12 @@ class gaussiank_codec : public detail::threshold_base {
             " is outside [1, 64]; it counts the passes over the gradient (the authors' code: 3).");
   }
   //! The first estimate for v: mean + sd z, sd with n - 1 (0 for n = 1), 2 (1 - Phi(z)) =
-  //! density. One pass in double: sd^2 = (sum x^2 - n mean^2) / (n - 1), at least 0.
+  //! density. One pass in double: sd^2 = (sum x^2 - n mean^2) / (n - 1), at least 0; the
+  //! sums in kernels/fixed_sum.hpp's shape (the device's order).
   double estimate(std::span<const float> v) const {
-    double s = 0.0, ss = 0.0;
-    for (float x : v) detail::gaussiank_accumulate(s, ss, x);
-    return detail::gaussiank_estimate(s, ss, v.size(), z());
+    const auto m = fixed_sum::host_sum<fixed_sum::double2_sum>(v.size(), detail::gaussiank_leaf{v.data()},
+                                                               fixed_sum::add_double2{});
+    return detail::gaussiank_estimate(m.a, m.b, v.size(), z());
   }
   //! z with 2 (1 - Phi(z)) = density.
   double z() const { return detail::normal_two_sided_quantile(density_); }

@@ -8,7 +8,7 @@
 //! | codec | message for a vector of n floats | delivered approximation |
 //! |---|---|---|
 //! | `topk_codec` | k int32 indices (strictly ascending), then k float32 values: 8k bytes | the k entries of largest magnitude (ties: smaller index) |
-//! | `sign_codec` | float32 scale, then ceil(n/8) bytes of sign bits: 4 + ceil(n/8) bytes | scale * sign(v), scale = ||v||_1 / n (EF-SignSGD, CHOCO's sign; the sum in double by chunks of 4096, detail::sign_l1_chunk) |
+//! | `sign_codec` | float32 scale, then ceil(n/8) bytes of sign bits: 4 + ceil(n/8) bytes | scale * sign(v), scale = ||v||_1 / n (EF-SignSGD, CHOCO's sign; the sum in double in kernels/fixed_sum.hpp's shape, the device's order) |
 //!
 //! Every decoder validates the whole message before it adds anything and raises
 //! commpact::wire_error on a malformed or hostile one (never reads or writes out of
@@ -28,6 +28,7 @@
 
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../kernels/fixed_sum.hpp"
 #include "../../kernels/host/topk.hpp"
 #include "sparse_options.hpp"
 
@@ -49,18 +50,14 @@ COMMPACT_HOST_DEVICE inline bool finite_bits(float v) {
 
 // sign_codec's per-element arithmetic, shared with its CUDA kernels (codecs.cuh).
 
-//! sign_codec sums |v| in double by chunks of this many values (each in order from 0.0),
-//! then the chunk sums in order from 0.0: for n <= 4096 the plain sequential sum, and an
-//! order the device reproduces bit for bit with one thread per chunk.
-inline constexpr std::size_t sign_l1_chunk = 4096;
 //! |x| as a double (exact).
 COMMPACT_HOST_DEVICE inline double abs_as_double(float x) { return static_cast<double>(x < 0.0f ? -x : x); }
-//! The sum of |p[j]|, j < m, in order from 0.0, in double.
-COMMPACT_HOST_DEVICE inline double abs_sum(const float* p, std::size_t m) {
-  double s = 0.0;
-  for (std::size_t j = 0; j < m; ++j) s += abs_as_double(p[j]);
-  return s;
-}
+//! Leaf i of ||v||_1: |v[i]| in double. sign_codec sums the leaves in kernels/fixed_sum.hpp's
+//! shape (fixed_sum::add_double), which the device reproduces bit for bit in parallel.
+struct sign_l1_leaf {
+  const float* v;
+  COMMPACT_HOST_DEVICE double operator()(std::size_t i) const { return abs_as_double(v[i]); }
+};
 //! The scale ||v||_1 / n, rounded to float (0 for n = 0).
 COMMPACT_HOST_DEVICE inline float sign_scale(double l1, std::size_t n) {
   return n ? static_cast<float>(l1 / static_cast<double>(n)) : 0.0f;
@@ -215,9 +212,7 @@ struct sign_codec {
     const std::size_t n = v.size(), bytes = max_encoded_bytes(n);
     require(msg.size() >= bytes, "commpact::sign_codec::encode: the message buffer holds ", msg.size(),
             " bytes; ", n, " values need ", bytes, ".");
-    double l1 = 0.0;  // by chunks (detail::sign_l1_chunk), the device's order
-    for (std::size_t c = 0; c < n; c += detail::sign_l1_chunk)
-      l1 += detail::abs_sum(v.data() + c, std::min(detail::sign_l1_chunk, n - c));
+    const double l1 = fixed_sum::host_sum<double>(n, detail::sign_l1_leaf{v.data()}, fixed_sum::add_double{});
     const float scale = detail::sign_scale(l1, n);
     std::memcpy(msg.data(), &scale, 4);
     for (std::size_t b = 0; 4 + b < bytes; ++b) msg[4 + b] = std::byte{detail::sign_byte(v.data(), n, b)};

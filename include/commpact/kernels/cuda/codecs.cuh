@@ -14,7 +14,7 @@
 //! | topk_validate | every entry of every block checked as topk_codec::decode_add does (length a multiple of 8, at most k entries, detail::sparse_index_ok, detail::finite_bits); a failure sets status_wire | the same blocks rejected |
 //! | topk_add | sum[j] = __fadd_rn(sum[j], v) for one block, skipped once status_wire is set | bits (indices within a block are distinct, blocks run in rank order) |
 //! | poison_on_wire | sum[0] = NaN when status_wire is set, so that mean_into leaves out untouched | - |
-//! | sign_l1_chunks, sign_l1_total | ||v||_1 in double: one lane per chunk of detail::sign_l1_chunk values (read through a shared-memory transpose, summed in order), then the chunk sums in order by one thread; scale = detail::sign_scale | bits (the host's chunked order) |
+//! | sign_l1 | ||v||_1 in double in kernels/fixed_sum.hpp's shape (fixed_sum.cuh's segmented_sum: a block per node of 2048 values, one launch per level); scale = detail::sign_scale by the last level's thread 0 | bits (the host sums in the same shape) |
 //! | sign_bits | detail::sign_byte per payload byte, approx = detail::sign_value | bytes |
 //! | cast16_encode | code = detail::to_half / to_bf16 per value, approx = from_half / from_bf16 | bytes |
 //! | cast16_validate, cast16_add | cast16_codec::decode_add's checks (length 2n, no Inf/NaN code); sum[i] = 0 + the decoded values in rank order (__fadd_rn) | bits |
@@ -39,6 +39,7 @@
 #include "../../compress/codecs/quantizers.hpp"
 #include "../../compress/codecs/topk_sign.hpp"
 #include "../status.hpp"
+#include "fixed_sum.cuh"
 #include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
@@ -67,8 +68,12 @@ __global__ void frame_finish(std::uint32_t* block, std::size_t nw, header_words_
                              std::uint32_t ok_payload, const std::uint32_t* status,
                              const std::uint32_t* d_entries = nullptr, std::uint32_t entry_bytes = 0) {
   const bool nonfinite = status != nullptr && (*status & status_nonfinite) != 0;
-  const std::uint32_t clean = d_entries ? entry_bytes * *d_entries : ok_payload;
-  const std::size_t payload = nonfinite ? 0 : clean;
+  // In 64 bits: entry_bytes * count wraps in 32 bits at 2^29 eight-byte entries. A length
+  // the header's 32-bit word cannot hold saturates, so the receiver rejects the frame
+  // (a payload above the block) instead of reading a wrapped, plausible length.
+  const std::uint64_t clean64 = d_entries ? std::uint64_t{entry_bytes} * *d_entries : ok_payload;
+  const std::uint32_t clean = clean64 > 0xFFFFFFFFull ? 0xFFFFFFFFu : static_cast<std::uint32_t>(clean64);
+  const std::size_t payload = nonfinite ? 0 : static_cast<std::size_t>(clean64);
   for (const std::size_t w : cuda_kernels::grid_stride(nw)) {
     if (w < header_words) {
       block[w] = nonfinite ? bad.w[w] : (w == 2 ? clean : ok.w[w]);  // word 2: the payload bytes
@@ -118,53 +123,26 @@ __global__ void topk_add(const std::uint32_t* block, std::size_t cmax, float* su
 
 //! sum[0] = NaN when status_wire is set (mean_into then flags the sum and leaves out untouched).
 __global__ void poison_on_wire(float* sum, std::size_t n, const std::uint32_t* status) {
+  if (!decision_lane()) return;
   if (n != 0 && (*status & status_wire)) sum[0] = __int_as_float(0x7FC00000);
 }
 
 // ---- sign_codec -----------------------------------------------------------------------
 
-inline constexpr int sign_warps = 8;  //!< warps per block of sign_l1_chunks
+//! sign_codec's end of ||v||_1 (thread 0 of the sum's last level): *scale = detail::sign_scale(l1, n).
+struct sign_scale_out {
+  std::size_t n;
+  float* scale;
+  __device__ void operator()(std::size_t, double l1) const { *scale = commpact::detail::sign_scale(l1, n); }
+};
 
-//! part[c] = the fold of chunk c (values [c C, c C + C) below n, in index order) by
-//! push(acc, x) from Acc{}: each warp takes 32 chunks, lane l folds chunk 32 w + l,
-//! reading tiles of 32 x 32 values through shared memory so that global reads are
-//! coalesced. The kernel that calls it runs 32 * Warps threads per block. The host's
-//! chunked sums (sign_codec's scale, onebit_codec's means) in the device's order.
-template <unsigned Warps, std::size_t C, class Acc, class Push>
-__device__ void chunk_fold(const float* v, std::size_t n, Acc* part, std::size_t chunks, Push push) {
-  __shared__ float tile[Warps][32][33];
-  const unsigned warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const std::size_t c0 = (static_cast<std::size_t>(blockIdx.x) * Warps + warp) * 32;
-  if (c0 >= chunks) return;  // the whole warp (only __syncwarp below)
-  const std::size_t mine = c0 + lane;
-  Acc s{};
-  for (std::size_t off = 0; off < C; off += 32) {
-    for (unsigned r = 0; r < 32; ++r) {
-      const std::size_t i = (c0 + r) * C + off + lane;
-      tile[warp][r][lane] = (c0 + r < chunks && i < n) ? v[i] : 0.0f;
-    }
-    __syncwarp();
-    for (unsigned j = 0; j < 32; ++j) {
-      const std::size_t i = mine * C + off + j;
-      if (mine < chunks && i < n) push(s, tile[warp][lane][j]);
-    }
-    __syncwarp();
-  }
-  if (mine < chunks) part[mine] = s;
-}
+//! Scratch (doubles) of sign_l1 for n values: none up to 2048.
+inline std::size_t sign_l1_scratch(std::size_t n) { return fixed::scratch_items(1, n); }
 
-//! part[c] = commpact::detail::abs_sum over chunk c (sign_l1_chunk values), by chunk_fold.
-__global__ void __launch_bounds__(32 * sign_warps) sign_l1_chunks(const float* v, std::size_t n, double* part,
-                                                                  std::size_t chunks) {
-  chunk_fold<sign_warps, commpact::detail::sign_l1_chunk>(
-      v, n, part, chunks, [](double& s, float x) { s = __dadd_rn(s, commpact::detail::abs_as_double(x)); });
-}
-
-//! *scale = detail::sign_scale(sum of part[0, chunks) in order from 0.0, n) (one thread).
-__global__ void sign_l1_total(const double* part, std::size_t chunks, std::size_t n, float* scale) {
-  double l1 = 0.0;
-  for (std::size_t c = 0; c < chunks; ++c) l1 = __dadd_rn(l1, part[c]);
-  *scale = commpact::detail::sign_scale(l1, n);
+//! *scale = detail::sign_scale(||v||_1, n): the sum in double in kernels/fixed_sum.hpp's shape.
+inline cudaError_t sign_l1(const float* v, std::size_t n, float* scale, double* scratch, cudaStream_t s) {
+  return fixed::segmented_sum(commpact::detail::sign_l1_leaf{v}, commpact::fixed_sum::add_double{},
+                              sign_scale_out{n, scale}, 1, n, n, scratch, s);
 }
 
 //! bits[b] = detail::sign_byte(v, n, b) for the nb payload bytes; approx (if not null) the

@@ -3,12 +3,12 @@
 //! \file codecs_onebit.cuh
 //! Device kernels of onebit_codec (codec_kernels<onebit_codec, cuda_space>,
 //! compress/codec_kernels_cuda_onebit.cuh), with the host's arithmetic (detail::
-//! onebit_negative, onebit_chunk_sums, onebit_means, onebit_means_ok, onebit_byte in
+//! onebit_negative, onebit_leaf, onebit_add, onebit_means, onebit_means_ok, onebit_byte in
 //! quantizers.hpp).
 //!
 //! | kernel | what it does | equal to the host |
 //! |---|---|---|
-//! | onebit_chunks, onebit_total | each side's sum in double: one lane per chunk of detail::onebit_chunk values (read through a shared-memory transpose, summed in order, detail::onebit_push), then the chunk sums in order from 0.0 by one thread; the means by detail::onebit_means into the payload | bits (the host's chunked order) |
+//! | onebit_means | each side's sum in double and the count in kernels/fixed_sum.hpp's shape (fixed_sum.cuh's segmented_sum: a block per node of 2048 values, one launch per level); the means by detail::onebit_means into the payload, by the last level's thread 0 | bits (the host sums in the same shape) |
 //! | onebit_bits | detail::onebit_byte per payload byte, approx = the mean of the value's side | bytes |
 //! | onebit_validate, onebit_add | onebit_codec::decode_add's checks (length, detail::onebit_means_ok, no bit past n) per block; sum[i] = 0 + every block's value of bit i in rank order (__fadd_rn) | bits |
 //!
@@ -27,31 +27,28 @@
 #include "../../compress/codecs/quantizers.hpp"
 #include "../../compress/codecs/topk_sign.hpp"
 #include "codecs.cuh"
+#include "fixed_sum.cuh"
 #include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
 
-inline constexpr int onebit_warps = 8;  //!< warps per block of onebit_chunks
-
-//! part[c] = detail::onebit_chunk_sums over chunk c (onebit_chunk values), by chunk_fold
-//! (codecs.cuh; sign_l1_chunks' scheme).
-__global__ void __launch_bounds__(32 * onebit_warps) onebit_chunks(const float* v, std::size_t n,
-                                                                  commpact::detail::onebit_sums* part,
-                                                                  std::size_t chunks) {
-  chunk_fold<onebit_warps, commpact::detail::onebit_chunk>(
-      v, n, part, chunks, [](commpact::detail::onebit_sums& s, float x) { commpact::detail::onebit_push(s, x); });
-}
-
-//! payload[0, 2) = detail::onebit_means of the chunk sums added in order from 0.0 (one thread).
-__global__ void onebit_total(const commpact::detail::onebit_sums* part, std::size_t chunks, std::size_t n,
-                             float* payload) {
-  commpact::detail::onebit_sums s;
-  for (std::size_t c = 0; c < chunks; ++c) {
-    s.sp = __dadd_rn(s.sp, part[c].sp);
-    s.sn = __dadd_rn(s.sn, part[c].sn);
-    s.np += part[c].np;
+//! onebit_codec's end of the sums (thread 0 of the last level): payload[0, 2) = detail::onebit_means.
+struct onebit_means_out {
+  std::size_t n;
+  float* payload;
+  __device__ void operator()(std::size_t, const commpact::detail::onebit_sums& s) const {
+    commpact::detail::onebit_means(s, n, payload, payload + 1);
   }
-  commpact::detail::onebit_means(s, n, payload, payload + 1);
+};
+
+//! Scratch (onebit_sums) of onebit_means for n values: none up to 2048.
+inline std::size_t onebit_scratch(std::size_t n) { return fixed::scratch_items(1, n); }
+
+//! payload[0, 2) = the two means of v: both sides' sums in kernels/fixed_sum.hpp's shape.
+inline cudaError_t onebit_means(const float* v, std::size_t n, float* payload, commpact::detail::onebit_sums* scratch,
+                                cudaStream_t s) {
+  return fixed::segmented_sum(commpact::detail::onebit_leaf{v}, commpact::detail::onebit_add{},
+                              onebit_means_out{n, payload}, 1, n, n, scratch, s);
 }
 
 //! bits[j] = detail::onebit_byte(v, n, j) for the nb payload bytes; approx (if not null)

@@ -3,12 +3,12 @@
 //! \file codecs_qsgd.cuh
 //! Device kernels of qsgd_codec (codec_kernels<qsgd_codec, cuda_space>,
 //! compress/codec_kernels_cuda.cuh), with the host's per-element arithmetic
-//! (detail::qsgd_sq_add, qsgd_norm, qsgd_scale, qsgd_level, qsgd_value in quantizers.hpp)
+//! (detail::qsgd_sq_leaf, qsgd_norm, qsgd_scale, qsgd_level, qsgd_value in quantizers.hpp)
 //! and its random numbers (random_stream, counter-based, replayed here).
 //!
 //! | kernel | what it does | equal to the host |
 //! |---|---|---|
-//! | qsgd_norms | one thread per bucket: the sum of squares in order, the norm into the payload | bits |
+//! | qsgd_norms | each bucket's sum of squares in double in kernels/fixed_sum.hpp's shape (fixed_sum.cuh's segmented_sum: a block per node of 2048 values, so one block per bucket up to d = 2048, one launch per level), the norm into the payload by the last level's thread 0 | bits (the host sums each bucket in the same shape) |
 //! | qsgd_pack | one thread per payload byte of the fields (width w = 1 + bit_width(s), low bits first): every field that touches the byte, computed from its bucket's norm | bytes |
 //! | qsgd_validate, qsgd_add | qsgd_codec::decode_add's checks (length, norms finite and >= 0, levels <= s, no sign on level 0, zero padding); sum[i] = 0 + the non-zero levels' values in rank order | bits |
 //!
@@ -26,6 +26,7 @@
 
 #include "../../compress/codecs/quantizers.hpp"
 #include "codecs.cuh"
+#include "fixed_sum.cuh"
 #include "grid.cuh"
 
 namespace commpact::cuda_kernels::codec {
@@ -38,14 +39,19 @@ struct qsgd_shape {
   __device__ std::size_t field_bytes() const { return (n * w + 7) / 8; }
 };
 
-//! norms[b] = detail::qsgd_norm(sum of squares of bucket b, in order).
-__global__ void qsgd_norms(const float* v, qsgd_shape q, float* norms) {
-  for (const std::size_t b : cuda_kernels::grid_stride(q.nb)) {
-    const std::size_t lo = b * q.d, hi = lo + q.d < q.n ? lo + q.d : q.n;
-    double ss = 0.0;
-    for (std::size_t i = lo; i < hi; ++i) ss = commpact::detail::qsgd_sq_add(ss, v[i]);
-    norms[b] = commpact::detail::qsgd_norm(ss);
-  }
+//! The end of bucket b's sum (thread 0 of the last level): norms[b] = detail::qsgd_norm(ss).
+struct qsgd_norm_out {
+  float* norms;
+  __device__ void operator()(std::size_t b, double ss) const { norms[b] = commpact::detail::qsgd_norm(ss); }
+};
+
+//! Scratch (doubles) of qsgd_norms: none up to d = 2048.
+inline std::size_t qsgd_norms_scratch(const qsgd_shape& q) { return fixed::scratch_items(q.nb, q.d); }
+
+//! norms[b] = detail::qsgd_norm(bucket b's sum of squares) for the q.nb buckets (q.n > 0).
+inline cudaError_t qsgd_norms(const float* v, const qsgd_shape& q, float* norms, double* scratch, cudaStream_t s) {
+  return fixed::segmented_sum(commpact::detail::qsgd_sq_leaf{v}, commpact::fixed_sum::add_double{},
+                              qsgd_norm_out{norms}, q.nb, q.d, q.n - (q.nb - 1) * q.d, scratch, s);
 }
 
 //! Field i: the level in the low w - 1 bits, the sign above (set only for a level > 0).

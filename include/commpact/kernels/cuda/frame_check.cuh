@@ -3,8 +3,8 @@
 //! \file frame_check.cuh
 //! The device checks of a received sparse_wire frame (compress/codecs/sparse_wire.hpp), as
 //! sparse_wire::decode_header(frame, true) and sparse_wire::decode make them on the host,
-//! split so that each consumer decides in its host twin's order: a one-thread header check
-//! (frame_head_dev) and a grid check of the zero padding and the body (frame_scan_dev).
+//! split so that each consumer decides in its host twin's order: a header check in a
+//! decision kernel (frame_head_dev; grid.cuh's decision_launch) and a grid check of the zero padding and the body (frame_scan_dev).
 //! Shared by sparse_tree.cuh's absorb (tree_absorb), tree_begin.cuh (tree_begin) and
 //! oktopk_begin.cuh (oktopk_begin); their results sit in an absorb_ctl in device memory.
 
@@ -40,7 +40,7 @@ __device__ __forceinline__ T get_dev(const std::byte* p) {
   return v;
 }
 
-//! sparse_wire::decode_header(frame, true)'s structural checks on one thread: err for a
+//! sparse_wire::decode_header(frame, true)'s structural checks (a decision's lane): err for a
 //! frame shorter than the header, a bad magic or version, unknown flags, ranges that are
 //! not ordered and non-negative, or a byte count above `bytes`; expect and h as read, the
 //! rest zero.

@@ -9,15 +9,37 @@
 //!
 //! visits this thread's indices blockIdx.x * blockDim.x + threadIdx.x + j * gridDim.x *
 //! blockDim.x below n, in increasing order (the loop every kernel here wrote by hand).
+//!
+//! And decision_launch: the one launch shape for a decision, a kernel that reads and
+//! writes a few words of device state (a frame header, a status word, a count; at most a
+//! loop over the P ranks), never the data. It runs as one warp whose lane 0 works (the
+//! kernel starts with `if (!decision_lane()) return;`), and every other kernel is
+//! parallel over its data: include/ has no single-thread launch
+//! (tests/package/check_no_serial_launch.cmake).
 //! Only nvcc compiles this file.
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/grid.cuh needs nvcc: include it from a .cu file only."
 #endif
 
+#include <cuda_runtime.h>
+
 #include <cstddef>
 
 namespace commpact::cuda_kernels {
+
+//! Threads of a decision launch: one warp.
+inline constexpr unsigned decision_threads = 32;
+
+//! True on the thread of a decision kernel that works (lane 0); the others return.
+__device__ __forceinline__ bool decision_lane() { return threadIdx.x == 0 && blockIdx.x == 0; }
+
+//! Queues the decision kernel `kernel(args...)` on stream s as one warp (see the file
+//! comment). A launch error is left for the caller's cudaGetLastError().
+template <class... Params, class... Args>
+inline void decision_launch(void (*kernel)(Params...), cudaStream_t s, Args... args) {
+  kernel<<<1, decision_threads, 0, s>>>(args...);
+}
 
 class grid_stride {
  public:

@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(block) check_slots(Slots s, std::uint32_t P, s
 
 //! status[0] |= wire and status[1] = the slot when *bad names one.
 __global__ void report_bad(const std::uint32_t* bad, std::uint32_t* status) {
+  if (!decision_lane()) return;
   if (*bad != none) {
     status[0] |= status_wire;
     status[1] = *bad;
@@ -152,13 +153,14 @@ cudaError_t check(Slots s, std::uint32_t P, std::uint32_t me, std::size_t per_sl
   const dim3 g(grid(per_slot, 1024), P < 65535u ? P : 65535u);
   check_slots<<<g, block, 0, st>>>(s, P, me, bad);
   COMMPACT_CU_TRY(cudaGetLastError());
-  report_bad<<<1, 1, 0, st>>>(bad, status);
+  decision_launch(report_bad, st, bad, status);
   return cudaGetLastError();
 }
 
 // ---- oktopk_local --------------------------------------------------------------------
 //! *dk = 0 when status shows a non-finite acc (the selection then writes nothing), else k.
 __global__ void local_gate(const std::uint32_t* status, std::int64_t k, std::int64_t* dk) {
+  if (!decision_lane()) return;
   *dk = (status[0] & status_nonfinite) ? 0 : k;
 }
 
@@ -302,6 +304,7 @@ __device__ __forceinline__ std::uint64_t block_count(const unsigned long long* p
   return *passing < cap ? *passing : cap;
 }
 __global__ void select_head(std::byte* blk, std::uint32_t me, const unsigned long long* passing, std::uint32_t cap) {
+  if (!decision_lane()) return;
   put(blk, me), put(blk + 4, static_cast<std::uint32_t>(block_count(passing, cap)));
 }
 //! The o-th selected position p (ascending): index lo + p, its sum after the m indices.

@@ -5,8 +5,8 @@
 //! start from a codec's block, the row oktopk_begin of ops<cuda_space>, rows_oktopk.cuh).
 //! It reuses frame_check.cuh's checks, as tree_begin does: frame_head_dev (size, magic,
 //! version, flags, ranges, the byte count) and frame_scan_dev (zero padding; indices in
-//! [0, n), strictly increasing; values finite) with the caller's n; a one-thread kernel
-//! then decides in the host's order (a structural fault or other ranges or a mask:
+//! [0, n), strictly increasing; values finite) with the caller's n; a decision kernel
+//! (grid.cuh's decision_launch) then decides in the host's order (a structural fault or other ranges or a mask:
 //! status_rejected; a flagged frame: flagged_status; a count above the outputs or a bad
 //! body: status_rejected) and a grid kernel installs the entries and the unused slots
 //! (unused_index, +0), only when the frame was accepted: otherwise idx/val are untouched.
@@ -34,6 +34,7 @@
 namespace commpact::cuda_kernels::oktopk {
 
 __global__ void begin_head(const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
+  if (!decision_lane()) return;
   *ctl = cuda_kernels::detail::frame_head_dev(f, bytes);
 }
 
@@ -46,6 +47,7 @@ __global__ void begin_scan(const std::byte* f, std::size_t bytes, std::int64_t n
 //! install. cap = min(idx.size(), val.size()) (the host's decode limit).
 __global__ void begin_decide(absorb_ctl* ctl, std::int64_t n, std::int64_t k, std::size_t cap,
                              std::uint32_t* status) {
+  if (!decision_lane()) return;
   absorb_ctl& c = *ctl;
   const sparse_wire::header h = c.h;
   c.ok = 0;
@@ -88,9 +90,9 @@ inline cudaError_t begin(const std::byte* f, std::size_t bytes, std::int64_t n, 
                          cudaStream_t s) {
   namespace kd = cuda_kernels::detail;
   const std::size_t top = ni > nv ? ni : nv;
-  begin_head<<<1, 1, 0, s>>>(f, bytes, ctl);
+  decision_launch(begin_head, s, f, bytes, ctl);
   if (bytes) begin_scan<<<kd::vec_grid(bytes), kd::vec_block, 0, s>>>(f, bytes, n, ctl);
-  begin_decide<<<1, 1, 0, s>>>(ctl, n, k, ni < nv ? ni : nv, status);
+  decision_launch(begin_decide, s, ctl, n, k, ni < nv ? ni : nv, status);
   if (top) begin_install<<<kd::vec_grid(top), kd::vec_block, 0, s>>>(ctl, f, idx, ni, val, nv);
   return cudaGetLastError();
 }

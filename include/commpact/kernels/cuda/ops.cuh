@@ -15,20 +15,20 @@
 //! | fill, copy, to_host, from_host | fill kernel, cudaMemcpyAsync | bits |
 //! | mean, mean_into | __fdiv_rn(v, float(P)) (mean.hpp's mean_of), status on device | bits |
 //! | ef_accumulate, sub | __fmul_rn / __fadd_rn / __fsub_rn in the host's order | bits |
-//! | clip_scale | two-stage double reduction in a fixed order | within the last bit of the float (the host sums sequentially) |
+//! | clip_scale | ||g||^2 in double in kernels/fixed_sum.hpp's shape (a block per node of 2048 values, one launch per level), the factor by the last level's thread 0 (kernels/clip.hpp) | bits (the host row sums in the same shape) |
 //! | topk_abs | select.cuh's radix select (topk.cuh) | bits (indices and values) |
 //! | scatter_mean, zero_delivered | memset + scatter kernels | bits (indices distinct; out-of-range indices are skipped where the host raises) |
 //! | tree_local | ef kernel (__fadd_rn/__fmul_rn as the host's ef_body) + topk_abs | bits |
 //! | tree_payload / tree_absorb | frame encode; decode + validation + merge (sparse_tree.cuh) | bits (frames byte for byte) |
 //! | tree_scatter / tree_zero_delivered | gated by the meta on the device | bits |
-//! | tree_status (TreeMerge) | one thread | bits |
-//! | tree_begin (TreeMerge) | tree_begin.cuh: absorb_head/absorb_scan with the block's n, one-thread decision, install kernel | bits (meta and sets) |
+//! | tree_status (TreeMerge) | a decision (grid.cuh's decision_launch: one warp, lane 0) | bits |
+//! | tree_begin (TreeMerge) | tree_begin.cuh: a decision reading the header (begin_head), absorb_scan with the block's n, a decision (begin_decide), install kernel | bits (meta and sets) |
 //! | check_finite, copy_if_clear (rows_power.cuh) | grid-stride kernels, status words on the device | bits |
 //! | lowrank_project | 8 lanes per row of M, partial sums combined by shuffles in row_dots' order; M = g + res written | bits |
-//! | lowrank_back_project | one thread per column of M, rows in order (n sequential steps) | bits |
+//! | lowrank_back_project | lowrank.hpp's tree: a thread per (column, chunk of 128 rows), rows in order; then a thread per (output, group of 128 sums), a launch per level; the levels below the top in the executor's scratch (grown by lowrank_prepare) | bits |
 //! | lowrank_approx_residual | one thread per element, gated by the status words | bits |
 //! | lowrank_project, lowrank_back_project, lowrank_approx_residual with power_products::blas; lowrank_prepare (blas.cuh) | M = g + res kernel; cublasSgemm for P = M Q, Q = M^T P and A = P Q^T (tiles of the executor's scratch, then a status-gated kernel: g = A, M -= A); the executor's cuBLAS handle | M bits; P, Q, A within docs/kernels.md's bound; deterministic, equal on every rank |
-//! | orthonormalize, power_gossip_orthonormalize | one block: dot products summed by one thread in row order (host::gs_*), redraws in-kernel | bits (redraws as gaussian) |
+//! | orthonormalize, power_gossip_orthonormalize | one block: each dot product summed by the block in kernels/fixed_sum.hpp's shape (host::gs_dot_leaf, as the host), updates spread over it (host::gs_*), redraws in-kernel | bits (redraws as gaussian) |
 //! | gaussian, redraw_zero_columns | host::gaussian_pair per pair of values (one block per zero column) | bits except CUDA's double log/cos/sin: a value may differ in the float's last bit (~2^-28) |
 //! | power_gossip_update, power_gossip_vectors | difference kernel + element kernel (host::power_gossip::add_scaled / mix_term), gated by words | bits |
 //! | cast_encode, cast_add, cast_decode_mean (rows_cast_vote.cuh) | host/cast.hpp's cast_encode_value and the casts' host-device to_code/from_code/add; finiteness flag, then mean_of | bits (NaN codes: any NaN code) |
@@ -42,7 +42,7 @@
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
 //! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
 //! | codec_kernels<topk, threshold, sign, fp16, bf16, terngrad, qsgd codec, cuda_space> (compress/codec_kernels_cuda*.cuh; not ops rows) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
-//! | oktopk_begin (SparseReduceScatter's block path; oktopk_begin.cuh) | frame_check.cuh's checks (tree_begin's) with the caller's n, one-thread decision in the host's order, install gated by it | bits (idx, val, status; untouched when flagged or malformed) |
+//! | oktopk_begin (SparseReduceScatter's block path; oktopk_begin.cuh) | frame_check.cuh's checks (tree_begin's) with the caller's n, a decision in the host's order (decision_launch), install gated by it | bits (idx, val, status; untouched when flagged or malformed) |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
 //! returns the canonical NaN (0x7fffffff) where x86 keeps an operand's payload, so a NaN
@@ -52,7 +52,8 @@
 //! Argument errors the host raises as invalid_argument (unequal lengths, k > n) are
 //! raised here too, before anything is queued; a failed CUDA call raises device_error.
 //! to_host into pageable host memory makes cudaMemcpyAsync synchronous (CUDA's rule for
-//! pageable memory): correct, but it waits for the stream; pinned memory keeps it queued.
+//! pageable memory): correct, but it waits for the stream; pinned memory (cuda_space::pinned<T>)
+//! keeps it queued.
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/ops.cuh needs nvcc: include it from a .cu file only."
@@ -83,51 +84,40 @@
 namespace commpact {
 
 namespace cuda_kernels {
-//! Owns the device scratch of tree_absorb's merge (grow-only, from an allocator hook).
+//! Owns the device scratch of tree_absorb's merge (grow-only, from an allocator hook),
+//! stream-ordered on the executor's stream (cuda_workspace_bytes): growing frees the old
+//! scratch there after the work queued so far and allocates the new one there; nothing
+//! waits on the host.
 class merge_workspace {
  public:
   merge_workspace() = default;
-  merge_workspace(const merge_workspace&) = delete;
-  merge_workspace& operator=(const merge_workspace&) = delete;
-  merge_workspace(merge_workspace&& o) noexcept { swap(o); }
-  merge_workspace& operator=(merge_workspace&& o) noexcept {
-    swap(o);
-    return *this;
-  }
-  ~merge_workspace() { a_->deallocate(mem_); }
 
-  //! The scratch for sets of at most kcap entries, laid out on stream s.
-  merge_scratch& get(std::uint32_t kcap, const cuda_allocator* a, cudaStream_t s) {
-    std::size_t need = 0;
-    detail::check(merge_scratch::bytes(kcap, need), "merge_scratch::bytes");
-    if (need > bytes_) {
-      detail::check(cudaStreamSynchronize(s), "cudaStreamSynchronize before growing the merge workspace");
-      a_->deallocate(mem_);
-      mem_ = nullptr;
-      bytes_ = 0;
-      if (a) a_ = a;
-      mem_ = a_->allocate(need);
-      bytes_ = need;
-      ++allocations_;
-    }
-    detail::check(ms_.carve(mem_, kcap, s), "merge_scratch::carve");
-    return ms_;
+  //! The scratch for sets of at most kcap entries, bound to e's stream and laid out there.
+  merge_scratch& get(std::uint32_t kcap, const cuda_space::exec& e) {
+    mem_.bind(e);
+    return carve(kcap, e.stream());
   }
-  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return bytes_; }
+  //! The same on a caller's stream s, with allocator a while it holds nothing (the
+  //! caller keeps s alive until the workspace is destroyed or used on another stream).
+  merge_scratch& get(std::uint32_t kcap, const cuda_allocator* a, cudaStream_t s) {
+    mem_.set_allocator(a);
+    mem_.use(s);
+    return carve(kcap, s);
+  }
+  [[nodiscard]] std::size_t capacity_bytes() const noexcept { return mem_.size(); }
   [[nodiscard]] std::size_t allocations() const noexcept { return allocations_; }
-  [[nodiscard]] const void* data() const noexcept { return mem_; }
+  [[nodiscard]] const void* data() const noexcept { return mem_.data(); }
 
  private:
-  void swap(merge_workspace& o) noexcept {
-    std::swap(a_, o.a_);
-    std::swap(mem_, o.mem_);
-    std::swap(bytes_, o.bytes_);
-    std::swap(allocations_, o.allocations_);
-    std::swap(ms_, o.ms_);
+  merge_scratch& carve(std::uint32_t kcap, cudaStream_t s) {
+    std::size_t need = 0;
+    detail::check(merge_scratch::bytes(kcap, need), "merge_scratch::bytes");
+    if (mem_.grow(need)) ++allocations_;
+    detail::check(ms_.carve(mem_.data(), kcap, s), "merge_scratch::carve");
+    return ms_;
   }
-  const cuda_allocator* a_ = cuda_default_allocator();
-  void* mem_ = nullptr;
-  std::size_t bytes_ = 0, allocations_ = 0;
+  cuda_workspace_bytes mem_;
+  std::size_t allocations_ = 0;
   merge_scratch ms_{};
 };
 }  // namespace cuda_kernels
@@ -220,7 +210,9 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
        "sgd_step");
   }
   static void clip_scale(const exec& e, span<const float> g, float clip_norm, int P, span<float> scale) {
-    auto* part = static_cast<double*>(e.scratch(scratch_bytes));
+    auto* part = reinterpret_cast<double*>(static_cast<unsigned char*>(
+                                               e.scratch(clip_offset + cuda_kernels::clip_scratch_bytes(g.size()))) +
+                                           clip_offset);
     ck(cuda_kernels::clip_scale(cuda_access::ptr(g), g.size(), clip_norm, P, cuda_access::ptr(scale), part, e.stream()),
        "clip_scale");
   }
@@ -228,7 +220,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
                        topk_workspace& ws) {
     require(idx.size() >= k && val.size() >= k, "commpact::ops::topk_abs: outputs hold ", idx.size(), " indices and ",
             val.size(), " values, but k = ", k, " are written; pass spans of at least k entries.");
-    ws.set_allocator(e.allocator());
+    ws.bind(e);
     ws.run(cuda_access::ptr(v), v.size(), k, cuda_access::ptr(idx), cuda_access::ptr(val), e.stream());
   }
   static void scatter_mean(const exec& e, span<float> out, span<const std::int32_t> idx, span<const float> val, int P) {
@@ -259,7 +251,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     namespace kd = cuda_kernels::detail;
     const cudaStream_t s = e.stream();
     sparse_tree_meta* mp = cuda_access::ptr(m);
-    kd::local_begin<<<1, 1, 0, s>>>(mp, n, k, flags);
+    cuda_kernels::decision_launch(kd::local_begin, s, mp, n, k, flags);
     ck(cudaGetLastError(), "tree_local");
     if (flags) return;
     require(g.size() == acc.size() && k >= 0 && static_cast<std::size_t>(k) <= acc.size() &&
@@ -287,7 +279,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     ck(cudaGetLastError(), "tree_local (accumulate)");
     const auto kk = static_cast<std::size_t>(k);
     if (kk > 0) {
-      ws.set_allocator(e.allocator());
+      ws.bind(e);
       ws.run(cuda_access::ptr(acc), nn, kk, cuda_access::ptr(b.mine_idx), cuda_access::ptr(b.cur_val), s);
     }
     kd::local_end<<<kd::vec_grid(kk), kd::vec_block, 0, s>>>(mp, ptrs(b), static_cast<std::uint32_t>(kk));
@@ -305,14 +297,15 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     namespace kd = cuda_kernels::detail;
     const cudaStream_t s = e.stream();
     const cuda_kernels::tree_ptrs p = ptrs(b);
-    cuda_kernels::merge_scratch& ms = mws.get(p.kcap, e.allocator(), s);
+    cuda_kernels::merge_scratch& ms = mws.get(p.kcap, e);
     sparse_tree_meta* mp = cuda_access::ptr(m);
     const std::byte* f = cuda_access::ptr(frame);
     const std::size_t bytes = frame.size();
     const unsigned gk = kd::vec_grid(p.kcap);
-    kd::absorb_head<<<1, 1, 0, s>>>(mp, f, bytes, ms.ctl);
+    cuda_kernels::decision_launch(kd::absorb_head, s, mp, f, bytes, ms.ctl);
     kd::absorb_scan<<<kd::vec_grid(bytes), kd::vec_block, 0, s>>>(mp, f, bytes, ms.ctl);
-    kd::absorb_decide<<<1, 1, 0, s>>>(mp, ms.ctl, f, stage == tree_stage::unfold_recv, peer, p.kcap);
+    cuda_kernels::decision_launch(kd::absorb_decide, s, mp, ms.ctl, f, stage == tree_stage::unfold_recv, peer,
+                                  p.kcap);
     kd::absorb_decode<<<gk, kd::vec_block, 0, s>>>(ms.ctl, f, p);
     ck(cudaGetLastError(), "tree_absorb (decode)");
     const auto k = static_cast<std::uint32_t>(p.kcap);
@@ -323,7 +316,6 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     switch (stage) {
       case tree_stage::unfold_recv:
         kd::absorb_unfold<<<gk, kd::vec_block, 0, s>>>(mp, ms.ctl, p);
-        kd::absorb_unfold_count<<<1, 1, 0, s>>>(mp, ms.ctl);
         ck(cudaGetLastError(), "tree_absorb (unfold)");
         return;
       case tree_stage::fold_recv:
@@ -344,7 +336,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     }
     kd::absorb_after_merge<<<gk, kd::vec_block, 0, s>>>(mp, ms.ctl, merged, p);
     kd::absorb_copy_out<<<gk, kd::vec_block, 0, s>>>(ms.ctl, merged, p);
-    kd::absorb_finish<<<1, 1, 0, s>>>(mp, ms.ctl, merged);
+    cuda_kernels::decision_launch(kd::absorb_finish, s, mp, ms.ctl, merged);
     ck(cudaGetLastError(), "tree_absorb (finish)");
   }
   static void tree_scatter(const exec& e, span<const sparse_tree_meta> m, span<float> out, const tree_views& b, int P) {
@@ -374,16 +366,18 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
        "tree_begin");
   }
   static void tree_status(const exec& e, span<const sparse_tree_meta> m, span<std::uint32_t> status) {  // TreeMerge
-    cuda_kernels::detail::tree_status_kernel<<<1, 1, 0, e.stream()>>>(cuda_access::ptr(m), cuda_access::ptr(status));
+    cuda_kernels::decision_launch(cuda_kernels::detail::tree_status_kernel, e.stream(), cuda_access::ptr(m),
+                                  cuda_access::ptr(status));
     ck(cudaGetLastError(), "tree_status");
   }
 
  private:
-  //! The executor's scratch: clip_scale's partial sums, then mean_into's flag.
-  static constexpr std::size_t flag_offset = cuda_kernels::clip_scratch_bytes;
+  //! The executor's scratch: mean_into's flag, tree_begin's absorb_ctl, then clip_scale's
+  //! partial sums (their number grows with n).
+  static constexpr std::size_t flag_offset = 0;
   static constexpr std::size_t scratch_bytes = flag_offset + 256;
-  //! tree_begin's absorb_ctl, after them.
   static constexpr std::size_t ctl_offset = scratch_bytes, ctl_end = ctl_offset + sizeof(cuda_kernels::absorb_ctl);
+  static constexpr std::size_t clip_offset = (ctl_end + 255) / 256 * 256;
   static void ck(cudaError_t err, const char* what) { cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>"); }
   static std::uint32_t& status_of(sparse_tree_meta* m) { return m->status; }  // an address, never dereferenced here
   static cuda_kernels::tree_ptrs ptrs(const tree_views& b) {

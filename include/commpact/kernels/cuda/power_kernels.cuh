@@ -10,14 +10,16 @@
 //!   columns j = l, l + 8, ... < m - m % 8 in increasing j; the lanes combine as
 //!   ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)) by shuffles (a + b is b + a
 //!   exactly), then lane 0 adds the last m % 8 products in increasing j.
-//! - back_project (host::detail::back_cols): one thread per column j of M, summing over
-//!   the rows in increasing order from 0: n sequential steps per thread (the host's order
-//!   is sequential; there is no exact parallel split of it).
+//! - back_project (host::detail::back_cols): the host's tree, a level per launch. First
+//!   level: a thread per (column j of M, chunk of back_chunk = 128 rows), the chunk's
+//!   products added in increasing row order from 0 (reads of a row coalesced over j);
+//!   each level above: a thread per (output, group of 128 consecutive sums), added in
+//!   order from 0. The sums of a level below the top go to the executor's scratch.
 //! - approx: one thread per element, the r products summed in increasing c.
 //! - orthonormalize: host::orthonormalize_columns in one thread block: every dot product
-//!   is summed by one thread in increasing row order (sequential, as on the host), the
-//!   updates and scalings are spread over the block (gs_sub / gs_scale, shared with the
-//!   host loop).
+//!   is summed by the block in kernels/fixed_sum.hpp's shape (fixed_sum.cuh's block_sum,
+//!   host::gs_dot_leaf, as the host), the updates and scalings spread over the block
+//!   (gs_sub / gs_scale, shared with the host loop).
 //! - gaussian: host::gaussian_pair per pair of values (shared with the host loop).
 //!
 //! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_rows_power.cu
@@ -35,10 +37,13 @@
 #include "../host/orthogonalize.hpp"
 #include "../host/power_gossip.hpp"
 #include "../status.hpp"
+#include "fixed_sum.cuh"
 #include "vector.cuh"
 #include "grid.cuh"
 
 namespace commpact::cuda_kernels::power_detail {
+
+inline constexpr int ortho_block = fixed::block;  //!< threads of the one-block orthonormalisation
 
 using cuda_kernels::detail::nonfinite;
 using cuda_kernels::detail::vec_block;
@@ -114,21 +119,81 @@ __global__ void __launch_bounds__(vec_block) project_kernel(const float* g, cons
   }
 }
 
-//! Q[j, 0..W) = M^T P[:, 0..W): one thread per j, rows in increasing order from 0.
+//! back_project's first level for the columns P[:, 0..W): the sum of chunk k (rows
+//! [128 k, 128 k + 128) below n, in increasing order from 0) of M[i, j] P[i, c] into
+//! out[k W m + c m + j], or into q[c m + j] when there is one chunk. blockIdx.x: 256
+//! columns; blockIdx.y and up: chunks.
 template <int W>
-__global__ void back_project_kernel(const float* M, std::size_t n, std::size_t m, const float* p, float* q) {
-  for (const std::size_t j : cuda_kernels::grid_stride(m)) {
+__global__ void __launch_bounds__(vec_block)
+    back_chunk_kernel(const float* M, std::size_t n, std::size_t m, const float* p, float* out) {
+  constexpr std::size_t R = host::detail::back_chunk;
+  const std::size_t j = blockIdx.x * std::size_t(vec_block) + threadIdx.x, chunks = n > R ? (n + R - 1) / R : 1;
+  if (j >= m) return;
+  for (std::size_t k = blockIdx.y; k < chunks; k += gridDim.y) {
     float acc[W];
 #pragma unroll
     for (int c = 0; c < W; ++c) acc[c] = 0.0f;
-    for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t i1 = (k + 1) * R < n ? (k + 1) * R : n;
+    for (std::size_t i = k * R; i < i1; ++i) {
       const float a = M[i * m + j];
 #pragma unroll
       for (int c = 0; c < W; ++c) acc[c] = __fadd_rn(acc[c], __fmul_rn(a, p[static_cast<std::size_t>(c) * n + i]));
     }
 #pragma unroll
-    for (int c = 0; c < W; ++c) q[static_cast<std::size_t>(c) * m + j] = acc[c];
+    for (int c = 0; c < W; ++c) out[(k * W + static_cast<std::size_t>(c)) * m + j] = acc[c];
   }
+}
+
+//! back_project's level above `count` sums of wm floats each (in[s wm + x]): node g is the
+//! sum of sums [128 g, 128 g + 128) below count, in order from 0, into out[g wm + x].
+//! blockIdx.x: 256 of the wm outputs; blockIdx.y and up: nodes.
+__global__ void __launch_bounds__(vec_block)
+    back_combine_kernel(const float* in, std::size_t count, std::size_t wm, float* out) {
+  constexpr std::size_t R = host::detail::back_chunk;
+  const std::size_t x = blockIdx.x * std::size_t(vec_block) + threadIdx.x, nodes = (count + R - 1) / R;
+  if (x >= wm) return;
+  for (std::size_t g = blockIdx.y; g < nodes; g += gridDim.y) {
+    float acc = 0.0f;
+    const std::size_t s1 = (g + 1) * R < count ? (g + 1) * R : count;
+    for (std::size_t s = g * R; s < s1; ++s) acc = __fadd_rn(acc, in[s * wm + x]);
+    out[g * wm + x] = acc;
+  }
+}
+
+//! Floats of scratch back_project needs for n rows, m columns and W columns of P at a
+//! time: the sums of every level below the top (none for n <= back_chunk).
+inline std::size_t back_scratch_floats(std::size_t n, std::size_t m, std::size_t W) {
+  constexpr std::size_t R = host::detail::back_chunk;
+  std::size_t f = 0;
+  for (std::size_t w = (n + R - 1) / R; w > 1; w = (w + R - 1) / R) f += w * W * m;
+  return f;
+}
+
+inline dim3 back_grid(std::size_t cols, std::size_t nodes) {
+  const std::size_t x = (cols + vec_block - 1) / vec_block;
+  return dim3(static_cast<unsigned>(x < 1 ? 1 : x), static_cast<unsigned>(nodes < 1 ? 1 : nodes > 65535 ? 65535 : nodes));
+}
+
+//! Q[:, 0..W) = M^T P[:, 0..W) in host::detail::back_cols' tree (see the file comment);
+//! scratch: back_scratch_floats(n, m, W) floats.
+template <int W>
+cudaError_t back_project(const float* M, std::size_t n, std::size_t m, const float* p, float* q, float* scratch,
+                         cudaStream_t s) {
+  constexpr std::size_t R = host::detail::back_chunk;
+  const std::size_t wm = static_cast<std::size_t>(W) * m;
+  std::size_t count = n > R ? (n + R - 1) / R : 1;
+  back_chunk_kernel<W><<<back_grid(m, count), vec_block, 0, s>>>(M, n, m, p, count > 1 ? scratch : q);
+  const float* in = scratch;
+  float* out = scratch + count * wm;
+  while (count > 1) {
+    if (const cudaError_t err = cudaGetLastError(); err != cudaSuccess) return err;
+    const std::size_t nodes = (count + R - 1) / R;
+    back_combine_kernel<<<back_grid(wm, nodes), vec_block, 0, s>>>(in, count, wm, nodes > 1 ? out : q);
+    in = out;
+    out += nodes * wm;
+    count = nodes;
+  }
+  return cudaGetLastError();
 }
 
 //! A[i, j] = sum over c (increasing) of Q[j, c] P[i, c], the first product not added to 0.
@@ -151,9 +216,12 @@ __global__ void approx_residual_kernel(float* g, float* M, std::size_t n, std::s
   }
 }
 
-//! host::orthonormalize_columns(a, rows, cols, rows) by one block; returns kept (to every
-//! thread). red: one double of shared memory.
-__device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols, double* red) {
+//! host::orthonormalize_columns(a, rows, cols, rows) by one block of ortho_block threads;
+//! returns kept (to every thread). Every dot product is fixed_sum.cuh's block_sum of
+//! host::gs_dot_leaf, the host's shape.
+__device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols) {
+  double* sh = fixed::shared_lanes<double>();
+  const commpact::fixed_sum::add_double add{};
   int kept = 0;
   for (std::size_t j = 0; j < cols; ++j) {
     float* cj = a + j * rows;
@@ -161,24 +229,12 @@ __device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols
       for (std::size_t k = 0; k < j; ++k) {
         const float* ck = a + k * rows;
         __syncthreads();
-        if (threadIdx.x == 0) {
-          double dot = 0.0;
-          for (std::size_t i = 0; i < rows; ++i) dot = host::gs_dot_step(dot, ck[i], cj[i]);
-          *red = dot;
-        }
-        __syncthreads();
-        const double dot = *red;
+        const double dot = fixed::block_sum<double>(rows, host::gs_dot_leaf{ck, cj}, add, sh);
         if (dot == 0.0) continue;
         for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = host::gs_sub(cj[i], dot, ck[i]);
       }
     __syncthreads();
-    if (threadIdx.x == 0) {
-      double nrm2 = 0.0;
-      for (std::size_t i = 0; i < rows; ++i) nrm2 = host::gs_dot_step(nrm2, cj[i], cj[i]);
-      *red = nrm2;
-    }
-    __syncthreads();
-    const double nrm2 = *red;
+    const double nrm2 = fixed::block_sum<double>(rows, host::gs_dot_leaf{cj, cj}, add, sh);
     if (nrm2 > 0.0 && isfinite(nrm2)) {
       const double inv = host::gs_inv_norm(nrm2);
       for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = host::gs_scale(cj[i], inv);
@@ -208,26 +264,23 @@ __device__ void block_gaussian(float* v, std::size_t len, std::uint64_t seed) {
   }
 }
 
-inline constexpr int ortho_block = 256;
 
 __global__ void __launch_bounds__(ortho_block) orthonormalize_kernel(float* a, std::size_t rows, std::size_t cols) {
-  __shared__ double red;
-  (void)block_orthonormalize(a, rows, cols, &red);
+  (void)block_orthonormalize(a, rows, cols);
 }
 
 //! host::power_gossip::orthonormalize_shared in one block.
 __global__ void __launch_bounds__(ortho_block)
     orthonormalize_shared_kernel(float* s, std::size_t len, std::size_t r, std::uint64_t seed, std::uint64_t t,
                                  std::uint64_t step) {
-  __shared__ double red;
-  int kept = block_orthonormalize(s, len, r, &red);
+  int kept = block_orthonormalize(s, len, r);
   for (std::size_t attempt = 0; kept < static_cast<int>(r) && attempt < 2; ++attempt) {
     for (std::size_t c = 0; c < r; ++c) {
       if (block_column_is_zero(s, len, c))
         block_gaussian(s + c * len, len, host::mix_seed(seed, t, step, c + 1 + attempt * r));
       __syncthreads();
     }
-    kept = block_orthonormalize(s, len, r, &red);
+    kept = block_orthonormalize(s, len, r);
   }
 }
 

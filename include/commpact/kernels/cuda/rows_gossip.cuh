@@ -42,6 +42,7 @@ __device__ __forceinline__ bool clear(const std::int64_t* w) { return w[0] == 0 
 
 //! words = {0, n, 0} (gossip_check's start).
 __global__ void check_begin(std::int64_t* words, std::size_t n) {
+  if (!decision_lane()) return;
   words[0] = 0;
   words[1] = static_cast<std::int64_t>(n);
   words[2] = 0;
@@ -57,6 +58,7 @@ __global__ void check_scan(const float* x, std::size_t n, std::int64_t* words) {
   if (first < n) atomicMin(reinterpret_cast<unsigned long long*>(&words[1]), first);
 }
 __global__ void check_end(std::int64_t* words, std::size_t n) {
+  if (!decision_lane()) return;
   words[0] = words[1] != static_cast<std::int64_t>(n) ? 1 : 0;
 }
 
@@ -108,9 +110,9 @@ struct gossip {
     const cudaStream_t s = e.stream();
     const std::size_t n = x.size();
     std::int64_t* w = cuda_access::ptr(words);
-    kd::check_begin<<<1, 1, 0, s>>>(w, n);
+    cuda_kernels::decision_launch(kd::check_begin, s, w, n);
     if (on && n) kd::check_scan<<<kd::vec_grid(n), kd::vec_block, 0, s>>>(cuda_access::ptr(x), n, w);
-    kd::check_end<<<1, 1, 0, s>>>(w, n);
+    cuda_kernels::decision_launch(kd::check_end, s, w, n);
     ck(cudaGetLastError(), "gossip_check");
   }
   static void gossip_pack(const exec& e, span<const float> x, span<std::byte> msg) {

@@ -15,7 +15,7 @@
 //! | row | kernels |
 //! |---|---|
 //! | oktopk_local | select.cuh's radix select (topk_abs's), k gated to 0 on the device by status |
-//! | oktopk_begin | oktopk_begin.cuh: frame_check.cuh's checks (tree_begin's), one-thread decision, install |
+//! | oktopk_begin | oktopk_begin.cuh: frame_check.cuh's checks (tree_begin's), a decision (decision_launch), install |
 //! | oktopk_frames | one block: region ends by binary search + headers; a payload scatter |
 //! | oktopk_region_sum | entry checks (atomicMin of the first bad rank); per chunk, slots in rank order (__fadd_rn) |
 //! | oktopk_mags | radix select of the top |sum| + cub::DeviceRadixSort (descending) of those |
@@ -115,14 +115,14 @@ struct oktopk {
     std::size_t need = 0;
     ck(cuda_kernels::select_scratch::bytes(n, need), "oktopk_local (size)");
     need = cuda_kernels::detail::align256(need);
-    ws.set_allocator(e.allocator());
+    ws.bind(e);
     ws.reserve(need + sizeof(std::int64_t));
     auto* mem = static_cast<unsigned char*>(ws.storage());
     auto* dk = reinterpret_cast<std::int64_t*>(mem + need);
     cuda_kernels::select_scratch sc;
     ck(sc.carve(mem, n, s), "oktopk_local (scratch)");
     namespace ok = cuda_kernels::oktopk;
-    ok::local_gate<<<1, 1, 0, s>>>(cuda_access::ptr(status), static_cast<std::int64_t>(k), dk);
+    cuda_kernels::decision_launch(ok::local_gate, s, cuda_access::ptr(status), static_cast<std::int64_t>(k), dk);
     ck(cudaGetLastError(), "oktopk_local (gate)");
     const float* x = cuda_access::ptr(acc);
     ck(cuda_kernels::select_topk(sc, cuda_kernels::detail::float_keys{x}, nullptr, static_cast<std::uint32_t>(k),
@@ -273,7 +273,7 @@ struct oktopk {
     std::byte* blk = cuda_access::ptr(block);
     ck(cudaMemsetAsync(passing, 0, sizeof(unsigned long long), s), "oktopk_select (count)");
     if (len > 0) ok::count_pass<<<ok::grid(len, 4096), ok::block, 0, s>>>(keys, len, passing);
-    ok::select_head<<<1, 1, 0, s>>>(blk, static_cast<std::uint32_t>(me), passing, cap);
+    cuda_kernels::decision_launch(ok::select_head, s, blk, static_cast<std::uint32_t>(me), passing, cap);
     ck(cudaGetLastError(), "oktopk_select (count)");
     if (len == 0 || cap == 0) return;
     cuda_kernels::select_scratch sc;

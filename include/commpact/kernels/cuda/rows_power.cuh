@@ -22,9 +22,10 @@
 //! little next to the products. power.cuh's cuBLAS helpers serve the benchmark only.
 //!
 //! Speed: project, approx_residual, the updates and the draws are parallel over the
-//! elements; back_project is parallel over the m columns of M with n sequential steps
-//! each, and the orthonormalisation runs in one block with each dot product summed by one
-//! thread: the host's orders are sequential there, and exactness comes first.
+//! elements; back_project is parallel over the m columns of M times the chunks of 128
+//! rows (the host's tree, host::detail::back_cols), a launch per level of the tree; the
+//! orthonormalisation runs in one block, each dot product summed by the whole block in
+//! kernels/fixed_sum.hpp's shape (the host's order), the column updates spread over it.
 //!
 //! NOT YET RUN ON A GPU: compiled with nvcc 13; tests/cuda/test_cuda_rows_power.cu checks
 //! every row and PowerCompressor<1..4, cuda_space> against the host once a device runs it.
@@ -71,9 +72,11 @@ struct power {
     ck(cudaGetLastError(), "copy_if_clear");
   }
   //! products = blas: the executor's cuBLAS handle and the approximation's scratch for an
-  //! n x m matrix, made now (PowerCompressor::set_layout) so that no step makes them.
-  static void lowrank_prepare(const exec& e, std::size_t n, std::size_t m, std::size_t, power_products products) {
-    if (products == power_products::blas) cuda_kernels::blas::prepare(e, n, m);
+  //! n x m matrix; exact: the scratch of back_project's tree at rank r. Made now
+  //! (PowerCompressor::set_layout) so that no step makes them.
+  static void lowrank_prepare(const exec& e, std::size_t n, std::size_t m, std::size_t r, power_products products) {
+    if (products == power_products::blas) return cuda_kernels::blas::prepare(e, n, m);
+    if (const std::size_t sf = power_kd::back_scratch_floats(n, m, r < 8 ? r : 8)) (void)e.scratch(sf * sizeof(float));
   }
   static void lowrank_project(const exec& e, span<const float> g, span<const float> res, span<float> M, std::size_t n,
                               std::size_t m, span<const float> Q, std::size_t r, span<float> P,
@@ -124,15 +127,19 @@ struct power {
     host::detail::check_lowrank("lowrank_back_project", M.size(), n, m, P.size(), Q.size(), r);
     if (products == power_products::blas) return cuda_kernels::blas::back_project(e, ptr(M), n, m, ptr(P), r, ptr(Q));
     if (m == 0) return;
+    // The tree's sums below the top level (n > back_chunk): the executor's scratch, free
+    // between rows on its stream and grown by lowrank_prepare.
+    const std::size_t sf = power_kd::back_scratch_floats(n, m, r < 8 ? r : 8);
+    float* scratch = sf ? static_cast<float*>(e.scratch(sf * sizeof(float))) : nullptr;
     for (std::size_t c0 = 0; c0 < r; c0 += 8) {
       const std::size_t w = r - c0 < 8 ? r - c0 : 8;
       const float* p = ptr(P) + c0 * n;
       float* q = ptr(Q) + c0 * m;
+      cudaError_t err = cudaSuccess;
       switch (w) {
 #define COMMPACT_BACK_CASE(W)                                                                \
   case W:                                                                                    \
-    power_kd::back_project_kernel<W>                                                         \
-        <<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q); \
+    err = power_kd::back_project<W>(ptr(M), n, m, p, q, scratch, e.stream());                \
     break;
         COMMPACT_BACK_CASE(1)
         COMMPACT_BACK_CASE(2)
@@ -141,13 +148,10 @@ struct power {
         COMMPACT_BACK_CASE(5)
         COMMPACT_BACK_CASE(6)
         COMMPACT_BACK_CASE(7)
-        default:
-          power_kd::back_project_kernel<8>
-              <<<power_kd::vec_grid(m), power_kd::vec_block, 0, e.stream()>>>(ptr(M), n, m, p, q);
-          break;
+        default: err = power_kd::back_project<8>(ptr(M), n, m, p, q, scratch, e.stream()); break;
 #undef COMMPACT_BACK_CASE
       }
-      ck(cudaGetLastError(), "lowrank_back_project");
+      ck(err, "lowrank_back_project");
     }
   }
   static void lowrank_approx_residual(const exec& e, span<float> g, span<float> M, std::size_t n, std::size_t m,

@@ -41,6 +41,8 @@
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
 
+#include "grid.cuh"
+
 namespace commpact::cuda_kernels {
 
 #define COMMPACT_CU_TRY(expr)                \
@@ -83,6 +85,7 @@ struct float_keys {
 
 __global__ void select_init(select_state* st, const std::uint32_t* d_count, std::uint32_t cap, std::uint32_t k,
                             const std::int64_t* d_k) {
+  if (!decision_lane()) return;
   if (d_k) k = *d_k < 0 ? 0u : *d_k < std::int64_t(k) ? static_cast<std::uint32_t>(*d_k) : k;
   std::uint32_t cnt = d_count ? *d_count : cap;
   if (cnt > cap) cnt = cap;
@@ -330,7 +333,7 @@ cudaError_t select_topk(select_scratch& sc, Src src, const std::uint32_t* d_coun
                         cudaStream_t s, const std::int64_t* d_k = nullptr) {
   using namespace detail;
   const std::uint32_t cap = sc.cap;
-  select_init<<<1, 1, 0, s>>>(sc.st, d_count, cap, k, d_k);
+  decision_launch(select_init, s, sc.st, d_count, cap, k, d_k);
   COMMPACT_CU_TRY(cudaGetLastError());
   const unsigned g = grid_for(cap, sc.sms);
   select_hist<Src, false><<<g, select_block, 0, s>>>(src, sc.st, nullptr, sc.hist, 0);

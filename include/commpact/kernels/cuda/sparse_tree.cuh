@@ -5,8 +5,9 @@
 //! local, payload, absorb, scatter and zero_delivered, and of host::sparse_merge_topk.
 //! The step's meta (sparse_tree_meta) lives in device memory; every decision that
 //! depends on data (a non-finite value, a malformed frame, ranks that disagree) is taken
-//! by a one-thread kernel on the device, in the host's order, and recorded in the meta's
-//! flags and status bits: nothing synchronises the host and nothing throws.
+//! by a decision kernel on the device (grid.cuh's decision_launch: one warp, lane 0), in
+//! the host's order, and recorded in the meta's flags and status bits: nothing
+//! synchronises the host and nothing throws.
 //!
 //! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_ops.cu runs the
 //! tree kernels of several simulated ranks against the host's once a device is present).
@@ -18,9 +19,9 @@
 //! min(k, |union|) of the union by abs_key (ties: the smaller index, which is the smaller
 //! position, the union being index-sorted) are selected by select.cuh, in index order.
 //!
-//! Absorb (host::tree::absorb): a one-thread kernel checks the header (size, magic,
+//! Absorb (host::tree::absorb): a decision kernel checks the header (size, magic,
 //! version, flags, ranges, the byte count), a grid kernel the zero padding and the body
-//! (indices in [0, n) and strictly increasing, values finite), a one-thread kernel then
+//! (indices in [0, n) and strictly increasing, values finite), a decision kernel then
 //! decides in the host's order: a structural fault is a wire error; else the ranges and
 //! flags merge into the meta; an unhealthy step is abandoned (poisoned); else the body's
 //! faults, the count against k and the mask length and stray bits are wire errors. A wire
@@ -77,6 +78,7 @@ __device__ __forceinline__ void merge_meta_dev(sparse_wire::header& a, const spa
 }
 
 __global__ void local_begin(sparse_tree_meta* m, std::int64_t n, std::int64_t k, std::uint16_t flags) {
+  if (!decision_lane()) return;
   sparse_tree_meta z{};
   z.n = n, z.k = k;
   z.cur.n_min = z.cur.n_max = n;
@@ -146,6 +148,7 @@ __global__ void payload_kernel(const sparse_tree_meta* mp, bool unfold_send, std
 }
 
 __global__ void absorb_head(const sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
+  if (!decision_lane()) return;
   if (m->status & status_wire) {
     absorb_ctl c{};
     c.skip = 1;
@@ -163,6 +166,7 @@ __global__ void absorb_scan(const sparse_tree_meta* m, const std::byte* f, std::
 
 __global__ void absorb_decide(sparse_tree_meta* m, absorb_ctl* ctl, const std::byte* f, bool unfold_recv, int peer,
                               std::uint32_t kcap) {
+  if (!decision_lane()) return;
   absorb_ctl& c = *ctl;
   c.ok = 0;
   const std::uint32_t count = c.h.count;
@@ -210,10 +214,12 @@ __global__ void absorb_decode(const absorb_ctl* ctl, const std::byte* f, tree_pt
   }
 }
 
-//! unfold_recv: the result becomes the current set; the mask gives this rank's survivors.
+//! unfold_recv: the result becomes the current set (its count by thread 0); the mask
+//! gives this rank's survivors.
 __global__ void absorb_unfold(sparse_tree_meta* m, const absorb_ctl* ctl, tree_ptrs b) {
   if (!ctl->ok) return;
   const std::uint32_t c = ctl->count, mc = m->mine_count;
+  if (blockIdx.x == 0 && threadIdx.x == 0) m->cur_count = c;  // no thread reads it here
   const std::uint32_t top = c > mc ? c : mc;
   for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < top; j += gridDim.x * blockDim.x) {
     if (j < c) {
@@ -222,9 +228,6 @@ __global__ void absorb_unfold(sparse_tree_meta* m, const absorb_ctl* ctl, tree_p
     }
     if (j < mc) b.mine_alive[j] = b.mask_in[j];
   }
-}
-__global__ void absorb_unfold_count(sparse_tree_meta* m, const absorb_ctl* ctl) {
-  if (ctl->ok) m->cur_count = ctl->count;
 }
 
 //! fold_recv: the extra rank's set is kept as its original entries, all alive.
@@ -334,6 +337,7 @@ __global__ void absorb_copy_out(const absorb_ctl* ctl, const std::uint32_t* merg
   }
 }
 __global__ void absorb_finish(sparse_tree_meta* m, const absorb_ctl* ctl, const std::uint32_t* merged_p) {
+  if (!decision_lane()) return;
   if (!ctl->ok) return;
   m->cur_count = *merged_p;
   if (ctl->bad_sum) {
@@ -368,8 +372,9 @@ __global__ void tree_zero_delivered_kernel(const sparse_tree_meta* m, float* res
     if (velocity) velocity[i] = 0.0f;
   }
 }
-//! TreeMerge: status[0] |= the merge's outcome, as host::tree::status (kernels/host/tree_block.hpp). One thread.
+//! TreeMerge: status[0] |= the merge's outcome, as host::tree::status (kernels/host/tree_block.hpp). A decision.
 __global__ void tree_status_kernel(const sparse_tree_meta* m, std::uint32_t* status) {
+  if (!decision_lane()) return;
   std::uint32_t s = m->status & status_wire;
   if (m->cur.flags & sparse_wire::flag_nonfinite) s |= status_nonfinite;
   if ((m->cur.flags & sparse_wire::flag_failed) || (!healthy_dev(*m) && !(s & status_nonfinite))) s |= status_rejected;

@@ -3,10 +3,11 @@
 //! \file tree_begin.cuh
 //! The device twin of kernels/host/tree_block.hpp's host::tree::begin (TreeMerge's start
 //! from a codec's block, the row tree_begin of ops<cuda_space>). It reuses
-//! sparse_tree.cuh's frame checks (frame_check.cuh's, shared with oktopk_begin.cuh):
-//! absorb_head (size, magic, version, flags, ranges, the byte count) and absorb_scan (zero
-//! padding; indices in [0, n), strictly increasing; values finite), with n taken from the
-//! block's own header; a one-thread kernel then
+//! sparse_tree.cuh's frame checks (frame_check.cuh's, shared with oktopk_begin.cuh): a
+//! decision kernel (grid.cuh's decision_launch) resets the meta and reads the header
+//! (frame_head_dev: size, magic, version, flags, ranges, the byte count), absorb_scan
+//! checks the zero padding and the body (indices in [0, n), strictly increasing; values
+//! finite) with n taken from the block's own header; a decision kernel then
 //! decides in the host's order and a grid kernel installs the entries as this rank's
 //! original and current set, all alive. A malformed block sets status_wire, wire_peer =
 //! self and flag_failed, exactly where the host's begin does.
@@ -29,16 +30,21 @@ namespace commpact::cuda_kernels {
 
 namespace detail {
 
-//! meta = {} (the host's `m = {}`), so that absorb_head does not skip.
-__global__ void begin_reset(sparse_tree_meta* m) { *m = sparse_tree_meta{}; }
-
-//! absorb_scan checks indices against m->n: the header's n_min, the n begin adopts.
-__global__ void begin_set_n(sparse_tree_meta* m, const absorb_ctl* ctl) {
-  if (!ctl->err) m->n = ctl->h.n_min;
+//! A decision: meta = {} (the host's `m = {}`), ctl = the frame's header (frame_head_dev),
+//! and m->n = the header's n_min when it is sound (absorb_scan checks the indices against
+//! the n begin adopts).
+__global__ void begin_head(sparse_tree_meta* m, const std::byte* f, std::size_t bytes, absorb_ctl* ctl) {
+  if (!decision_lane()) return;
+  sparse_tree_meta z{};
+  const absorb_ctl c = frame_head_dev(f, bytes);
+  if (!c.err) z.n = c.h.n_min;
+  *m = z;
+  *ctl = c;
 }
 
 //! host::tree::begin's decisions, in its order; ctl->ok and ctl->count say what to install.
 __global__ void begin_decide(sparse_tree_meta* mp, absorb_ctl* ctl, int self, std::uint32_t kcap) {
+  if (!decision_lane()) return;
   sparse_tree_meta& m = *mp;
   absorb_ctl& c = *ctl;
   c.ok = 0;
@@ -88,11 +94,9 @@ __global__ void begin_install(const absorb_ctl* ctl, const std::byte* f, tree_pt
 //! device scratch for one absorb_ctl; kcap = mine_idx's capacity.
 inline cudaError_t tree_begin(sparse_tree_meta* m, const std::byte* f, std::size_t bytes, int self, tree_ptrs b,
                               std::uint32_t kcap, absorb_ctl* ctl, cudaStream_t s) {
-  detail::begin_reset<<<1, 1, 0, s>>>(m);
-  detail::absorb_head<<<1, 1, 0, s>>>(m, f, bytes, ctl);
-  detail::begin_set_n<<<1, 1, 0, s>>>(m, ctl);
+  decision_launch(detail::begin_head, s, m, f, bytes, ctl);
   if (bytes) detail::absorb_scan<<<detail::vec_grid(bytes), detail::vec_block, 0, s>>>(m, f, bytes, ctl);
-  detail::begin_decide<<<1, 1, 0, s>>>(m, ctl, self, kcap);
+  decision_launch(detail::begin_decide, s, m, ctl, self, kcap);
   detail::begin_install<<<detail::vec_grid(kcap), detail::vec_block, 0, s>>>(ctl, f, b);
   return cudaGetLastError();
 }

@@ -10,10 +10,9 @@
 //! Bits. Every float operation is the host's, one IEEE operation each, correctly rounded
 //! and never contracted: products and sums are written with __fmul_rn / __fadd_rn (which
 //! nvcc never fuses into an FMA), the mean with __fdiv_rn(sum, float(P)) exactly as
-//! kernels/mean.hpp's mean_of. So results equal the host's bit for bit, except
-//! clip_scale: its sum of squares is accumulated in double in a fixed tree order (the
-//! host adds sequentially), so the factor can differ from the host's in the last bit of
-//! the float when the two double sums round apart. It is deterministic run to run.
+//! kernels/mean.hpp's mean_of. So results equal the host's bit for bit, clip_scale's too:
+//! its sum of squares is added in double in kernels/fixed_sum.hpp's shape, which the host
+//! row uses as well (kernels/clip.hpp).
 //!
 //! NOT YET RUN ON A GPU (compiled with nvcc 13; checked against the host kernels by
 //! tests/cuda/test_cuda_ops.cu once a device runs it).
@@ -27,9 +26,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cub/block/block_reduce.cuh>
 
+#include "../clip.hpp"
 #include "../status.hpp"
+#include "fixed_sum.cuh"
 #include "select.cuh"
 #include "grid.cuh"
 
@@ -63,34 +63,13 @@ __global__ void mean_kernel(float* v, std::size_t n, int P, std::uint32_t* statu
   if (__syncthreads_or(bad) && threadIdx.x == 0 && status) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
 }
 
-inline constexpr int clip_blocks = 256;
-
-__global__ void __launch_bounds__(vec_block) sumsq_partial(const float* g, std::size_t n, double* part) {
-  using reduce = cub::BlockReduce<double, vec_block>;
-  __shared__ typename reduce::TempStorage tmp;
-  double s = 0;
-  for (const std::size_t i : cuda_kernels::grid_stride(n)) {
-    const double x = g[i];
-    s = __dadd_rn(s, __dmul_rn(x, x));
-  }
-  const double t = reduce(tmp).Sum(s);
-  if (threadIdx.x == 0) part[blockIdx.x] = t;
-}
-
-__global__ void __launch_bounds__(vec_block) clip_finish(const double* part, int parts, float clip_norm, int P,
-                                                         float* scale) {
-  using reduce = cub::BlockReduce<double, vec_block>;
-  __shared__ typename reduce::TempStorage tmp;
-  double s = 0;
-  for (int i = threadIdx.x; i < parts; i += blockDim.x) s = __dadd_rn(s, part[i]);
-  const double t = reduce(tmp).Sum(s);
-  if (threadIdx.x == 0) {
-    const double norm = sqrt(t);
-    const double bound = static_cast<double>(clip_norm) / sqrt(static_cast<double>(P));
-    const bool finite = !(isnan(norm) || isinf(norm));
-    scale[0] = (clip_norm <= 0.0f || !finite || norm <= bound) ? 1.0f : static_cast<float>(bound / norm);
-  }
-}
+//! clip_scale's end (thread 0 of the sum's last level): scale[0] = clip::factor(||g||^2).
+struct clip_finish {
+  float clip_norm;
+  int P;
+  float* scale;
+  __device__ void operator()(std::size_t, double sumsq) const { scale[0] = clip::factor(sumsq, clip_norm, P); }
+};
 
 //! out[i] = 0 for i < n when *gate (or gate null) is set.
 __global__ void zero_kernel(float* out, std::size_t n) {
@@ -280,16 +259,16 @@ inline cudaError_t mean(float* v, std::size_t n, int P, std::uint32_t* status, c
   return cudaGetLastError();
 }
 
-//! Scratch bytes of clip_scale.
-inline constexpr std::size_t clip_scratch_bytes = sizeof(double) * detail::clip_blocks;
+//! Scratch bytes of clip_scale for n values (0 up to 2048).
+inline std::size_t clip_scratch_bytes(std::size_t n) { return sizeof(double) * fixed::scratch_items(1, n); }
 
-//! scale[0] = DGC's clipping factor of g (ops.hpp's clip_scale); part: clip_scratch_bytes.
+//! scale[0] = DGC's clipping factor of g (ops.hpp's clip_scale): ||g||^2 in double in
+//! kernels/fixed_sum.hpp's shape (fixed_sum.cuh, a block per node of 2048 values), the
+//! factor by the last level's thread 0. part: clip_scratch_bytes(n).
 inline cudaError_t clip_scale(const float* g, std::size_t n, float clip_norm, int P, float* scale, double* part,
                               cudaStream_t s) {
-  detail::sumsq_partial<<<detail::clip_blocks, detail::vec_block, 0, s>>>(g, n, part);
-  COMMPACT_CU_TRY(cudaGetLastError());
-  detail::clip_finish<<<1, detail::vec_block, 0, s>>>(part, detail::clip_blocks, clip_norm, P, scale);
-  return cudaGetLastError();
+  return fixed::segmented_sum(clip::square_leaf{g}, commpact::fixed_sum::add_double{},
+                              detail::clip_finish{clip_norm, P, scale}, 1, n, n, part, s);
 }
 
 //! out = 0, then out[idx[j]] = mean_of(val[j], P) for j < k (indices distinct; an index

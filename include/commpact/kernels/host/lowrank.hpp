@@ -23,8 +23,11 @@
 //!    j = l, l + 8, l + 16, ... < m8 = m - m % 8 (increasing j), combined as
 //!    ((s0 + s4) + (s2 + s6)) + ((s1 + s5) + (s3 + s7)), then the products of the last
 //!    m % 8 columns added in increasing j.
-//!  - back_project: Q[j,c] = (...((0 + M[0,j] P[0,c]) + M[1,j] P[1,c]) + ...) in
-//!    increasing row order (the plain scalar loop's order).
+//!  - back_project: Q[j,c] = sum_i M[i,j] P[i,c] as a tree of sequential sums that a
+//!    GPU runs in parallel (kernels/cuda/power_kernels.cuh): the rows by chunks of
+//!    back_chunk = 128, each chunk's products added in increasing row order from 0; then
+//!    the chunk sums by groups of 128 consecutive ones, each group added in order from 0,
+//!    and so on up to one sum. For n <= 128 that is the plain scalar loop's order.
 //!  - approx: A[i,j] = (...(P[i,0] Q[j,0] + P[i,1] Q[j,1]) + ...) in increasing c;
 //!    then e[i,j] = M[i,j] - A[i,j].
 //! Error bound (tested against a double-precision reference): for P = M Q,
@@ -34,6 +37,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "../../error.hpp"
 #include "simd.hpp"
@@ -156,6 +160,16 @@ inline void project_dispatch(float* g, const float* src, const float* e, std::si
 
 //! Rows per block of back_project: Q is loaded and stored once per block.
 inline constexpr std::size_t back_rows = 4;
+//! back_project's tree (see the file comment): rows per first-level sum, and sums per
+//! node of each level above.
+inline constexpr std::size_t back_chunk = 128;
+
+//! The number of levels of back_project's tree over n rows (1 for n <= back_chunk).
+constexpr int back_levels(std::size_t n) {
+  int l = 1;
+  for (std::size_t w = (n + back_chunk - 1) / back_chunk; w > 1; w = (w + back_chunk - 1) / back_chunk) ++l;
+  return l;
+}
 
 //! Q[j, c] += sum over rows i0 .. i0 + B - 1 (in order) of M[i, j] P[i, c], for j in
 //! [0, m) and the W <= 8 columns c of P and Q given. Each vector of M is loaded once
@@ -202,12 +216,43 @@ inline void back_block(const float* M, std::size_t n, std::size_t m, std::size_t
     }
 }
 
-//! back_project for the W <= 8 columns of P and Q given.
+//! q += rows [i0, i1) of M^T P, row by row in increasing order, for the W <= 8 columns given.
 template <std::size_t W>
-inline void back_cols(const float* M, std::size_t n, std::size_t m, const float* p, float* q) noexcept {
-  std::size_t i = 0;
-  for (; i + back_rows <= n; i += back_rows) back_block<W, back_rows>(M, n, m, i, p, q);
-  for (; i < n; ++i) back_block<W, 1>(M, n, m, i, p, q);
+inline void back_range(const float* M, std::size_t n, std::size_t m, std::size_t i0, std::size_t i1, const float* p,
+                       float* q) noexcept {
+  std::size_t i = i0;
+  for (; i + back_rows <= i1; i += back_rows) back_block<W, back_rows>(M, n, m, i, p, q);
+  for (; i < i1; ++i) back_block<W, 1>(M, n, m, i, p, q);
+}
+
+//! back_project for the W <= 8 columns of P and Q given (q zero on entry), in the tree of
+//! the file comment: the first-level sums one after another, each added to the open node
+//! of the level above (whose sums start from 0), a node passed up once its last child is
+//! in. tmp: (back_levels(n) - 1) W m floats (none for n <= back_chunk).
+template <std::size_t W>
+inline void back_cols(const float* M, std::size_t n, std::size_t m, const float* p, float* q, float* tmp) noexcept {
+  const int L = back_levels(n);
+  if (L == 1) return back_range<W>(M, n, m, 0, n, p, q);
+  const std::size_t wm = W * m;
+  std::size_t width[8], count[8] = {}, node[8] = {};  // 128^8 > 2^53 rows
+  width[0] = n;
+  for (int l = 1; l <= L; ++l) width[l] = (width[l - 1] + back_chunk - 1) / back_chunk;
+  // tmp[(l - 1) wm ...]: the sum being built at level l < L; level L's is q.
+  auto level = [&](int l) { return l == L ? q : tmp + static_cast<std::size_t>(l - 1) * wm; };
+  for (int l = 1; l < L; ++l) std::fill(level(l), level(l) + wm, 0.0f);
+  for (std::size_t c = 0; c < width[1]; ++c) {
+    float* first = level(1);
+    back_range<W>(M, n, m, c * back_chunk, std::min(n, c * back_chunk + back_chunk), p, first);
+    for (int l = 2; l <= L; ++l) {  // pass the finished sum of level l - 1 up
+      const float* child = level(l - 1);
+      float* parent = level(l);
+      for (std::size_t k = 0; k < wm; ++k) parent[k] += child[k];
+      std::fill(level(l - 1), level(l - 1) + wm, 0.0f);
+      const std::size_t lo = node[l] * back_chunk, have = std::min(back_chunk, width[l - 1] - lo);
+      if (++count[l] < have) break;
+      count[l] = 0, ++node[l];
+    }
+  }
 }
 
 //! A[i, j] for j in [j, j + lanes) of one row: sum over c in order. pv[c] holds P[i, c]
@@ -327,20 +372,24 @@ inline void lowrank_back_project(std::span<const float> M, std::size_t n, std::s
                                  std::size_t r, std::span<float> Q) {
   detail::check_lowrank("lowrank_back_project", M.size(), n, m, P.size(), Q.size(), r);
   for (auto& v : Q) v = 0.0f;
+  // The open sums of the tree's levels below the top (none for n <= back_chunk); grown once per thread.
+  thread_local std::vector<float> tmp;
+  const std::size_t need = static_cast<std::size_t>(detail::back_levels(n) - 1) * std::min<std::size_t>(r, 8) * m;
+  if (tmp.size() < need) tmp.resize(need);
   // Columns are independent: groups of at most 8 (more than 8 reads M again per group).
   for (std::size_t c0 = 0; c0 < r; c0 += 8) {
     const std::size_t w = r - c0 < 8 ? r - c0 : 8;
     const float* pc = P.data() + c0 * n;
     float* qc = Q.data() + c0 * m;
     switch (w) {
-      case 1: detail::back_cols<1>(M.data(), n, m, pc, qc); break;
-      case 2: detail::back_cols<2>(M.data(), n, m, pc, qc); break;
-      case 3: detail::back_cols<3>(M.data(), n, m, pc, qc); break;
-      case 4: detail::back_cols<4>(M.data(), n, m, pc, qc); break;
-      case 5: detail::back_cols<5>(M.data(), n, m, pc, qc); break;
-      case 6: detail::back_cols<6>(M.data(), n, m, pc, qc); break;
-      case 7: detail::back_cols<7>(M.data(), n, m, pc, qc); break;
-      default: detail::back_cols<8>(M.data(), n, m, pc, qc); break;
+      case 1: detail::back_cols<1>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 2: detail::back_cols<2>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 3: detail::back_cols<3>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 4: detail::back_cols<4>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 5: detail::back_cols<5>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 6: detail::back_cols<6>(M.data(), n, m, pc, qc, tmp.data()); break;
+      case 7: detail::back_cols<7>(M.data(), n, m, pc, qc, tmp.data()); break;
+      default: detail::back_cols<8>(M.data(), n, m, pc, qc, tmp.data()); break;
     }
   }
 }

@@ -13,6 +13,7 @@
 
 #include "../../error.hpp"
 #include "../../space/host.hpp"
+#include "../clip.hpp"
 #include "../ops.hpp"
 #include "../power_products.hpp"
 #include "../status.hpp"
@@ -81,12 +82,9 @@ struct ops<host_space> {
   //! DGC's local gradient clipping: scale[0] = bound / ||g|| when ||g|| > bound =
   //! clip_norm / sqrt(P), else 1 (also when the norm is not finite: the accumulate's
   //! finiteness check reports that).
+  //! ||g||^2 in double in kernels/fixed_sum.hpp's shape (kernels/clip.hpp, the device's order).
   static void clip_scale(exec, span<const float> g, float clip_norm, int P, span<float> scale) {
-    double s = 0;
-    for (float x : g) s += static_cast<double>(x) * x;
-    const double norm = std::sqrt(s);
-    const double bound = static_cast<double>(clip_norm) / std::sqrt(static_cast<double>(P));
-    scale[0] = (clip_norm <= 0.0f || !std::isfinite(norm) || norm <= bound) ? 1.0f : static_cast<float>(bound / norm);
+    scale[0] = clip::factor(clip_norm > 0.0f ? clip::host_sumsq(g) : 0.0, clip_norm, P);
   }
   static void topk_abs(exec, span<const float> v, std::size_t k, span<std::int32_t> idx, span<float> val,
                        host::topk_workspace& ws) {

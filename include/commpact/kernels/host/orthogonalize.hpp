@@ -17,6 +17,7 @@
 
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../fixed_sum.hpp"
 #include "simd.hpp"
 
 namespace commpact::host {
@@ -26,14 +27,20 @@ namespace commpact::host {
 //! each, the product rounded before the difference (never fused into an FMA, whatever
 //! the host's -march: simd::opaque; __dmul_rn / __dsub_rn on the device).
 //!
-//! One term of a Gram-Schmidt dot product: dot + double(a) double(b) (the product of two
-//! floats is exact in double).
-COMMPACT_HOST_DEVICE inline double gs_dot_step(double dot, float a, float b) {
-#if defined(__CUDA_ARCH__)
-  return __dadd_rn(dot, __dmul_rn(static_cast<double>(a), static_cast<double>(b)));
-#else
-  return dot + static_cast<double>(a) * static_cast<double>(b);
-#endif
+//! Leaf i of a Gram-Schmidt dot product: double(a[i]) double(b[i]) (the product of two
+//! floats is exact in double). A dot product is the sum of its leaves in double in
+//! kernels/fixed_sum.hpp's shape, which the CUDA rows add in parallel in one block.
+struct gs_dot_leaf {
+  const float* a;
+  const float* b;
+  COMMPACT_HOST_DEVICE double operator()(std::size_t i) const {
+    return fixed_sum::exact_product(static_cast<double>(a[i]), static_cast<double>(b[i]));
+  }
+};
+
+//! The dot product of a[0, rows) and b[0, rows) in double (gs_dot_leaf's fixed-shape sum).
+inline double gs_dot(const float* a, const float* b, std::size_t rows) {
+  return fixed_sum::host_sum<double>(rows, gs_dot_leaf{a, b}, fixed_sum::add_double{});
 }
 //! One element of a projection: float(double(c) - dot double(k)), the product rounded first.
 COMMPACT_HOST_DEVICE inline float gs_sub(float c, double dot, float k) {
@@ -67,7 +74,8 @@ COMMPACT_HOST_DEVICE inline double gs_inv_norm(double nrm2) {
 //! (`rows` x `cols`, leading dimension `ld` >= rows) by Gram-Schmidt (the modified
 //! variant, column by column) applied twice ("twice is enough": orthogonal to working
 //! precision for any cols, also when the columns are nearly dependent). Dot products
-//! and updates are computed in double.
+//! and updates are computed in double, the dot products in kernels/fixed_sum.hpp's shape
+//! (gs_dot), which the CUDA rows reproduce in parallel.
 //!
 //! Defined result on degenerate input: a column that is zero, or that lies exactly
 //! in the span of the columns before it (nothing is left after the projections), is
@@ -87,14 +95,12 @@ inline int orthonormalize_columns(float* a, std::size_t rows, std::size_t cols, 
       // Modified Gram-Schmidt: each coefficient from the column as updated so far.
       for (std::size_t k = 0; k < j; ++k) {
         const float* ck = a + k * ld;
-        double dot = 0.0;
-        for (std::size_t i = 0; i < rows; ++i) dot = gs_dot_step(dot, ck[i], cj[i]);
+        const double dot = gs_dot(ck, cj, rows);
         if (dot == 0.0) continue;
         for (std::size_t i = 0; i < rows; ++i) cj[i] = gs_sub(cj[i], dot, ck[i]);
       }
     }
-    double nrm2 = 0.0;
-    for (std::size_t i = 0; i < rows; ++i) nrm2 = gs_dot_step(nrm2, cj[i], cj[i]);
+    const double nrm2 = gs_dot(cj, cj, rows);
     if (nrm2 > 0.0 && std::isfinite(nrm2)) {
       const double inv = gs_inv_norm(nrm2);
       for (std::size_t i = 0; i < rows; ++i) cj[i] = gs_scale(cj[i], inv);
