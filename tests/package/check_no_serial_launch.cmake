@@ -12,36 +12,18 @@
 # scratch folder and fails unless exactly the planted lines are reported.
 
 cmake_minimum_required(VERSION 3.20)
+include(${CMAKE_CURRENT_LIST_DIR}/header_lines.cmake)
 
 set(one_re "(1|1u|1U|dim3\\(1u?U?\\)|dim3{1u?U?})")
 
 # Appends "rel:line: ..." to the list `found_var` for every single-thread launch in `file`.
 function(scan_file file rel found_var)
   set(found ${${found_var}})
-  file(READ "${file}" content)
-  # One list element per line: protect what CMake lists treat specially first.
-  string(REPLACE "\\" "<BS>" content "${content}")
-  string(REPLACE ";" "<SC>" content "${content}")
-  string(REPLACE "[" "<LB>" content "${content}")
-  string(REPLACE "]" "<RB>" content "${content}")
-  string(REPLACE "\r" "" content "${content}")
-  string(REPLACE "\n" ";" lines "${content}")
+  commpact_header_lines("${file}" lines code)
   list(LENGTH lines nlines)
   if(nlines EQUAL 0)
     return()
   endif()
-  # The code of every line: comment lines empty, string literals emptied, trailing //
-  # comments stripped.
-  set(code "")
-  foreach(line IN LISTS lines)
-    if(line MATCHES "^[ \t]*//")
-      list(APPEND code " ")
-    else()
-      string(REGEX REPLACE "\"[^\"]*\"" "\"\"" c "${line}")
-      string(REGEX REPLACE "//.*$" "" c "${c}")
-      list(APPEND code "${c} ")
-    endif()
-  endforeach()
   math(EXPR lastline "${nlines} - 1")
   foreach(i RANGE 0 ${lastline})
     list(GET code ${i} c)
