@@ -46,7 +46,7 @@ bool mean_allreduce(C& comm, Span v, typename comm_space_t<C>::template buffer<s
                     nonfinite policy, std::string_view who, std::string_view what, std::int64_t step) {
   using S = comm_space_t<C>;
   const auto e = comm_exec(comm);
-  status.resize(1);
+  status.resize(1, e);
   thread_local pinned_t<S, std::uint32_t> flags;  // pinned: the copy stays queued
   flags.resize(1);
   ops<S>::fill(e, status.view(), std::uint32_t{0});

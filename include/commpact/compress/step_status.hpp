@@ -26,7 +26,7 @@ class status_word {
 
   //! One word, cleared on `e` (queued): call at the start of every step.
   void clear(const typename Space::exec& e) {
-    buf_.resize(1);
+    buf_.resize(1, e);
     host_.resize(1);
     ops<Space>::fill(e, buf_.view(), std::uint32_t{0});
   }

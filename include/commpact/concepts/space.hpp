@@ -6,7 +6,10 @@
 //! A space S names
 //! - `S::span<T>`: a view of its memory (std::span on the host; a device span that host
 //!   code cannot index elsewhere);
-//! - `S::buffer<T>`: grow-only storage with `resize(n)`, `size()`, `view()`;
+//! - `S::buffer<T>`: grow-only storage with `resize(n)`, `resize(n, exec)` and
+//!   `reserve(n, exec)` (growth and release ordered on the executor), `size()`, `view()`;
+//! - optionally `S::pinned<T>` (host memory a device copy lands in), `S::event` with
+//!   `record(exec)` and `wait(exec, event)`, and `activate(exec)`;
 //! - `S::exec`: an executor (empty on the host; a queue or a stream elsewhere);
 //! - `S::fence(exec, deadline)`: waits for the work queued on exec, never past the
 //!   deadline, and raises the asynchronous error of whatever was queued;
@@ -31,8 +34,10 @@ concept space_has_types = requires {
 template <class S>
 concept space_has_fence = requires(typename S::exec e, deadline d) { S::fence(e, d); };
 template <class S>
-concept space_has_buffer = requires(typename S::template buffer<float>& b, std::size_t n) {
+concept space_has_buffer = requires(typename S::template buffer<float>& b, std::size_t n, typename S::exec e) {
   b.resize(n);
+  b.resize(n, e);  // ordered on e's stream (the library always passes the exec its work runs on)
+  b.reserve(n, e);
   { b.size() } -> std::convertible_to<std::size_t>;
   { b.view() } -> std::same_as<typename S::template span<float>>;
 };
@@ -54,8 +59,9 @@ constexpr bool diagnose_space() {
   static_assert(req::space_has_fence<S>,
                 "commpact: this type is not a Space: it needs `static void fence(exec, commpact::deadline)`.");
   static_assert(req::space_has_buffer<S>,
-                "commpact: this type is not a Space: its buffer<T> needs `resize(n)`, `size()` and `view()` "
-                "returning span<T>.");
+                "commpact: this type is not a Space: its buffer<T> needs `resize(n)`, `resize(n, exec)` and "
+                "`reserve(n, exec)` (growth ordered on the executor's stream), `size()` and `view()` returning "
+                "span<T>.");
   static_assert(req::space_has_access<S>,
                 "commpact: this type is not a Space: it needs `static constexpr bool host_accessible`.");
   return Space<S>;

@@ -65,12 +65,12 @@ class choco_algorithm {
     require(std::isfinite(gamma_) && gamma_ > 0.0 && gamma_ <= 1.0, "commpact::choco_gossip: gamma = ", gamma_,
             " must be in (0, 1] (CHOCO's consensus step size).");
     if constexpr (req::codec_has_bind_rank<Q>) codec_.bind_rank(ex.rank());  // stochastic codecs: own streams
-    hat_self_.resize(n_);
-    hat_nb_.resize(deg_ * n_);
-    q_nb_.resize(deg_ * n_);
-    diff_.resize(n_);
-    q_self_.resize(n_);
-    acc_.resize(n_);
+    hat_self_.resize(n_, exec_);
+    hat_nb_.resize(deg_ * n_, exec_);
+    q_nb_.resize(deg_ * n_, exec_);
+    diff_.resize(n_, exec_);
+    q_self_.resize(n_, exec_);
+    acc_.resize(n_, exec_);
     ops<space_type>::fill(exec_, hat_self_.view(), 0.0f);
     ops<space_type>::fill(exec_, hat_nb_.view(), 0.0f);
     space_type::fence(exec_, deadline_after(timeout_));

@@ -48,7 +48,7 @@ class dpsgd_algorithm {
   //! every neighbour, and the mix (which does nothing when the round failed).
   void queue(span<float> x, neighbor_exchange<Comm>& ex, const gossip_options& opt) {
     const auto e = ex.exec();
-    acc_.resize(n_);
+    acc_.resize(n_, e);
     ex.agree_flag(opt);
     if constexpr (space_type::host_accessible) {
       ex.exchange_same_known(std::as_bytes(x));  // host memory: the model itself is the message

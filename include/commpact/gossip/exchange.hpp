@@ -113,11 +113,11 @@ class neighbor_exchange {
   void begin_round(span<const float> x, std::size_t msg_bytes, const gossip_options& opt, bool own_message) {
     const auto e = exec();
     msg_bytes_ = msg_bytes;
-    words_.resize(host::gossip::status_words);
-    send_dev_.resize(own_message ? msg_bytes : 0);
-    recv_dev_.resize(msg_bytes * nb_.size());
+    words_.resize(host::gossip::status_words, e);
+    send_dev_.resize(own_message ? msg_bytes : 0, e);
+    recv_dev_.resize(msg_bytes * nb_.size(), e);
     if (w_dev_.size() != nb_.size()) {
-      w_dev_.resize(nb_.size());
+      w_dev_.resize(nb_.size(), e);
       if (!nb_.empty()) K::from_host(e, std::span<const double>(w_), w_dev_.view());
     }
     K::gossip_check(e, x, opt.check_finite, words_.view());
@@ -166,7 +166,7 @@ class neighbor_exchange {
 
   //! Reserves the receive buffer for messages of up to max_bytes (an algorithm whose
   //! message size changes between rounds: no allocation after the first round).
-  void reserve_messages(std::size_t max_bytes) { recv_dev_.reserve(max_bytes * nb_.size()); }
+  void reserve_messages(std::size_t max_bytes) { recv_dev_.reserve(max_bytes * nb_.size(), exec()); }
 
   //! Fences once and reads the status words. A round that failed (any flag, a malformed
   //! message) leaves the counters as in `before`; a malformed message raises wire_error

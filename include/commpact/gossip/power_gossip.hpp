@@ -112,12 +112,12 @@ class power_gossip_algorithm {
                               host::mix_seed(edge_seed(k), i, ~0ull, 0));
     const std::size_t max_bytes = std::max(message_bytes(0), message_bytes(1));
     for (auto* b : {&shared_, &ortho_, &diff_}) {
-      b->resize(init.size());
+      b->resize(init.size(), exec_);
       if (!init.empty()) K::from_host(exec_, std::span<const float>(init), b->view());
     }
-    send_.resize(nb_.size() * (max_bytes / 4));
-    upd_.resize(max_nm_);
-    vacc_.resize(n_vec_);
+    send_.resize(nb_.size() * (max_bytes / 4), exec_);
+    upd_.resize(max_nm_, exec_);
+    vacc_.resize(n_vec_, exec_);
     ex.reserve_messages(max_bytes);
     space_type::fence(exec_, deadline_after(timeout_));
   }

@@ -33,7 +33,7 @@ std::vector<std::remove_const_t<typename Span::element_type>> copy_to_host(const
 //! Buffer b of space S resized to h's length and holding h (queued on e, then fenced).
 template <class S, class T, class Buffer>
 void copy_from_host(const typename S::exec& e, std::span<const T> h, Buffer& b) {
-  b.resize(h.size());
+  b.resize(h.size(), e);
   if (h.empty()) return;
   ops<S>::from_host(e, h, b.view());
   S::fence(e, no_deadline());

@@ -488,8 +488,9 @@ class DataParallel {
     if (period_.what == sync_plan::mode::parameters && !shortcut) {
       x0_prev_.swap(x0_);  // kept until the step completes, for restore()
       x0_swapped_ = true;
-      x0_.resize(params.size());  // grows in the first two periods only
-      ops<space_type>::copy(exec(), params, x0_.view());
+      const auto e = exec();
+      x0_.resize(params.size(), e);  // grows in the first two periods only
+      ops<space_type>::copy(e, params, x0_.view());
     }
   }
 
@@ -508,7 +509,7 @@ class DataParallel {
   //! then x = delta + x0 (float addition commutes: the bits of x0 + delta).
   void average_parameters(span<float> params) {
     const auto e = exec();
-    delta_.resize(params.size());
+    delta_.resize(params.size(), e);
     const auto delta = delta_.view();
     ops<space_type>::copy(e, span<const float>(params), delta);
     ops<space_type>::sub(e, delta, x0_.cview());

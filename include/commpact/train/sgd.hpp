@@ -52,7 +52,7 @@ class BasicSgd {
     require(std::isfinite(opt.weight_decay) && opt.weight_decay >= 0, "commpact::Sgd: weight_decay = ",
             opt.weight_decay, " must be a finite number >= 0; 0 turns it off.");
     if (opt.momentum > 0) {
-      v_.resize(n);
+      v_.resize(n, exec_);
       ops<Space>::fill(exec_, v_.view(), 0.0f);
     }
   }

@@ -44,8 +44,9 @@ class Allgather : public detail::comm_aggregation<C> {
   //! This rank's block of `capacity` bytes (a multiple of 4) as float storage in the
   //! space, to fill before exchange().
   span<float> block(std::size_t capacity) {
-    mine_.resize(capacity / 4);
-    all_.resize(capacity / 4 * static_cast<std::size_t>(comm_.size()));
+    const auto e = comm_exec(comm_);
+    mine_.resize(capacity / 4, e);
+    all_.resize(capacity / 4 * static_cast<std::size_t>(comm_.size()), e);
     return mine_.view();
   }
   //! Every rank receives every block (collective; queued in a deferred or device space).
@@ -63,7 +64,7 @@ class Allgather : public detail::comm_aggregation<C> {
   template <class K>
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     const auto e = comm_exec(comm_);
-    sum_.resize(out.size());
+    sum_.resize(out.size(), e);
     codec_kernels<K, S>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
     ops<S>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }
@@ -75,8 +76,9 @@ class Allgather : public detail::comm_aggregation<C> {
     s.emplace_back(static_cast<const void*>(sum_.data()), sum_.capacity());
   }
   void reserve(std::size_t capacity) {
-    mine_.reserve(capacity / 4);
-    all_.reserve(capacity / 4 * static_cast<std::size_t>(comm_.size()));
+    const auto e = comm_exec(comm_);
+    mine_.reserve(capacity / 4, e);
+    all_.reserve(capacity / 4 * static_cast<std::size_t>(comm_.size()), e);
   }
 
  private:

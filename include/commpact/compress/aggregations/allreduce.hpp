@@ -42,7 +42,7 @@ class Allreduce : public detail::comm_aggregation<C> {
   //! This rank's block of `capacity` bytes (4 (m + 1): the compressed vector and the
   //! flag) as float storage in the space, to fill before exchange().
   span<float> block(std::size_t capacity) {
-    buf_.resize(capacity / 4);
+    buf_.resize(capacity / 4, comm_exec(comm_));
     return buf_.view();
   }
   //! Sums the blocks of every rank in place (collective; queued in a deferred space).

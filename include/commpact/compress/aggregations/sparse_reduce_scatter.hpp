@@ -153,7 +153,7 @@ class SparseReduceScatter {
     require(capacity % 4 == 0 && capacity >= sparse_wire::header_bytes + sparse_wire::entry_bytes * k_,
             "commpact::SparseReduceScatter::block: a capacity of ", capacity, " bytes cannot hold a frame of k = ", k_,
             " entries; pass a multiple of 4 of at least 48 + 8k = ", sparse_wire::header_bytes + 8 * k_, ".");
-    block_in_.resize(capacity / 4);
+    block_in_.resize(capacity / 4, exec());
     from_block_ = true;
     return block_in_.view();
   }
@@ -324,15 +324,16 @@ class SparseReduceScatter {
   //! Grows every buffer to this step's sizes (n-sized ones only for an accepted input).
   void size_buffers(bool accepted) {
     const std::size_t P = static_cast<std::size_t>(P_);
-    theta_dev_.resize(1), dbounds_.resize(P + 1), dbounds_next_.resize(P + 1);
+    const auto e = exec();
+    theta_dev_.resize(1, e), dbounds_.resize(P + 1, e), dbounds_next_.resize(P + 1, e);
     bounds_next_.resize(P + 1), hdr_out_host_.resize(P * header), hdr_in_host_.resize(P * header);
     block_hdr_host_.resize(P * 8), st_host_.resize(2), theta_host_.resize(1);
-    hdr_out_.resize(P * header), hdr_in_.resize(P * header);
+    hdr_out_.resize(P * header, e), hdr_in_.resize(P * header, e);
     if (!accepted) return;
-    reg_.resize(n_), touched_.resize(n_), magws_.resize(n_), selws_.resize(n_);
-    lidx_.resize(k_), lval_.resize(k_);
-    pay_out_.resize(P * pay_stride()), pay_in_.resize(P * pay_stride());
-    mags_.resize(cap_), allmags_.resize(cap_ * P), blocks_.resize(P * block_stride());
+    reg_.resize(n_, e), touched_.resize(n_, e), magws_.resize(n_, e), selws_.resize(n_, e);
+    lidx_.resize(k_, e), lval_.resize(k_, e);
+    pay_out_.resize(P * pay_stride(), e), pay_in_.resize(P * pay_stride(), e);
+    mags_.resize(cap_, e), allmags_.resize(cap_ * P, e), blocks_.resize(P * block_stride(), e);
   }
 
   [[noreturn]] void wire_failure(const std::string& what) {

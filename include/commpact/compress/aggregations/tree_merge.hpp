@@ -82,13 +82,14 @@ class TreeMerge {
   //! most the largest seen has been reserved).
   void reserve(std::size_t kcap) {
     kcap_ = std::max<std::size_t>(kcap, 1);
-    for (auto* b : {&mine_idx_, &cur_idx_, &oth_idx_, &out_idx_, &extra_idx_}) b->resize(kcap_);
-    for (auto* b : {&cur_val_, &oth_val_, &out_val_}) b->resize(kcap_);
-    for (auto* b : {&mine_alive_, &extra_alive_, &mask_in_}) b->resize(kcap_);
+    const auto e = exec();
+    for (auto* b : {&mine_idx_, &cur_idx_, &oth_idx_, &out_idx_, &extra_idx_}) b->resize(kcap_, e);
+    for (auto* b : {&cur_val_, &oth_val_, &out_val_}) b->resize(kcap_, e);
+    for (auto* b : {&mine_alive_, &extra_alive_, &mask_in_}) b->resize(kcap_, e);
     const std::size_t fb = sparse_tree_frame_bytes(kcap_, true);
-    send_.resize(fb);
-    recv_.resize(fb);
-    meta_.resize(1);
+    send_.resize(fb, e);
+    recv_.resize(fb, e);
+    meta_.resize(1, e);
     views_ = {mine_idx_.view(),   cur_idx_.view(),     oth_idx_.view(), out_idx_.view(),
               extra_idx_.view(),  cur_val_.view(),     oth_val_.view(), out_val_.view(),
               mine_alive_.view(), extra_alive_.view(), mask_in_.view()};
@@ -110,7 +111,7 @@ class TreeMerge {
     const std::size_t kcap = (capacity - sparse_wire::header_bytes) / sparse_wire::entry_bytes;
     if (kcap_ != std::max<std::size_t>(kcap, 1) || meta_.size() != 1) reserve(kcap);
     frame_k_ = std::max<std::size_t>(kcap, 1);
-    block_.resize(capacity / 4);
+    block_.resize(capacity / 4, exec());
     from_block_ = true;
     return block_.view();
   }

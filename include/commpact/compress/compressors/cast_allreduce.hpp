@@ -115,14 +115,14 @@ class CastAllreduce {
             steps_);
       checked_size_ = n;
       if (opt_.error_feedback && residual_.empty()) {
-        residual_.resize(grad.size());
+        residual_.resize(grad.size(), e);
         ops<space_type>::fill(e, residual_.view(), 0.0f);
       }
     }
     const std::size_t N = grad.size();
-    codes_.resize(N);
-    if (opt_.error_feedback) candidate_.resize(N);
-    scratch_.resize(wire::ring_chunk(N, comm_.size(), 0));
+    codes_.resize(N, e);
+    if (opt_.error_feedback) candidate_.resize(N, e);
+    scratch_.resize(wire::ring_chunk(N, comm_.size(), 0), e);
     status_.clear(e);
     ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), residual_.cview(), codes_.view(),
                                                 candidate_.view());
@@ -197,9 +197,10 @@ class CastAllreduce {
     r.done();
     steps_ = s;
     skipped_ = k;
+    const auto e = exec();
     residual_.clear();
-    residual_.resize(res.size());
-    ops<space_type>::from_host(exec(), std::span<const float>(res), residual_.view());
+    residual_.resize(res.size(), e);
+    ops<space_type>::from_host(e, std::span<const float>(res), residual_.view());
     fence();
     checked_size_ = -1;
   }

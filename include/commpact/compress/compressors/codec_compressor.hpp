@@ -127,23 +127,23 @@ class CodecCompressor {
     if (problem_.empty()) {
       const std::size_t N = grad.size();
       const bool momentum = opt_.momentum > 0.0f;
-      acc_.resize(N);
-      u_next_.resize(momentum ? N : 0);
+      acc_.resize(N, e);
+      u_next_.resize(momentum ? N : 0, e);
       if (ef_n_ == 0) {  // no residual yet: it counts as zero (and is installed at commit)
-        residual_.resize(N);
-        velocity_.resize(momentum ? N : 0);
+        residual_.resize(N, e);
+        velocity_.resize(momentum ? N : 0, e);
         ops<space_type>::fill(e, residual_.view(), 0.0f);
         if (momentum) ops<space_type>::fill(e, velocity_.view(), 0.0f);
       }
       span<const float> scale{};
       if (opt_.clip_norm > 0.0f) {
-        scale_.resize(1);
+        scale_.resize(1, e);
         ops<space_type>::clip_scale(e, span<const float>(grad), opt_.clip_norm, P, scale_.view());
         scale = scale_.cview();
       }
       ops<space_type>::ef_accumulate(e, acc_.view(), u_next_.view(), velocity_.cview(), residual_.cview(),
                                      span<const float>(grad), opt_.momentum, scale, status_.view());
-      approx_.resize(req::codec_has_delivered<Codec> ? 0 : N);
+      approx_.resize(req::codec_has_delivered<Codec> ? 0 : N, e);
     }
     kern_.encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
     agg_.exchange();

@@ -134,8 +134,8 @@ class gTopK {
     const bool ok = problem_.empty();
     const std::uint16_t flags = ok ? 0 : sparse_wire::flag_failed;
     if (ok) {
-      acc_.resize(grad.size());
-      if (opt_.momentum > 0.0f) u_next_.resize(grad.size());
+      acc_.resize(grad.size(), e);
+      if (opt_.momentum > 0.0f) u_next_.resize(grad.size(), e);
       if (opt_.clip_norm > 0.0f) ops<space_type>::clip_scale(e, cview(grad), opt_.clip_norm, P, scale_.view());
     }
     const auto none = span<float>{};
@@ -318,11 +318,12 @@ class gTopK {
     n_ = n;
     kmax_ = std::max<std::int64_t>(km, 1);
     agg_.reserve(static_cast<std::size_t>(kmax_));
-    scale_.resize(1);
+    const auto e = exec();
+    scale_.resize(1, e);
     const auto un = static_cast<std::size_t>(n);
-    for (auto* b : {&acc_, &residual_}) b->reserve(un);
+    for (auto* b : {&acc_, &residual_}) b->reserve(un, e);
     if (opt_.momentum > 0.0f)
-      for (auto* b : {&u_next_, &velocity_}) b->reserve(un);
+      for (auto* b : {&u_next_, &velocity_}) b->reserve(un, e);
     agreed_ = true;
   }
 

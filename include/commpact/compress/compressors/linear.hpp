@@ -104,9 +104,9 @@ class LinearCompressor {
     const std::size_t N = grad.size(), m = codec_.size(N);
     const auto block = agg_.block(4 * (m + 1));
     status_.clear(e);
-    acc_.resize(N);
+    acc_.resize(N, e);
     if (ef_n_ == 0) {  // no residual (yet, or ever for an unbiased codec): it counts as zero
-      residual_.resize(N);
+      residual_.resize(N, e);
       ops<space_type>::fill(e, residual_.view(), 0.0f);
     }
     ops<space_type>::ef_accumulate(e, acc_.view(), span<float>{}, span<const float>{}, residual_.cview(),
@@ -148,11 +148,12 @@ class LinearCompressor {
       return;
     }
     if (keeps_residual()) {
+      const auto e = exec();
       if constexpr (!requires { codec_.delivered(); }) {
-        approx_.resize(codec_.size(acc_.size()));
-        dense_.resize(acc_.size());
+        approx_.resize(codec_.size(acc_.size()), e);
+        dense_.resize(acc_.size(), e);
       }
-      ops<space_type>::linear_feedback(exec(), codec_, acc_.view(), approx_.view(), dense_.view());
+      ops<space_type>::linear_feedback(e, codec_, acc_.view(), approx_.view(), dense_.view());
       residual_.swap(acc_);
       ef_n_ = static_cast<std::int64_t>(residual_.size());
     }

@@ -118,8 +118,8 @@ class MajorityVote {
     const auto block = agg_.block(cap_);
     status_.clear(e);
     if (problem_.empty()) {
-      next_.resize(n);
-      if (momentum) m_.reserve(n);  // the other half of the swap: nothing allocated after step one
+      next_.resize(n, e);
+      if (momentum) m_.reserve(n, e);  // the other half of the swap: nothing allocated after step one
       const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
       ops<space_type>::signum_update(e, next_.view(), m, span<const float>(grad), opt_.momentum, status_.view());
     }

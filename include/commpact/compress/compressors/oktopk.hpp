@@ -97,12 +97,12 @@ class OkTopK {
     grad_ = grad;
     outcome_ = outcome::delivered;
     pending_ = nullptr;
-    status_.resize(2);
-    if (!flags) {
-      if (residual_len_ == 0) residual_.resize(n);
-      acc_.resize(n);
-    }
     const auto e = exec();
+    status_.resize(2, e);
+    if (!flags) {
+      if (residual_len_ == 0) residual_.resize(n, e);
+      acc_.resize(n, e);
+    }
     ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
     agg_.begin(n, kk, steps_, flags, status_.view());
     if (!flags) {
@@ -198,8 +198,9 @@ class OkTopK {
     r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
                   " values is longer than sparse indices allow.");
     r.done();
-    residual_.resize(l.residual.size());
-    ops<space_type>::from_host(exec(), std::span<const float>(l.residual), residual_.view());
+    const auto e = exec();
+    residual_.resize(l.residual.size(), e);
+    ops<space_type>::from_host(e, std::span<const float>(l.residual), residual_.view());
     fence();
     residual_len_ = static_cast<std::int64_t>(l.residual.size());
     steps_ = s;

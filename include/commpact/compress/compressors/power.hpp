@@ -132,15 +132,16 @@ class PowerCompressor {
     const std::int64_t agree[] = {plan.hash, static_cast<std::int64_t>(opt_.products)};
     const std::int64_t total = plan.total;
     const std::size_t p = plan.p, q = plan.q, e = plan.e, d = plan.d;
+    const auto ex = exec();
     try {
-      p_.resize(p);
-      q_.resize(q);
-      q_next_.resize(q);
-      dense_.resize(d);
-      residual_.resize(e);
-      m_.resize(e);
-      stage_.resize(opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0);
-      status_.resize(status_words);
+      p_.resize(p, ex);
+      q_.resize(q, ex);
+      q_next_.resize(q, ex);
+      dense_.resize(d, ex);
+      residual_.resize(e, ex);
+      m_.resize(e, ex);
+      stage_.resize(opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0, ex);
+      status_.resize(status_words, ex);
     } catch (const std::exception&) {
       throw invalid_argument(detail::cat("commpact::PowerCompressor::set_layout: cannot allocate the factors of a "
                                          "layout of ", total, " elements (", p + q, " factor and ", d,
@@ -150,9 +151,9 @@ class PowerCompressor {
     // The products' resources (cuda_space with blas: the cuBLAS handle and the
     // approximation's scratch) are made here, not on a step.
     for (const auto& en : plan.entries)
-      if (en.compressed) ops<Space>::lowrank_prepare(exec(), en.rows, en.cols, en.r, opt_.products);
+      if (en.compressed) ops<Space>::lowrank_prepare(ex, en.rows, en.cols, en.r, opt_.products);
     if (q > 0) {
-      ops<Space>::fill(exec(), q_.view(), 0.0f);
+      ops<Space>::fill(ex, q_.view(), 0.0f);
       fence();
     }
     layout_ = std::move(layout);
