@@ -80,6 +80,7 @@ inline cublasHandle_t handle(const cuda_space::exec& e) {
                           "with cuda_space::make_exec().");
   auto& s = *e.s;
   if (s.blas == nullptr) {
+    cuda_device_guard g(s.device);  // the handle belongs to the executor's device
     cublasHandle_t h = nullptr;
     check(cublasCreate(&h), "cublasCreate");
     const auto setup = [&](cublasStatus_t st, const char* what) {
