@@ -5,10 +5,7 @@
 # comments stripped. Both lists are empty for an empty file.
 function(commpact_header_lines file lines_var code_var)
   file(READ "${file}" content)
-  string(REPLACE "\\" "<BS>" content "${content}")
-  string(REPLACE ";" "<SC>" content "${content}")
-  string(REPLACE "[" "<LB>" content "${content}")
-  string(REPLACE "]" "<RB>" content "${content}")
+  commpact_protect(content)
   string(REPLACE "\r" "" content "${content}")
   string(REPLACE "\n" ";" lines "${content}")
   set(code "")
@@ -24,3 +21,19 @@ function(commpact_header_lines file lines_var code_var)
   set(${lines_var} "${lines}" PARENT_SCOPE)
   set(${code_var} "${code}" PARENT_SCOPE)
 endfunction()
+
+# Replaces what CMake lists treat specially in variable `var` by the markers above.
+macro(commpact_protect var)
+  string(REPLACE "\\" "<BS>" ${var} "${${var}}")
+  string(REPLACE ";" "<SC>" ${var} "${${var}}")
+  string(REPLACE "[" "<LB>" ${var} "${${var}}")
+  string(REPLACE "]" "<RB>" ${var} "${${var}}")
+endmacro()
+
+# The reverse of commpact_protect, for messages (a ; comes back escaped, as \;).
+macro(commpact_unprotect var)
+  string(REPLACE "<BS>" "\\" ${var} "${${var}}")
+  string(REPLACE "<SC>" "\;" ${var} "${${var}}")
+  string(REPLACE "<LB>" "[" ${var} "${${var}}")
+  string(REPLACE "<RB>" "]" ${var} "${${var}}")
+endmacro()

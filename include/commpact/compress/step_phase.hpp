@@ -64,8 +64,9 @@ class step_phase {
   }
 
   //! cancel(): drops a started or finished step. A started step's queued work is
-  //! completed first by `fence()` (whose failure is dropped with the step: the
-  //! communicator reports it again at its next use).
+  //! completed first by `fence()` (a compressor passes its fence under the
+  //! communicator's deadline; a failure is dropped with the step: the communicator
+  //! reports it again at its next use).
   template <class Fence>
   void drop(Fence&& fence) noexcept {
     if (v_ == started) {
@@ -77,12 +78,6 @@ class step_phase {
     v_ = idle;
   }
 
-  //! cancel() of a compressor in Space: drop(), the queued work on `e` completed first,
-  //! never waiting past `until` (the communicator's deadline).
-  template <class Space, class Exec>
-  void drop_in(const Exec& e, deadline until) noexcept {
-    drop([&] { Space::fence(e, until); });
-  }
 
   step_phase& operator=(value v) {
     v_ = v;

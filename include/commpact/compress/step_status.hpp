@@ -27,7 +27,6 @@ class status_word {
   //! One word, cleared on `e` (queued): call at the start of every step.
   void clear(const typename Space::exec& e) {
     buf_.resize(1, e);
-    host_.resize(1);
     ops<Space>::fill(e, buf_.view(), std::uint32_t{0});
   }
   span view() { return buf_.view(); }

@@ -179,6 +179,7 @@ class neighbor_exchange {
     K::to_host(e, words_.cview(), words_host_.view());
     comm_fence(comm_);
     const auto w = std::span<const std::int64_t>(words_host_.view());
+    // The flag is 0, 1 or 2; a copy read before its fence holds all-ones bytes (-1).
     require_fenced(static_cast<std::uint32_t>(w[0] >> 32), "GossipMixer::mix");
     if (w[0] == 0 && w[2] == 0) return 0;
     stats_ = before;

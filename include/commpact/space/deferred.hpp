@@ -176,6 +176,13 @@ inline std::shared_ptr<record> find_locked(const void* p, std::size_t bytes) {
   return b >= rec->lo && b + bytes <= rec->hi ? rec : nullptr;
 }
 
+//! Takes r's storage out of the registry (when it is still r's). Caller holds reg().m.
+inline void erase_locked(const std::shared_ptr<record>& r) {
+  auto& by = reg().by_lo;
+  auto it = by.find(r->lo);
+  if (it != by.end() && it->second == r) by.erase(it);
+}
+
 inline std::string describe(const record& r) {
   return cat("a deferred_buffer<", r.type, "> of ", static_cast<std::size_t>(r.hi - r.lo), " bytes at ",
              static_cast<const void*>(r.lo));
@@ -277,10 +284,8 @@ class deferred_buffer {
   }
   void unenroll() {
     if (!rec_) return;
-    auto& reg = detail::deferred_check::reg();
-    std::lock_guard lk(reg.m);
-    auto it = reg.by_lo.find(rec_->lo);
-    if (it != reg.by_lo.end() && it->second == rec_) reg.by_lo.erase(it);
+    std::lock_guard lk(detail::deferred_check::reg().m);
+    detail::deferred_check::erase_locked(rec_);
     rec_.reset();
   }
   //! The destructor's half of the checker: storage still used by queued work is handed
@@ -425,22 +430,19 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
   for (const auto& t : ts) {
     auto r = find_locked(t.p, t.bytes);
     if (!r) continue;
-    for (const auto& a : r->pending) {
+    const record& rec = *r;
+    it.touches.emplace_back(std::move(r), t.write);  // registered below, once all are checked
+    for (const auto& a : rec.pending) {
       if (a.q == &q || !(a.write || t.write)) continue;
       if (a.seq < q.joined_bound(a.q)) continue;
       throw usage_error(cat("commpact::deferred_space: an operation queued on one executor ",
-                            t.write ? "writes " : "reads ", describe(*r), " that an operation queued on another ",
+                            t.write ? "writes " : "reads ", describe(rec), " that an operation queued on another ",
                             "executor ", a.write ? "writes" : "reads", " with no join between them; make this "
                             "executor wait for the other (deferred_space::wait(exec, deferred_space::record(other))) "
                             "before queueing (on a GPU the two streams would race)."));
     }
   }
-  for (const auto& t : ts) {
-    auto r = find_locked(t.p, t.bytes);
-    if (!r) continue;
-    r->pending.push_back({&q, it.seq, t.write});
-    it.touches.emplace_back(std::move(r), t.write);
-  }
+  for (auto& [r, w] : it.touches) r->pending.push_back({&q, it.seq, w});
 }
 
 template <class T>
@@ -453,10 +455,8 @@ touch touch_of(deferred_span<T> s) {
 template <class T>
 void deferred_buffer<T>::retire() noexcept {
   if (!rec_) return;
-  auto& reg = detail::deferred_check::reg();
-  std::lock_guard lk(reg.m);
-  auto it = reg.by_lo.find(rec_->lo);
-  if (it != reg.by_lo.end() && it->second == rec_) reg.by_lo.erase(it);
+  std::lock_guard lk(detail::deferred_check::reg().m);
+  detail::deferred_check::erase_locked(rec_);
   if (!rec_->pending.empty()) {
     try {
       const auto why = detail::cat("commpact::deferred_space: ", detail::deferred_check::describe(*rec_),

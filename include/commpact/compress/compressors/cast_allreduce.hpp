@@ -175,7 +175,7 @@ class CastAllreduce {
 
   //! Drops a started or finished step: the residual and counters stay as before it
   //! (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("CastAllreduce", "save_state");
@@ -240,7 +240,6 @@ class CastAllreduce {
   auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<Comm&>(comm_)); }
-  deadline until() const { return comm_deadline(const_cast<Comm&>(comm_)); }
   std::vector<float> to_host(const buffer<float>& b) const {
     std::vector<float> h(b.size());
     ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));

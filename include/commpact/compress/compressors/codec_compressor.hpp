@@ -205,7 +205,7 @@ class CodecCompressor {
 
   //! Drops a started or finished step: residual, velocity and counters as before start().
   //! Queued work is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
@@ -278,7 +278,6 @@ class CodecCompressor {
   auto exec() const { return comm_exec(const_cast<Aggregation&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<Aggregation&>(agg_).comm()); }
-  deadline until() const { return comm_deadline(const_cast<Aggregation&>(agg_).comm()); }
 
   std::string check(std::size_t n) const {
     if constexpr (req::codec_has_check<Codec>) return std::string(codec_.check(n));

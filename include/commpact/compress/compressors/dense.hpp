@@ -100,7 +100,7 @@ class Dense {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(comm_exec(comm_), comm_deadline(comm_)); }
+  void cancel() noexcept { phase_.drop([&] { comm_fence(comm_); }); }
 
   void save_state(std::vector<std::byte>& out) const {
     state::writer w{out, "commpact.Dense"};

@@ -221,7 +221,7 @@ class gTopK {
   //! Drops a started or finished step: the residual, the velocity and the counters stay
   //! as before start(). (grad holds the step's result if it finished.) Every rank that
   //! started the step must cancel it; queued communication is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
   void save_state(std::vector<std::byte>& out) const {
@@ -298,7 +298,6 @@ class gTopK {
   auto exec() const { return comm_exec(const_cast<tree_type&>(agg_.comm())); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<tree_type&>(agg_.comm())); }
-  deadline until() const { return comm_deadline(const_cast<tree_type&>(agg_.comm())); }
 
   template <class T>
   static span<const T> cview(span<T> s) {

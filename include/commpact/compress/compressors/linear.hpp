@@ -162,7 +162,7 @@ class LinearCompressor {
 
   //! Drops a started or finished step: residual and counters as before start(). Queued
   //! work is completed first.
-  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   //! Saves the counters and the residual (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
@@ -237,7 +237,6 @@ class LinearCompressor {
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
-  deadline until() const { return comm_deadline(const_cast<aggregation_type&>(agg_).comm()); }
 };
 
 }  // namespace commpact

@@ -180,7 +180,7 @@ class MajorityVote {
   }
 
   //! Drops a started or finished step (queued work is completed first).
-  void cancel() noexcept { phase_.drop_in<space_type>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   //! Saves the counters and Signum's momentum (state.hpp, kind "commpact.MajorityVote").
   void save_state(std::vector<std::byte>& out) const {
@@ -228,7 +228,6 @@ class MajorityVote {
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
-  deadline until() const { return comm_deadline(const_cast<aggregation_type&>(agg_).comm()); }
 
   aggregation_type agg_;
   majority_options opt_;

@@ -175,7 +175,7 @@ class OkTopK {
   //! Drops a started or finished step (queued work is completed first): the residual,
   //! the regions, theta and the counters stay as before it.
   void cancel() noexcept {
-    phase_.drop_in<space_type>(exec(), until());
+    phase_.drop([&] { fence(); });
     pending_ = nullptr;
   }
 
@@ -243,7 +243,6 @@ class OkTopK {
   auto exec() const { return comm_exec(const_cast<C&>(agg_.comm())); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<C&>(agg_.comm())); }
-  deadline until() const { return comm_deadline(const_cast<C&>(agg_.comm())); }
 
   //! After the exchange, from every rank's flags: raises alike on every rank for a
   //! rejected input or (unless skip_step) a non-finite one; a skipped step otherwise.

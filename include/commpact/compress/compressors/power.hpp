@@ -246,7 +246,7 @@ class PowerCompressor {
   }
 
   //! Drops a started or finished step: residual, Q and counters as before start().
-  void cancel() noexcept { phase_.drop_in<Space>(exec(), until()); }
+  void cancel() noexcept { phase_.drop([&] { fence(); }); }
 
   //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
@@ -355,7 +355,6 @@ class PowerCompressor {
   auto exec() const { return comm_exec(const_cast<comm_type&>(comm_)); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<comm_type&>(comm_)); }
-  deadline until() const { return comm_deadline(const_cast<comm_type&>(comm_)); }
 
   void check_options() const {
     require(opt_.approximation_rank >= 0, "commpact::PowerCompressor: approximation_rank = ", opt_.approximation_rank,
