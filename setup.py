@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+"""pip install --no-build-isolation .
+
+Builds and installs commpact_hooks (python/commpact_hooks.cpp: commpact's DDP
+communication hooks and model averager) the way PyTorch extensions are built, with
+torch.utils.cpp_extension, against the torch that runs pip (hence no build isolation:
+the extension must match that torch exactly, and pip stays offline).
+
+- The CPU variant: CPU buckets over the group (Gloo).
+- COMMPACT_HOOKS_BUILD_DIR: where the intermediate files go (default build-pip/ here).
+"""
+import os
+import sys
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils import cpp_extension
+except ImportError:
+    sys.exit("commpact_hooks: torch is not importable by " + sys.executable + "; install PyTorch first "
+             "(Debian: python3-torch) and run pip with --no-build-isolation, so that the build sees it.")
+
+here = os.path.dirname(os.path.abspath(__file__))
+os.chdir(here)  # setuptools wants the source paths relative to this file
+
+# -g0: Python's own CFLAGS carry -g, which triples the object and slows the build.
+cxx = ["-std=c++20", "-O2", "-g0", "-Wno-unused-parameter"]
+sources = ["python/commpact_hooks.cpp"]
+libdirs = cpp_extension.library_paths()
+# The torch libraries are found at run time without `import torch` first (a pip torch
+# keeps them in site-packages/torch/lib, outside the loader's path).
+link = [f"-Wl,-rpath,{d}" for d in libdirs]
+ext = cpp_extension.CppExtension("commpact_hooks", sources, include_dirs=[os.path.join(here, "include")],
+                                 extra_compile_args={"cxx": cxx}, extra_link_args=link)
+
+build_dir = os.environ.get("COMMPACT_HOOKS_BUILD_DIR", os.path.join(here, "build-pip"))
+os.makedirs(build_dir, exist_ok=True)
+
+setup(
+    name="commpact-hooks",
+    version="0.1.0",
+    description="PyTorch DDP communication hooks (gTop-k, Top-k, PowerSGD) and Local SGD / QSR "
+                "model averaging backed by commpact",
+    license="Apache-2.0",
+    python_requires=">=3.8",
+    packages=[],
+    ext_modules=[ext],
+    cmdclass={"build_ext": cpp_extension.BuildExtension},
+    options={"build": {"build_base": build_dir}, "egg_info": {"egg_base": build_dir}},
+    zip_safe=False,
+)
