@@ -323,8 +323,8 @@ void compressor_rank(const char* name, Dev make_dev, const cp::cuda_space::exec&
   cp::PowerCompressor<R> host{cp::any_communicator(tc), layout, opt};
   // Made by set_layout, never by a step.
   const void* handle0 = e.s->blas;
-  const void* scratch0 = e.s->scratch;
-  const std::size_t scratch_bytes0 = e.s->scratch_bytes;
+  const std::size_t scratch0 = e.scratch_allocations();
+  const std::size_t scratch_bytes0 = e.scratch_bytes();
   EXPECT_MT(handle0 != nullptr, "%s rank %d: set_layout made no cuBLAS handle for products = blas", name, me);
   const auto start_q = [&](auto& c) {
     for (std::size_t i = 0; i < layout.size(); ++i)
@@ -413,7 +413,7 @@ void compressor_rank(const char* name, Dev make_dev, const cp::cuda_space::exec&
     }
     if (s == 1) sig = dev.workspace_signature();
     if (s > 1) EXPECT_MT(dev.workspace_signature() == sig, "%s<%d> rank %d step %d: reallocated", name, R, me, s);
-    EXPECT_MT(e.s->blas == handle0 && e.s->scratch == scratch0 && e.s->scratch_bytes == scratch_bytes0,
+    EXPECT_MT(e.s->blas == handle0 && e.scratch_allocations() == scratch0 && e.scratch_bytes() == scratch_bytes0,
               "%s<%d> rank %d step %d: a step made a cuBLAS handle or grew the scratch", name, R, me, s);
   }
   if (unchecked)

@@ -293,8 +293,7 @@ void check_growth() {
   reg = dev(draws(n)), ws.resize(n), mags.resize(cap), all = dev(std::vector<float>(cap * P, 1.0f)), theta.resize(1);
   grad.resize(n), touched = dev(std::vector<std::uint8_t>(n, 1)), sws.resize(n), blocks.resize(P * (8 + 8 * cap));
   st = dev(std::vector<u32>{0, 0});
-  const void* first = nullptr;
-  std::size_t first_bytes = 0;
+  std::size_t first = 0, first_bytes = 0;
   for (int step = 0; step < 3; ++step) {
     const auto b = random_bounds(P, n);
     bounds = dev(b);
@@ -304,10 +303,10 @@ void check_growth() {
     D::oktopk_select(E, reg.cview().first(len), touched.cview().first(len), theta.cview(), 0, 0,
                      blocks.view().subspan(0, 8 + 8 * cap), sws.view());
     cp::cuda_space::fence(E, cp::no_deadline());
-    if (step == 0) first = E.s->scratch, first_bytes = E.s->scratch_bytes;
+    if (step == 0) first = E.scratch_allocations(), first_bytes = E.scratch_bytes();
     else
-      EXPECT(E.s->scratch == first && E.s->scratch_bytes == first_bytes,
-             "step %d: the executor's scratch grew (%zu bytes, %zu at the first step)", step, E.s->scratch_bytes,
+      EXPECT(E.scratch_allocations() == first && E.scratch_bytes() == first_bytes,
+             "step %d: the executor's scratch grew (%zu bytes, %zu at the first step)", step, E.scratch_bytes(),
              first_bytes);
   }
 }

@@ -189,11 +189,14 @@ void check_growth(gate& g) {
   const auto t0 = clk::now();
   b.resize(300000, e);  // past the capacity: new storage, copy, poison, free (all queued)
   const double took = seconds_since(t0);
-  void* s0 = e.scratch(64);
-  void* s1 = e.scratch(std::size_t(1) << 24);  // the scratch grows the same way
+  void* s0 = e.scratch("test_row", 64);
+  void* s1 = e.scratch("test_row", std::size_t(1) << 24);  // a scratch slot grows the same way
+  void* o = e.scratch("other_row", 64);               // another row's slot: its own bytes
   const auto ev = S::record(e);
   EXPECT(!ev.ready() && took < 1.0, "growing a buffer waited for the stream (%.3f s, ready %d)", took, int(ev.ready()));
-  EXPECT(s1 != nullptr && e.scratch(16) == s1, "the grown scratch is not the one returned later (%p, %p)", s0, s1);
+  EXPECT(s1 != nullptr && e.scratch("test_row", 16) == s1, "the grown scratch is not the one returned later (%p, %p)",
+         s0, s1);
+  EXPECT(o != s1 && o != s0 && e.scratch("other_row", 16) == o, "two rows' scratch slots share bytes (%p, %p)", o, s1);
   g.open();
   const auto h = download(e, b.cview());
   EXPECT(h.size() == 300000 && is_iota(h, 5.0f, 0, 1000), "growth lost the contents written by queued work");

@@ -237,7 +237,7 @@ struct codec_kernels<sign_codec, cuda_space> {
       float* payload = cuda_access::ptr(block) + kc::header_words;  // the scale, then the bits
       detail::cuda_codec_check(
           kc::sign_l1(cuda_access::ptr(acc), n, payload,
-                      scratch ? static_cast<double*>(e.scratch(sizeof(double) * scratch)) : nullptr, s),
+                      scratch ? static_cast<double*>(e.scratch("sign_l1", sizeof(double) * scratch)) : nullptr, s),
           "sign scale");
       const std::size_t nb = (n + 7) / 8;
       if (nb)
@@ -321,7 +321,7 @@ struct codec_kernels<terngrad_codec, cuda_space> {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::terngrad_codec: a block of ",
               block.size() * 4, " bytes cannot hold the ", len, "-byte message behind the frame header.");
       const cudaStream_t s = e.stream();
-      auto* m = static_cast<std::uint32_t*>(e.scratch(sizeof(std::uint32_t)));
+      auto* m = static_cast<std::uint32_t*>(e.scratch("terngrad_scale", sizeof(std::uint32_t)));
       detail::cuda_codec_check(cudaMemsetAsync(m, 0, sizeof(std::uint32_t), s), "terngrad (zero the scale)");
       if (n) kc::terngrad_absmax<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(acc), n, m);
       kc::terngrad_encode<<<kc::grid_for((2 * n + 7) / 8), kc::block_threads, 0, s>>>(

@@ -53,7 +53,7 @@ struct codec_kernels<onebit_codec, cuda_space> {
       float* payload = cuda_access::ptr(block) + kc::header_words;  // the two means, then the bits
       detail::cuda_codec_check(
           kc::onebit_means(cuda_access::ptr(acc), n, payload,
-                           scratch ? static_cast<detail::onebit_sums*>(e.scratch(sizeof(detail::onebit_sums) * scratch))
+                           scratch ? static_cast<detail::onebit_sums*>(e.scratch("onebit_means", sizeof(detail::onebit_sums) * scratch))
                                    : nullptr,
                            s),
           "onebit means");

@@ -54,7 +54,7 @@ struct codec_kernels<qsgd_codec, cuda_space> {
       // Buckets above 2048 values sum in levels through the executor's scratch.
       const std::size_t scratch = kc::qsgd_norms_scratch(q);
       detail::cuda_codec_check(kc::qsgd_norms(cuda_access::ptr(acc), q, norms,
-                                              scratch ? static_cast<double*>(e.scratch(sizeof(double) * scratch))
+                                              scratch ? static_cast<double*>(e.scratch("qsgd_norms", sizeof(double) * scratch))
                                                       : nullptr,
                                               s),
                                "qsgd norms");

@@ -14,7 +14,7 @@
 //!   (operator[] is __device__ only: nvcc rejects a host call); kernels get the pointer
 //!   through cuda_access, never algorithm code.
 //! - `exec` (cuda_exec): a shared handle to a stream, the device it belongs to, an
-//!   allocator hook, an event for the fence, a small grow-only scratch, and the hooks of
+//!   allocator hook, an event for the fence, grow-only scratch slots (one per row), and the hooks of
 //!   the communicators that queue work on it. Copies share the state, like a stream
 //!   handle. `make_exec(stream)` wraps a caller's stream (a framework's current stream);
 //!   the stream must outlive the executor and everything bound to it.
@@ -65,6 +65,7 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -305,10 +306,16 @@ struct cuda_exec_state {
   int device = 0;
   cudaEvent_t done = nullptr;
   const cuda_allocator* alloc = cuda_default_allocator();
-  //! Small grow-only device scratch for kernels without a workspace argument (clip_scale,
-  //! PowerSGD's cuBLAS approximation tiles), stream-ordered on `stream`.
-  void* scratch = nullptr;
-  std::size_t scratch_bytes = 0;
+  //! Grow-only device scratch of the rows without a workspace argument (clip_scale,
+  //! PowerSGD's cuBLAS approximation tiles, OkTopK's control words), one slot per row,
+  //! named by the row, each stream-ordered on `stream`: rows never share bytes.
+  struct scratch_slot {
+    std::string_view row;
+    void* p = nullptr;
+    std::size_t bytes = 0;
+  };
+  std::vector<scratch_slot> scratch;
+  std::size_t scratch_allocations = 0;  // slot growths since construction
   //! A library handle bound to this stream, made once by the first row that needs it
   //! (kernels/cuda/blas.cuh: the cuBLAS handle of power_products::blas), destroyed with
   //! the state, before the stream. Type-erased so that this file needs no cuBLAS header.
@@ -323,7 +330,8 @@ struct cuda_exec_state {
   ~cuda_exec_state() {
     cuda_device_guard g(device, std::nothrow);
     if (blas && blas_destroy) blas_destroy(blas);
-    if (scratch) alloc->deallocate(scratch, scratch_bytes, stream);
+    for (const scratch_slot& x : scratch)
+      if (x.p) alloc->deallocate(x.p, x.bytes, stream);
     last_event.reset();
     if (done) (void)cudaEventDestroy(done);
     // Work still queued (the free above included) completes; the stream's resources go then.
@@ -371,19 +379,36 @@ struct cuda_exec {
   const cuda_allocator* allocator() const { return s ? s->alloc : cuda_default_allocator(); }
   //! The device the stream belongs to.
   int device() const { return state().device; }
-  //! The executor's scratch, grown to at least `bytes`: growth is stream-ordered (the old
-  //! scratch is freed on the stream after the work queued so far, the new one allocated
-  //! there), so a pointer returned earlier stays valid for work already queued.
-  void* scratch(std::size_t bytes) const {
+  //! The scratch slot of `row` (a name that outlives the executor, such as a string
+  //! literal; slots are told apart by its text), grown to at least `bytes`: a row asks its
+  //! size first (CUB's nullptr query, or its own formula), then takes its slot, and no two
+  //! rows share bytes. Growth is stream-ordered (the old slot is freed on the stream after
+  //! the work queued so far, the new one allocated there), so a pointer returned earlier
+  //! stays valid for work already queued.
+  void* scratch(std::string_view row, std::size_t bytes) const {
     auto& st = state();
-    if (bytes > st.scratch_bytes) {
+    auto it = std::find_if(st.scratch.begin(), st.scratch.end(),
+                           [&](const cuda_exec_state::scratch_slot& x) { return x.row == row; });
+    if (it == st.scratch.end()) it = st.scratch.insert(st.scratch.end(), {row, nullptr, 0});
+    if (bytes > it->bytes) {
       cuda_device_guard g(st.device);
       void* q = st.alloc->allocate(bytes, st.stream);
-      st.alloc->deallocate(st.scratch, st.scratch_bytes, st.stream);
-      st.scratch = q;
-      st.scratch_bytes = bytes;
+      if (it->p) st.alloc->deallocate(it->p, it->bytes, st.stream);
+      it->p = q;
+      it->bytes = bytes;
+      ++st.scratch_allocations;
     }
-    return st.scratch;
+    return it->p;
+  }
+  //! How many times a slot has grown (allocated) since the executor was made: a step that
+  //! allocates nothing leaves it unchanged.
+  std::size_t scratch_allocations() const noexcept { return s ? s->scratch_allocations : 0; }
+  //! The bytes the slots hold now (all rows).
+  std::size_t scratch_bytes() const noexcept {
+    std::size_t b = 0;
+    if (s)
+      for (const auto& x : s->scratch) b += x.bytes;
+    return b;
   }
   //! Installs a communicator's hooks (replacing the ones of the same owner).
   void add_hook(cuda_exec_hook h) const { state().add_hook(std::move(h)); }

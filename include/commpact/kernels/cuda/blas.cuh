@@ -170,7 +170,7 @@ inline void approx_residual(const cuda_space::exec& e, float* g, float* M, std::
                             std::size_t words) {
   if (n == 0 || m == 0) return;
   const std::size_t rows = approx_tile_rows(n, m);
-  float* W = static_cast<float*>(e.scratch(approx_scratch_bytes(n, m)));
+  float* W = static_cast<float*>(e.scratch("lowrank_approx_residual", approx_scratch_bytes(n, m)));
   const cublasHandle_t h = handle(e);
   const float one = 1.0f, zero = 0.0f;
   const int mi = dim(m, "lowrank_approx_residual"), ni = dim(n, "lowrank_approx_residual"),
@@ -194,7 +194,7 @@ inline void approx_residual(const cuda_space::exec& e, float* g, float* M, std::
 //! Makes the handle and grows the scratch for an n x m matrix (off the hot path).
 inline void prepare(const cuda_space::exec& e, std::size_t n, std::size_t m) {
   (void)handle(e);
-  if (const std::size_t b = approx_scratch_bytes(n, m)) (void)e.scratch(b);
+  if (const std::size_t b = approx_scratch_bytes(n, m)) (void)e.scratch("lowrank_approx_residual", b);
 }
 
 }  // namespace commpact::cuda_kernels::blas

@@ -173,7 +173,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
   static void mean_into(const exec& e, span<const float> src, span<float> dst, int P, span<std::uint32_t> status) {
     require(src.size() == dst.size(), "commpact::ops::mean_into: ", src.size(), " values into ", dst.size(),
             "; pass spans of equal length.");
-    auto* flag = reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(e.scratch(scratch_bytes)) + flag_offset);
+    auto* flag = static_cast<std::uint32_t*>(e.scratch("mean_into", sizeof(std::uint32_t)));
     ck(cuda_kernels::mean_into(cuda_access::ptr(src), cuda_access::ptr(dst), src.size(), P,
                                status.empty() ? nullptr : cuda_access::ptr(status), flag, e.stream()),
        "mean_into");
@@ -210,9 +210,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
        "sgd_step");
   }
   static void clip_scale(const exec& e, span<const float> g, float clip_norm, int P, span<float> scale) {
-    auto* part = reinterpret_cast<double*>(static_cast<unsigned char*>(
-                                               e.scratch(clip_offset + cuda_kernels::clip_scratch_bytes(g.size()))) +
-                                           clip_offset);
+    auto* part = static_cast<double*>(e.scratch("clip_scale", cuda_kernels::clip_scratch_bytes(g.size())));
     ck(cuda_kernels::clip_scale(cuda_access::ptr(g), g.size(), clip_norm, P, cuda_access::ptr(scale), part, e.stream()),
        "clip_scale");
   }
@@ -359,8 +357,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
   }
   static void tree_begin(const exec& e, span<sparse_tree_meta> m, span<const std::byte> block, int self,
                          const tree_views& b) {  // TreeMerge (kernels/cuda/tree_begin.cuh)
-    auto* ctl = reinterpret_cast<cuda_kernels::absorb_ctl*>(static_cast<unsigned char*>(e.scratch(ctl_end)) +
-                                                            ctl_offset);
+    auto* ctl = static_cast<cuda_kernels::absorb_ctl*>(e.scratch("tree_begin", sizeof(cuda_kernels::absorb_ctl)));
     ck(cuda_kernels::tree_begin(cuda_access::ptr(m), cuda_access::ptr(block), block.size(), self, ptrs(b),
                                 static_cast<std::uint32_t>(b.mine_idx.size()), ctl, e.stream()),
        "tree_begin");
@@ -372,12 +369,6 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
   }
 
  private:
-  //! The executor's scratch: mean_into's flag, tree_begin's absorb_ctl, then clip_scale's
-  //! partial sums (their number grows with n).
-  static constexpr std::size_t flag_offset = 0;
-  static constexpr std::size_t scratch_bytes = flag_offset + 256;
-  static constexpr std::size_t ctl_offset = scratch_bytes, ctl_end = ctl_offset + sizeof(cuda_kernels::absorb_ctl);
-  static constexpr std::size_t clip_offset = (ctl_end + 255) / 256 * 256;
   static void ck(cudaError_t err, const char* what) { cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>"); }
   static std::uint32_t& status_of(sparse_tree_meta* m) { return m->status; }  // an address, never dereferenced here
   static cuda_kernels::tree_ptrs ptrs(const tree_views& b) {

@@ -320,16 +320,13 @@ struct cast_vote {
   static void ck(cudaError_t err, const char* what) {
     cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space>");
   }
-  //! The executor's scratch above ops.cuh's own (clip_scale, mean_into: 2304 bytes):
-  //! [4096, 4100) cast_decode_mean's flag; from 4352 the random-k indices. Each row uses
-  //! it only while its own work runs (the stream orders the rows).
-  static constexpr std::size_t flag_at = 4096, indices_at = 4352;
+  //! cast_decode_mean's flag word and the random-k indices: each in its own scratch slot
+  //! of the executor, used only while its own row's work runs (the stream orders the rows).
   static std::uint32_t* flag_word(const exec& e) {
-    return reinterpret_cast<std::uint32_t*>(static_cast<unsigned char*>(e.scratch(indices_at)) + flag_at);
+    return static_cast<std::uint32_t*>(e.scratch("cast_decode_mean", sizeof(std::uint32_t)));
   }
   static const std::int32_t* upload_indices(const exec& e, std::span<const std::int32_t> ix) {
-    auto* d = reinterpret_cast<std::int32_t*>(static_cast<unsigned char*>(e.scratch(indices_at + ix.size_bytes())) +
-                                              indices_at);
+    auto* d = static_cast<std::int32_t*>(e.scratch("randomk_indices", ix.size_bytes()));
     // From pageable memory the copy is staged before cudaMemcpyAsync returns: the codec
     // may draw again at once.
     if (!ix.empty())

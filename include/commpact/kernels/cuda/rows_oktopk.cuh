@@ -134,7 +134,7 @@ struct oktopk {
   static void oktopk_begin(const exec& e, span<const std::byte> block, std::int64_t n, std::int64_t k,
                            span<std::int32_t> idx, span<float> val, span<std::uint32_t> status) {
     require(!status.empty(), "commpact::ops::oktopk_begin: no status word; pass a span of at least one.");
-    auto* ctl = static_cast<cuda_kernels::absorb_ctl*>(e.scratch(sizeof(cuda_kernels::absorb_ctl)));
+    auto* ctl = static_cast<cuda_kernels::absorb_ctl*>(e.scratch("oktopk_begin", sizeof(cuda_kernels::absorb_ctl)));
     ck(cuda_kernels::oktopk::begin(cuda_access::ptr(block), block.size(), n, k, cuda_access::ptr(idx), idx.size(),
                                    cuda_access::ptr(val), val.size(), cuda_access::ptr(status), ctl, e.stream()),
        "oktopk_begin");
@@ -152,7 +152,7 @@ struct oktopk {
             " values; pass P + 1 >= 2 bounds, a status word, 40 P header bytes and a value per index.");
     const auto P = static_cast<std::uint32_t>(bounds.size() - 1);
     const cudaStream_t s = e.stream();
-    auto* ends = static_cast<std::uint64_t*>(e.scratch(8 * (std::size_t(P) + 2)));
+    auto* ends = static_cast<std::uint64_t*>(e.scratch("oktopk_frames", 8 * (std::size_t(P) + 2)));
     auto* fl = reinterpret_cast<std::uint32_t*>(ends + P + 1);
     const std::size_t m = flags ? 0 : idx.size();
     ok::frames_head<<<1, ok::block, 0, s>>>(m ? cuda_access::ptr(idx) : nullptr, m, cuda_access::ptr(bounds), P,
@@ -180,7 +180,7 @@ struct oktopk {
             "; pass 40 P header bytes each, 0 <= me < P, lo <= hi, hi - lo sums and flags and two status words.");
     const auto len = static_cast<std::size_t>(hi - lo);
     const cudaStream_t s = e.stream();
-    auto* bad = static_cast<std::uint32_t*>(e.scratch(sizeof(std::uint32_t)));
+    auto* bad = static_cast<std::uint32_t*>(e.scratch("oktopk_region_sum", sizeof(std::uint32_t)));
     const ok::frame_slots fs{cuda_access::ptr(hdr_out), cuda_access::ptr(pay_out), cuda_access::ptr(hdr_in),
                              cuda_access::ptr(pay_in), pay_out.size(), pay_in.size(), pay_out.size() / P,
                              static_cast<std::uint32_t>(me), lo, hi};
@@ -214,7 +214,7 @@ struct oktopk {
                                                  static_cast<float*>(nullptr), m, 0, 32, s),
        "oktopk_mags (sort size)");
     sort = sort > sort_m ? sort : sort_m;
-    auto* mem = static_cast<unsigned char*>(e.scratch(sel + align256(4 * cap) + sort));
+    auto* mem = static_cast<unsigned char*>(e.scratch("oktopk_mags", sel + align256(4 * cap) + sort));
     auto* tmp = reinterpret_cast<float*>(mem + sel);
     float* out = cuda_access::ptr(mags);
     if (m > 0) {
@@ -243,7 +243,7 @@ struct oktopk {
     ck(cub::DeviceRadixSort::SortKeysDescending(nullptr, sort, static_cast<const float*>(nullptr),
                                                  static_cast<float*>(nullptr), A, 0, 32, s),
        "oktopk_theta (sort size)");
-    auto* mem = static_cast<unsigned char*>(e.scratch(align256(4 * A) + sort));
+    auto* mem = static_cast<unsigned char*>(e.scratch("oktopk_theta", align256(4 * A) + sort));
     auto* sorted = reinterpret_cast<float*>(mem);
     const float* in = cuda_access::ptr(all);
     ck(cub::DeviceRadixSort::SortKeysDescending(mem + align256(4 * A), sort, in, sorted, A, 0, 32, s),
@@ -267,7 +267,7 @@ struct oktopk {
     const cudaStream_t s = e.stream();
     std::size_t sel = 0;
     ck(ok::select_bytes_within(len, ws.size(), sel), "oktopk_select (size)");
-    auto* mem = static_cast<unsigned char*>(e.scratch(sel + 256));
+    auto* mem = static_cast<unsigned char*>(e.scratch("oktopk_select", sel + 256));
     auto* passing = reinterpret_cast<unsigned long long*>(mem + sel);
     const ok::pass_keys keys{cuda_access::ptr(reg), cuda_access::ptr(touched), cuda_access::ptr(theta)};
     std::byte* blk = cuda_access::ptr(block);
@@ -295,7 +295,7 @@ struct oktopk {
     const auto up = static_cast<std::uint32_t>(P);
     const std::size_t stride = blocks.size() / P, per_slot = (stride - 8) / 8 + 1;
     const ok::block_slots bs{cuda_access::ptr(blocks), blocks.size(), stride, cuda_access::ptr(bounds)};
-    auto* bad = static_cast<std::uint32_t*>(e.scratch(sizeof(std::uint32_t)));
+    auto* bad = static_cast<std::uint32_t*>(e.scratch("oktopk_output", sizeof(std::uint32_t)));
     ck(ok::check(bs, up, static_cast<std::uint32_t>(me), per_slot, bad, cuda_access::ptr(status), s),
        "oktopk_output (check)");
     ok::output_zero<<<ok::grid(grad.size(), 4096), ok::block, 0, s>>>(cuda_access::ptr(grad), grad.size(), bad);
@@ -316,7 +316,7 @@ struct oktopk {
     const cudaStream_t s = e.stream();
     const auto up = static_cast<std::uint32_t>(P);
     const ok::block_slots bs{cuda_access::ptr(blocks), blocks.size(), blocks.size() / P, cuda_access::ptr(bounds)};
-    auto* pre = static_cast<std::uint64_t*>(e.scratch(8 * (P + 1)));
+    auto* pre = static_cast<std::uint64_t*>(e.scratch("oktopk_clear_selected", 8 * (P + 1)));
     const std::uint32_t* st = cuda_access::ptr(status);
     ok::clear_head<<<1, ok::block, 0, s>>>(bs, up, st, pre, cuda_access::ptr(next));
     if (!idx.empty())

@@ -76,7 +76,7 @@ struct power {
   //! (PowerCompressor::set_layout) so that no step makes them.
   static void lowrank_prepare(const exec& e, std::size_t n, std::size_t m, std::size_t r, power_products products) {
     if (products == power_products::blas) return cuda_kernels::blas::prepare(e, n, m);
-    if (const std::size_t sf = power_kd::back_scratch_floats(n, m, r < 8 ? r : 8)) (void)e.scratch(sf * sizeof(float));
+    if (const std::size_t sf = power_kd::back_scratch_floats(n, m, r < 8 ? r : 8)) (void)e.scratch("lowrank_back_project", sf * sizeof(float));
   }
   static void lowrank_project(const exec& e, span<const float> g, span<const float> res, span<float> M, std::size_t n,
                               std::size_t m, span<const float> Q, std::size_t r, span<float> P,
@@ -130,7 +130,7 @@ struct power {
     // The tree's sums below the top level (n > back_chunk): the executor's scratch, free
     // between rows on its stream and grown by lowrank_prepare.
     const std::size_t sf = power_kd::back_scratch_floats(n, m, r < 8 ? r : 8);
-    float* scratch = sf ? static_cast<float*>(e.scratch(sf * sizeof(float))) : nullptr;
+    float* scratch = sf ? static_cast<float*>(e.scratch("lowrank_back_project", sf * sizeof(float))) : nullptr;
     for (std::size_t c0 = 0; c0 < r; c0 += 8) {
       const std::size_t w = r - c0 < 8 ? r - c0 : 8;
       const float* p = ptr(P) + c0 * n;
