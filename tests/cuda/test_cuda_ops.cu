@@ -20,6 +20,7 @@
 #include <cstring>
 #include <limits>
 #include <random>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -285,6 +286,89 @@ void check_scatter(std::mt19937_64& rng) {
   EXPECT(count_diff_bytes(download(dvel), vel) == 0, "zero_delivered (velocity) differs from the host");
 }
 
+// ---- the sparse merge (cub::DeviceMerge + ReduceByKey + select) against the host's ----
+//! A strictly increasing set of m indices below n with values; `share` of them drawn from
+//! `from` (the partner's set), so that equal indices meet; some values are the negation
+//! of the partner's (they sum to zero) and some repeat a magnitude (ties).
+void random_set(std::size_t m, std::int32_t n, const std::vector<std::int32_t>& from, const std::vector<float>& fromv,
+                double share, std::vector<std::int32_t>& idx, std::vector<float>& val, std::mt19937_64& rng) {
+  std::set<std::int32_t> s;
+  std::bernoulli_distribution take(share);
+  for (std::size_t j = 0; j < from.size() && s.size() < m; ++j)
+    if (take(rng)) s.insert(from[j]);
+  std::uniform_int_distribution<std::int32_t> u(0, n - 1);
+  while (s.size() < m) s.insert(u(rng));
+  idx.assign(s.begin(), s.end());
+  std::normal_distribution<float> d;
+  std::uniform_int_distribution<int> kind(0, 9);
+  val.resize(m);
+  for (std::size_t j = 0; j < m; ++j) {
+    const auto it = std::lower_bound(from.begin(), from.end(), idx[j]);
+    const int c = kind(rng);
+    if (it != from.end() && *it == idx[j] && c == 0) val[j] = -fromv[it - from.begin()];  // sums to zero
+    else if (c == 1) val[j] = 0.5f;                                                        // a tie
+    else val[j] = d(rng);
+  }
+}
+
+void check_merge(std::mt19937_64& rng) {
+  namespace ck = cp::cuda_kernels;
+  D::merge_workspace dmws;
+  cp::host::merge_workspace hmws;
+  struct shape {
+    std::uint32_t cap, na, nb, k;
+    bool gate;
+  };
+  const shape shapes[] = {{1, 1, 1, 1, true},       {1, 0, 1, 1, true},         {1, 0, 0, 1, true},
+                          {37, 37, 37, 37, true},   {37, 20, 37, 37, true},     {37, 3, 5, 37, true},
+                          {37, 37, 37, 10, true},   {1000, 1000, 1000, 1000, true}, {1000, 999, 400, 1000, true},
+                          {1000, 1000, 1000, 1, true}, {1000, 1000, 1000, 1000, false}, {4096, 4000, 4096, 4096, true}};
+  for (const shape& sh : shapes)
+    for (const double share : {0.0, 0.5, 1.0}) {
+      std::vector<std::int32_t> ia, ib;
+      std::vector<float> va, vb;
+      const std::int32_t n = static_cast<std::int32_t>(4 * sh.cap + 10);
+      random_set(sh.na, n, {}, {}, 0.0, ia, va, rng);
+      random_set(sh.nb, n, ia, va, share, ib, vb, rng);
+      // Host: the live sets (none when the gate is shut).
+      std::vector<std::int32_t> hio(sh.k);
+      std::vector<float> hvo(sh.k);
+      const std::size_t hm =
+          sh.gate ? cp::host::sparse_merge_topk(ia, va, ib, vb, sh.k, hio, hvo, hmws) : std::size_t{0};
+      hio.resize(hm), hvo.resize(hm);
+      // Device: the sets fill buffers of the capacity, the rest garbage the merge must ignore.
+      std::vector<std::int32_t> pa(sh.cap, -7), pb(sh.cap, 3);
+      std::vector<float> pva(sh.cap, 1e30f), pvb(sh.cap, -1e30f);
+      std::copy(ia.begin(), ia.end(), pa.begin()), std::copy(va.begin(), va.end(), pva.begin());
+      std::copy(ib.begin(), ib.end(), pb.begin()), std::copy(vb.begin(), vb.end(), pvb.begin());
+      cp::cuda_buffer<std::int32_t> dia, dib, dio;
+      cp::cuda_buffer<float> dva, dvb, dvo;
+      cp::cuda_buffer<std::uint32_t> dn;
+      upload(dia, pa), upload(dib, pb), upload(dva, pva), upload(dvb, pvb);
+      upload(dn, std::vector<std::uint32_t>{sh.na, sh.nb, sh.gate ? 1u : 0u});
+      dio.resize(sh.k), dvo.resize(sh.k);
+      ck::merge_scratch& ms = dmws.get(sh.cap, E);
+      std::uint32_t* out = nullptr;
+      const std::uint32_t* np = cp::cuda_access::ptr(dn.view());
+      const cudaError_t err = ck::sparse_merge_topk(
+          ms, cp::cuda_access::ptr(dia.view()), cp::cuda_access::ptr(dva.view()), np,
+          cp::cuda_access::ptr(dib.view()), cp::cuda_access::ptr(dvb.view()), np + 1, sh.k,
+          cp::cuda_access::ptr(dio.view()), cp::cuda_access::ptr(dvo.view()), out, E.stream(), np + 2);
+      EXPECT(err == cudaSuccess, "sparse_merge_topk: %s", cudaGetErrorString(err));
+      std::uint32_t dm = 0;
+      EXPECT(cudaMemcpyAsync(&dm, out, 4, cudaMemcpyDeviceToHost, E.stream()) == cudaSuccess, "count copy");
+      cp::cuda_space::fence(E, cp::no_deadline());
+      EXPECT(dm == hm, "merge cap %u (%u + %u, k %u, share %.1f, gate %d): %u entries, the host %zu", sh.cap, sh.na,
+             sh.nb, sh.k, share, int(sh.gate), dm, hm);
+      if (dm == hm) {
+        EXPECT(count_diff_bytes(download(dio, hm), hio) == 0, "merge cap %u k %u share %.1f: the indices differ",
+               sh.cap, sh.k, share);
+        EXPECT(count_diff_bytes(download(dvo, hm), hvo) == 0, "merge cap %u k %u share %.1f: the values differ",
+               sh.cap, sh.k, share);
+      }
+    }
+}
+
 // ---- gTop-k's tree kernels over P simulated ranks -------------------------------------
 struct rank_state {
   // host
@@ -469,6 +553,7 @@ int main() {
     check_table_ef(rng);
     check_topk(rng);
     check_scatter(rng);
+    check_merge(rng);
     for (int P : {1, 2, 3, 4, 5, 8})
       for (std::size_t k : {std::size_t{1}, std::size_t{37}, std::size_t{1000}}) {
         check_tree(P, 20011, k, false, true, -1, -1, rng);
