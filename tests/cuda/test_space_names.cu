@@ -14,8 +14,19 @@
 #include "commpact/kernels/deferred/ops.hpp"
 #include "commpact/kernels/mean.hpp"
 #include "commpact/space/cuda.hpp"
+// The CUDA umbrella compiles next to the headers above; it brings NcclComm's header where
+// nccl.h is found, which this test uses only in sizeof (nothing of NCCL is linked).
+#include "commpact/cuda.cuh"
 
 #include "cuda_test_common.cuh"
+
+// What the umbrella promises a .cu file: the device rows, CudaStagedComm, NcclComm.
+static_assert(commpact::diagnose_space<commpact::cuda_space>());
+static_assert(sizeof(commpact::ops<commpact::cuda_space>) > 0);
+static_assert(sizeof(commpact::CudaStagedComm<commpact::ThreadComm>) > 0);
+#if __has_include(<nccl.h>)
+static_assert(sizeof(commpact::NcclComm) > 0);
+#endif
 
 namespace commpact {
 namespace test_names {
