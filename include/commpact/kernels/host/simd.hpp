@@ -17,12 +17,18 @@
 //! multiply-add (GCC contracts across statements by default in GNU mode when FMA is
 //! enabled; clang within an expression). So every kernel rounds each product and each
 //! sum separately, the same on every rank whatever its -march.
+//!
+//! The hot passes are also compiled for wider vectors and chosen at run time (isa.hpp):
+//! their bodies are templates on the vector width W in bytes (vf_w<W>, vu_w<W>), marked
+//! always_inline so that they compile into the AVX2 or AVX-512 entry point that calls
+//! them. Every helper that takes or returns a vector is always_inline for that reason.
 
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 
 #include "../../error.hpp"
+#include "isa.hpp"
 
 #if defined(__SSE2__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
@@ -58,10 +64,32 @@ inline constexpr std::size_t vector_bytes = 4;
 //! Floats per vector.
 inline constexpr std::size_t lanes = vector_bytes / sizeof(float);
 
+#if COMMPACT_HOST_SIMD
+// 32- and 64-byte vectors in functions compiled without AVX pass in memory; the kernels
+// never pass them across a call that is not inlined (the -Wpsabi note does not apply).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+//! Vectors of W bytes (W = 16, 32 or 64): the dispatched kernels' types.
+template <std::size_t W>
+struct vec_of {
+  typedef float f __attribute__((vector_size(W)));
+  typedef std::uint32_t u __attribute__((vector_size(W)));
+};
+template <std::size_t W>
+using vf_w = typename vec_of<W>::f;
+template <std::size_t W>
+using vu_w = typename vec_of<W>::u;
+#endif
+
 //! Hides v from the optimiser (no code): blocks floating-point contraction through it.
 template <class T>
-inline void opaque(T& v) noexcept {
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
+COMMPACT_ALWAYS_INLINE inline void opaque(T& v) noexcept {
+#if defined(__clang__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
+  // clang checks the register's size against the function's own target, so a vector
+  // wider than the user's flags allow passes unhidden: the dispatched bodies that use
+  // it also turn contraction off (#pragma clang fp contract(off)).
+  if constexpr (sizeof(T) <= vector_bytes) asm("" : "+x"(v));
+#elif defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && defined(__SSE2__)
   asm("" : "+x"(v));
 #elif defined(__GNUC__) && defined(__aarch64__)
   asm("" : "+w"(v));
@@ -74,13 +102,13 @@ inline void opaque(T& v) noexcept {
 
 //! Unaligned load / store of a vector (one movups / vmovups).
 template <class V, class T>
-inline V load(const T* p) noexcept {
+COMMPACT_ALWAYS_INLINE inline V load(const T* p) noexcept {
   V v;
   std::memcpy(&v, p, sizeof(V));
   return v;
 }
 template <class V, class T>
-inline void store(T* p, const V& v) noexcept {
+COMMPACT_ALWAYS_INLINE inline void store(T* p, const V& v) noexcept {
   std::memcpy(p, &v, sizeof(V));
 }
 
@@ -95,6 +123,28 @@ inline void stream_store(float* p, const vf& v) noexcept {
 #endif
 }
 inline void stream_fence() noexcept { _mm_sfence(); }
+//! Non-temporal store of a W-byte vector to a 16-byte-aligned address, 16 bytes at a time
+//! (SSE2 stores, so that the generic body compiles at every width).
+template <std::size_t W>
+COMMPACT_ALWAYS_INLINE inline void stream_store_w(float* p, const vf_w<W>& v) noexcept {
+  COMMPACT_UNROLL
+  for (std::size_t k = 0; k < W / 16; ++k) {
+    __m128 q;
+    std::memcpy(&q, reinterpret_cast<const char*>(&v) + 16 * k, 16);
+    _mm_stream_ps(p + 4 * k, q);
+  }
+}
+#endif
+#if COMMPACT_HOST_SIMD
+//! OR of the lanes of a W-byte vector of words.
+template <std::size_t W>
+COMMPACT_ALWAYS_INLINE inline std::uint32_t or_lanes(const vu_w<W>& v) noexcept {
+  std::uint32_t r = 0;
+  COMMPACT_UNROLL
+  for (std::size_t l = 0; l < W / 4; ++l) r |= v[l];
+  return r;
+}
+#pragma GCC diagnostic pop
 #endif
 
 //! A float is non-finite (Inf or NaN) iff its exponent bits are all ones, i.e. iff

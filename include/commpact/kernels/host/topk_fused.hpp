@@ -67,7 +67,9 @@ struct fused_sink {
 //! The scalar ef body: (HasR ? r[i] : 0.0f) + (Scaled ? g[i] * s : g[i]), as ef_body.
 template <bool HasR, bool Scaled>
 inline float fused_ef_at(const float* r, const float* g, float s, std::size_t i) noexcept {
-  return ef_body<Scaled ? 1 : 0, float>(HasR ? r[i] : 0.0f, g[i], nullptr, nullptr, s, 0.0f);
+  float a;
+  ef_body<Scaled ? 1 : 0, float>(a, HasR ? r[i] : 0.0f, g[i], nullptr, nullptr, s, 0.0f);
+  return a;
 }
 
 #if COMMPACT_HOST_SIMD && defined(__SSE2__)
@@ -110,7 +112,7 @@ inline std::size_t fused_ef_collect(float* acc, const float* r, const float* g, 
       for (std::size_t q = 0; q < G; ++q) {
         vf rv{};
         if constexpr (HasR) rv = simd::load<vf>(r + j + q * L);
-        a[q] = ef_body<K, vf>(rv, simd::load<vf>(g + j + q * L), nullptr, nullptr, s, 0.0f);
+        ef_body<K, vf>(a[q], rv, simd::load<vf>(g + j + q * L), nullptr, nullptr, s, 0.0f);
 #if COMMPACT_HOST_STREAM
         if constexpr (Stream)
           simd::stream_store(acc + j + q * L, a[q]);

@@ -46,21 +46,24 @@ inline std::size_t scan_nonfinite(const float* p, std::size_t n) noexcept {
   return n;
 }
 
-//! Non-zero iff p[0, vec_block) holds a non-finite value.
-inline std::uint32_t block_has_nonfinite(const float* p) noexcept {
 #if COMMPACT_HOST_SIMD
-  using simd::vu;
-  constexpr std::size_t L = simd::lanes;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+//! Non-zero iff p[0, vec_block) holds a non-finite value (vectors of W bytes).
+template <std::size_t W = simd::vector_bytes>
+COMMPACT_ALWAYS_INLINE inline std::uint32_t block_has_nonfinite(const float* p) noexcept {
+#if COMMPACT_HOST_SIMD
+  using vu = simd::vu_w<W>;
+  constexpr std::size_t L = W / sizeof(float);
   const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
   vu a0{}, a1{};
   for (std::size_t j = 0; j < vec_block; j += 2 * L) {
     a0 |= (simd::load<vu>(p + j) & mag) + carry;
     a1 |= (simd::load<vu>(p + j + L) & mag) + carry;
   }
-  a0 |= a1;
-  std::uint32_t r = 0;
-  for (std::size_t l = 0; l < L; ++l) r |= a0[l];
-  return r >> 31;
+  return simd::or_lanes<W>(a0 | a1) >> 31;
 #else
   std::uint32_t r = 0;
   for (std::size_t j = 0; j < vec_block; ++j) r |= simd::nonfinite_bit(p[j]);
@@ -69,12 +72,38 @@ inline std::uint32_t block_has_nonfinite(const float* p) noexcept {
 }
 
 //! p[j] = p[j] * s for j in [0, vec_block).
-inline void scale_block(float* p, float s) noexcept {
+template <std::size_t W = simd::vector_bytes>
+COMMPACT_ALWAYS_INLINE inline void scale_block(float* p, float s) noexcept {
 #if COMMPACT_HOST_SIMD
-  for (std::size_t j = 0; j < vec_block; j += simd::lanes) simd::store(p + j, simd::load<simd::vf>(p + j) * s);
+  using vf = simd::vf_w<W>;
+  for (std::size_t j = 0; j < vec_block; j += W / sizeof(float)) simd::store(p + j, simd::load<vf>(p + j) * s);
 #else
   for (std::size_t j = 0; j < vec_block; ++j) p[j] = p[j] * s;
 #endif
+}
+
+//! Runs K::run<W>(a...) at the widest vector width of isa::active(): the AVX2 and
+//! AVX-512 entry points compile K's always_inline body for their instruction set.
+#if COMMPACT_ISA_DISPATCH
+template <class K, class... A>
+COMMPACT_TARGET_AVX2 inline auto run_avx2(A... a) noexcept {
+  return K::template run<32>(a...);
+}
+template <class K, class... A>
+COMMPACT_TARGET_AVX512 inline auto run_avx512(A... a) noexcept {
+  return K::template run<64>(a...);
+}
+#endif
+template <class K, class... A>
+inline auto dispatch(A... a) noexcept {
+#if COMMPACT_ISA_DISPATCH
+  switch (isa::active()) {
+    case isa::level::avx512: return run_avx512<K>(a...);
+    case isa::level::avx2: return run_avx2<K>(a...);
+    default: break;
+  }
+#endif
+  return K::template run<simd::vector_bytes>(a...);
 }
 
 inline void check_same_length(const char* fn, const char* an, std::size_t a, const char* bn, std::size_t b) {
@@ -84,8 +113,14 @@ inline void check_same_length(const char* fn, const char* an, std::size_t a, con
 
 //! The per-element body of the error-feedback accumulation. Kind: 0 acc = r + g,
 //! 1 acc = r + s g, 2 u' = m u + g, acc = r + u', 3 u' = m u + s g, acc = r + u'.
+//! Writes acc (vectors pass by reference: see simd.hpp).
 template <int Kind, class V>
-inline V ef_body(const V& r, V g, const V* u, V* un, float s, float m) noexcept {
+COMMPACT_ALWAYS_INLINE inline void ef_body(V& acc, const V& r, const V& g0, const V* u, V* un, float s,
+                                           float m) noexcept {
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#endif
+  V g = g0;
   if constexpr (Kind == 1 || Kind == 3) {
     g = g * s;
     simd::opaque(g);
@@ -96,7 +131,7 @@ inline V ef_body(const V& r, V g, const V* u, V* un, float s, float m) noexcept 
     g = mu + g;
     *un = g;
   }
-  return r + g;
+  acc = r + g;
 }
 
 //! Outputs at least this long, in a buffer of their own, are written with non-temporal
@@ -104,59 +139,69 @@ inline V ef_body(const V& r, V g, const V* u, V* un, float s, float m) noexcept 
 //! bench/bench_vector_ops.cpp).
 inline constexpr std::size_t stream_min = std::size_t{1} << 21;
 
-//! Runs the accumulation over n values; returns the first index with a non-finite acc.
-template <int Kind, bool Stream = false>
-inline std::size_t ef_run(float* acc, float* un, const float* u, const float* r, const float* g, float s, float m,
-                          std::size_t n) noexcept {
+//! The accumulation over n values with vectors of W bytes (Stream: acc written with
+//! non-temporal stores, acc 16-byte aligned); returns the first index with a non-finite acc.
+template <int Kind, std::size_t W, bool Stream>
+COMMPACT_ALWAYS_INLINE inline std::size_t ef_loop(float* acc, float* un, const float* u, const float* r,
+                                                  const float* g, float s, float m, std::size_t n) noexcept {
   std::size_t bad = n, i = 0;
-#if COMMPACT_HOST_STREAM
-  if constexpr (!Stream) {
-    // acc in a buffer of its own (not residual or g): skip the read-for-ownership.
-    if (n >= stream_min && acc != r && acc != g && reinterpret_cast<std::uintptr_t>(acc) % simd::vector_bytes == 0) {
-      const std::size_t body = n - n % vec_block;
-      const std::size_t first = ef_run<Kind, true>(acc, un, u, r, g, s, m, body);
-      simd::stream_fence();
-      const std::size_t off = Kind >= 2 ? body : 0;
-      const std::size_t tail = ef_run<Kind, false>(acc + body, un + off, u + off, r + body, g + body, s, m, n - body);
-      return first != body ? first : body + tail;
-    }
-  }
-#endif
 #if COMMPACT_HOST_SIMD
-  using simd::vf;
-  using simd::vu;
-  constexpr std::size_t L = simd::lanes;
+  using vf = simd::vf_w<W>;
+  using vu = simd::vu_w<W>;
+  constexpr std::size_t L = W / sizeof(float);
   const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
   for (; i + vec_block <= n; i += vec_block) {
     vu bits{};
     for (std::size_t j = i; j < i + vec_block; j += L) {
       vf uv{}, unv;
       if constexpr (Kind >= 2) uv = simd::load<vf>(u + j);
-      const vf a = ef_body<Kind>(simd::load<vf>(r + j), simd::load<vf>(g + j), &uv, &unv, s, m);
+      vf a;
+      ef_body<Kind>(a, simd::load<vf>(r + j), simd::load<vf>(g + j), &uv, &unv, s, m);
       if constexpr (Kind >= 2) simd::store(un + j, unv);
 #if COMMPACT_HOST_STREAM
       if constexpr (Stream)
-        simd::stream_store(acc + j, a);
+        simd::stream_store_w<W>(acc + j, a);
       else
 #endif
         simd::store(acc + j, a);
       bits |= ((vu)a & mag) + carry;
     }
-    std::uint32_t any = 0;
-    for (std::size_t l = 0; l < L; ++l) any |= bits[l];
-    if ((any >> 31) && bad == n) bad = i + scan_nonfinite(acc + i, vec_block);
+    if ((simd::or_lanes<W>(bits) >> 31) && bad == n) bad = i + scan_nonfinite(acc + i, vec_block);
   }
 #endif
   for (; i < n; ++i) {
     float uv = 0.0f, unv;
     if constexpr (Kind >= 2) uv = u[i];
-    const float a = ef_body<Kind>(r[i], g[i], &uv, &unv, s, m);
+    float a;
+    ef_body<Kind>(a, r[i], g[i], &uv, &unv, s, m);
     if constexpr (Kind >= 2) un[i] = unv;
     acc[i] = a;
     if (simd::nonfinite_bit(a) && bad == n) bad = i;
   }
   return bad;
 }
+
+//! ef_loop over n values: acc in a buffer of its own (not residual or g), at least
+//! stream_min long, skips the read-for-ownership (non-temporal stores over whole blocks).
+template <int Kind>
+struct ef_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static std::size_t run(float* acc, float* un, const float* u, const float* r, const float* g,
+                                                float s, float m, std::size_t n) noexcept {
+#if COMMPACT_HOST_STREAM
+    if (n >= stream_min && acc != r && acc != g && reinterpret_cast<std::uintptr_t>(acc) % 16 == 0) {
+      const std::size_t body = n - n % vec_block;
+      const std::size_t first = ef_loop<Kind, W, true>(acc, un, u, r, g, s, m, body);
+      simd::stream_fence();
+      const std::size_t off = Kind >= 2 ? body : 0;
+      const std::size_t tail =
+          ef_loop<Kind, W, false>(acc + body, un + off, u + off, r + body, g + body, s, m, n - body);
+      return first != body ? first : body + tail;
+    }
+#endif
+    return ef_loop<Kind, W, false>(acc, un, u, r, g, s, m, n);
+  }
+};
 
 template <int Kind>
 inline std::size_t ef_checked(const char* fn, std::span<float> acc, std::span<float> un, std::span<const float> u,
@@ -181,73 +226,86 @@ inline std::size_t ef_checked(const char* fn, std::span<float> acc, std::span<fl
             ": acc is the same buffer as u; acc may share storage with residual or g only.");
     simd::check_no_partial_overlap(fn, "acc", acc.data(), n, "u", u.data(), n);
   }
-  return ef_run<Kind>(acc.data(), un.data(), u.data(), r.data(), g.data(), s, m, n);
+  return dispatch<ef_kernel<Kind>>(acc.data(), un.data(), u.data(), r.data(), g.data(), s, m, n);
 }
 
+}  // namespace detail
+
+namespace detail {
+struct first_nonfinite_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static std::size_t run(const float* p, std::size_t n) noexcept {
+    std::size_t i = 0;
+    for (; i + vec_block <= n; i += vec_block)
+      if (block_has_nonfinite<W>(p + i)) return i + scan_nonfinite(p + i, vec_block);
+    return i + scan_nonfinite(p + i, n - i);
+  }
+};
+struct scale_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static int run(float* p, std::size_t n, float s) noexcept {
+    std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+    using vf = simd::vf_w<W>;
+    constexpr std::size_t L = W / sizeof(float);
+    for (; i + 2 * L <= n; i += 2 * L) {
+      simd::store(p + i, simd::load<vf>(p + i) * s);
+      simd::store(p + i + L, simd::load<vf>(p + i + L) * s);
+    }
+#endif
+    for (; i < n; ++i) p[i] = p[i] * s;
+    return 0;
+  }
+};
+struct scale_checked_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static std::size_t run(float* p, std::size_t n, float s) noexcept {
+    std::size_t bad = n, i = 0;
+    const bool shrinks = s <= 1.0f && s >= -1.0f;
+    for (; i + vec_block <= n; i += vec_block) {
+#if COMMPACT_HOST_SIMD
+      if (shrinks) {
+        using vf = simd::vf_w<W>;
+        using vu = simd::vu_w<W>;
+        const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+        vu bits{};
+        for (std::size_t j = i; j < i + vec_block; j += W / sizeof(float)) {
+          const vf v = simd::load<vf>(p + j) * s;
+          simd::store(p + j, v);
+          bits |= ((vu)v & mag) + carry;
+        }
+        if ((simd::or_lanes<W>(bits) >> 31) && bad == n) bad = i + scan_nonfinite(p + i, vec_block);
+        continue;
+      }
+#endif
+      if (bad == n && block_has_nonfinite<W>(p + i)) bad = i + scan_nonfinite(p + i, vec_block);
+      scale_block<W>(p + i, s);
+    }
+    if (bad == n) {
+      const std::size_t t = scan_nonfinite(p + i, n - i);
+      if (t != n - i) bad = i + t;
+    }
+    for (; i < n; ++i) p[i] = p[i] * s;
+    return bad;
+  }
+};
 }  // namespace detail
 
 //! Index of the first Inf or NaN in x, or x.size() when every value is finite. Never
 //! raises, also under -ffast-math (a test of bits, not std::isfinite).
 [[nodiscard]] inline std::size_t first_nonfinite(std::span<const float> x) noexcept {
-  const float* p = x.data();
-  const std::size_t n = x.size();
-  std::size_t i = 0;
-  for (; i + detail::vec_block <= n; i += detail::vec_block)
-    if (detail::block_has_nonfinite(p + i)) return i + detail::scan_nonfinite(p + i, detail::vec_block);
-  return i + detail::scan_nonfinite(p + i, n - i);
+  return detail::dispatch<detail::first_nonfinite_kernel>(x.data(), x.size());
 }
 
 //! x[i] = x[i] * s.
-inline void scale(std::span<float> x, float s) noexcept {
-  float* p = x.data();
-  const std::size_t n = x.size();
-  std::size_t i = 0;
-#if COMMPACT_HOST_SIMD
-  constexpr std::size_t L = simd::lanes;
-  for (; i + 2 * L <= n; i += 2 * L) {
-    simd::store(p + i, simd::load<simd::vf>(p + i) * s);
-    simd::store(p + i + L, simd::load<simd::vf>(p + i + L) * s);
-  }
-#endif
-  for (; i < n; ++i) p[i] = p[i] * s;
-}
+inline void scale(std::span<float> x, float s) noexcept { detail::dispatch<detail::scale_kernel>(x.data(), x.size(), s); }
 
 //! x[i] = x[i] * s for every i, in one pass; returns the index of the first non-finite
 //! value of x as it was before scaling, or x.size(). When |s| <= 1 (e.g. 1 / P), a
 //! finite value stays finite, so the bits of each product are tested as it is stored
 //! (one pass); otherwise each block of 1024 values is tested, then scaled, in L1.
 [[nodiscard]] inline std::size_t scale_checked(std::span<float> x, float s) noexcept {
-  float* p = x.data();
-  const std::size_t n = x.size();
-  std::size_t bad = n, i = 0;
-  const bool shrinks = s <= 1.0f && s >= -1.0f;
-  for (; i + detail::vec_block <= n; i += detail::vec_block) {
-#if COMMPACT_HOST_SIMD
-    if (shrinks) {
-      using simd::vf;
-      using simd::vu;
-      const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
-      vu bits{};
-      for (std::size_t j = i; j < i + detail::vec_block; j += simd::lanes) {
-        const vf v = simd::load<vf>(p + j) * s;
-        simd::store(p + j, v);
-        bits |= ((vu)v & mag) + carry;
-      }
-      std::uint32_t any = 0;
-      for (std::size_t l = 0; l < simd::lanes; ++l) any |= bits[l];
-      if ((any >> 31) && bad == n) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
-      continue;
-    }
-#endif
-    if (bad == n && detail::block_has_nonfinite(p + i)) bad = i + detail::scan_nonfinite(p + i, detail::vec_block);
-    detail::scale_block(p + i, s);
-  }
-  if (bad == n) {
-    const std::size_t t = detail::scan_nonfinite(p + i, n - i);
-    if (t != n - i) bad = i + t;
-  }
-  for (; i < n; ++i) p[i] = p[i] * s;
-  return bad;
+  return detail::dispatch<detail::scale_checked_kernel>(x.data(), x.size(), s);
 }
 
 namespace detail {
@@ -255,35 +313,37 @@ namespace detail {
 //! then exact, and x * 2^-k and x / 2^k are the same correctly rounded number, subnormal
 //! results included: the bits of the division at the speed of a product).
 template <bool Pow2>
-std::size_t mean_pass(const float* q, float* p, std::size_t n, float d, float inv, int P) {
-  std::size_t bad = n, i = 0;
+struct mean_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static std::size_t run(const float* q, float* p, std::size_t n, float d, float inv,
+                                                int P) noexcept {
+    std::size_t bad = n, i = 0;
 #if COMMPACT_HOST_SIMD
-  using simd::vf;
-  using simd::vu;
-  const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
-  for (; i + vec_block <= n; i += vec_block) {
-    vu bits{};
-    for (std::size_t j = i; j < i + vec_block; j += simd::lanes) {
-      vf v;
-      if constexpr (Pow2) v = simd::load<vf>(q + j) * inv;
-      else v = simd::load<vf>(q + j) / d;
-      simd::store(p + j, v);
-      bits |= ((vu)v & mag) + carry;
+    using vf = simd::vf_w<W>;
+    using vu = simd::vu_w<W>;
+    const vu mag = vu{} + simd::magnitude_mask, carry = vu{} + simd::exponent_carry;
+    for (; i + vec_block <= n; i += vec_block) {
+      vu bits{};
+      for (std::size_t j = i; j < i + vec_block; j += W / sizeof(float)) {
+        vf v;
+        if constexpr (Pow2) v = simd::load<vf>(q + j) * inv;
+        else v = simd::load<vf>(q + j) / d;
+        simd::store(p + j, v);
+        bits |= ((vu)v & mag) + carry;
+      }
+      if ((simd::or_lanes<W>(bits) >> 31) && bad == n) bad = i + scan_nonfinite(p + i, vec_block);
     }
-    std::uint32_t any = 0;
-    for (std::size_t l = 0; l < simd::lanes; ++l) any |= bits[l];
-    if ((any >> 31) && bad == n) bad = i + scan_nonfinite(p + i, vec_block);
-  }
 #else
-  (void)d;
+    (void)d;
 #endif
-  for (; i < n; ++i) {
-    if constexpr (Pow2) p[i] = q[i] * inv;
-    else p[i] = mean_of(q[i], P);
-    if (simd::nonfinite_bit(p[i]) && bad == n) bad = i;
+    for (; i < n; ++i) {
+      if constexpr (Pow2) p[i] = q[i] * inv;
+      else p[i] = mean_of(q[i], P);
+      if (simd::nonfinite_bit(p[i]) && bad == n) bad = i;
+    }
+    return bad;
   }
-  return bad;
-}
+};
 }  // namespace detail
 
 //! dst[i] = mean_of(src[i], P) (kernels/mean.hpp: src[i] / float(P)) for every i, in
@@ -296,9 +356,9 @@ std::size_t mean_pass(const float* q, float* p, std::size_t n, float d, float in
   const float d = static_cast<float>(P);
   if (P > 0 && (P & (P - 1)) == 0) {
     if (src.data() == dst.data()) return scale_checked(dst, 1.0f / d);  // in place: the scaling kernel
-    return detail::mean_pass<true>(src.data(), dst.data(), dst.size(), d, 1.0f / d, P);
+    return detail::dispatch<detail::mean_kernel<true>>(src.data(), dst.data(), dst.size(), d, 1.0f / d, P);
   }
-  return detail::mean_pass<false>(src.data(), dst.data(), dst.size(), d, 0.0f, P);
+  return detail::dispatch<detail::mean_kernel<false>>(src.data(), dst.data(), dst.size(), d, 0.0f, P);
 }
 //! x[i] = mean_of(x[i], P) in place (see above).
 [[nodiscard]] inline std::size_t mean_checked(std::span<float> x, int P) {
@@ -306,32 +366,38 @@ std::size_t mean_pass(const float* q, float* p, std::size_t n, float d, float in
 }
 
 namespace detail {
-//! y[i] = op(y[i], x[i]), vectorised; y and x have equal lengths and may be the same span.
-template <class Op>
-inline void update_with(const char* who, std::span<float> y, std::span<const float> x, Op op) {
+//! y[i] = y[i] + x[i] (Sub: y[i] - x[i]) over n values.
+template <bool Sub>
+struct update_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static int run(float* py, const float* px, std::size_t n) noexcept {
+    std::size_t i = 0;
+#if COMMPACT_HOST_SIMD
+    using vf = simd::vf_w<W>;
+    constexpr std::size_t L = W / sizeof(float);
+    for (; i + L <= n; i += L) {
+      const vf a = simd::load<vf>(py + i), b = simd::load<vf>(px + i);
+      if constexpr (Sub) simd::store(py + i, a - b);
+      else simd::store(py + i, a + b);
+    }
+#endif
+    for (; i < n; ++i) py[i] = Sub ? py[i] - px[i] : py[i] + px[i];
+    return 0;
+  }
+};
+template <bool Sub>
+inline void update_with(const char* who, std::span<float> y, std::span<const float> x) {
   check_same_length(who, "y", y.size(), "x", x.size());
   simd::check_no_partial_overlap(who, "y", y.data(), y.size(), "x", x.data(), x.size());
-  float* py = y.data();
-  const float* px = x.data();
-  const std::size_t n = y.size();
-  std::size_t i = 0;
-#if COMMPACT_HOST_SIMD
-  constexpr std::size_t L = simd::lanes;
-  for (; i + L <= n; i += L) simd::store(py + i, op(simd::load<simd::vf>(py + i), simd::load<simd::vf>(px + i)));
-#endif
-  for (; i < n; ++i) py[i] = op(py[i], px[i]);
+  dispatch<update_kernel<Sub>>(y.data(), x.data(), y.size());
 }
 }  // namespace detail
 
 //! y[i] = y[i] + x[i]. y and x have equal lengths; they may be the same span.
-inline void add(std::span<float> y, std::span<const float> x) {
-  detail::update_with("add", y, x, [](auto a, auto b) { return a + b; });
-}
+inline void add(std::span<float> y, std::span<const float> x) { detail::update_with<false>("add", y, x); }
 
 //! y[i] = y[i] - x[i]. y and x have equal lengths; they may be the same span.
-inline void sub(std::span<float> y, std::span<const float> x) {
-  detail::update_with("sub", y, x, [](auto a, auto b) { return a - b; });
-}
+inline void sub(std::span<float> y, std::span<const float> x) { detail::update_with<true>("sub", y, x); }
 
 //! Error-feedback accumulation: acc[i] = residual[i] + g[i]. Returns the index of the
 //! first non-finite acc, or acc.size(); acc is written in full either way. acc may be the
@@ -364,6 +430,10 @@ inline void sub(std::span<float> y, std::span<const float> x) {
                                                         std::span<const float> g, float m, float s) {
   return detail::ef_checked<3>("ef_accumulate_momentum", acc, u_next, u, residual, g, s, m);
 }
+
+#if COMMPACT_HOST_SIMD
+#pragma GCC diagnostic pop
+#endif
 
 }  // namespace commpact::host
 
