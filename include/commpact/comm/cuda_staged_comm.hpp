@@ -28,8 +28,8 @@
 //! The pinned staging buffer grows to the largest message and is then reused: no
 //! allocation after the first step. Bytes on the wire are C's, unchanged.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 (tests/cuda/test_cuda_staged_comm.cu, which
-//! exits 77 without a device).
+//! Tests: tests/cuda/test_cuda_staged_comm.cu (every compressor's device path over it, against
+//! the host; docs/kernels.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/comm/cuda_staged_comm.hpp needs nvcc: include it from a .cu file only."

@@ -4,11 +4,9 @@
 //! NcclComm: a communicator of the CUDA space (space/cuda.hpp) over an ncclComm_t. Only
 //! nvcc compiles it (with nccl.h; CMake's `nccl` component links libnccl).
 //!
-//! NOT YET RUN ON A GPU: it compiles with nvcc 13 against NCCL 2.28 and
-//! tests/cuda/test_gtopk_device.cu exercises it with one rank once a device is present
-//! (NCCL does not put two ranks of one communicator on one GPU, so the multi-rank
-//! device path is tested by test_cuda_ops.cu's simulated ranks, not over NCCL, until a
-//! machine with several GPUs runs it).
+//! Tests: tests/cuda/test_gtopk_device.cu (one rank: NCCL puts no two ranks of a communicator
+//! on one GPU, so the multi-rank device path is checked by test_cuda_ops.cu's simulated ranks;
+//! docs/kernels.md, "Status", says where each has run).
 //!
 //! \code
 //! ncclUniqueId id = commpact::NcclComm::unique_id();          // on rank 0; broadcast it

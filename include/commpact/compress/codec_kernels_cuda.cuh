@@ -6,8 +6,8 @@
 //! nvcc compiles this file; include it from a .cu file after (or instead of)
 //! codec_compressor.hpp.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and checked against the host codecs by
-//! tests/cuda/test_cuda_codec_leaves*.cu and test_cuda_codecs*.cu (exit 77 without a device).
+//! Checked against the host codecs by tests/cuda/test_cuda_codec_leaves*.cu and
+//! test_cuda_codecs*.cu (docs/kernels.md, "Status", says where they have run).
 //!
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|

@@ -16,8 +16,8 @@
 //! The host codec's statistics (last_threshold, last_passed, last_adjustments) are not
 //! updated by the device.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_estimated.cu
-//! compares it with the host codecs (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/kernels.md,
+//! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_estimated.cuh needs nvcc: include it from a .cu file only."

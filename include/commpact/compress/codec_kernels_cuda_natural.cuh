@@ -12,8 +12,8 @@
 //! where std::frexp's unspecified exponent used to give the host code 127; CodecCompressor
 //! never encodes a non-finite value (the frame is flagged instead), so no result changed.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
-//! it with the host codec (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_natural.cuh needs nvcc: include it from a .cu file only."

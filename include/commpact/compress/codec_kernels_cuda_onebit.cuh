@@ -9,8 +9,8 @@
 //! double and the count in kernels/fixed_sum.hpp's shape (a block per node of 2048 values
 //! on the device, the same tree on the host).
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
-//! it with the host codec (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_onebit.cuh needs nvcc: include it from a .cu file only."

@@ -29,8 +29,8 @@
 //! rank) is the executor's scratch slot "per_tensor_decode"; K's decode_sum has slots of
 //! its own.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codecs_more.cu compares
-//! it with the host codec (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_per_tensor.cuh needs nvcc: include it from a .cu file only."

@@ -8,8 +8,8 @@
 //! to d = 2048 values, a level per launch above (a single bucket, d = 0, spreads over the
 //! whole grid).
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codec_leaves.cu and
-//! test_cuda_codecs.cu compare it with the host codec (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
+//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_qsgd.cuh needs nvcc: include it from a .cu file only."

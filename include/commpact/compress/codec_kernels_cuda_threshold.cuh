@@ -7,8 +7,8 @@
 //! there, and clear_delivered reads the count there. The host codec's statistics
 //! (last_threshold, last_passed) are not updated by the device.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_codec_leaves.cu and
-//! test_cuda_codecs.cu compare it with the host codec (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
+//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_threshold.cuh needs nvcc: include it from a .cu file only."

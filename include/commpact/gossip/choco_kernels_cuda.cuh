@@ -6,8 +6,8 @@
 //! CudaStagedComm). Only nvcc compiles this file; include it from a .cu file after
 //! gossip_mixer.hpp (or choco.hpp).
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and checked against the host mixer by
-//! tests/cuda/test_cuda_choco.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_choco.cu (docs/kernels.md, "Status", says
+//! where it has run).
 //!
 //! Written once over codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh):
 //! every codec with device kernels there runs here, no second copy of its encoder or

@@ -5,10 +5,9 @@
 //! concepts/space.hpp). Compiled only by nvcc; its kernel table is ops<cuda_space>
 //! (kernels/cuda/ops.cuh).
 //!
-//! NOT YET RUN ON A GPU: this file compiles with nvcc 13 and is checked against the Space
-//! concept at compile time (tests/cuda/test_cuda_ops.cu); every behaviour below is what
-//! the code is written to do, pending scripts/device-check on a machine with a GPU
-//! (tests/cuda/test_cuda_space_discipline.cu checks the rules below there).
+//! Checked against the Space concept at compile time (tests/cuda/test_cuda_ops.cu); the rules
+//! below are tested by tests/cuda/test_cuda_space_discipline.cu (docs/kernels.md, "Status",
+//! says where it has run).
 //!
 //! - `span<T>` (cuda_span): a device pointer and a length. Host code cannot index it
 //!   (operator[] is __device__ only: nvcc rejects a host call); kernels get the pointer

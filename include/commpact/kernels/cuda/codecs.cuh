@@ -5,8 +5,8 @@
 //! compress/codec_kernels_cuda.cuh): the frame around a payload and top-k's sparse
 //! payload (k int32 indices strictly ascending, then k float32 values).
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codecs by
-//! tests/cuda/test_cuda_codecs.cu, which exits 77 (skipped) without a device.
+//! Checked against its host twin by tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says
+//! where it has run).
 //!
 //! | kernel | what it does | equal to the host |
 //! |---|---|---|

@@ -18,8 +18,8 @@
 //! its decision, launched `rounds - 1` (Gaussian-k) or `iters` (DGC) times, a finished
 //! estimate making the later launches return at once. No host synchronisation.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codecs by
-//! tests/cuda/test_cuda_codecs_estimated.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/kernels.md,
+//! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_estimated.cuh needs nvcc: include it from a .cu file only."

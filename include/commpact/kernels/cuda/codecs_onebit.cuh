@@ -12,8 +12,8 @@
 //! | onebit_bits | detail::onebit_byte per payload byte, approx = the mean of the value's side | bytes |
 //! | onebit_validate, onebit_add | onebit_codec::decode_add's checks (length, detail::onebit_means_ok, no bit past n) per block; sum[i] = 0 + every block's value of bit i in rank order (__fadd_rn) | bits |
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codec by
-//! tests/cuda/test_cuda_codecs_more.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_onebit.cuh needs nvcc: include it from a .cu file only."

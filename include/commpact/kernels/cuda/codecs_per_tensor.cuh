@@ -15,8 +15,8 @@
 //! | per_tensor_walk | per_tensor::decode_add's framing checks, one thread per rank walking its lengths in order (every length within the bytes left, no trailing bytes): each tensor's offset and length, or 0 after a failure | the same blocks rejected (with per_tensor_unpack's length bound) |
 //! | per_tensor_unpack | tensor t's message of every rank into a temp block of K's frame layout (header zero but word 2 = L_t); L_t above K's max_encoded_bytes sets status_wire (as the host) and leaves the block empty | bytes |
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codec by
-//! tests/cuda/test_cuda_codecs_more.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_per_tensor.cuh needs nvcc: include it from a .cu file only."

@@ -12,8 +12,8 @@
 //! | qsgd_pack | one thread per payload byte of the fields (width w = 1 + bit_width(s), low bits first): every field that touches the byte, computed from its bucket's norm | bytes |
 //! | qsgd_validate, qsgd_add | qsgd_codec::decode_add's checks (length, norms finite and >= 0, levels <= s, no sign on level 0, zero padding); sum[i] = 0 + the non-zero levels' values in rank order | bits |
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codec by
-//! tests/cuda/test_cuda_codec_leaves.cu and test_cuda_codecs.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
+//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_qsgd.cuh needs nvcc: include it from a .cu file only."

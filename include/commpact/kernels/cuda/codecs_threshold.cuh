@@ -9,8 +9,8 @@
 //! that pass, compacted in index order into the payload (indices, then values behind
 //! them), their count c left on the device for the frame header and clear_delivered.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host codec by
-//! tests/cuda/test_cuda_codec_leaves.cu and test_cuda_codecs.cu (exit 77 without a device).
+//! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
+//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_threshold.cuh needs nvcc: include it from a .cu file only."

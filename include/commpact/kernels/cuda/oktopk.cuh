@@ -6,8 +6,8 @@
 //! COMMPACT_HOST_DEVICE functions (host::oktopk::entry_ok, selectable, rebalance_rank,
 //! mean_of's division as __fdiv_rn); the selections run on select.cuh's radix select.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_cuda_rows_oktopk.cu compares
-//! every row with its host twin once a device runs it.
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! says where it has run).
 //!
 //! Frames and blocks are read and written byte-wise (memcpy), so no alignment is assumed.
 //! A slot's entries are read where the host reads them, also when a count runs past the

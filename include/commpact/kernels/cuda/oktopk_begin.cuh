@@ -11,9 +11,8 @@
 //! body: status_rejected) and a grid kernel installs the entries and the unused slots
 //! (unused_index, +0), only when the frame was accepted: otherwise idx/val are untouched.
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_rows_oktopk.cu
-//! compares it with the host's begin, and SparseReduceScatter fed by blocks over
-//! CudaStagedComm<ThreadComm> with the host's, once a device is present).
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/oktopk_begin.cuh needs nvcc: include it from a .cu file only."

@@ -6,9 +6,8 @@
 //! (it has run by the next fence), with counts and status in device memory. Only nvcc
 //! compiles this file.
 //!
-//! NOT YET RUN ON A GPU: every row compiles with nvcc 13 and is tested against its host
-//! twin by tests/cuda/test_cuda_ops.cu and tests/cuda/test_gtopk_device.cu, which exit 77
-//! (skipped) on machines without a device; run them with scripts/device-check.
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu, tests/cuda/test_gtopk_device.cu
+//! (docs/kernels.md, "Status", says where it has run).
 //!
 //! | row | kernels | equal to the host |
 //! |---|---|---|

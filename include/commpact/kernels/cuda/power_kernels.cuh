@@ -22,8 +22,8 @@
 //!   (gs_sub / gs_scale, shared with the host loop).
 //! - gaussian: host::gaussian_pair per pair of values (shared with the host loop).
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_rows_power.cu
-//! checks every row against its host twin once a device runs it).
+//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/power_kernels.cuh needs nvcc: include it from a .cu file only."

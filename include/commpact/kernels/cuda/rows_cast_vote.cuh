@@ -18,8 +18,8 @@
 //! host rows do, and copied into the executor's scratch for the gather and the scatter).
 //! Any other LinearCodec fails to compile on cuda_space with a sentence naming it.
 //!
-//! NOT YET RUN ON A GPU: compiled with nvcc 13 and checked against the host rows by
-//! tests/cuda/test_cuda_rows_cast_vote.cu, which exits 77 (skipped) without a device.
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/rows_cast_vote.cuh needs nvcc: include it from a .cu file only."

@@ -12,8 +12,8 @@
 //! The status words live in device memory; the rows that change state read words[0] and
 //! words[2] on the device and do nothing unless both are 0.
 //!
-//! NOT YET RUN ON A GPU: compiled with nvcc 13 and checked against the host rows by
-//! tests/cuda/test_cuda_rows_cast_vote.cu, which exits 77 (skipped) without a device.
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/rows_gossip.cuh needs nvcc: include it from a .cu file only."

@@ -9,8 +9,8 @@
 //! ties, frames and blocks byte for byte, status_wire and status[1] set where the host
 //! sets them. Kernels: kernels/cuda/oktopk.cuh, oktopk_begin.cuh.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13 and tested against the host rows by
-//! tests/cuda/test_cuda_rows_oktopk.cu, which exits 77 (skipped) without a device.
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! says where it has run).
 //!
 //! | row | kernels |
 //! |---|---|

@@ -27,8 +27,8 @@
 //! orthonormalisation runs in one block, each dot product summed by the whole block in
 //! kernels/fixed_sum.hpp's shape (the host's order), the column updates spread over it.
 //!
-//! NOT YET RUN ON A GPU: compiled with nvcc 13; tests/cuda/test_cuda_rows_power.cu checks
-//! every row and PowerCompressor<1..4, cuda_space> against the host once a device runs it.
+//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/kernels.md, "Status",
+//! says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/rows_power.cuh needs nvcc: include it from a .cu file only."

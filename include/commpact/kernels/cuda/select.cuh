@@ -5,8 +5,8 @@
 //! a set by abs_key (ties: the smaller position), written in position order, bit-identical
 //! to commpact::host::topk_abs's order (kernels/host/topk.hpp). Only nvcc compiles this.
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13 only; tests/cuda/test_cuda_ops.cu checks it
-//! against the host kernel when a device is present).
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! where it has run).
 //!
 //! Method (radix select in the manner of AIR top-k, Zhang et al., SC'23). Each entry at
 //! position p has the 62-bit composite c = abs_key << 31 | (2^31 - 1 - p): the host's

@@ -9,8 +9,8 @@
 //! the host's order, and recorded in the meta's flags and status bits: nothing
 //! synchronises the host and nothing throws.
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_ops.cu runs the
-//! tree kernels of several simulated ranks against the host's once a device is present).
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! where it has run).
 //!
 //! Merge (host::sparse_merge_topk's specification), with CUB: cub::DeviceMerge merges the
 //! two index-sorted sets (keyed index << 1 | side, so at an equal index the lower rank's

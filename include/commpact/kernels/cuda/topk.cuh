@@ -6,8 +6,8 @@
 //! output (exactly k entries sorted by index, val[i] = x[idx[i]]), so host and device
 //! results are bit-identical.
 //!
-//! NOT YET RUN ON A GPU: compiled by nvcc 13; tests/cuda/test_kernels_topk.cu and
-//! tests/cuda/test_cuda_ops.cu compare it with the host kernel once a device runs them.
+//! Checked against its host twin by tests/cuda/test_kernels_topk.cu, tests/cuda/test_cuda_ops.cu
+//! (docs/kernels.md, "Status", says where it has run).
 //!
 //! Method: the radix select of select.cuh (AIR top-k style: one histogram pass over x,
 //! one stable DeviceSelect of the candidates at or above the k-th bucket, then digit

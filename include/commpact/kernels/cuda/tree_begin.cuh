@@ -12,8 +12,8 @@
 //! original and current set, all alive. A malformed block sets status_wire, wire_peer =
 //! self and flag_failed, exactly where the host's begin does.
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13; tests/cuda/test_cuda_rows_cast_vote.cu
-//! compares it with the host's begin once a device is present).
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/tree_begin.cuh needs nvcc: include it from a .cu file only."

@@ -14,8 +14,8 @@
 //! its sum of squares is added in double in kernels/fixed_sum.hpp's shape, which the host
 //! row uses as well (kernels/clip.hpp).
 //!
-//! NOT YET RUN ON A GPU (compiled with nvcc 13; checked against the host kernels by
-//! tests/cuda/test_cuda_ops.cu once a device runs it).
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/vector.cuh needs nvcc: include it from a .cu file only."
