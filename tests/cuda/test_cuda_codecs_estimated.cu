@@ -17,7 +17,7 @@
 //   wire_error; no reallocation after step one), and over CudaStagedComm<ThreadComm> at
 //   P = 2, 3 against ThreadComm's host compressor.
 //
-// NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
+// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
 
 #include <mutex>
 

@@ -18,7 +18,7 @@
 // The default (exact) path stays the host's bits: tests/cuda/test_cuda_rows_power.cu and
 // tests/cuda/test_cuda_staged_comm.cu.
 //
-// NOT YET RUN ON A GPU at the time of writing: without a device it exits 77 (skipped).
+// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 
