@@ -10,6 +10,13 @@
 //! Every rank sees every header, so disagreement on n, k, the step or the capacity, a
 //! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
 //! the same error (or skips the step) without an extra message.
+//!
+//! Why a second 48-byte header exists beside sparse_wire's ("CPSW"): this frame carries
+//! single values (n, the agreement value, the step) because every rank reads every
+//! rank's header and compares them; sparse_wire's sets are merged along a tree, where a
+//! rank sees only its partners' merged subtrees, so that header carries ranges (min/max
+//! of n and k) and a survival mask instead. The magics differ, so neither decoder accepts
+//! the other's message.
 
 #include <algorithm>
 #include <cstddef>

@@ -24,7 +24,9 @@
 //! The ranges (rather than one n and one k) let a tree reduction carry an agreement
 //! check for free: merged with min/max at every exchange, they reach every rank, so
 //! every rank sees the same global ranges at the end and every rank raises the same
-//! mismatch_error when ranks disagree, without an extra message.
+//! mismatch_error when ranks disagree, without an extra message. (frame.hpp's header,
+//! "CPAG", is the other 48-byte header: the codec compressors' messages, which every rank
+//! reads from every rank, so it carries single values to compare instead of ranges.)
 //!
 //! `decode_header` checks the structure (size, magic, version, flags, ranges, the byte
 //! count implied by count and mask_bits). `decode` also checks the body against what the
