@@ -3,7 +3,7 @@
 //! \file cuda_staged_comm.hpp
 //! CudaStagedComm<C>: a host communicator (MpiComm, ThreadComm, any PointToPoint one) seen
 //! from the CUDA space, staging device data through pinned host memory. So:
-//! - MpiComm serves device buffers when MPI is not CUDA-aware (the CUDA issue's item 3);
+//! - MpiComm serves device buffers when MPI is not CUDA-aware;
 //! - ThreadComm ranks, each with a stream of its own, run the CUDA space's algorithms at
 //!   P > 1 on one GPU (NCCL cannot place two ranks of a communicator on one device), so
 //!   every compressor's multi-rank path can be checked against the host on one GPU.

@@ -441,7 +441,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
   //! completes before it returns. A larger block moves after the check (iallgather): a
   //! held gather of pieces sent before the check measured 1.14-1.30x raw MPI_Allgather
   //! from 1 MiB at P = 2 without isolate_buffers, against 1.00-1.11x for the check, then
-  //! one message per peer (docs/communicators.md, issue 20 item 13).
+  //! one message per peer (docs/communicators.md).
   template <class T>
   mpi_request held_allgather(std::span<const T> in, std::span<T> out) {
     auto& s = *state_;
