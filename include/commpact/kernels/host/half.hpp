@@ -39,16 +39,17 @@ namespace detail {
 template <bool Sat>
 COMMPACT_ALWAYS_INLINE COMMPACT_TARGET_AVX2 inline __m128i to8(__m256 x) noexcept {
   const __m256i b = _mm256_castps_si256(x), mag = _mm256_set1_epi32(0x7FFFFFFF);
-  const __m256i ax = _mm256_and_si256(b, mag), sign = _mm256_andnot_si256(mag, b);
-  const __m256i inf = _mm256_set1_epi32(0x7F800000);
+  const __m256i ax = _mm256_and_si256(b, mag);
+  // Above 65504 (0x477FE000): the lanes to patch (saturation, Inf, NaN); usually none.
+  const __m256i over = _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x477FE000));
+  if (_mm256_testz_si256(over, over)) return _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+  const __m256i sign = _mm256_andnot_si256(mag, b), inf = _mm256_set1_epi32(0x7F800000);
   // A NaN becomes the float quiet NaN 0x7FC00000 (converts to 0x7E00).
   const __m256i nan = _mm256_cmpgt_epi32(ax, inf);
   __m256i fixed = _mm256_blendv_epi8(ax, _mm256_set1_epi32(0x7FC00000), nan);
   if constexpr (Sat) {
-    // A finite value above 65504 (0x477FE000) becomes 65504.
-    const __m256i big =
-        _mm256_andnot_si256(_mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F7FFFFF)),
-                            _mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x477FE000)));
+    // A finite value above 65504 becomes 65504.
+    const __m256i big = _mm256_andnot_si256(_mm256_cmpgt_epi32(ax, _mm256_set1_epi32(0x7F7FFFFF)), over);
     fixed = _mm256_blendv_epi8(fixed, _mm256_set1_epi32(0x477FE000), big);
   }
   return _mm256_cvtps_ph(_mm256_castsi256_ps(_mm256_or_si256(sign, fixed)), _MM_FROUND_TO_NEAREST_INT);
@@ -57,9 +58,11 @@ COMMPACT_ALWAYS_INLINE COMMPACT_TARGET_AVX2 inline __m128i to8(__m256 x) noexcep
 //! Eight halves -> eight floats; a NaN keeps its payload unquieted (as from_half).
 COMMPACT_ALWAYS_INLINE COMMPACT_TARGET_AVX2 inline __m256 from8(__m128i h) noexcept {
   const __m256 f = _mm256_cvtph_ps(h);
+  const __m128i e16 = _mm_set1_epi16(0x7C00);
+  const __m128i special16 = _mm_cmpeq_epi16(_mm_and_si128(h, e16), e16);  // Inf or NaN: usually none
+  if (_mm_testz_si128(special16, special16)) return f;
   const __m256i w = _mm256_cvtepu16_epi32(h);
-  const __m256i e = _mm256_set1_epi32(0x7C00);
-  const __m256i special = _mm256_cmpeq_epi32(_mm256_and_si256(w, e), e);
+  const __m256i special = _mm256_cvtepi16_epi32(special16);
   const __m256i bits = _mm256_or_si256(_mm256_or_si256(_mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x8000)), 16),
                                                        _mm256_set1_epi32(0x7F800000)),
                                        _mm256_slli_epi32(_mm256_and_si256(w, _mm256_set1_epi32(0x3FF)), 13));
@@ -92,14 +95,16 @@ COMMPACT_TARGET_AVX2 inline std::size_t encode_avx2(const float* g, const float*
     const __m256 a = r ? _mm256_add_ps(_mm256_loadu_ps(g + i), rv) : _mm256_loadu_ps(g + i);
     const __m256i nf = _mm256_cmpgt_epi32(_mm256_and_si256(_mm256_castps_si256(a), mag), top);
     __m128i c = to8<true>(a);
+    const bool all_finite = _mm256_testz_si256(nf, nf);
     if (cand) {
       // c is finite where a is; elsewhere the candidate is r (0 without r).
-      const __m256 back = _mm256_cvtph_ps(c);
-      const __m256 d = _mm256_sub_ps(a, back);
-      _mm256_storeu_ps(cand + i, _mm256_blendv_ps(d, rv, _mm256_castsi256_ps(nf)));
+      const __m256 d = _mm256_sub_ps(a, _mm256_cvtph_ps(c));
+      _mm256_storeu_ps(cand + i, all_finite ? d : _mm256_blendv_ps(d, rv, _mm256_castsi256_ps(nf)));
     }
-    const __m128i nf16 = _mm_packs_epi32(_mm256_castsi256_si128(nf), _mm256_extracti128_si256(nf, 1));
-    c = _mm_blendv_epi8(c, _mm_set1_epi16(static_cast<short>(nan_code)), nf16);
+    if (!all_finite) {
+      const __m128i nf16 = _mm_packs_epi32(_mm256_castsi256_si128(nf), _mm256_extracti128_si256(nf, 1));
+      c = _mm_blendv_epi8(c, _mm_set1_epi16(static_cast<short>(nan_code)), nf16);
+    }
     _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), c);
   }
   return i;
@@ -209,7 +214,9 @@ inline void cast_encode(const float* g, const float* r, std::uint16_t* codes, fl
   }
 }
 
-//! host::cast_add<fp16_codec>: mine[i] = to_half_ieee(from_half(in[i]) + from_half(mine[i])).
+//! host::cast_add<fp16_codec>: mine[i] = to_half_ieee(from_half(in[i]) + from_half(mine[i])),
+//! the same bits but for the sign of the NaN that two NaNs sum to (x86 returns the first
+//! operand's, and compilers may swap a float addition's operands, the scalar code's too).
 inline void cast_add(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) noexcept {
   std::size_t i = 0;
 #if COMMPACT_ISA_DISPATCH
