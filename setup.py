@@ -6,7 +6,13 @@ communication hooks and model averager) the way PyTorch extensions are built, wi
 torch.utils.cpp_extension, against the torch that runs pip (hence no build isolation:
 the extension must match that torch exactly, and pip stays offline).
 
-- The CPU variant: CPU buckets over the group (Gloo).
+- CPU variant: always (Gloo, CPU buckets).
+- CUDA variant (python/commpact_hooks_cuda.cu, nvcc): added when that torch was built
+  with CUDA (torch.version.cuda) and a CUDA toolkit is found (CUDA_HOME); then a CUDA
+  bucket runs through commpact's CUDA space on PyTorch's current stream.
+  COMMPACT_HOOKS_CUDA=0 builds the CPU variant only, =1 requires the CUDA one.
+- COMMPACT_HOOKS_ARCH (e.g. "9.0"): the GPU architectures of the CUDA variant
+  (TORCH_CUDA_ARCH_LIST, which PyTorch's tooling reads, when that is unset).
 - COMMPACT_HOOKS_BUILD_DIR: where the intermediate files go (default build-pip/ here).
 """
 import os
@@ -24,15 +30,34 @@ except ImportError:
 here = os.path.dirname(os.path.abspath(__file__))
 os.chdir(here)  # setuptools wants the source paths relative to this file
 
+want_cuda = os.environ.get("COMMPACT_HOOKS_CUDA", "auto")
+has_cuda = bool(torch.version.cuda) and cpp_extension.CUDA_HOME is not None
+if want_cuda == "1" and not has_cuda:
+    sys.exit(f"commpact_hooks: COMMPACT_HOOKS_CUDA=1 but torch {torch.__version__} has no CUDA "
+             f"(torch.version.cuda={torch.version.cuda}) or no CUDA toolkit was found (CUDA_HOME).")
+cuda = has_cuda and want_cuda != "0"
+if cuda and os.environ.get("COMMPACT_HOOKS_ARCH") and not os.environ.get("TORCH_CUDA_ARCH_LIST"):
+    os.environ["TORCH_CUDA_ARCH_LIST"] = os.environ["COMMPACT_HOOKS_ARCH"]
+
 # -g0: Python's own CFLAGS carry -g, which triples the object and slows the build.
 cxx = ["-std=c++20", "-O2", "-g0", "-Wno-unused-parameter"]
+defines = []
 sources = ["python/commpact_hooks.cpp"]
-libdirs = cpp_extension.library_paths()
+libdirs = cpp_extension.library_paths(cuda=cuda)
 # The torch libraries are found at run time without `import torch` first (a pip torch
 # keeps them in site-packages/torch/lib, outside the loader's path).
 link = [f"-Wl,-rpath,{d}" for d in libdirs]
-ext = cpp_extension.CppExtension("commpact_hooks", sources, include_dirs=[os.path.join(here, "include")],
-                                 extra_compile_args={"cxx": cxx}, extra_link_args=link)
+if cuda:
+    defines.append(("COMMPACT_HOOKS_CUDA", "1"))
+    sources.append("python/commpact_hooks_cuda.cu")
+    nvcc = ["-std=c++20", "-O3", "--expt-relaxed-constexpr", "--extended-lambda", "-diag-suppress=1675",
+            "-DCOMMPACT_HAS_CUDA=1"]
+    ext = cpp_extension.CUDAExtension("commpact_hooks", sources, include_dirs=[os.path.join(here, "include")],
+                                      define_macros=defines, extra_compile_args={"cxx": cxx, "nvcc": nvcc},
+                                      extra_link_args=link, libraries=["cublas"])
+else:
+    ext = cpp_extension.CppExtension("commpact_hooks", sources, include_dirs=[os.path.join(here, "include")],
+                                     define_macros=defines, extra_compile_args={"cxx": cxx}, extra_link_args=link)
 
 build_dir = os.environ.get("COMMPACT_HOOKS_BUILD_DIR", os.path.join(here, "build-pip"))
 os.makedirs(build_dir, exist_ok=True)

@@ -6,6 +6,8 @@
 //   ddp.register_comm_hook(state, commpact_hooks.gtopk_hook)
 //   state = commpact_hooks.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, random_seed=0)
 //   ddp.register_comm_hook(state, commpact_hooks.powersgd_hook)
+//   state = commpact_hooks.EFSignState()                     # EF-SignSGD, a scale per row
+//   state = commpact_hooks.QSGDState(levels=256)             # QSGD with error feedback
 //   avg = commpact_hooks.ModelAverager(period=4, qsr_alpha=0.2)   # without DDP
 //   avg.step(list(model.parameters()), lr)
 //
@@ -15,6 +17,14 @@
 // only as far as DDP runs hooks while autograd goes on (it runs them on the autograd
 // thread). Each bucket has its own compressor (its own residual), rebuilt when DDP
 // rebuilds its buckets after the first iteration.
+//
+// CUDA buckets (built with COMMPACT_HOOKS_CUDA, setup.py's CUDA variant): the step runs
+// in commpact's CUDA space (commpact_hooks_cuda.cu) on PyTorch's current stream, over
+// the same group through a torch_group_link (ProcessGroupNCCL directly; another backend,
+// Gloo, staged through host memory), with device memory from PyTorch's caching
+// allocator; the hook waits on the host once, for the compressor's fence (its status
+// read), and returns a torch.futures.Future on the bucket's device, completed on the
+// stream (its value is ready for work queued on that stream after it).
 //
 // PowerSGD follows PyTorch's powerSGD_hook step for step (same rank clamping and
 // min_compression_rate rule, P and Q allreduced as sums, Q divided by the world size,
@@ -26,9 +36,21 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/extension.h>
 #include <pybind11/eval.h>
+#if defined(COMMPACT_HOOKS_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include <commpact/torch/torch_group_link.hpp>
+
+#include "commpact_hooks_cuda.hpp"
+#endif
 
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
+#include <commpact/compress/codecs/per_tensor.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/compress/compressors/power.hpp>
@@ -38,6 +60,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -59,18 +82,101 @@ c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
   return store.cast<c10::intrusive_ptr<c10d::Store>>();
 }
 
-Comm make_comm(py::object pg, py::object store, double timeout_s, const std::string& name) {
+commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
   commpact::torch_options o;
   o.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
   o.name = name;
-  return Comm{commpact::TorchComm{group_or_default(pg), store_or_default(store), o}};
+  return o;
 }
+
+#if defined(COMMPACT_HOOKS_CUDA)
+// PyTorch's caching allocator as commpact's stream-ordered allocator hook.
+void* torch_alloc(std::size_t bytes, void* stream, void*) {
+  try {
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+  } catch (...) {
+    return nullptr;  // commpact raises device_error
+  }
+}
+void torch_free(void* p, std::size_t, void*, void*) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
+#endif
+
+// What every hook state keeps: its communicator over the group (CPU buckets) and, for
+// CUDA buckets, the CUDA side (made at the first CUDA bucket).
+struct HookBase {
+  HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
+      : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),
+        comm(commpact::TorchComm{group, st, opt}) {}
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+  c10::intrusive_ptr<c10d::Store> st;
+  commpact::torch_options opt;
+  Comm comm;
+#if defined(COMMPACT_HOOKS_CUDA)
+  commpact_hooks_cuda::params cuda_params;
+  std::shared_ptr<commpact_hooks_cuda::state> cuda;
+  commpact_hooks_cuda::state& cuda_state() {
+    if (!cuda) {
+      // NCCL takes the device buffers; any other backend (Gloo) is staged through the host.
+      const bool staged = group->getBackendName() != "nccl";
+      cuda = std::make_shared<commpact_hooks_cuda::state>(
+          commpact::make_torch_group_link(group, st, opt, staged), cuda_params,
+          commpact_hooks_cuda::allocator{&torch_alloc, &torch_free, nullptr});
+    }
+    return *cuda;
+  }
+#endif
+  std::uint64_t bytes_sent() const {
+    std::uint64_t b = comm.stats().bytes_sent;
+#if defined(COMMPACT_HOOKS_CUDA)
+    if (cuda) b += cuda->bytes_sent();
+#endif
+    return b;
+  }
+  void abort(const std::string& why) {
+    comm.abort(why);
+#if defined(COMMPACT_HOOKS_CUDA)
+    if (cuda) cuda->abort(why);
+#endif
+  }
+};
 
 std::span<float> float_span(const at::Tensor& t, const char* who) {
   commpact::require(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), who,
-                    ": the bucket must be a contiguous float32 CPU tensor (got ", t.toString(),
-                    "); commpact's hooks run over Gloo on the host.");
+                    ": the bucket must be a contiguous float32 CPU tensor (got ", t.toString(), ").");
   return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
+}
+
+// A CUDA bucket: f(cuda side, bucket) with the GIL released; an exception aborts the
+// state's communicators (the other ranks raise too) and is rethrown. Returns the
+// Future on the bucket's device, completed on the current stream.
+template <class F>
+py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
+#if defined(COMMPACT_HOOKS_CUDA)
+  commpact::require(t.scalar_type() == at::kFloat && t.is_contiguous(), who,
+                    ": the bucket must be a contiguous float32 tensor (got ", t.toString(), ").");
+  const int dev = static_cast<int>(t.get_device());
+  const commpact_hooks_cuda::bucket b{t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), dev,
+                                      static_cast<void*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream())};
+  {
+    py::gil_scoped_release nogil;
+    try {
+      f(st.cuda_state(), b);
+    } catch (const std::exception& e) {
+      st.abort(e.what());
+      throw;
+    }
+  }
+  py::list devices;
+  devices.append(py::cast(t).attr("device"));
+  auto fut = py::module_::import("torch.futures").attr("Future")(py::arg("devices") = devices);
+  fut.attr("set_result")(t);  // records an event on the current stream: the value is ready after the step
+  return fut;
+#else
+  throw commpact::invalid_argument(commpact::detail::cat(
+      who, ": the bucket is a CUDA tensor but this commpact_hooks was built without CUDA (the torch it was built "
+      "against had none, or COMMPACT_HOOKS_CUDA=0); reinstall it with pip against a PyTorch with CUDA and a CUDA "
+      "toolkit (CUDA_HOME)."));
+#endif
 }
 
 py::object completed_future(const at::Tensor& t) {
@@ -91,10 +197,16 @@ commpact::tensor_layout layout_of(const std::vector<at::Tensor>& grads) {
 
 // ---- sparse hooks: TopK and gTopK --------------------------------------------------
 template <class C>
-struct SparseState {
+struct SparseState : HookBase {
   SparseState(py::object pg, double density, float momentum, py::object store, double timeout_s, std::string name)
-      : comm(make_comm(pg, store, timeout_s, name)), opt{.density = density, .momentum = momentum} {}
-  Comm comm;
+      : HookBase(pg, store, timeout_s, name), opt{.density = density, .momentum = momentum} {
+#if defined(COMMPACT_HOOKS_CUDA)
+    cuda_params.m = std::is_same_v<C, commpact::TopK<Comm>> ? commpact_hooks_cuda::method::topk
+                                                            : commpact_hooks_cuda::method::gtopk;
+    cuda_params.density = density;
+    cuda_params.momentum = momentum;
+#endif
+  }
   commpact::sparse_options opt;
   std::map<std::int64_t, std::pair<std::int64_t, std::unique_ptr<C>>> buckets;  // index -> (numel, compressor)
 
@@ -106,7 +218,6 @@ struct SparseState {
     }
     b.second->reduce(g);
   }
-  std::uint64_t bytes_sent() const { return comm.stats().bytes_sent; }
 };
 using TopKState = SparseState<commpact::TopK<Comm>>;
 using GTopKState = SparseState<commpact::gTopK<commpact::TreeComm<Comm>>>;
@@ -115,6 +226,10 @@ template <class S>
 py::object sparse_hook(S& st, py::object bucket) {
   at::Tensor buf = bucket.attr("buffer")().cast<at::Tensor>();
   const auto index = bucket.attr("index")().cast<std::int64_t>();
+  if (buf.is_cuda())
+    return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) {
+      cs.reduce(index, b, {});
+    });
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
@@ -124,15 +239,30 @@ py::object sparse_hook(S& st, py::object bucket) {
 }
 
 // ---- PowerSGD ----------------------------------------------------------------------
-struct PowerSGDState {
+#if defined(COMMPACT_HOOKS_CUDA)
+// A CUDA bucket's PowerSGD compressor as draw_q sees it.
+struct cuda_power_view {
+  commpact_hooks_cuda::state& s;
+  std::int64_t index;
+  bool is_compressed(std::size_t i) const { return s.is_compressed(index, i); }
+  std::size_t rank_of(std::size_t i) const { return s.rank_of(index, i); }
+  void set_q_factor(std::size_t i, std::span<const float> q) { s.set_q_factor(index, i, q); }
+};
+#endif
+
+struct PowerSGDState : HookBase {
   PowerSGDState(py::object pg, int rank, std::int64_t start_iter, double min_rate, std::int64_t seed,
                 py::object store, double timeout_s, std::string name)
-      : comm(make_comm(pg, store, timeout_s, name)), rank(rank), start_iter(start_iter), min_rate(min_rate),
+      : HookBase(pg, store, timeout_s, name), rank(rank), start_iter(start_iter), min_rate(min_rate),
         rng(py::module_::import("numpy").attr("random").attr("RandomState")(seed)), dense(comm) {
     commpact::require(rank >= 1, "commpact_hooks.PowerSGDState: matrix_approximation_rank is ", rank,
                       "; it must be >= 1.");
+#if defined(COMMPACT_HOOKS_CUDA)
+    cuda_params.m = commpact_hooks_cuda::method::powersgd;
+    cuda_params.rank = rank;
+    cuda_params.min_rate = min_rate;
+#endif
   }
-  Comm comm;
   int rank;
   std::int64_t start_iter, iter = 0;
   double min_rate;
@@ -146,7 +276,8 @@ struct PowerSGDState {
 
   // PyTorch's first Q of a bucket: seeded from the numpy generator, randn per tensor in
   // the order of the shape groups, each m x r (row-major), stored column-major here.
-  void draw_q(commpact::PowerCompressor<1>& p, const commpact::tensor_layout& l) {
+  template <class P>
+  void draw_q(P& p, const commpact::tensor_layout& l) {
     const auto seed = rng.attr("randint")(1000000000).cast<std::int64_t>();
     auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
     std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // groups in order of first appearance
@@ -184,7 +315,24 @@ struct PowerSGDState {
     }
     if (last) ++iter;
   }
-  std::uint64_t bytes_sent() const { return comm.stats().bytes_sent; }
+#if defined(COMMPACT_HOOKS_CUDA)
+  // The same steps in the CUDA space: dense before start_iter, then PowerSGD with
+  // PyTorch's first Q.
+  void reduce_cuda(commpact_hooks_cuda::state& cs, std::int64_t index, const commpact::tensor_layout& l,
+                   const commpact_hooks_cuda::bucket& b, bool last) {
+    if (iter < start_iter) {
+      cs.reduce_dense(b);
+    } else {
+      if (cs.power_prepare(index, b, l)) {
+        cuda_power_view v{cs, index};
+        py::gil_scoped_acquire gil;
+        draw_q(v, l);
+      }
+      cs.reduce(index, b, l);
+    }
+    if (last) ++iter;
+  }
+#endif
 };
 
 py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
@@ -192,6 +340,13 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   const auto index = bucket.attr("index")().cast<std::int64_t>();
   const bool last = bucket.attr("is_last")().cast<bool>();
   const auto l = layout_of(bucket.attr("gradients")().cast<std::vector<at::Tensor>>());
+#if defined(COMMPACT_HOOKS_CUDA)
+  if (buf.is_cuda())
+    return run_cuda(st, buf, "commpact_hooks.powersgd_hook",
+                    [&](auto& cs, const auto& b) { st.reduce_cuda(cs, index, l, b, last); });
+#else
+  if (buf.is_cuda()) return run_cuda(st, buf, "commpact_hooks.powersgd_hook", [](auto&, const auto&) {});
+#endif
   auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
@@ -200,11 +355,84 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   return completed_future(buf);
 }
 
+// ---- codec hooks: EF-SignSGD and QSGD ---------------------------------------------------
+// A bucket's codec compressor, rebuilt when the bucket's size or layout changes.
+template <class C>
+struct CodecState : HookBase {
+  using Make = std::function<C(Comm&, const commpact::tensor_layout&)>;
+  CodecState(py::object pg, py::object store, double timeout_s, std::string name, Make make)
+      : HookBase(pg, store, timeout_s, name), make(std::move(make)) {}
+  Make make;
+  struct entry {
+    std::int64_t n = -1;
+    commpact::tensor_layout layout;
+    std::unique_ptr<C> c;
+  };
+  std::map<std::int64_t, entry> buckets;
+  void reduce(std::int64_t index, const commpact::tensor_layout& l, std::span<float> g) {
+    auto& e = buckets[index];
+    if (!e.c || e.n != static_cast<std::int64_t>(g.size()) || !(e.layout == l)) {
+      e.c.reset();
+      e.c = std::make_unique<C>(make(comm, l));
+      e.n = static_cast<std::int64_t>(g.size());
+      e.layout = l;
+    }
+    e.c->reduce(g);
+  }
+};
+using SignK = commpact::per_tensor<commpact::sign_codec>;
+using EFSignState = CodecState<commpact::CodecCompressor<SignK, commpact::Allgather<Comm>>>;
+using QSGDState = CodecState<commpact::CodecCompressor<commpact::qsgd_codec, commpact::Allgather<Comm>>>;
+
+EFSignState make_efsign(py::object pg, float momentum, py::object store, double timeout_s, std::string name) {
+  EFSignState s(pg, store, timeout_s, std::move(name), [momentum](Comm& c, const commpact::tensor_layout& l) {
+    // A scale per row of each weight matrix and per bias (split_rows), as the LibTorch CNN.
+    return EFSignState::Make::result_type{c, SignK{commpact::split_rows(l), commpact::sign_codec{}},
+                                          commpact::codec_options{.momentum = momentum}};
+  });
+#if defined(COMMPACT_HOOKS_CUDA)
+  s.cuda_params.m = commpact_hooks_cuda::method::efsign;
+  s.cuda_params.momentum = momentum;
+#endif
+  return s;
+}
+QSGDState make_qsgd(py::object pg, std::uint32_t levels, std::size_t bucket, std::uint64_t seed, float momentum,
+                    py::object store, double timeout_s, std::string name) {
+  QSGDState s(pg, store, timeout_s, std::move(name), [=](Comm& c, const commpact::tensor_layout&) {
+    return QSGDState::Make::result_type{c, commpact::qsgd_codec{levels, seed, bucket},
+                                        commpact::codec_options{.momentum = momentum}};
+  });
+#if defined(COMMPACT_HOOKS_CUDA)
+  s.cuda_params.m = commpact_hooks_cuda::method::qsgd;
+  s.cuda_params.levels = levels;
+  s.cuda_params.qsgd_bucket = bucket;
+  s.cuda_params.seed = seed;
+  s.cuda_params.momentum = momentum;
+#endif
+  return s;
+}
+
+template <class S>
+py::object codec_hook(S& st, py::object bucket) {
+  at::Tensor buf = bucket.attr("buffer")().cast<at::Tensor>();
+  const auto index = bucket.attr("index")().cast<std::int64_t>();
+  const auto l = layout_of(bucket.attr("gradients")().cast<std::vector<at::Tensor>>());
+  if (buf.is_cuda())
+    return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) { cs.reduce(index, b, l); });
+  auto g = float_span(buf, "commpact_hooks");
+  {
+    py::gil_scoped_release nogil;
+    commpact::torch_guard(st.comm, [&] { st.reduce(index, l, g); });
+  }
+  return completed_future(buf);
+}
+
 // ---- Local SGD / QSR model averaging -------------------------------------------------
 struct ModelAverager {
   ModelAverager(py::object pg, std::int64_t period, double qsr_alpha, std::int64_t warmup, py::object store,
                 double timeout_s, std::string name)
-      : comm(make_comm(pg, store, timeout_s, name)), dense(comm) {
+      : comm(commpact::TorchComm{group_or_default(pg), store_or_default(store), torch_opts(timeout_s, name)}),
+        dense(comm) {
     commpact::require(period >= 1, "commpact_hooks.ModelAverager: period is ", period, "; it must be >= 1.");
     commpact::require(qsr_alpha >= 0, "commpact_hooks.ModelAverager: qsr_alpha must be >= 0 (0: Local SGD).");
     if (qsr_alpha > 0) policy.emplace<commpact::QSRPolicy>(qsr_alpha, period, warmup);
@@ -227,8 +455,8 @@ struct ModelAverager {
     for (const auto& p : params) n += static_cast<std::size_t>(p.numel());
     flat.resize(n);
     std::size_t off = 0;
-    for (const auto& p : params) {
-      auto c = p.detach().to(at::kFloat).contiguous();
+    for (const auto& p : params) {  // CUDA parameters go through host memory
+      auto c = p.detach().to(at::kCPU, at::kFloat).contiguous();
       std::memcpy(flat.data() + off, c.data_ptr<float>(), static_cast<std::size_t>(c.numel()) * sizeof(float));
       off += static_cast<std::size_t>(c.numel());
     }
@@ -264,22 +492,33 @@ PYBIND11_MODULE(commpact_hooks, m) {
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/gtopk")
       .def("bytes_sent", &GTopKState::bytes_sent, "bytes this rank sent through the hook (CountingComm)")
-      .def("abort", [](GTopKState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"),
+      .def("abort", &GTopKState::abort, py::arg("why"),
            "marks the hook's communicator failed: every other rank's hook raises instead of waiting");
   py::class_<TopKState>(m, "TopKState")
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/topk")
       .def("bytes_sent", &TopKState::bytes_sent)
-      .def("abort", [](TopKState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"));
+      .def("abort", &TopKState::abort, py::arg("why"));
   py::class_<PowerSGDState>(m, "PowerSGDState")
       .def(py::init<py::object, int, std::int64_t, double, std::int64_t, py::object, double, std::string>(),
            py::arg("process_group") = py::none(), py::arg("matrix_approximation_rank") = 1,
            py::arg("start_powerSGD_iter") = 1000, py::arg("min_compression_rate") = 2.0, py::arg("random_seed") = 0,
            py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/powersgd")
       .def("bytes_sent", &PowerSGDState::bytes_sent)
-      .def("abort", [](PowerSGDState& s, const std::string& why) { s.comm.abort(why); }, py::arg("why"))
+      .def("abort", &PowerSGDState::abort, py::arg("why"))
       .def_readonly("iter", &PowerSGDState::iter);
+  py::class_<EFSignState>(m, "EFSignState")
+      .def(py::init(&make_efsign), py::arg("process_group") = py::none(), py::arg("momentum") = 0.f,
+           py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/efsign")
+      .def("bytes_sent", &EFSignState::bytes_sent)
+      .def("abort", &EFSignState::abort, py::arg("why"));
+  py::class_<QSGDState>(m, "QSGDState")
+      .def(py::init(&make_qsgd), py::arg("process_group") = py::none(), py::arg("levels") = 256,
+           py::arg("bucket") = 512, py::arg("seed") = 0, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
+           py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/qsgd")
+      .def("bytes_sent", &QSGDState::bytes_sent)
+      .def("abort", &QSGDState::abort, py::arg("why"));
   py::class_<ModelAverager>(m, "ModelAverager")
       .def(py::init<py::object, std::int64_t, double, std::int64_t, py::object, double, std::string>(),
            py::arg("process_group") = py::none(), py::arg("period") = 4, py::arg("qsr_alpha") = 0.0,
@@ -293,6 +532,13 @@ PYBIND11_MODULE(commpact_hooks, m) {
   m.def("_gtopk_hook", &sparse_hook<GTopKState>);
   m.def("_topk_hook", &sparse_hook<TopKState>);
   m.def("_powersgd_hook", &powersgd_hook);
+  m.def("_efsign_hook", &codec_hook<EFSignState>);
+  m.def("_qsgd_hook", &codec_hook<QSGDState>);
+#if defined(COMMPACT_HOOKS_CUDA)
+  m.attr("has_cuda") = true;
+#else
+  m.attr("has_cuda") = false;
+#endif
   // DDP inspects a hook's signature (inspect.signature), which a built-in function has
   // not: the hooks are small Python functions over the built-ins.
   py::exec(R"(
@@ -310,5 +556,13 @@ def topk_hook(state: TopKState, bucket: _dist.GradBucket) -> torch.futures.Futur
 def powersgd_hook(state: PowerSGDState, bucket: _dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP hook: PowerSGD (commpact::PowerCompressor) with PyTorch powerSGD_hook's semantics."""
     return _powersgd_hook(state, bucket)
+
+def efsign_hook(state: EFSignState, bucket: _dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: EF-SignSGD (sign and a scale per row, error feedback; allgather of every rank's signs)."""
+    return _efsign_hook(state, bucket)
+
+def qsgd_hook(state: QSGDState, bucket: _dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP hook: QSGD (stochastic quantisation to `levels` per bucket of values, error feedback; allgather)."""
+    return _qsgd_hook(state, bucket)
 )", m.attr("__dict__"));
 }

@@ -2,8 +2,9 @@
 """commpact_hooks under PyTorch DDP: 2 CPU processes, Gloo, a file rendezvous.
 
 Checks, each on every rank:
-  * gtopk_hook, topk_hook and powersgd_hook keep the parameters bit-identical across
-    ranks (every rank gets the same reduced gradient) and the loss falls;
+  * gtopk_hook, topk_hook, powersgd_hook, efsign_hook and qsgd_hook keep the parameters
+    bit-identical across ranks (every rank gets the same reduced gradient) and the loss
+    falls;
   * commpact's powersgd_hook equals PyTorch's powerSGD_hook within float tolerance at the
     same matrix_approximation_rank, start_powerSGD_iter and random_seed, while both
     differ clearly from plain allreduce (so the comparison can fail);
@@ -89,6 +90,8 @@ def worker(rank, path, failures):
             "topk": (ch.topk_hook, ch.TopKState(density=0.1, name="t/topk")),
             "powersgd": (ch.powersgd_hook, ch.PowerSGDState(matrix_approximation_rank=2, start_powerSGD_iter=2,
                                                             name="t/psgd")),
+            "efsign": (ch.efsign_hook, ch.EFSignState(name="t/efsign")),
+            "qsgd": (ch.qsgd_hook, ch.QSGDState(levels=16, bucket=128, seed=1, name="t/qsgd")),
         }
         for name, (hook, state) in states.items():
             model, losses = train(rank, hook, state)

@@ -1,0 +1,179 @@
+// The CUDA side of commpact_hooks (commpact_hooks_cuda.hpp): the hooks' compressors in
+// commpact's CUDA space, over TorchCudaComm on the DDP group's link, on PyTorch's
+// current stream, with device memory from PyTorch's caching allocator (the executor's
+// stream-ordered allocator hook). Compiled by nvcc when the module is built against a
+// PyTorch with CUDA (setup.py); tests/torch/check_torch_cuda_objects.cmake compiles it to
+// an object without a GPU.
+#include "commpact_hooks_cuda.hpp"
+
+#include <commpact/comm/tree_comm.hpp>
+#include <commpact/compress/codecs/per_tensor.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
+#include <commpact/compress/codec_kernels_cuda.cuh>
+#include <commpact/kernels/cuda/ops.cuh>
+#include <commpact/space/cuda.hpp>
+#include <commpact/torch/torch_cuda_comm.hpp>
+
+#include <map>
+#include <optional>
+#include <utility>
+
+namespace commpact_hooks_cuda {
+
+namespace cp = commpact;
+using Comm = cp::TorchCudaComm;
+using GTopK = cp::gTopK<cp::TreeComm<Comm>>;
+using TopK = cp::TopK<Comm>;
+using Power = cp::PowerCompressor<1, cp::cuda_space>;
+using SignK = cp::per_tensor<cp::sign_codec>;
+using EfSign = cp::CodecCompressor<SignK, cp::Allgather<Comm>>;
+using Qsgd = cp::CodecCompressor<cp::qsgd_codec, cp::Allgather<Comm>>;
+
+namespace {
+void* alloc_hook(std::size_t bytes, cudaStream_t s, void* ctx) {
+  const auto* a = static_cast<const allocator*>(ctx);
+  return a->alloc(bytes, static_cast<void*>(s), a->ctx);
+}
+void free_hook(void* p, std::size_t bytes, cudaStream_t s, void* ctx) {
+  const auto* a = static_cast<const allocator*>(ctx);
+  a->free(p, bytes, static_cast<void*>(s), a->ctx);
+}
+
+template <class C>
+struct slot {
+  std::size_t n = 0;
+  cp::tensor_layout layout;
+  std::unique_ptr<C> c;
+};
+}  // namespace
+
+struct state::impl {
+  std::shared_ptr<cp::torch_group_link> link;
+  params prm;
+  allocator alloc;
+  cp::cuda_allocator hook{};
+  std::optional<cp::cuda_space::exec> exec;
+  std::optional<Comm> comm;
+  std::optional<cp::Dense<Comm>> dense;
+  std::map<std::int64_t, slot<GTopK>> gtopk;
+  std::map<std::int64_t, slot<TopK>> topk;
+  std::map<std::int64_t, slot<Power>> power;
+  std::map<std::int64_t, slot<EfSign>> efsign;
+  std::map<std::int64_t, slot<Qsgd>> qsgd;
+
+  //! The communicator on the first bucket's stream; every bucket must come on it.
+  Comm& comm_on(const bucket& b) {
+    const auto s = static_cast<cudaStream_t>(b.stream);
+    if (!exec) {
+      exec = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
+      comm.emplace(cp::TorchCudaComm{link, *exec});
+      dense.emplace(*comm);
+    }
+    cp::require(exec->stream() == s && exec->device() == b.device, "commpact_hooks: a CUDA bucket came on another "
+                "stream or device than the first (device ", b.device, "); run the backward of every step on one "
+                "stream, or make a new state for the other.");
+    return *comm;
+  }
+  static cp::cuda_span<float> view(const bucket& b) { return cp::cuda_access::wrap(b.data, b.n); }
+
+  template <class C, class Make>
+  C& get(std::map<std::int64_t, slot<C>>& m, std::int64_t index, const bucket& b, const cp::tensor_layout* layout,
+         Make&& make) {
+    auto& s = m[index];
+    if (!s.c || s.n != b.n || (layout && !(s.layout == *layout))) {
+      s.c.reset();
+      s.c = std::make_unique<C>(make());
+      s.n = b.n;
+      if (layout) s.layout = *layout;
+    }
+    return *s.c;
+  }
+  Power& power_at(std::int64_t index) const {
+    const auto it = power.find(index);
+    cp::require(it != power.end() && it->second.c, "commpact_hooks: bucket ", index, " has no PowerSGD compressor; "
+                "call power_prepare first.");
+    return *it->second.c;
+  }
+};
+
+state::state(std::shared_ptr<cp::torch_group_link> link, params p, allocator a) : p_(std::make_unique<impl>()) {
+  cp::require(link != nullptr, "commpact_hooks: the group link is null.");
+  p_->link = std::move(link);
+  p_->prm = p;
+  p_->alloc = a;
+  p_->hook = cp::cuda_allocator{&alloc_hook, &free_hook, &p_->alloc};
+}
+
+state::~state() = default;
+
+void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
+  auto& I = *p_;
+  Comm& c = I.comm_on(b);
+  const auto g = impl::view(b);
+  const auto& o = I.prm;
+  switch (o.m) {
+    case method::gtopk:
+      I.get(I.gtopk, index, b, nullptr, [&] {
+         return GTopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
+       }).reduce(g);
+      break;
+    case method::topk:
+      I.get(I.topk, index, b, nullptr, [&] {
+         return TopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
+       }).reduce(g);
+      break;
+    case method::powersgd:
+      I.power_at(index).reduce(g);
+      break;
+    case method::efsign:
+      I.get(I.efsign, index, b, &layout, [&] {
+         return EfSign{c, SignK{cp::split_rows(layout), cp::sign_codec{}}, cp::codec_options{.momentum = o.momentum}};
+       }).reduce(g);
+      break;
+    case method::qsgd:
+      I.get(I.qsgd, index, b, nullptr, [&] {
+         return Qsgd{c, cp::qsgd_codec{o.levels, o.seed, o.qsgd_bucket}, cp::codec_options{.momentum = o.momentum}};
+       }).reduce(g);
+      break;
+  }
+}
+
+void state::reduce_dense(const bucket& b) {
+  p_->comm_on(b);
+  p_->dense->reduce(impl::view(b));
+}
+
+bool state::power_prepare(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
+  auto& I = *p_;
+  Comm& c = I.comm_on(b);
+  auto& s = I.power[index];
+  if (s.c && s.n == b.n && s.layout == layout) return false;
+  s.c.reset();
+  s.c = std::make_unique<Power>(
+      cp::any_space_communicator<cp::cuda_space>(c), layout,
+      cp::power_options{.approximation_rank = I.prm.rank, .min_compression_rate = I.prm.min_rate});
+  s.n = b.n;
+  s.layout = layout;
+  return true;
+}
+bool state::is_compressed(std::int64_t index, std::size_t tensor) const {
+  return p_->power_at(index).is_compressed(tensor);
+}
+std::size_t state::rank_of(std::int64_t index, std::size_t tensor) const {
+  return p_->power_at(index).rank_of(tensor);
+}
+void state::set_q_factor(std::int64_t index, std::size_t tensor, std::span<const float> q) {
+  p_->power_at(index).set_q_factor(tensor, q);
+}
+
+std::uint64_t state::bytes_sent() const { return p_->comm ? p_->comm->bytes_sent() : 0; }
+
+void state::abort(std::string_view why) noexcept { p_->link->abort(why); }
+
+}  // namespace commpact_hooks_cuda
