@@ -6,7 +6,11 @@
 // failures and bad input raise on every rank within the deadline and change no parameter.
 #include <commpact/comm/thread_comm.hpp>
 
+#include <array>
 #include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <mutex>
 #include <string>
 
@@ -361,4 +365,195 @@ TEST_CASE("ps: a malformed or out-of-order message raises wire_error on the serv
   // No step was applied: worker 1's first push never completed clock 0 (the server
   // rejected the rogue message before or instead of it).
   REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
+
+// ---- values a server applies ------------------------------------------------------------
+
+namespace {
+// dense_codec whose messages carry `poison` at index 0 instead of the value (a worker
+// whose push was corrupted after push() checked its gradient).
+struct poisoned_codec {
+  float poison = 0.0f;
+  bool active = false;
+  std::size_t max_encoded_bytes(std::size_t n) const { return 4 * n; }
+  std::size_t encode(std::span<const float> v, std::span<std::byte> msg, std::span<float> approx) const {
+    const std::size_t b = ps::dense_codec{}.encode(v, msg, approx);
+    if (active && !v.empty()) std::memcpy(msg.data(), &poison, 4);
+    return b;
+  }
+  void decode_add(std::span<const std::byte> msg, std::span<float> acc) const { ps::dense_codec{}.decode_add(msg, acc); }
+};
+
+}  // namespace
+
+TEST_CASE("ps: a push whose payload holds NaN or Inf raises wire_error on its server, naming the worker, and applies nothing",
+          "[ps][failure][wire][values]") {
+  const std::size_t n = 24;
+  const float poison = GENERATE(std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                                -std::numeric_limits<float>::infinity());
+  std::vector<float> shard_after;
+  std::mutex m;
+  auto out = run_failing(3, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(3, 1);
+    std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+    ps::ParameterServer<ThreadComm, poisoned_codec, ps::Bsp> server{
+        c, r, init, {}, {}, [&](std::size_t, std::size_t, std::size_t) { return poisoned_codec{poison, c.rank() == 2}; }};
+    try {
+      if (server.is_worker())
+        for (int t = 0; t < 3; ++t) {
+          server.pull(x);
+          server.push(g, 0.1);
+        }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) {
+        std::lock_guard lk(m);
+        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      }
+      throw;
+    }
+  });
+  CAPTURE(poison, out[0].what);
+  REQUIRE(out[0].own);
+  REQUIRE(out[0].what.find("from worker 1 (rank 2) that decodes to the non-finite value") != std::string::npos);
+  for (int r : {1, 2}) REQUIRE(!out[r].what.empty());
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
+
+TEST_CASE("ps: a push header whose lr is not a finite float > 0 raises wire_error on the server and applies nothing",
+          "[ps][failure][wire][values]") {
+  const std::size_t n = 24;
+  const double lr = GENERATE(1e39, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity(),
+                             -1.0, 0.0);
+  std::vector<float> shard_after;
+  std::mutex m;
+  auto out = run_failing(3, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(3, 1);
+    std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    try {
+      if (c.rank() == 2) {  // a rogue worker: a well-formed push of clock 0 with a bad lr
+        std::array<std::byte, ps::wire::header_bytes> h{};
+        std::vector<float> payload(n, 0.5f);
+        ps::wire::write(h, {ps::wire::kind::push, ps::wire::pull_after, 0, static_cast<std::uint32_t>(4 * n), 0,
+                            static_cast<std::int64_t>(n), lr});
+        c.send(0, h);
+        c.send(0, std::as_bytes(std::span<const float>(payload)));
+      }
+      if (server.is_worker())
+        for (int t = 0; t < 3; ++t) {
+          server.pull(x);
+          server.push(g, 0.1);
+        }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) {
+        std::lock_guard lk(m);
+        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      }
+      throw;
+    }
+  });
+  CAPTURE(lr, out[0].what);
+  REQUIRE(out[0].own);
+  REQUIRE(out[0].what.find("received a push from rank 2 with lr = ") != std::string::npos);
+  REQUIRE(out[0].what.find("not a finite float > 0") != std::string::npos);
+  for (int r : {1, 2}) REQUIRE(!out[r].what.empty());
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
+
+TEST_CASE("ps: push() refuses an lr that is not a finite float > 0 before sending anything", "[ps][failure][input][values]") {
+  const std::size_t n = 20;
+  const double lr = GENERATE(1e39, std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity(),
+                             -1.0, 0.0);
+  std::vector<float> shard_after;
+  std::mutex m;
+  auto out = run_failing(3, 10s, [&](ThreadComm& c) {
+    const auto r = ps::roles::separate(3, 1);
+    std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+    ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
+    try {
+      if (server.is_worker()) {
+        server.pull(x);
+        server.push(g, c.rank() == 1 ? lr : 0.1);
+      }
+      server.finish();
+    } catch (...) {
+      if (server.is_server()) {
+        std::lock_guard lk(m);
+        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+      }
+      throw;
+    }
+  });
+  CAPTURE(lr, out[1].what);
+  REQUIRE(out[1].own);
+  REQUIRE(out[1].what.find("passed lr = ") != std::string::npos);
+  REQUIRE(out[1].what.find("commpact::ps::ParameterServer::push") != std::string::npos);
+  for (int r : {0, 2}) REQUIRE(!out[r].what.empty());
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
+
+TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every rank and apply nothing",
+          "[ps][failure][values][overflow]") {
+  const std::size_t n = 30;
+  const int setup = GENERATE(0, 1, 2, 3);  // Bsp separate(4, 1); Ssp{1} separate(5, 2); Bsp colocated(3); Asp(3)
+  const int P = setup == 1 ? 5 : setup == 0 ? 4 : 3;
+  std::vector<std::vector<float>> shards(static_cast<std::size_t>(P));
+  std::vector<std::string> cls(static_cast<std::size_t>(P));
+  std::mutex m;
+  auto body = [&](ThreadComm& c, auto& server) {
+    std::vector<float> x(n), g(n, 0.25f);
+    try {
+      if (server.is_worker())
+        for (int t = 0; t < 4; ++t) {
+          server.pull(x);
+          g[7] = t == 1 ? 3e38f : 0.25f;  // every worker, at clock 1: 3e38 at one index
+          server.push(g, 0.1);
+        }
+      server.finish();
+      cls[static_cast<std::size_t>(c.rank())] = "none";
+    } catch (const commpact::numeric_error&) {
+      cls[static_cast<std::size_t>(c.rank())] = "numeric_error";
+    } catch (const std::exception& e) {
+      cls[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    std::lock_guard lk(m);
+    shards[static_cast<std::size_t>(c.rank())].assign(server.shard_params().begin(), server.shard_params().end());
+  };
+  commpact::run_threads(
+      P,
+      [&](ThreadComm& c) {
+        std::vector<float> init(n, 1.0f);
+        if (setup == 0) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::separate(4, 1), init};
+          body(c, s);
+        } else if (setup == 1) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Ssp> s{c, ps::roles::separate(5, 2), init, ps::Ssp{1}};
+          body(c, s);
+        } else if (setup == 2) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::colocated(3), init};
+          body(c, s);
+        } else {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Asp> s{c, ps::roles::colocated(3), init};
+          body(c, s);
+        }
+      },
+      opts);
+  CAPTURE(setup);
+  if (setup == 3) {
+    // Asp applies each push alone (push / W): 3e38 / 3 is finite, so nothing overflows.
+    for (int r = 0; r < P; ++r) CHECK(cls[static_cast<std::size_t>(r)] == "none");
+    return;
+  }
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(cls[static_cast<std::size_t>(r)] == "numeric_error");
+    for (const float v : shards[static_cast<std::size_t>(r)]) CHECK(std::isfinite(v));
+  }
+  // Index 7 is in shard 0 (rank 0's): clock 0 was applied there (1 - 0.1 x 0.25), clock 1
+  // was not (another shard may have applied clock 1 and later ones meanwhile).
+  REQUIRE(!shards[0].empty());
+  const float after_clock0 = 1.0f - static_cast<float>(0.1) * 0.25f;
+  for (const float v : shards[0]) CHECK(v == after_clock0);
 }

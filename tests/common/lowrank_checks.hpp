@@ -338,7 +338,7 @@ void check_power_bytes(Comm& comm) {
   const auto wp = commpact::wire::ring_allreduce(r, P, want_p, 4);
   const auto wq = commpact::wire::ring_allreduce(r, P, want_q, 4);
   const auto wd = commpact::wire::ring_allreduce(r, P, want_d, 4);
-  const auto check = commpact::wire::ring_allreduce(r, P, 2, 8);  // require_same on step 0
+  const auto check = commpact::wire::ring_allreduce(r, P, 5, 8);  // the agreement on step 0 (comm/agree.hpp)
   const auto full = commpact::wire::ring_allreduce(r, P, numel(l), 4);
   v.expect(c.floats_per_step() == want_p + want_q + want_d, "floats_per_step ", c.floats_per_step());
   v.expect(step_stats.bytes_sent == wp.bytes_sent + wq.bytes_sent + wd.bytes_sent, "step bytes sent ",

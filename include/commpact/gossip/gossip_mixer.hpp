@@ -194,8 +194,9 @@ class GossipMixer {
     r.require_that<mismatch_error>(h[0] == hash_ && h[1] == ex_.rank(), "the state was saved by rank ", h[1],
                                    " of a mixer with setup hash ", h[0], "; this is rank ", ex_.rank(), " with hash ",
                                    hash_, ". Load each rank's own state into the same algorithm, layout and topology.");
-    r.require_that<wire_error>(h[2] >= 0 && h[3] >= 0 && h[3] <= h[2], "counters steps = ", h[2], ", skipped = ", h[3],
-                               " are out of range; the state is corrupted.");
+    r.require_that<wire_error>(h[2] >= 0 && h[3] >= 0 && h[3] <= h[2] && h[2] <= state::max_counter,
+                               "counters steps = ", h[2], ", skipped = ", h[3],
+                               " are out of range (0 <= skipped <= steps <= 2^62); the state is corrupted.");
     auto s = algo_.read(r);
     r.done();
     algo_.install(std::move(s));

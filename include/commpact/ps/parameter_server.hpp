@@ -47,6 +47,16 @@
 //! communicator's receive deadline, and `timeout` for the whole wait). Nothing is
 //! applied from a push before all of it was received and decoded. Destroying the object
 //! before finish() aborts the communicator, so that the other ranks raise at once.
+//!
+//! Values: every value a server applies is checked first. A push's lr must be a finite
+//! float > 0 (the worker raises invalid_argument before sending; a server that receives
+//! another one raises wire_error). A server checks the sum of the pushes it decoded
+//! before its Sgd step: a push holding NaN or Inf (no honest worker sends one: push()
+//! checks its gradient) raises wire_error naming the worker; finite pushes whose sum
+//! overflowed raise numeric_error on every rank (the server tells its peers with a
+//! `failed` message before it aborts the communicator, each rank that reads one tells
+//! its own peers), and no parameter changes.
+//!
 //! Construction is collective (one small allreduce checks that every rank holds the same
 //! model length, roles, consistency model, codec sizes and optimiser options); so are final_params() and
 //! barrier() (the one way to make a collective safe mid-run, see barrier()).
@@ -60,6 +70,7 @@
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -267,18 +278,19 @@ class ParameterServer {
   //! Encodes grad (plus this worker's residual) shard by shard with the codecs and sends
   //! each shard to its server, with the request for the parameters of the next clock
   //! (collected by the next pull()). Raises invalid_argument, and aborts the
-  //! communicator, when grad has the wrong length or lr is not a finite number >= 0:
+  //! communicator, when grad has the wrong length or lr is not a finite float > 0:
   //! nothing is sent and no parameter changes.
   void push(std::span<const float> grad, double lr) {
     guarded([&] {
       require_worker("push");
-      if (grad.size() != n_ || !(std::isfinite(lr) && lr >= 0))
+      if (grad.size() != n_ || !lr_ok(lr))
         fail<invalid_argument>(grad.size() != n_
                                    ? detail::cat("commpact::ps::ParameterServer::push: worker rank ", me_, " pushed ",
                                                  grad.size(), " values; the model has n = ", n_,
                                                  ". Push the gradient of the whole flat parameter buffer.")
                                    : detail::cat("commpact::ps::ParameterServer::push: worker rank ", me_,
-                                                 " passed lr = ", lr, "; use a finite learning rate >= 0."));
+                                                 " passed lr = ", lr, "; use a learning rate > 0 that is finite "
+                                                 "as a float (at most 3.4e38)."));
       if (outstanding_) wait_reply("push");  // the reply of a pull request not yet collected
       if (!ef_.accumulate(grad))
         fail<numeric_error>(detail::cat("commpact::ps::ParameterServer::push: worker rank ", me_, " at clock ", clock_,
@@ -476,6 +488,56 @@ class ParameterServer {
     throw E(why);
   }
 
+  //! A learning rate a server may apply: finite as a float and > 0.
+  static bool lr_ok(double lr) {
+    return std::isfinite(lr) && lr > 0 && lr <= static_cast<double>(std::numeric_limits<float>::max());
+  }
+
+  //! Tells every peer still listening that the run failed for `why` (once), before this
+  //! rank raises and aborts the communicator: a message sent before the abort is
+  //! delivered, so each peer reads it (and raises the same error) instead of the abort.
+  void tell_failed(std::int64_t why) {
+    if (told_) return;
+    told_ = true;
+    for (auto& p : peers_) {
+      if (p.bye_sent) continue;
+      wire::header h{wire::kind::failed, 0, 0, 0, version_, why, 0.0};
+      try {
+        send_header(p.rank, h, stats_.control_bytes, stats_.control_messages);
+      } catch (...) {
+      }
+    }
+  }
+
+  //! The sum acc_ of the pushes `from` (worker indices) is not finite: a push holding
+  //! NaN or Inf raises wire_error naming its worker; finite pushes whose sum overflowed
+  //! tell every peer and raise numeric_error. Nothing was applied.
+  template <class Pushes>
+  [[noreturn]] void reject_sum(const Pushes& from, std::int64_t clock) {
+    std::vector<float> one(acc_.size());
+    for (const auto& [w, bytes] : from) {
+      std::fill(one.begin(), one.end(), 0.0f);
+      codecs_[sidx_].decode_add(*bytes, one);
+      for (const float v : one)
+        if (!std::isfinite(v))
+          fail<wire_error>(detail::cat("commpact::ps: server rank ", me_, " (shard ", sidx_, ") received a push "
+                                       "of clock ", clock, " from worker ", w, " (rank ", roles_.workers[w],
+                                       ") that decodes to the non-finite value ", v,
+                                       "; a worker never pushes one (push() checks its gradient), so the message "
+                                       "is corrupted or forged."));
+    }
+    tell_failed(wire::failure::overflow);
+    fail<numeric_error>(detail::cat("commpact::ps: server rank ", me_, " (shard ", sidx_, "): the sum of the "
+                                    "workers' finite pushes of clock ", clock, " overflowed float; no parameter "
+                                    "changed and every rank raises numeric_error. Lower the learning rate, scale "
+                                    "the loss or clip the gradients."));
+  }
+  static bool all_finite(std::span<const float> v) {
+    for (const float x : v)
+      if (!std::isfinite(x)) return false;
+    return true;
+  }
+
   void post(peer& p) {
     p.h.emplace(comm_.irecv(p.rank, std::span<std::byte>(p.hdr)));
   }
@@ -559,6 +621,9 @@ class ParameterServer {
                             me_, " (shard ", sidx_, ", ", len, " values, messages up to ", cap,
                             " bytes) received a push from rank ", p.rank, " for ", h.n, " values with ", h.payload,
                             " bytes; the ranks disagree on the shards or the codec.");
+        require<wire_error>(lr_ok(h.lr), "commpact::ps: server rank ", me_, " received a push from rank ", p.rank,
+                            " with lr = ", h.lr, ", not a finite float > 0 (push() never sends one); the message "
+                            "is corrupted or forged.");
         pending_push pp = take_spare();
         pp.bytes.resize(h.payload);
         pp.lr = h.lr;
@@ -599,6 +664,14 @@ class ParameterServer {
       case wire::kind::bye:
         p.bye_received = true;  // nothing more comes on this channel: no receive posted
         return;
+      case wire::kind::failed:
+        require<wire_error>(h.n == wire::failure::overflow, "commpact::ps: rank ", me_, " received a 'failed' "
+                            "message of unknown reason ", h.n, " from rank ", p.rank, ".");
+        tell_failed(h.n);
+        fail<numeric_error>(detail::cat("commpact::ps: rank ", me_, ": a server's sum of the workers' finite "
+                                        "pushes overflowed float (rank ", p.rank, " passed the word on); no "
+                                        "parameter changed and every rank raises numeric_error. Lower the learning "
+                                        "rate, scale the loss or clip the gradients."));
     }
   }
 
@@ -628,6 +701,10 @@ class ParameterServer {
     if constexpr (Model::per_push) {
       std::fill(acc_.begin(), acc_.end(), 0.0f);
       codecs_[sidx_].decode_add(pp.bytes, acc_);  // raises before any parameter changes
+      if (!all_finite(acc_)) {
+        const std::pair<int, const std::vector<std::byte>*> from[] = {{w, &pp.bytes}};
+        reject_sum(from, h.clock);
+      }
       for (auto& a : acc_) a = mean_of(a, static_cast<int>(W_));
       (*sgd_)(shard_, acc_, pp.lr);
       ++version_;
@@ -665,12 +742,19 @@ class ParameterServer {
       }
       if (contributors == 0 || !complete) return;
       std::fill(acc_.begin(), acc_.end(), 0.0f);
-      double lr = -1;
+      double lr = 0;
+      bool have_lr = false;
       for (std::size_t w = 0; w < W_; ++w) {
         if (done_at_[w] >= 0 && done_at_[w] <= t) continue;
         const auto& pp = queue_[w].front();
         codecs_[sidx_].decode_add(pp.bytes, acc_);  // raises before any parameter changes
-        if (lr < 0) lr = pp.lr;
+        if (!have_lr) lr = pp.lr, have_lr = true;
+      }
+      if (!all_finite(acc_)) {
+        std::vector<std::pair<int, const std::vector<std::byte>*>> from;
+        for (std::size_t w = 0; w < W_; ++w)
+          if (!(done_at_[w] >= 0 && done_at_[w] <= t)) from.emplace_back(static_cast<int>(w), &queue_[w].front().bytes);
+        reject_sum(from, t);
       }
       for (auto& a : acc_) a = mean_of(a, contributors);
       (*sgd_)(shard_, acc_, lr);
@@ -744,6 +828,7 @@ class ParameterServer {
   std::vector<peer> peers_;
   std::chrono::milliseconds timeout_{0};
   bool failed_ = false, finished_ = false, done_sent_ = false;
+  bool told_ = false;  // this rank sent its peers a `failed` message
   std::int64_t fence_ = 0;
   ps_stats stats_;
   // server

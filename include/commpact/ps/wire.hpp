@@ -18,6 +18,7 @@
 //! | done | worker -> server | none: the worker pushes no more (it leaves the clock count) |
 //! | fence | any -> peer | none: barrier() |
 //! | bye | any -> peer | none: the last message on this channel |
+//! | failed | any -> peer | none: the run failed alike everywhere (n = the reason: 1, a server's aggregate of finite pushes overflowed); the receiver tells its own peers and raises the same error |
 //!
 //! Bytes per clock of one worker, over the servers R other than itself:
 //! push sum_{s in R} (40 + e_s) (e_s the encoded bytes; 4 n_s for dense_codec),
@@ -34,7 +35,9 @@ namespace commpact::ps::wire {
 
 inline constexpr std::uint32_t magic = 0x53505043u;  // "CPPS"
 inline constexpr std::size_t header_bytes = 40;
-enum class kind : std::uint16_t { push = 1, pull = 2, params = 3, done = 4, fence = 5, bye = 6 };
+enum class kind : std::uint16_t { push = 1, pull = 2, params = 3, done = 4, fence = 5, bye = 6, failed = 7 };
+//! The reasons a `failed` message carries in n.
+enum failure : std::int64_t { overflow = 1 };
 enum flag : std::uint16_t { pull_after = 1 };
 
 inline const char* kind_name(kind k) {
@@ -45,6 +48,7 @@ inline const char* kind_name(kind k) {
     case kind::done: return "done";
     case kind::fence: return "fence";
     case kind::bye: return "bye";
+    case kind::failed: return "failed";
   }
   return "unknown";
 }
@@ -86,7 +90,7 @@ inline header read(std::span<const std::byte, header_bytes> b, int from) {
   std::memcpy(&h.clock, p + 16, 8);
   std::memcpy(&h.n, p + 24, 8);
   std::memcpy(&h.lr, p + 32, 8);
-  require<wire_error>(m == magic && k >= 1 && k <= 6 && (h.flags & ~1u) == 0,
+  require<wire_error>(m == magic && k >= 1 && k <= 7 && (h.flags & ~1u) == 0,
                       "commpact::ps: the message from rank ", from,
                       " is not a parameter-server header (magic, kind or flags wrong); every rank must run the "
                       "same commpact and build the same ParameterServer in the same order.");

@@ -260,8 +260,10 @@ class SparseReduceScatter {
   std::uint32_t flags() const { return all_flags_; }
 
   //! After exchange() of an unflagged step: checks the other ranks' allgather blocks (else
-  //! status_wire with status[1] = the origin, out untouched), then out = 0 except
-  //! mean_of(sum, P) at every selected index. The codec is not used.
+  //! status_wire with status[1] = the origin, out untouched); a non-finite sum in any
+  //! block (finite inputs that overflowed; every rank holds the same blocks) sets
+  //! status_nonfinite, out untouched; else out = 0 except mean_of(sum, P) at every
+  //! selected index. The codec is not used.
   template <class K>
   void combine(const K&, span<float> out, span<std::uint32_t> status) {
     ops<space_type>::oktopk_output(exec(), blocks(), dbounds_.cview(), comm_.rank(), out, status);

@@ -74,8 +74,11 @@ class Dense {
     phase_ = phase::started;
   }
 
-  //! Fences, then raises numeric_error on every rank for a non-finite mean (grad holds
-  //! it), or under skip_step zeroes grad and returns false.
+  //! Fences, then raises numeric_error on every rank for a non-finite mean, or under
+  //! skip_step zeroes grad and returns false. The allreduce runs in place (Dense keeps no
+  //! copy of the gradient), so a raised step leaves in grad the mean over the ranks,
+  //! mean_of(sum in rank order, P), which is not finite at some index; every other
+  //! compressor leaves grad untouched when it raises.
   bool finish() {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);

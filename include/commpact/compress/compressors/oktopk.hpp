@@ -122,7 +122,9 @@ class OkTopK {
   }
 
   //! Writes grad (the selected sums / P; zero under a skipped step), fences once, then
-  //! raises the step's error on every rank alike (grad untouched) or returns.
+  //! raises the step's error on every rank alike (grad untouched) or returns. A selected
+  //! sum that overflowed (finite inputs) is a non-finite step: numeric_error on every
+  //! rank, or a skipped step under skip_step.
   bool finish() {
     phase_.require_started(who);
     const auto e = exec();
@@ -147,6 +149,14 @@ class OkTopK {
                                    sh[1], " has entries out of order, outside its region or not finite.");
       comm().abort(why);
       throw wire_error(detail::cat("commpact::", why, " Every rank must run the same commpact; the step is abandoned."));
+    }
+    if (outcome_ == outcome::delivered && (sh[0] & status_nonfinite)) {
+      // Finite inputs whose sum overflowed: every rank holds the same allgathered blocks,
+      // so every rank sees it and decides alike.
+      if (opt_.on_nonfinite == nonfinite::raise)
+        detail::raise_nonfinite("OkTopK::reduce", "sum of the selected entries over the ranks",
+                                static_cast<std::size_t>(-1), steps_);
+      outcome_ = outcome::skipped;
     }
     if (outcome_ == outcome::skipped) {
       ops<space_type>::fill(e, grad_, 0.0f);

@@ -74,6 +74,7 @@
 #include <new>
 #include <span>
 #include <stdexcept>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -181,14 +182,25 @@ class PowerCompressor {
     require(!layout_.empty(),
             "commpact::PowerCompressor::reduce: no tensor shapes registered; pass the layout to the constructor or "
             "call set_layout() first.");
-    require(grad.size() == total_, "commpact::PowerCompressor::reduce: rank ", comm_.rank(), " passed a buffer of ",
-            grad.size(), " floats but the registered shapes hold ", total_,
-            " (the buffer must be exactly the concatenation of the registered tensors); fix the layout or the "
-            "buffer.");
-    if (!checked_) {
-      require_same(comm_, agree_hash_,
-                   "the PowerCompressor layout (a hash of the rank, the shapes in order and the options, products "
-                   "included; register the same shapes and options on every rank)");
+    // The layout hash and the length are agreed at the first step and whenever this
+    // rank's buffer does not fit its layout, so a length that differs on one rank raises
+    // mismatch_error on every rank (naming it), and a length that differs from the
+    // layout on every rank invalid_argument on every rank.
+    const auto n = static_cast<std::int64_t>(grad.size());
+    if (!checked_ || grad.size() != total_) {
+      const std::string problem =
+          grad.size() == total_
+              ? std::string()
+              : detail::cat("commpact::PowerCompressor::reduce: rank ", comm_.rank(), " passed a buffer of ",
+                            grad.size(), " floats but the registered shapes hold ", total_,
+                            " (the buffer must be exactly the concatenation of the registered tensors); fix the "
+                            "layout or the buffer.");
+      agree(comm_, "PowerCompressor",
+            {{"the PowerCompressor layout (a hash of the rank, the shapes in order and the options, products "
+              "included; register the same shapes and options on every rank)",
+              agree_hash_},
+             {"the gradient length", n}},
+            problem, steps_);
       checked_ = true;
     }
     const auto e = exec();
@@ -270,8 +282,10 @@ class PowerCompressor {
     r.require_that<mismatch_error>(c[3] == layout_hash_, "the state was saved with a different layout, rank or "
                                    "options (hash ", c[3], ", this compressor has ", layout_hash_,
                                    "); register the same shapes and options before loading.");
-    r.require_that<wire_error>(c[0] >= 0 && c[1] >= 0 && c[1] <= c[0] && (c[2] == 0 || c[2] == 1), "counters steps = ",
-                               c[0], ", skipped = ", c[1], ", q_ready = ", c[2], " are out of range; the state is "
+    r.require_that<wire_error>(c[0] >= 0 && c[1] >= 0 && c[1] <= c[0] && c[0] <= state::max_counter &&
+                                   (c[2] == 0 || c[2] == 1),
+                               "counters steps = ", c[0], ", skipped = ", c[1], ", q_ready = ", c[2],
+                               " are out of range (0 <= skipped <= steps <= 2^62, q_ready 0 or 1); the state is "
                                "corrupted.");
     auto l = error_feedback::load(r, state::reader::npos, false);
     r.require_that<wire_error>(l.residual.empty() || l.residual.size() == compressed_, "the residual holds ",

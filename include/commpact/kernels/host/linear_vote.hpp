@@ -40,14 +40,17 @@ void linear_encode(K& codec, std::span<const float> acc, std::span<float> block,
   block[m] = 0.0f;
 }
 
-//! After the allreduce of the blocks: when the summed flag is 0, block[0, m) becomes the
-//! mean mean_of(sum, P) and out = B (that mean) (out zeroed first); else status |=
-//! status_nonfinite and out is untouched.
+//! After the allreduce of the blocks: when the summed flag is 0 and every sum is finite,
+//! block[0, m) becomes the mean mean_of(sum, P) and out = B (that mean) (out zeroed
+//! first); else (some rank flagged its input, or finite inputs whose sum overflowed)
+//! status |= status_nonfinite and out is untouched.
 template <class K>
 void linear_decode(const K& codec, std::span<float> block, std::span<float> out, int P,
                    std::span<std::uint32_t> status) {
   const std::size_t m = block.size() - 1;
-  if (block[m] != 0.0f) {
+  bool finite = block[m] == 0.0f;
+  for (std::size_t j = 0; j < m && finite; ++j) finite = std::isfinite(block[j]);
+  if (!finite) {
     status[0] |= status_nonfinite;
     return;
   }

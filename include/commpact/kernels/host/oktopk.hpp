@@ -145,6 +145,17 @@ COMMPACT_HOST_DEVICE inline std::size_t rebalance_rank(std::size_t total, std::s
   return total * j / P;
 }
 
+//! count indices at p: strictly ascending in [lo, hi) (the values are not read).
+inline bool indices_ok(const std::byte* p, std::size_t c, std::int64_t lo, std::int64_t hi) {
+  std::int64_t prev = lo - 1;
+  for (std::size_t e = 0; e < c; ++e) {
+    const auto i = get<std::int32_t>(p + 4 * e);
+    if (!entry_ok(i, prev, hi, 0.0f)) return false;
+    prev = i;
+  }
+  return true;
+}
+
 //! count entries at p (indices, then values): strictly ascending indices in [lo, hi)
 //! and finite values.
 inline bool entries_ok(const std::byte* p, std::size_t c, std::int64_t lo, std::int64_t hi) {
@@ -241,19 +252,35 @@ inline std::size_t block_count(std::span<const std::byte> blocks, std::size_t st
   return get<std::uint32_t>(blocks.data() + o * stride + 4);
 }
 
+//! Whether every one of the count values after the count indices at p is finite.
+inline bool values_finite(const std::byte* p, std::size_t c) {
+  for (std::size_t e = 0; e < c; ++e)
+    if (!std::isfinite(get<float>(p + 4 * (c + e)))) return false;
+  return true;
+}
+
 //! Checks every other origin's block (entries in its region; else status wire and
-//! status[1] = the origin, grad untouched), then grad = 0 except grad[i] = mean_of(sum, P)
-//! at every selected entry.
+//! status[1] = the origin, grad untouched); then, when some block (this rank's own
+//! included) holds a non-finite sum (finite inputs whose sum overflowed: every rank
+//! holds the same blocks, so every rank sees it), status nonfinite, grad untouched;
+//! else grad = 0 except grad[i] = mean_of(sum, P) at every selected entry.
 inline void output(std::span<const std::byte> blocks, std::span<const std::int64_t> bounds, int me,
                    std::span<float> grad, std::span<std::uint32_t> status) {
   const std::size_t P = bounds.size() - 1, stride = blocks.size() / P;
+  bool finite = true;
   for (std::size_t o = 0; o < P; ++o) {
-    if (o == static_cast<std::size_t>(me)) continue;
-    if (!entries_ok(blocks.data() + o * stride + 8, block_count(blocks, stride, o), bounds[o], bounds[o + 1])) {
+    const std::byte* p = blocks.data() + o * stride + 8;
+    const std::size_t c = block_count(blocks, stride, o);
+    if (o != static_cast<std::size_t>(me) && !indices_ok(p, c, bounds[o], bounds[o + 1])) {
       status[0] |= status_wire;
       status[1] = static_cast<std::uint32_t>(o);
       return;
     }
+    finite = finite && values_finite(p, c);
+  }
+  if (!finite) {
+    status[0] |= status_nonfinite;
+    return;
   }
   std::fill(grad.begin(), grad.end(), 0.0f);
   for (std::size_t o = 0; o < P; ++o) {
