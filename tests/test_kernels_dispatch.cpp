@@ -1,12 +1,13 @@
 // Tests of the run-time instruction-set dispatch (kernels/host/isa.hpp): every level this
 // CPU runs gives the bits of the scalar references, for the O(n) passes of vector_ops.hpp
-// and the fp16 conversions and CastAllreduce passes of half.hpp / cast.hpp. The half
-// conversions are checked over all 65536 codes (half -> float) and, float -> half, over a
-// strided sweep of all float bit patterns, every rounding tie and its neighbours, the
-// overflow and subnormal edges and random bits.
+// and the fp16 and bf16 conversions and CastAllreduce passes of half.hpp, bf16.hpp and
+// cast.hpp. The half conversions are checked over all 65536 codes (half -> float) and,
+// float -> half, over a strided sweep of all float bit patterns, every rounding tie and
+// its neighbours, the overflow and subnormal edges and random bits.
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <catch2/catch.hpp>
 #include <cstdint>
 #include <limits>
@@ -26,7 +27,6 @@ namespace {
 
 namespace h = commpact::host;
 namespace isa = commpact::host::isa;
-using commpact::fp16_codec;
 
 std::uint32_t bits(float f) { return std::bit_cast<std::uint32_t>(f); }
 float from_bits(std::uint32_t b) { return std::bit_cast<float>(b); }
@@ -149,7 +149,9 @@ TEST_CASE("half: to_half and to_half_ieee give the scalar bits at every level", 
   }
 }
 
-TEST_CASE("half: CastAllreduce's fp16 passes give the scalar bits at every level", "[kernels][isa][half]") {
+TEMPLATE_TEST_CASE("CastAllreduce's fp16 and bf16 passes give the scalar bits at every level", "[kernels][isa][half]",
+                   commpact::fp16_codec, commpact::bf16_codec) {
+  using Cast = TestType;
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1e-4f);  // mostly half subnormals, as gradients
   const std::size_t n = 4099;
@@ -158,7 +160,8 @@ TEST_CASE("half: CastAllreduce's fp16 passes give the scalar bits at every level
     g[i] = nd(rng);
     r[i] = i % 3 == 0 ? 0.0f : nd(rng) * 0.01f;
   }
-  g[5] = 70000.0f;  // saturates
+  g[5] = 70000.0f;  // saturates in fp16
+  g[6] = 3.4e38f;   // saturates in bf16
   g[17] = std::numeric_limits<float>::infinity();
   g[40] = std::numeric_limits<float>::quiet_NaN();
   r[41] = std::numeric_limits<float>::infinity();
@@ -167,8 +170,8 @@ TEST_CASE("half: CastAllreduce's fp16 passes give the scalar bits at every level
   std::vector<std::uint16_t> codes_ref(n), codes_ref_nor(n);
   std::vector<float> cand_ref(n, -1.0f), cand_ref_nor(n, -1.0f);
   for (std::size_t i = 0; i < n; ++i) {
-    codes_ref[i] = h::cast_encode_value<fp16_codec>(g[i], r.data(), i, cand_ref.data());
-    codes_ref_nor[i] = h::cast_encode_value<fp16_codec>(g[i], nullptr, i, cand_ref_nor.data());
+    codes_ref[i] = h::cast_encode_value<Cast>(g[i], r.data(), i, cand_ref.data());
+    codes_ref_nor[i] = h::cast_encode_value<Cast>(g[i], nullptr, i, cand_ref_nor.data());
   }
   // Sums: random code pairs, including signalling and quiet NaN codes and Infs.
   std::vector<std::uint16_t> in(n), mine(n), add_ref(n);
@@ -176,34 +179,36 @@ TEST_CASE("half: CastAllreduce's fp16 passes give the scalar bits at every level
     in[i] = static_cast<std::uint16_t>(rng());
     mine[i] = i % 2 ? codes_ref[i] : static_cast<std::uint16_t>(rng());
   }
-  in[1] = 0x7C01;  // signalling NaN
+  in[1] = 0x7C01;  // signalling NaN (fp16)
+  in[3] = 0x7F81;  // signalling NaN (bf16)
+  in[4] = 0xFF80;  // -Inf (bf16)
   mine[2] = 0xFC00;
-  for (std::size_t i = 0; i < n; ++i) add_ref[i] = fp16_codec::add(in[i], mine[i]);
+  for (std::size_t i = 0; i < n; ++i) add_ref[i] = Cast::add(in[i], mine[i]);
   std::vector<float> mean_ref(n);
   const std::vector<std::uint16_t>& fin = codes_ref_nor;  // holds NaN codes
   std::vector<std::uint16_t> finite_codes(n);
-  for (std::size_t i = 0; i < n; ++i) finite_codes[i] = fp16_codec::finite_code(fin[i]) ? fin[i] : 0x3C00;
-  for (std::size_t i = 0; i < n; ++i) mean_ref[i] = commpact::mean_of(commpact::detail::from_half(finite_codes[i]), 3);
+  for (std::size_t i = 0; i < n; ++i) finite_codes[i] = Cast::finite_code(fin[i]) ? fin[i] : 0x3C00;
+  for (std::size_t i = 0; i < n; ++i) mean_ref[i] = commpact::mean_of(Cast::from_code(finite_codes[i]), 3);
 
   for (isa::level l : levels()) {
     at_level a(l);
     INFO("level " << isa::name(l));
     std::vector<std::uint16_t> codes(n);
     std::vector<float> cand(n, -1.0f);
-    h::cast_encode<fp16_codec>(g, r, codes, cand);
+    h::cast_encode<Cast>(g, r, codes, cand);
     CHECK(codes == codes_ref);
     CHECK(std::equal(cand.begin(), cand.end(), cand_ref.begin(), [](float x, float y) { return bits(x) == bits(y); }));
-    h::cast_encode<fp16_codec>(g, {}, codes, cand);
+    h::cast_encode<Cast>(g, {}, codes, cand);
     CHECK(codes == codes_ref_nor);
     CHECK(std::equal(cand.begin(), cand.end(), cand_ref_nor.begin(), [](float x, float y) { return bits(x) == bits(y); }));
-    h::cast_encode<fp16_codec>(g, r, codes, {});
+    h::cast_encode<Cast>(g, r, codes, {});
     CHECK(codes == codes_ref);
 
     std::vector<std::uint16_t> sum = mine;
-    h::cast_add<fp16_codec>(in, sum);
+    h::cast_add<Cast>(in, sum);
     // Bits equal, except the sign of NaN + NaN: x86 returns the first operand's NaN and
     // the compiler may swap the operands of a float addition, in the scalar code as well.
-    auto is_nan = [](std::uint16_t c) { return (c & 0x7C00u) == 0x7C00u && (c & 0x3FFu) != 0; };
+    auto is_nan = [](std::uint16_t c) { return std::isnan(Cast::from_code(c)); };
     std::size_t mismatched = 0;
     for (std::size_t i = 0; i < n; ++i)
       if (sum[i] != add_ref[i] && !(is_nan(in[i]) && is_nan(mine[i]) && (sum[i] & 0x7FFFu) == (add_ref[i] & 0x7FFFu)))
@@ -211,9 +216,9 @@ TEST_CASE("half: CastAllreduce's fp16 passes give the scalar bits at every level
     CHECK(mismatched == 0);
 
     std::vector<float> out(n, 5.0f);
-    CHECK_FALSE(h::cast_decode_mean<fp16_codec>(codes_ref_nor, out, 3));  // holds NaN codes
+    CHECK_FALSE(h::cast_decode_mean<Cast>(codes_ref_nor, out, 3));  // holds NaN codes
     CHECK(std::all_of(out.begin(), out.end(), [](float v) { return v == 5.0f; }));
-    REQUIRE(h::cast_decode_mean<fp16_codec>(finite_codes, out, 3));
+    REQUIRE(h::cast_decode_mean<Cast>(finite_codes, out, 3));
     CHECK(std::equal(out.begin(), out.end(), mean_ref.begin(), [](float x, float y) { return bits(x) == bits(y); }));
   }
 }

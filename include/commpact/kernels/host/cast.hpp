@@ -5,8 +5,9 @@
 //! cast with error feedback, the per-chunk add of the ring, and the decode of the sums
 //! into the mean. `Cast` is a 16-bit cast codec (fp16_codec, bf16_codec): static
 //! to_code, from_code, finite_code and add. The rows cast_encode, cast_add and
-//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For fp16_codec the passes
-//! are half.hpp's (F16C where the CPU has it), with the same bits.
+//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For fp16_codec and
+//! bf16_codec the passes are half.hpp's (F16C where the CPU has it) and bf16.hpp's
+//! (vectorised), with the same bits.
 
 #include <cstddef>
 #include <cstdint>
@@ -16,6 +17,7 @@
 #include "../../config.hpp"
 #include "../exact.hpp"
 #include "../mean.hpp"
+#include "bf16.hpp"
 #include "half.hpp"
 
 namespace commpact::host {
@@ -50,6 +52,8 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
   const std::size_t n = g.size();
   if constexpr (std::is_same_v<Cast, fp16_codec>) {
     half::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
+  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+    bf16::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
   } else {
     for (std::size_t i = 0; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
   }
@@ -60,6 +64,7 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
 template <class Cast>
 void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
   if constexpr (std::is_same_v<Cast, fp16_codec>) return half::cast_add(in.data(), mine.data(), mine.size());
+  if constexpr (std::is_same_v<Cast, bf16_codec>) return bf16::cast_add(in.data(), mine.data(), mine.size());
   for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
 }
 
@@ -68,6 +73,7 @@ void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) 
 template <class Cast>
 bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
   if constexpr (std::is_same_v<Cast, fp16_codec>) return half::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
+  if constexpr (std::is_same_v<Cast, bf16_codec>) return bf16::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
   for (std::size_t i = 0; i < sums.size(); ++i)
     if (!Cast::finite_code(sums[i])) return false;
   for (std::size_t i = 0; i < sums.size(); ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);

@@ -19,6 +19,9 @@
 //! holds a non-finite value is scanned again for its first index. Functions that return
 //! an index return the span's length when every value is finite.
 //!
+//! Each pass runs at the widest vectors of isa::active() (isa.hpp: SSE2 at the user's
+//! flags, AVX2 or AVX-512F chosen at run time); the bits are the same at every level.
+//!
 //! In-place use is allowed where a comment says so (the same span as input and output);
 //! spans that overlap otherwise raise invalid_argument, as do spans of unequal length.
 
