@@ -1,9 +1,9 @@
 #!/usr/bin/python3
 """Bytes and time per step of DDP communication hooks: PyTorch's allreduce_hook,
-fp16_compress_hook and powerSGD_hook against commpact_hooks' powersgd_hook, topk_hook and
-gtopk_hook, on the LeNet-like CNN of examples/libtorch_cnn (117k parameters), batch 32
-per rank, 2 CPU processes over Gloo on loopback, all hooks in one run, taking turns
-step by step.
+fp16_compress_hook and powerSGD_hook against commpact_hooks' powersgd_hook, topk_hook,
+gtopk_hook, efsign_hook and qsgd_hook, on the LeNet-like CNN of examples/libtorch_cnn
+(117k parameters), batch 32 per rank, 2 CPU processes over Gloo on loopback, all hooks
+in one run, taking turns step by step.
 
   PYTHONPATH=build/python OMP_NUM_THREADS=1 /usr/bin/python3 bench/torch_hooks/bench_hooks.py [--steps 60]
 
@@ -78,6 +78,8 @@ def methods(ch, density):
     yield f"commpact topk_hook density {density}", ch.topk_hook, ch.TopKState(density=density, name="b/topk"), "commpact"
     yield f"commpact gtopk_hook density {density}", ch.gtopk_hook, ch.GTopKState(density=density, name="b/gtopk"), \
         "commpact"
+    yield "commpact efsign_hook", ch.efsign_hook, ch.EFSignState(name="b/efsign"), "commpact"
+    yield "commpact qsgd_hook 256 levels", ch.qsgd_hook, ch.QSGDState(levels=256, name="b/qsgd"), "commpact"
 
 
 def bytes_now(state, kind):

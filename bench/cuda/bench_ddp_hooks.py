@@ -1,0 +1,293 @@
+# SPDX-License-Identifier: Apache-2.0
+"""commpact_hooks on a GPU under DDP, for scripts/device-check (which runs bench/cuda/*.py
+when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
+
+ 0. builds the module's CUDA variant with pip against this machine's PyTorch, with the
+    Python that runs this script: `pip install --no-build-isolation --no-index --target
+    <temporary folder> <repository>` (COMMPACT_HOOKS_CUDA=1, the GPU's architecture, all
+    cores), then runs the checks below again with that folder first on PYTHONPATH;
+ 1. DDP with one process on NCCL, the LeNet-like CNN of examples/libtorch_cnn on
+    synthetic data: every commpact hook (gTop-k and Top-k at density 0.01, PowerSGD
+    rank 1 and 2, EF-SignSGD, QSGD) against the same hook on the CPU over a Gloo group
+    (same start, same batches): parameters within float tolerance after a few steps;
+    commpact's powersgd_hook against PyTorch's powerSGD_hook at the same rank and seed
+    (within float tolerance);
+ 2. two processes sharing the GPU over Gloo with CUDA buckets (staged): gtopk_hook and
+    powersgd_hook keep the replicas identical, the loss falls, and the bytes sent equal
+    those of the same hook on CPU buckets (the parameters' distance to that run printed);
+ 3. time per step (forward, backward with the hook, SGD; median of the timed steps, the
+    hooks taking turns step by step) of each hook against PyTorch's allreduce_hook, and
+    of powersgd_hook against powerSGD_hook at the same rank: "row ddp_hooks ..." lines.
+
+--device cpu runs 1 to 3 on the CPU over Gloo (no pip install: PYTHONPATH must reach the
+module), to check this script on a machine without a GPU:
+  PYTHONPATH=build/python OMP_NUM_THREADS=1 python3 bench/cuda/bench_ddp_hooks.py --device cpu --installed
+Exits 77 when torch or a CUDA device is missing, 1 when a check fails.
+
+NOT YET RUN ON A GPU at the time of writing.
+"""
+import argparse
+import datetime
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+try:
+    import torch
+    import torch.distributed as dist
+    import torch.multiprocessing as mp
+except ImportError:
+    print("torch not installed: skipped")
+    sys.exit(77)
+
+
+class Net(torch.nn.Module):
+    """The LeNet-like CNN of examples/libtorch_cnn (117,066 parameters)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(1, 16, 5, padding=2)
+        self.conv2 = torch.nn.Conv2d(16, 32, 5)
+        self.fc1 = torch.nn.Linear(800, 128)
+        self.fc2 = torch.nn.Linear(128, 10)
+
+    def forward(self, x):
+        x = torch.max_pool2d(torch.relu(self.conv1(x)), 2)
+        x = torch.max_pool2d(torch.relu(self.conv2(x)), 2)
+        return self.fc2(torch.relu(self.fc1(x.flatten(1))))
+
+
+def batches(rank, steps, dev, batch=32):
+    """Synthetic images: a fixed random template per class plus noise (learnable in a few steps)."""
+    templates = torch.randn(10, 1, 28, 28, generator=torch.Generator().manual_seed(3))
+    gr = torch.Generator().manual_seed(100 + rank)
+    out = []
+    for _ in range(steps):
+        y = torch.randint(0, 10, (batch,), generator=gr)
+        x = templates[y] + torch.randn(batch, 1, 28, 28, generator=gr)
+        out.append((x.to(dev), y.to(dev)))
+    return out
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1).cpu() for p in model.parameters()])
+
+
+def hooks(ch, pg, tag):
+    """(name, hook, state) of every commpact hook, over group pg."""
+    yield "gtopk", ch.gtopk_hook, ch.GTopKState(pg, density=0.01, name=f"{tag}/gtopk")
+    yield "topk", ch.topk_hook, ch.TopKState(pg, density=0.01, name=f"{tag}/topk")
+    for r in (1, 2):
+        yield f"powersgd{r}", ch.powersgd_hook, ch.PowerSGDState(pg, matrix_approximation_rank=r,
+                                                                 start_powerSGD_iter=2, random_seed=0,
+                                                                 name=f"{tag}/psgd{r}")
+    yield "efsign", ch.efsign_hook, ch.EFSignState(pg, name=f"{tag}/efsign")
+    yield "qsgd", ch.qsgd_hook, ch.QSGDState(pg, levels=256, seed=1, name=f"{tag}/qsgd")
+
+
+def train(dev, data, hook=None, state=None, pg=None, lr=0.05):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    torch.manual_seed(7)
+    net = Net().to(dev)
+    model = DDP(net, device_ids=[dev] if dev.type == "cuda" else None, process_group=pg, bucket_cap_mb=0.1)
+    if hook is not None:
+        model.register_comm_hook(state, hook)
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9)
+    losses = []
+    for x, y in data:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return model, losses
+
+
+def check(cond, what, failures):
+    print(("ok      " if cond else "FAILED  ") + what, flush=True)
+    if not cond:
+        failures.append(what)
+
+
+def single_process(args, failures):
+    """Checks 1 and 3 in this process (one rank)."""
+    import commpact_hooks as ch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    gpu = args.device == "cuda"
+    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    tmp = tempfile.mkdtemp()
+    dist.init_process_group("nccl" if gpu else "gloo", init_method="file://" + os.path.join(tmp, "rdzv"), rank=0,
+                            world_size=1, timeout=datetime.timedelta(seconds=60))
+    cpu_pg = dist.new_group(backend="gloo")
+    if gpu:
+        check(ch.has_cuda, "the installed commpact_hooks has the CUDA variant", failures)
+    steps = args.check_steps
+    data, cdata = batches(0, steps, dev), batches(0, steps, torch.device("cpu"))
+    # 1. Each hook on the device against the same hook on the CPU.
+    for (name, hook, st), (_, chook, cst) in zip(hooks(ch, None, "dev"), hooks(ch, cpu_pg, "cpu")):
+        t0 = time.monotonic()
+        m, losses = train(dev, data, hook, st)
+        c, _ = train(torch.device("cpu"), cdata, chook, cst, pg=cpu_pg)
+        err = (flat(m) - flat(c)).abs().max().item()
+        check(all(map(lambda v: v == v, losses)), f"{name}: finite losses on {dev.type}", failures)
+        check(err <= 1e-3, f"{name}: parameters on {dev.type} within 1e-3 of the CPU's after {steps} steps "
+              f"(max |diff| {err:.2e}, {time.monotonic() - t0:.1f} s)", failures)
+    for r in (1, 2):
+        ref_st = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
+                                    random_seed=0)
+        a, _ = train(dev, data, psgd.powerSGD_hook, ref_st)
+        b, _ = train(dev, data, ch.powersgd_hook,
+                     ch.PowerSGDState(matrix_approximation_rank=r, start_powerSGD_iter=2, random_seed=0,
+                                      name=f"ref/psgd{r}"))
+        err = (flat(a) - flat(b)).abs().max().item()
+        check(err <= 1e-4, f"powersgd rank {r}: commpact within 1e-4 of PyTorch's powerSGD_hook (max |diff| {err:.2e})",
+              failures)
+    # 3. Time per step, the hooks taking turns step by step.
+    runs = [("allreduce_hook", dh.allreduce_hook, None)]
+    for r in (1, 2):
+        runs.append((f"powerSGD_hook{r}", psgd.powerSGD_hook,
+                     psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
+                                        random_seed=0)))
+    runs += [(n, h, s) for n, h, s in hooks(ch, None, "time")]
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    models = []
+    for name, hook, st in runs:
+        torch.manual_seed(7)
+        model = DDP(Net().to(dev), device_ids=[dev] if gpu else None, bucket_cap_mb=0.1)
+        model.register_comm_hook(st, hook)
+        models.append((name, model, torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), []))
+    tdata = batches(0, args.warmup + args.time_steps, dev)
+    sync = torch.cuda.synchronize if gpu else (lambda: None)
+    for i, (x, y) in enumerate(tdata):
+        for name, model, opt, times in models:
+            sync()
+            t0 = time.perf_counter()
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            sync()
+            if i >= args.warmup:
+                times.append((time.perf_counter() - t0) * 1e3)
+    med = {name: statistics.median(times) for name, _, _, times in models}
+    for name, _, _, _ in models:
+        base = f"powerSGD_hook{name[-1]}" if name.startswith("powersgd") else "allreduce_hook"
+        print(f"row ddp_hooks device={dev.type} hook={name} ms={med[name]:.3f} vs={base} "
+              f"ratio={med[name] / med[base]:.3f}", flush=True)
+    dist.destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+def two_ranks(rank, path, dev_type, steps, out):
+    """Check 2 on one rank: Gloo, buckets on the device (CUDA: staged)."""
+    try:
+        import commpact_hooks as ch
+        dev = torch.device("cuda", 0) if dev_type == "cuda" else torch.device("cpu")
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2,
+                                timeout=datetime.timedelta(seconds=60))
+        res = []
+        cpu = torch.device("cpu")
+
+        def states(tag):
+            return (("gtopk", ch.gtopk_hook, ch.GTopKState(density=0.05, name=f"{tag}/gtopk")),
+                    ("powersgd", ch.powersgd_hook, ch.PowerSGDState(matrix_approximation_rank=2,
+                                                                    start_powerSGD_iter=2, name=f"{tag}/psgd")))
+        for (name, hook, st), (_, chook, cst) in zip(states("two"), states("two-cpu")):
+            m, losses = train(dev, batches(rank, steps, dev), hook, st)
+            c, _ = train(cpu, batches(rank, steps, cpu), chook, cst)
+            p = flat(m)
+            parts = [torch.empty_like(p) for _ in range(2)]
+            dist.all_gather(parts, p)
+            first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
+            res.append((name, torch.equal(parts[0], parts[1]), first, last, st.bytes_sent(), cst.bytes_sent(),
+                        (p - flat(c)).abs().max().item()))
+        dist.destroy_process_group()
+        out.put((rank, res))
+    except Exception:
+        out.put((rank, traceback.format_exc()))
+
+
+def two_process(args, failures):
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = mp.get_context("spawn")
+        out = ctx.SimpleQueue()
+        procs = [ctx.Process(target=two_ranks, args=(r, os.path.join(tmp, "rdzv"), args.device, args.two_steps, out))
+                 for r in range(2)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=120)
+            if p.is_alive():
+                p.kill()
+        got = {}
+        while not out.empty():
+            r, res = out.get()
+            got[r] = res
+    check(sorted(got) == [0, 1] and all(isinstance(v, list) for v in got.values()),
+          f"two processes over Gloo on {args.device} ran: " +
+          "; ".join(v if isinstance(v, str) else "ok" for v in got.values()), failures)
+    for r, res in got.items():
+        if isinstance(res, list) and r == 0:
+            for name, same, first, last, b, cb, err in res:
+                check(same, f"{name}: replicas identical over Gloo with {args.device} buckets", failures)
+                check(b == cb, f"{name}: bytes sent with {args.device} buckets {b} = {cb} with CPU buckets", failures)
+                print(f"row ddp_hooks_gloo device={args.device} hook={name} bytes={b} max_diff_vs_cpu={err:.3e}")
+                check(last < 0.7 * first, f"{name}: the loss fell over Gloo with {args.device} buckets "
+                      f"({first:.3f} -> {last:.3f})", failures)
+
+
+def install(tmp):
+    """The CUDA variant into tmp/site; returns that folder, or None when the build failed."""
+    site = os.path.join(tmp, "site")
+    major, minor = torch.cuda.get_device_capability(0)
+    env = dict(os.environ, COMMPACT_HOOKS_CUDA="1", COMMPACT_HOOKS_ARCH=f"{major}.{minor}",
+               COMMPACT_HOOKS_BUILD_DIR=os.path.join(tmp, "build"), MAX_JOBS=str(os.cpu_count() or 2),
+               PIP_NO_INDEX="1", PIP_DISABLE_PIP_VERSION_CHECK="1")
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-index", "--no-deps",
+                        "--target", site, ROOT], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    print(f"row ddp_hooks_build pip_install_s={time.monotonic() - t0:.1f} rc={r.returncode}", flush=True)
+    if r.returncode != 0:
+        print(r.stdout[-6000:])
+    return site if r.returncode == 0 else None
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    ap.add_argument("--installed", action="store_true", help="commpact_hooks is importable: skip the pip install")
+    ap.add_argument("--check-steps", type=int, default=3)
+    ap.add_argument("--two-steps", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--time-steps", type=int, default=20)
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device for torch: skipped")
+        return 77
+    if args.device == "cuda" and not args.installed:
+        with tempfile.TemporaryDirectory(prefix="commpact-hooks-gpu-") as tmp:
+            site = install(tmp)
+            if site is None:
+                print("FAILED  pip install of the CUDA variant")
+                return 1
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")])))
+            return subprocess.run([sys.executable, os.path.abspath(__file__), "--installed"] + sys.argv[1:],
+                                  cwd=tmp, env=env).returncode
+    failures = []
+    single_process(args, failures)
+    two_process(args, failures)
+    print(f"bench_ddp_hooks: {len(failures)} check(s) failed" if failures else "bench_ddp_hooks: all checks passed")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
