@@ -19,10 +19,11 @@ when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
     hooks taking turns step by step) of each hook against PyTorch's allreduce_hook, and
     of powersgd_hook against powerSGD_hook at the same rank: "row ddp_hooks ..." lines.
 
-Time: the parts share one budget, device-check's BENCH_TIMEOUT (180 s) less 15 s (BUDGET_S
-overrides it); a part that would start with under 20 s left is skipped ("SKIPPED" in device-check's
-run.log) and the script then exits 3 (device-check's summary: "FAILED (3)"), so the run
-ends with its results before device-check's cap kills it.
+Time: the parts share one budget, device-check's BENCH_TIMEOUT (180 s) less 15 s
+(BUDGET_S overrides it); a part that would start with under 20 s left is skipped
+("SKIPPED" in device-check's run.log) and the script then exits 3 (device-check's
+summary: "FAILED (3)"), so the run ends with its results before device-check's cap
+kills it.
 
 --device cpu runs 1 to 3 on the CPU over Gloo (no pip install: PYTHONPATH must reach the
 module), to check this script on a machine without a GPU:
