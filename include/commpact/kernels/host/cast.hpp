@@ -63,21 +63,29 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
 //! ring's earlier ranks).
 template <class Cast>
 void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
-  if constexpr (std::is_same_v<Cast, fp16_codec>) return half::cast_add(in.data(), mine.data(), mine.size());
-  if constexpr (std::is_same_v<Cast, bf16_codec>) return bf16::cast_add(in.data(), mine.data(), mine.size());
-  for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
+  if constexpr (std::is_same_v<Cast, fp16_codec>) {
+    half::cast_add(in.data(), mine.data(), mine.size());
+  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+    bf16::cast_add(in.data(), mine.data(), mine.size());
+  } else {
+    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
+  }
 }
 
 //! When every sums[i] is finite: out[i] = mean_of(from_code(sums[i]), P) and true; else
 //! out is untouched and false.
 template <class Cast>
 bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
-  if constexpr (std::is_same_v<Cast, fp16_codec>) return half::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
-  if constexpr (std::is_same_v<Cast, bf16_codec>) return bf16::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
-  for (std::size_t i = 0; i < sums.size(); ++i)
-    if (!Cast::finite_code(sums[i])) return false;
-  for (std::size_t i = 0; i < sums.size(); ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);
-  return true;
+  if constexpr (std::is_same_v<Cast, fp16_codec>) {
+    return half::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
+  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+    return bf16::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
+  } else {
+    for (std::size_t i = 0; i < sums.size(); ++i)
+      if (!Cast::finite_code(sums[i])) return false;
+    for (std::size_t i = 0; i < sums.size(); ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);
+    return true;
+  }
 }
 
 }  // namespace commpact::host
