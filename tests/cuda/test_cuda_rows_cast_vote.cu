@@ -188,7 +188,8 @@ void check_vote_rows(std::mt19937_64& rng) {
 void check_linear_rows(std::mt19937_64& rng) {
   for (std::size_t n : {1u, 10u, 50000u})
     for (bool scaled : {false, true})
-      for (int flagged = 0; flagged < 2; ++flagged) {
+      for (int variant = 0; variant < 3; ++variant) {  // 0 clean, 1 a flagged input, 2 a sum that overflowed
+        const int flagged = variant == 1;
         cp::randomk_codec kh(0.1, 42, scaled), kd(0.1, 42, scaled);
         kh.begin_step(3), kd.begin_step(3);
         const std::size_t m = kh.size(n);
@@ -206,15 +207,16 @@ void check_linear_rows(std::mt19937_64& rng) {
         // decode as after an allreduce of P = 3 blocks: the flag summed (0 or 2).
         for (auto& v : block) v *= 3.0f;
         block[m] = flagged ? 2.0f : 0.0f;
+        if (variant == 2 && m > 0) block[m / 2] = std::numeric_limits<float>::infinity();
         std::vector<float> out(n, std::nanf(""));
         std::vector<std::uint32_t> hs{0};
         upload(dblock, block), upload(dout, out), upload(dst, hs);
         H::linear_decode({}, kh, std::span<float>(block), std::span<float>(out), 3, std::span<std::uint32_t>(hs));
         D::linear_decode(E, kd, dblock.view(), dout.view(), 3, dst.view());
-        EXPECT(diff_bits(download(dout), out) == 0, "linear_decode n=%zu flagged=%d: out differs", n, flagged);
+        EXPECT(diff_bits(download(dout), out) == 0, "linear_decode n=%zu variant=%d: out differs", n, variant);
         EXPECT(diff_bits(download(dblock), block) == 0, "linear_decode n=%zu: the block's mean differs", n);
         EXPECT(download(dst)[0] == hs[0], "linear_decode status %u vs host %u", download(dst)[0], hs[0]);
-        if (flagged) continue;  // a flagged step is never committed (and the host drew no indices)
+        if (variant != 0) continue;  // a flagged or overflowed step is never committed (and the host drew no indices)
         H::linear_feedback({}, kh, std::span<float>(acc), std::span<float>{}, std::span<float>{});
         D::linear_feedback(E, kd, dacc.view(), dapprox.view(), ddense.view());
         EXPECT(diff_bits(download(dacc), acc) == 0, "linear_feedback n=%zu: the residual differs", n);

@@ -249,6 +249,12 @@ void check_output_clear(std::size_t P, std::size_t n, std::size_t cap, int bad, 
     if (bad == 4 && c) put(p + 8 + 4 * (c + below(c)), nan_poison());
     if (bad == 6 && o + 1 < P) put(p + 4, u32(cap + 1 + below(cap + 1)));
   }
+  if (bad == 8) {  // a sum that overflowed, in this rank's own block: status nonfinite alike
+    std::byte* p = blocks.data() + me * stride;
+    u32 c;
+    std::memcpy(&c, p + 4, 4);
+    if (c) put(p + 8 + 4 * (c + below(c)), std::numeric_limits<float>::infinity());
+  }
   std::vector<float> grad(n, nan_poison());
   std::vector<u32> st{status0, 77u};
   auto dblk = dev(blocks);
@@ -332,7 +338,7 @@ int main() {
     check_mags_theta();
     check_select();
     for (std::size_t P : {1, 2, 3, 5, 8})
-      for (int bad : {0, 2, 3, 4, 6})
+      for (int bad : {0, 2, 3, 4, 6, 8})
         for (u32 s0 : {0u, 1u}) {
           check_output_clear(P, 20011, 400, bad, s0);
           check_output_clear(P, 40, 2, bad, s0);  // |G| often below P

@@ -50,7 +50,7 @@
 //! | `oktopk_output(e, blocks, bounds, me, grad, status)` | OkTopK: checks the other blocks' indices (else status \|= wire, grad untouched); a non-finite sum in any block, its own included: status \|= nonfinite, grad untouched; else grad = 0 except mean_of(sum, P) at every selected index |
 //! | `oktopk_clear_selected(e, acc, idx, blocks, bounds, status, next)` | OkTopK: acc[idx[e]] = 0 where idx[e] was selected; next = the regions rebalanced by the selection |
 //! | `linear_encode(e, codec, acc, block, status)` | LinearCompressor: block[0, m) = A acc (the LinearCodec's compress) and block[m] = 0; when status holds nonfinite, block = 0 and block[m] = 1 |
-//! | `linear_decode(e, codec, block, out, P, status)` | Allreduce<C>: when block[m] = 0 and every block[j] (j < m) is finite, block[j] = mean_of(block[j], P) for j < m and out = B block[0, m) (zeroed first); else status \|= nonfinite, out untouched |
+//! | `linear_decode(e, codec, block, out, P, status)` | Allreduce<C>: when block[m] = 0, block[j] = mean_of(block[j], P) for j < m, and when every such mean is finite, out = B block[0, m) (zeroed first); else status \|= nonfinite, out untouched |
 //! | `linear_feedback(e, codec, acc, approx, dense)` | LinearCompressor: acc -= B A acc (the delivered indices zeroed, or through approx (m) and dense (n)) |
 //! | `signum_update(e, next, m, g, beta, status)` | MajorityVote: next = beta m + (1 - beta) g (g when m is empty); status \|= nonfinite when a value is not finite |
 //! | `sign_vote(e, blocks, block_floats, scaled, out, status)` | Vote<C>: every block's sign payload checked (else status \|= wire, out untouched), then out[i] = s sign(sum_r sign_r[i]), s the mean scale or 1 (kernels/host/linear_vote.hpp) |

@@ -10,9 +10,10 @@
 //! A block is m + 1 floats: A v and one flag float (1 when this rank's input was not
 //! finite; ops row linear_encode writes both). exchange() sums the blocks by the
 //! communicator's allreduce (the same bits on every rank); combine(codec, out, status)
-//! (ops row linear_decode) sets status_nonfinite when some rank flagged its input and
-//! leaves out untouched, else writes out = B (sum / P), the mean being mean_of
-//! (kernels/mean.hpp) of each summed value.
+//! (ops row linear_decode) sets status_nonfinite when some rank flagged its input or a
+//! mean is not finite (finite inputs whose sum overflowed: every rank holds the same
+//! sums, so every rank sees it) and leaves out untouched, else writes out = B (sum / P),
+//! the mean being mean_of (kernels/mean.hpp) of each summed value.
 //!
 //! Bytes per rank per step: the allreduce of m + 1 floats (a ring: about
 //! 2 (P - 1) / P (m + 1) 4; wire::ring_allreduce gives it exactly).
@@ -48,7 +49,7 @@ class Allreduce : public detail::comm_aggregation<C> {
   //! Sums the blocks of every rank in place (collective; queued in a deferred space).
   void exchange() { comm_.allreduce(buf_.view(), reduce_op::sum); }
   //! After exchange(): out = B (the mean of the compressed vectors) when no rank flagged
-  //! a non-finite input, else status_nonfinite and out untouched.
+  //! a non-finite input and every mean is finite, else status_nonfinite and out untouched.
   template <class K>
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     ops<comm_space_t<C>>::linear_decode(comm_exec(comm_), codec, buf_.view(), out, comm_.size(), status);

@@ -34,6 +34,9 @@ namespace commpact::cuda_kernels::oktopk {
 namespace hk = commpact::host::oktopk;
 
 inline constexpr std::uint32_t none = 0xffffffffu;  //!< "no malformed slot"
+//! "no malformed slot, but a non-finite value" (oktopk_output: a sum that overflowed);
+//! above every slot, so atomicMin keeps a malformed slot first, as the host does.
+inline constexpr std::uint32_t nonfinite_value = 0xfffffffeu;
 inline constexpr int block = 256;
 
 template <class T>
@@ -115,20 +118,25 @@ __device__ __forceinline__ std::uint64_t lower(const slot& q, std::int64_t key) 
 
 //! *bad = the smallest slot j != me with an entry failing host::oktopk::entry_ok (the
 //! host's entries_ok, whose first failing slot it reports), or that does not fit (any j).
+//! With values false the values are not read (the host's indices_ok) and a non-finite
+//! value in any slot, me included, sets *bad to at most nonfinite_value (oktopk_output).
 //! Grid: x over entries, y over slots.
 template <class Slots>
-__global__ void __launch_bounds__(block) check_slots(Slots s, std::uint32_t P, std::uint32_t me, std::uint32_t* bad) {
+__global__ void __launch_bounds__(block) check_slots(Slots s, std::uint32_t P, std::uint32_t me, bool values,
+                                                     std::uint32_t* bad) {
   for (std::uint32_t j = blockIdx.y; j < P; j += gridDim.y) {
     const slot q = s(j);
     if (!q.fits) {
       if (blockIdx.x == 0 && threadIdx.x == 0) atomicMin(bad, j);
       continue;
     }
-    if (j == me) continue;
+    if (j == me && values) continue;
     for (std::uint64_t e = std::uint64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < q.c;
          e += std::uint64_t(gridDim.x) * blockDim.x) {
+      if (!values && !isfinite(value_at(q, e))) atomicMin(bad, nonfinite_value);
+      if (j == me) continue;
       const std::int64_t prev = e == 0 ? q.lo - 1 : std::int64_t(index_at(q, e - 1));
-      if (!hk::entry_ok(index_at(q, e), prev, q.hi, value_at(q, e))) {
+      if (!hk::entry_ok(index_at(q, e), prev, q.hi, values ? value_at(q, e) : 0.0f)) {
         atomicMin(bad, j);
         break;
       }
@@ -136,10 +144,13 @@ __global__ void __launch_bounds__(block) check_slots(Slots s, std::uint32_t P, s
   }
 }
 
-//! status[0] |= wire and status[1] = the slot when *bad names one.
+//! status[0] |= wire and status[1] = the slot when *bad names one; status[0] |= nonfinite
+//! when it is nonfinite_value.
 __global__ void report_bad(const std::uint32_t* bad, std::uint32_t* status) {
   if (!decision_lane()) return;
-  if (*bad != none) {
+  if (*bad == nonfinite_value) {
+    status[0] |= status_nonfinite;
+  } else if (*bad != none) {
     status[0] |= status_wire;
     status[1] = *bad;
   }
@@ -148,10 +159,10 @@ __global__ void report_bad(const std::uint32_t* bad, std::uint32_t* status) {
 //! Queues the check of every slot into *bad (reset first) and its report into status.
 template <class Slots>
 cudaError_t check(Slots s, std::uint32_t P, std::uint32_t me, std::size_t per_slot, std::uint32_t* bad,
-                  std::uint32_t* status, cudaStream_t st) {
+                  std::uint32_t* status, cudaStream_t st, bool values = true) {
   COMMPACT_CU_TRY(cudaMemsetAsync(bad, 0xFF, sizeof(std::uint32_t), st));
   const dim3 g(grid(per_slot, 1024), P < 65535u ? P : 65535u);
-  check_slots<<<g, block, 0, st>>>(s, P, me, bad);
+  check_slots<<<g, block, 0, st>>>(s, P, me, values, bad);
   COMMPACT_CU_TRY(cudaGetLastError());
   decision_launch(report_bad, st, bad, status);
   return cudaGetLastError();

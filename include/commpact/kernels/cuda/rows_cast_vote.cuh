@@ -135,28 +135,34 @@ __global__ void randomk_encode_kernel(const float* acc, const std::int32_t* idx,
   }
 }
 
-//! When block[m] = 0: block[j] = mean_of(block[j], P) for j < m; else (thread 0 of block 0)
-//! status |= nonfinite.
+//! When block[m] = 0: block[j] = mean_of(block[j], P) for j < m, and status |= nonfinite
+//! when a mean is not finite (finite inputs whose sum overflowed); else (thread 0 of
+//! block 0) status |= nonfinite.
 __global__ void linear_mean_kernel(float* block, std::size_t m, int P, std::uint32_t* status) {
   const bool flagged = block[m] != 0.0f;
   if (flagged) {
     if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
     return;
   }
-  for (const std::size_t j : cuda_kernels::grid_stride(m)) block[j] = mean_of(block[j], P);
+  for (const std::size_t j : cuda_kernels::grid_stride(m)) {
+    block[j] = mean_of(block[j], P);
+    if (!isfinite(block[j])) atomicOr(status, static_cast<std::uint32_t>(status_nonfinite));
+  }
 }
 
-//! out = 0 when block[m] = 0.
-__global__ void linear_zero_kernel(const float* block, std::size_t m, float* out, std::size_t n) {
-  if (block[m] != 0.0f) return;
+//! out = 0 when block[m] = 0 and the status is clear of nonfinite (the host leaves out
+//! untouched otherwise).
+__global__ void linear_zero_kernel(const float* block, std::size_t m, float* out, std::size_t n,
+                                   const std::uint32_t* status) {
+  if (block[m] != 0.0f || (*status & status_nonfinite)) return;
   for (const std::size_t i : cuda_kernels::grid_stride(n)) out[i] = 0.0f;
 }
 
-//! out[idx[j]] += block[j] (random-k's decompress_add into the zeroed out) when block[m] = 0;
-//! indices outside [0, n) are skipped.
+//! out[idx[j]] += block[j] (random-k's decompress_add into the zeroed out) when block[m] = 0
+//! and the status is clear of nonfinite; indices outside [0, n) are skipped.
 __global__ void randomk_decode_kernel(const float* block, std::size_t m, const std::int32_t* idx, float* out,
-                                      std::size_t n) {
-  if (block[m] != 0.0f) return;
+                                      std::size_t n, const std::uint32_t* status) {
+  if (block[m] != 0.0f || (*status & status_nonfinite)) return;
   for (const std::size_t j : cuda_kernels::grid_stride(m)) {
     const std::int32_t i = idx[j];
     if (i >= 0 && static_cast<std::size_t>(i) < n) out[i] = exact::add(out[i], block[j]);
@@ -305,8 +311,10 @@ struct cast_vote {
     const cudaStream_t s = e.stream();
     float* b = cuda_access::ptr(block);
     kd::linear_mean_kernel<<<kd::vec_grid(m), kd::vec_block, 0, s>>>(b, m, P, cuda_access::ptr(status));
-    kd::linear_zero_kernel<<<kd::vec_grid(n), kd::vec_block, 0, s>>>(b, m, cuda_access::ptr(out), n);
-    kd::randomk_decode_kernel<<<kd::vec_grid(m), kd::vec_block, 0, s>>>(b, m, idx, cuda_access::ptr(out), n);
+    kd::linear_zero_kernel<<<kd::vec_grid(n), kd::vec_block, 0, s>>>(b, m, cuda_access::ptr(out), n,
+                                                                     cuda_access::ptr(status));
+    kd::randomk_decode_kernel<<<kd::vec_grid(m), kd::vec_block, 0, s>>>(b, m, idx, cuda_access::ptr(out), n,
+                                                                        cuda_access::ptr(status));
     ck(cudaGetLastError(), "linear_decode");
   }
   static void randomk_feedback(const exec& e, const randomk_codec& codec, span<float> acc) {

@@ -21,7 +21,7 @@
 //! | oktopk_mags | radix select of the top |sum| + cub::DeviceRadixSort (descending) of those |
 //! | oktopk_theta | cub::DeviceRadixSort (descending) of all, then the k-th |
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) |
-//! | oktopk_output | entry checks, zero, scatter of __fdiv_rn(sum, P) |
+//! | oktopk_output | index checks and a non-finite sum in any block (its own included), zero, scatter of __fdiv_rn(sum, P) |
 //! | oktopk_clear_selected | running counts and rebalance (one block), binary search of G per local entry |
 //!
 //! Scratch: oktopk_local uses its topk_workspace; the other rows carve the executor's
@@ -296,7 +296,7 @@ struct oktopk {
     const std::size_t stride = blocks.size() / P, per_slot = (stride - 8) / 8 + 1;
     const ok::block_slots bs{cuda_access::ptr(blocks), blocks.size(), stride, cuda_access::ptr(bounds)};
     auto* bad = static_cast<std::uint32_t*>(e.scratch("oktopk_output", sizeof(std::uint32_t)));
-    ck(ok::check(bs, up, static_cast<std::uint32_t>(me), per_slot, bad, cuda_access::ptr(status), s),
+    ck(ok::check(bs, up, static_cast<std::uint32_t>(me), per_slot, bad, cuda_access::ptr(status), s, false),
        "oktopk_output (check)");
     ok::output_zero<<<ok::grid(grad.size(), 4096), ok::block, 0, s>>>(cuda_access::ptr(grad), grad.size(), bad);
     ok::output_scatter<<<dim3(ok::grid(per_slot, 1024), up < 65535u ? up : 65535u), ok::block, 0, s>>>(

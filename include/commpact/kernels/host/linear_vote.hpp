@@ -40,21 +40,27 @@ void linear_encode(K& codec, std::span<const float> acc, std::span<float> block,
   block[m] = 0.0f;
 }
 
-//! After the allreduce of the blocks: when the summed flag is 0 and every sum is finite,
-//! block[0, m) becomes the mean mean_of(sum, P) and out = B (that mean) (out zeroed
+//! After the allreduce of the blocks: when the summed flag is 0, block[0, m) becomes the
+//! mean mean_of(sum, P); when every mean is also finite, out = B (that mean) (out zeroed
 //! first); else (some rank flagged its input, or finite inputs whose sum overflowed)
 //! status |= status_nonfinite and out is untouched.
 template <class K>
 void linear_decode(const K& codec, std::span<float> block, std::span<float> out, int P,
                    std::span<std::uint32_t> status) {
   const std::size_t m = block.size() - 1;
-  bool finite = block[m] == 0.0f;
-  for (std::size_t j = 0; j < m && finite; ++j) finite = std::isfinite(block[j]);
+  if (block[m] != 0.0f) {
+    status[0] |= status_nonfinite;
+    return;
+  }
+  bool finite = true;
+  for (std::size_t j = 0; j < m; ++j) {
+    block[j] = mean_of(block[j], P);
+    finite = finite && std::isfinite(block[j]);
+  }
   if (!finite) {
     status[0] |= status_nonfinite;
     return;
   }
-  for (std::size_t j = 0; j < m; ++j) block[j] = mean_of(block[j], P);
   std::fill(out.begin(), out.end(), 0.0f);
   codec.decompress_add(std::span<const float>(block.first(m)), out);
 }
