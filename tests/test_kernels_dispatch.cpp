@@ -21,6 +21,7 @@
 #include "commpact/kernels/host/cast.hpp"
 #include "commpact/kernels/host/half.hpp"
 #include "commpact/kernels/host/isa.hpp"
+#include "commpact/kernels/host/topk.hpp"
 #include "commpact/kernels/host/vector_ops.hpp"
 
 namespace {
@@ -316,5 +317,38 @@ TEST_CASE("vector_ops: the streamed accumulation gives the same bits at every le
     std::vector<float> acc(n);
     CHECK(h::ef_accumulate(acc, r, g, 0.5f) == n - 3);
     CHECK(std::equal(acc.begin(), acc.end(), ref.begin(), [](float x, float y) { return bits(x) == bits(y); }));
+  }
+}
+
+TEST_CASE("topk_abs: the collect pass gives the same selection at every level", "[kernels][isa][topk]") {
+  // n >= 2^15 takes the sampled path, whose collect pass is dispatched; the reference is
+  // a full sort by (key desc, index asc).
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (std::size_t n : {std::size_t{1} << 15, (std::size_t{1} << 17) + 7}) {
+    for (int tied : {0, 1}) {
+      std::vector<float> x(n);
+      for (auto& v : x) v = tied ? static_cast<float>(static_cast<int>(nd(rng) * 4.0f)) : nd(rng);
+      const std::size_t k = n / 1000 + 1;
+      std::vector<std::size_t> order(n);
+      for (std::size_t i = 0; i < n; ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(),
+                       [&](std::size_t a, std::size_t b) { return h::abs_key(x[a]) > h::abs_key(x[b]); });
+      std::vector<std::int32_t> want(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k));
+      std::sort(want.begin(), want.end());
+      for (isa::level l : levels()) {
+        at_level a(l);
+        INFO("level " << isa::name(l) << ", n " << n << ", tied " << tied);
+        h::topk_workspace ws;
+        std::vector<std::int32_t> idx(k);
+        std::vector<float> val(k);
+        h::topk_abs(x, k, idx, val, ws);
+        CHECK(idx == want);
+        bool vals_ok = true;
+        for (std::size_t j = 0; j < k; ++j) vals_ok &= bits(val[j]) == bits(x[static_cast<std::size_t>(idx[j])]);
+        CHECK(vals_ok);
+        if (!tied) CHECK(ws.last_path() == h::topk_path::sampled);
+      }
+    }
   }
 }

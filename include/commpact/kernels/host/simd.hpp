@@ -74,11 +74,14 @@ template <std::size_t W>
 struct vec_of {
   typedef float f __attribute__((vector_size(W)));
   typedef std::uint32_t u __attribute__((vector_size(W)));
+  typedef std::int32_t i __attribute__((vector_size(W)));
 };
 template <std::size_t W>
 using vf_w = typename vec_of<W>::f;
 template <std::size_t W>
 using vu_w = typename vec_of<W>::u;
+template <std::size_t W>
+using vi_w = typename vec_of<W>::i;
 #endif
 
 //! Hides v from the optimiser (no code): blocks floating-point contraction through it.
@@ -167,6 +170,30 @@ inline void check_no_partial_overlap(const char* fn, const char* an, const float
   const bool overlap = ua < ub + nb * sizeof(float) && ub < ua + na * sizeof(float);
   require(!overlap, "commpact::host::", fn, ": ", an, " and ", bn,
           " overlap without being the same buffer; pass either the same span (in place) or disjoint spans.");
+}
+
+//! Runs K::run<W>(a...) at the widest vector width of isa::active(): the AVX2 and
+//! AVX-512 entry points compile K's always_inline body for their instruction set.
+#if COMMPACT_ISA_DISPATCH
+template <class K, class... A>
+COMMPACT_TARGET_AVX2 inline auto run_avx2(A... a) noexcept {
+  return K::template run<32>(a...);
+}
+template <class K, class... A>
+COMMPACT_TARGET_AVX512 inline auto run_avx512(A... a) noexcept {
+  return K::template run<64>(a...);
+}
+#endif
+template <class K, class... A>
+inline auto dispatch(A... a) noexcept {
+#if COMMPACT_ISA_DISPATCH
+  switch (isa::active()) {
+    case isa::level::avx512: return run_avx512<K>(a...);
+    case isa::level::avx2: return run_avx2<K>(a...);
+    default: break;
+  }
+#endif
+  return K::template run<vector_bytes>(a...);
 }
 
 }  // namespace commpact::host::simd

@@ -53,6 +53,7 @@
 #include <span>
 
 #include "../../error.hpp"
+#include "simd.hpp"
 
 #if defined(__SSE2__)
 #include <emmintrin.h>
@@ -237,21 +238,89 @@ inline std::size_t for_each_key_in(const float* x, std::size_t begin, std::size_
   return n;
 }
 
+#if COMMPACT_HOST_SIMD && defined(__SSE2__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
+//! block_mask16<false> with vectors of W bytes (the same bits): bit j set when
+//! abs_key(p[j]) > lom1 (as int32), j < 16. The masks leave the vectors 16 bytes at a
+//! time (SSE2 movemask), so that the body compiles at every width.
+template <std::size_t W>
+COMMPACT_ALWAYS_INLINE inline unsigned block_mask16_w(const float* p, std::int32_t lom1) noexcept {
+  using vi = simd::vi_w<W>;
+  constexpr std::size_t L = W / sizeof(float), G = filter_block / L, P = W / 16;
+  vi c[G];
+  vi any{};
+  COMMPACT_UNROLL
+  for (std::size_t q = 0; q < G; ++q) {
+    const vi k = simd::load<vi>(p + q * L) & 0x7fffffff;
+    c[q] = k > lom1;
+    any |= c[q];
+  }
+  __m128i a = _mm_setzero_si128();
+  COMMPACT_UNROLL
+  for (std::size_t r = 0; r < P; ++r) {
+    __m128i piece;
+    std::memcpy(&piece, reinterpret_cast<const char*>(&any) + 16 * r, 16);
+    a = _mm_or_si128(a, piece);
+  }
+  if (_mm_movemask_epi8(a) == 0) return 0;
+  unsigned m = 0;
+  COMMPACT_UNROLL
+  for (std::size_t q = 0; q < G; ++q) {
+    COMMPACT_UNROLL
+    for (std::size_t r = 0; r < P; ++r) {
+      __m128 piece;
+      std::memcpy(&piece, reinterpret_cast<const char*>(&c[q]) + 16 * r, 16);
+      m |= static_cast<unsigned>(_mm_movemask_ps(piece)) << (q * L + 4 * r);
+    }
+  }
+  return m;
+}
+#pragma GCC diagnostic pop
+#endif
+
+//! collect_keys_geq's pass with vectors of W bytes (run at isa::active()'s width).
+struct collect_geq_kernel {
+  template <std::size_t W>
+  COMMPACT_ALWAYS_INLINE static std::size_t run(const float* x, std::size_t n, std::uint32_t lo, std::int32_t* idx,
+                                                std::uint32_t* bits, std::size_t cap) noexcept {
+    std::size_t c = 0, i = 0;
+    auto take = [&](std::size_t j) {
+      idx[c] = static_cast<std::int32_t>(j);
+      bits[c] = std::bit_cast<std::uint32_t>(x[j]);
+      ++c;
+    };
+#if COMMPACT_HOST_SIMD && defined(__SSE2__)
+    const auto lom1 = static_cast<std::int32_t>(lo) - 1;
+    for (; i + filter_block <= n; i += filter_block) {
+      unsigned m = block_mask16_w<W>(x + i, lom1);
+      if (m == 0) continue;
+      if (m == 0xffffu) {  // every entry hits (tied or dense data): no bit walk
+        for (std::size_t j = 0; j < filter_block; ++j) take(i + j);
+      } else {
+        do {
+          take(i + static_cast<std::size_t>(std::countr_zero(m)));
+          m &= m - 1;
+        } while (m != 0);
+      }
+      if (c > cap) return c;
+    }
+#endif
+    for (; i < n; ++i) {
+      if (abs_key(x[i]) >= lo) take(i);
+      if (c > cap) return c;  // (stopping inside the tail keeps the room: cap + filter_block)
+    }
+    return c;
+  }
+};
+
 //! Collects, in index order, the index and bit pattern of every entry of x with
 //! key >= lo into idx/bits, whose room is cap + filter_block. Returns the count, or a
-//! value > cap when more than cap entries qualify (the scan stops early).
+//! value > cap when more than cap entries qualify (the scan stops early). Runs at the
+//! vector width of isa::active() (isa.hpp); the same result at every width.
 inline std::size_t collect_keys_geq(const float* x, std::size_t n, std::uint32_t lo, std::int32_t* idx,
                                     std::uint32_t* bits, std::size_t cap) {
-  std::size_t c = 0;
-  for_each_key_in<false>(
-      x, 0, n, lo, 0,
-      [&](std::size_t i) {
-        idx[c] = static_cast<std::int32_t>(i);
-        bits[c] = std::bit_cast<std::uint32_t>(x[i]);
-        ++c;
-      },
-      [&] { return c > cap; });
-  return c;
+  return simd::dispatch<collect_geq_kernel>(x, n, lo, idx, bits, cap);
 }
 
 //! Writes, in index order, every entry with key > t and the first `ties` entries with key

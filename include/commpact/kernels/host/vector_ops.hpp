@@ -85,29 +85,7 @@ COMMPACT_ALWAYS_INLINE inline void scale_block(float* p, float s) noexcept {
 #endif
 }
 
-//! Runs K::run<W>(a...) at the widest vector width of isa::active(): the AVX2 and
-//! AVX-512 entry points compile K's always_inline body for their instruction set.
-#if COMMPACT_ISA_DISPATCH
-template <class K, class... A>
-COMMPACT_TARGET_AVX2 inline auto run_avx2(A... a) noexcept {
-  return K::template run<32>(a...);
-}
-template <class K, class... A>
-COMMPACT_TARGET_AVX512 inline auto run_avx512(A... a) noexcept {
-  return K::template run<64>(a...);
-}
-#endif
-template <class K, class... A>
-inline auto dispatch(A... a) noexcept {
-#if COMMPACT_ISA_DISPATCH
-  switch (isa::active()) {
-    case isa::level::avx512: return run_avx512<K>(a...);
-    case isa::level::avx2: return run_avx2<K>(a...);
-    default: break;
-  }
-#endif
-  return K::template run<simd::vector_bytes>(a...);
-}
+using simd::dispatch;
 
 inline void check_same_length(const char* fn, const char* an, std::size_t a, const char* bn, std::size_t b) {
   require(a == b, "commpact::host::", fn, ": ", an, " holds ", a, " values but ", bn, " holds ", b,
