@@ -246,10 +246,12 @@ void check_data_parallel_bytes(Comm& comm) {
   const auto round = wire::ring_allreduce(r, P, n, 4);
   const auto check = wire::ring_allreduce(r, P, 2, 8);        // DataParallel's one-time length check
   const auto dense_check = wire::ring_allreduce(r, P, 3, 8);  // Dense's first-step agreement (comm/agree.hpp)
-  v.expect(every.bytes_sent == 12 * round.bytes_sent + dense_check.bytes_sent, "EveryStep bytes ", every.bytes_sent);
-  v.expect(every.messages_sent == 12 * round.messages_sent + dense_check.messages_sent, "EveryStep messages ",
-           every.messages_sent);
-  v.expect(every.collectives == 12 + 1, "EveryStep collectives ", every.collectives);
+  const auto step_check = wire::ring_allreduce(r, P, 6, 4);   // Dense's step count, every step (step_check.hpp)
+  v.expect(every.bytes_sent == 12 * (round.bytes_sent + step_check.bytes_sent) + dense_check.bytes_sent,
+           "EveryStep bytes ", every.bytes_sent);
+  v.expect(every.messages_sent == 12 * (round.messages_sent + step_check.messages_sent) + dense_check.messages_sent,
+           "EveryStep messages ", every.messages_sent);
+  v.expect(every.collectives == 12 + 12 + 1, "EveryStep collectives ", every.collectives);
   v.expect(local.bytes_sent == 3 * round.bytes_sent + check.bytes_sent, "LocalSgd bytes ", local.bytes_sent);
   v.expect(local.bytes_received == 3 * round.bytes_received + check.bytes_received, "LocalSgd bytes received ",
            local.bytes_received);

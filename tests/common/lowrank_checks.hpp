@@ -303,7 +303,8 @@ void check_power_bit_identical(Comm& comm) {
 }
 
 //! Bytes per step through CountingComm<Comm>: (n + m) r 4 per matrix plus the dense part,
-//! exact ring counts; step 0 dense (+ the one-off layout check), then compressed.
+//! exact ring counts, plus each step's step count (6 floats, compress/step_check.hpp);
+//! step 0 dense (+ the one-off layout check), then compressed.
 template <class Comm>
 void check_power_bytes(Comm& comm) {
   constexpr int R = 2;
@@ -338,17 +339,20 @@ void check_power_bytes(Comm& comm) {
   const auto wp = commpact::wire::ring_allreduce(r, P, want_p, 4);
   const auto wq = commpact::wire::ring_allreduce(r, P, want_q, 4);
   const auto wd = commpact::wire::ring_allreduce(r, P, want_d, 4);
-  const auto check = commpact::wire::ring_allreduce(r, P, 5, 8);  // the agreement on step 0 (comm/agree.hpp)
+  const auto check = commpact::wire::ring_allreduce(r, P, 5, 8);  // layout hash and length on step 0 (agree.hpp)
+  const auto step_check = commpact::wire::ring_allreduce(r, P, 6, 4);  // the step count, every step
   const auto full = commpact::wire::ring_allreduce(r, P, numel(l), 4);
   v.expect(c.floats_per_step() == want_p + want_q + want_d, "floats_per_step ", c.floats_per_step());
-  v.expect(step_stats.bytes_sent == wp.bytes_sent + wq.bytes_sent + wd.bytes_sent, "step bytes sent ",
-           step_stats.bytes_sent);
-  v.expect(step_stats.bytes_received == wp.bytes_received + wq.bytes_received + wd.bytes_received,
+  v.expect(step_stats.bytes_sent == wp.bytes_sent + wq.bytes_sent + wd.bytes_sent + step_check.bytes_sent,
+           "step bytes sent ", step_stats.bytes_sent);
+  v.expect(step_stats.bytes_received ==
+               wp.bytes_received + wq.bytes_received + wd.bytes_received + step_check.bytes_received,
            "step bytes received ", step_stats.bytes_received);
-  v.expect(step_stats.collectives == 3, "step collectives ", step_stats.collectives);
+  v.expect(step_stats.collectives == 4, "step collectives ", step_stats.collectives);
   v.expect(warm_stats == step_stats, "the warm step counts differently");
-  v.expect(dense_stats.bytes_sent == full.bytes_sent + check.bytes_sent, "dense step bytes ", dense_stats.bytes_sent);
-  v.expect(dense_stats.collectives == 2, "dense step collectives ", dense_stats.collectives);
+  v.expect(dense_stats.bytes_sent == full.bytes_sent + check.bytes_sent + step_check.bytes_sent, "dense step bytes ",
+           dense_stats.bytes_sent);
+  v.expect(dense_stats.collectives == 3, "dense step collectives ", dense_stats.collectives);
   // Compressed traffic is well below dense traffic.
   if (P > 1) v.expect(step_stats.bytes_sent * 2 < full.bytes_sent, "compressed traffic is not below dense");
   settle(comm, v, "check_power_bytes");

@@ -31,6 +31,18 @@ class step_phase {
  public:
   enum value { idle, started, finished };
 
+  step_phase() = default;
+  //! A compressor moves (or is copied) only while no step is started: a started step's
+  //! queued work refers to the object it was started on (its communicator, its buffers),
+  //! so moving it then raises usage_error and leaves both objects as they were.
+  step_phase(const step_phase& o) : v_(o.v_) { o.require_not_started("move or copy"); }
+  step_phase& operator=(const step_phase& o) {
+    o.require_not_started("move or copy");
+    require_not_started("assign to");
+    v_ = o.v_;
+    return *this;
+  }
+
   //! start(): the previous step must be committed or cancelled.
   void require_idle(std::string_view who) const {
     require(v_ == idle, "commpact::", who, "::start: the previous step was started and not ",
@@ -78,6 +90,13 @@ class step_phase {
     v_ = idle;
   }
 
+
+  //! usage_error when a step is started (see the copy constructor).
+  void require_not_started(std::string_view what) const {
+    require<usage_error>(v_ != started, "commpact: cannot ", what,
+                         " a compressor whose step is started: its queued work refers to this object; call finish() "
+                         "(or cancel()) first.");
+  }
 
   step_phase& operator=(value v) {
     v_ = v;

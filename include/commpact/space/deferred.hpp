@@ -549,7 +549,8 @@ struct deferred_space {
   //! Runs the queued work in order. Raises timeout_error (leaving the rest queued) when
   //! the deadline passes between two items; an item that raises (a communicator's error,
   //! which is how the deferred space reports asynchronous errors) drops the rest of the
-  //! queue and the error propagates: the step is abandoned, as a failed stream is. A
+  //! queue and the error propagates (device_error when it is not a commpact error): the
+  //! step is abandoned, as a failed stream is. A
   //! buffer destroyed with work queued here raises usage_error and drops the work unrun.
   static void fence(exec e, deadline until) {
     if (!e.q) return;
@@ -566,9 +567,19 @@ struct deferred_space {
       if (!q.violation.empty()) q.raise_violation();
     } catch (const timeout_error&) {
       throw;
-    } catch (...) {
+    } catch (const error&) {
       q.drop();
       throw;
+    } catch (const std::exception& ex) {
+      // Queued work that raises what is not a commpact error (a user's kernel, say) is
+      // reported as device_error, as a failed stream is on a GPU.
+      q.drop();
+      throw device_error(detail::cat("commpact::deferred_space::fence: a queued operation raised \"", ex.what(),
+                                     "\"; the rest of the queue is dropped (on a GPU the stream would be in error)."));
+    } catch (...) {
+      q.drop();
+      throw device_error("commpact::deferred_space::fence: a queued operation raised an exception that is not a "
+                         "std::exception; the rest of the queue is dropped.");
     }
   }
 };

@@ -51,6 +51,9 @@
 //! Overlap: with a Bucketed compressor (compress/compressors/bucketed.hpp), begin_backward(grads, lr)
 //! before backward and grad_ready(layer) during it start each bucket's reduction while
 //! backward goes on; step() then waits for them. Bit for bit the same as step() alone.
+//! The buckets in flight write the gradient until step() or cancel_backward(): hold the
+//! step in a backward_scope declared after the gradient, so that an exception that
+//! unwinds the gradient's scope ends the buckets before the gradient is freed.
 //!
 //! save_state / load_state checkpoint the driver (position, current period, the
 //! parameters at its start, counters) and its compressors; the optimizer is the user's.
@@ -103,6 +106,12 @@ struct data_parallel_options {
   bool compress_deltas = false;
   //! Check at each period that every rank made the same decision (costs one allreduce).
   bool verify_plans = false;
+  //! On a space that queues work (the deferred space, CUDA): step() waits for the
+  //! update's queued work before it keeps the step (one more host wait per step), so an
+  //! error there raises (device_error) in that step, with the compressors and the driver
+  //! as before it. Off, step() returns with the update queued, and such an error raises
+  //! at the next fence, after the step was kept. No effect on host_space.
+  bool wait_for_update = false;
 };
 
 namespace req {
@@ -281,6 +290,9 @@ class DataParallel {
           ++parameter_rounds_;
           synced = true;
         }
+      }
+      if constexpr (!std::is_same_v<space_type, host_space>) {
+        if (opt_.wait_for_update) comm_fence(compressor_.comm());
       }
     } catch (...) {
       guard.end();
@@ -583,6 +595,32 @@ class DataParallel {
   bool overlap_ = false;  // begin_backward started buckets that step() has not waited for
   double overlap_lr_ = 0;
   std::optional<driver_snapshot> overlap_snap_;
+};
+
+//! An overlapped step held by the scope of its gradient: the constructor calls
+//! begin_backward(grads, lr); when the scope ends before step() has taken the step (an
+//! exception unwinds it: backward raised, say), the destructor waits for the buckets in
+//! flight and abandons the step (cancel_backward), so no bucket writes a gradient that is
+//! destroyed. Declare it after the gradient, so that it ends first:
+//!
+//! \code
+//! std::vector<float> grads(n);
+//! commpact::backward_scope scope{dp, std::span<float>(grads), lr};
+//! // backward, last layer first: dp.grad_ready(layer) as each layer's gradient is final
+//! dp.step(params, grads, lr, sgd);  // takes the step; the scope's end is then a no-op
+//! \endcode
+template <class Driver>
+class backward_scope {
+ public:
+  backward_scope(Driver& dp, typename Driver::template span<float> grads, double lr) : dp_(dp) {
+    dp.begin_backward(grads, lr);
+  }
+  backward_scope(const backward_scope&) = delete;
+  backward_scope& operator=(const backward_scope&) = delete;
+  ~backward_scope() { dp_.cancel_backward(); }
+
+ private:
+  Driver& dp_;
 };
 
 }  // namespace commpact

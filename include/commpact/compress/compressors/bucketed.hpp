@@ -110,8 +110,29 @@ inline std::vector<bucket_info> plan_buckets(std::span<const std::size_t> layer_
   return out;
 }
 
+namespace detail {
+//! Where a Bucketed step stands. A base of Bucketed, so that a move checks it before any
+//! member has moved: the worker's tasks and the buckets' open steps refer to the object,
+//! so it moves only with no step in flight or open (else usage_error, nothing moved).
+struct bucketed_step_flags {
+  bool active_ = false;        // begin() started buckets that finish() has not waited for
+  bool inline_ = false;        // start() ran every bucket inline; finish() not called yet
+  bool open_ = false;          // finished, neither committed nor cancelled
+  bool finished_ = false;      // finish() returned (open_, or a skipped step): commit() or cancel() next
+  bool start_called_ = false;  // start() after begin(): finish() not called yet
+
+  bucketed_step_flags() = default;
+  bucketed_step_flags(const bucketed_step_flags& o) {
+    require<usage_error>(!(o.active_ || o.inline_ || o.open_ || o.finished_ || o.start_called_),
+                         "commpact::Bucketed: cannot move an object whose step is in flight or open (its buckets "
+                         "refer to it); call reduce() (or finish() and commit(), or cancel()) first.");
+  }
+  bucketed_step_flags& operator=(const bucketed_step_flags&) = delete;
+};
+}  // namespace detail
+
 template <class C>
-class Bucketed {
+class Bucketed : private detail::bucketed_step_flags {
   static_assert(diagnose_compressor<C>());
 
  public:
@@ -139,20 +160,20 @@ class Bucketed {
     txs_.resize(info_.size());
     pending_.resize(info_.size());
   }
-  //! Movable while no step is in flight (the worker's tasks refer to this object).
-  Bucketed(Bucketed&&) noexcept = default;
+  //! Movable while no step is in flight or open; else usage_error and nothing moves.
+  Bucketed(Bucketed&&) = default;
   Bucketed& operator=(Bucketed&&) = delete;
   ~Bucketed() {
-    if (active_ || open_ || inline_) cancel();
+    if (active_ || open_ || inline_ || finished_) cancel();
   }
 
   //! Before backward: the buckets of `grad` (the flat gradient, total_size() floats) will
   //! start as their layers become ready. `grad` must outlive the step: started buckets
   //! write into it until reduce() or cancel() (or the destructor) has waited for them.
   void begin(span<float> grad) {
-    require(!active_ && !open_ && !inline_, "commpact::Bucketed::begin: the previous step's buckets are still in "
-                                           "flight or open; call reduce() (or finish() and commit(), or cancel()) "
-                                           "once per begin().");
+    require(!active_ && !open_ && !inline_ && !finished_,
+            "commpact::Bucketed::begin: the previous step's buckets are still in flight or open; call reduce() (or "
+            "finish() and commit(), or cancel()) once per begin().");
     check_size(grad, "begin");
     if constexpr (requires { comps_[0].comm().allows_calls_from_other_threads(); }) {
       require(comps_[0].comm().allows_calls_from_other_threads(),
@@ -192,14 +213,19 @@ class Bucketed {
 
   //! Runs the buckets not started yet: after begin(), the rest of that step's buckets
   //! (on the worker); else every bucket, in order, on the calling thread.
+  //! A second start() before finish() is refused (invalid_argument) and changes nothing:
+  //! the step in flight can still be finished, committed or cancelled.
   void start(span<float> grad) {
     check_size(grad, "start");
-    require(!open_, "commpact::Bucketed::start: the previous step is finished but neither committed nor cancelled; "
-                    "call commit() or cancel() first.");
+    require(!open_ && !finished_, "commpact::Bucketed::start: the previous step is finished but neither committed "
+                                  "nor cancelled; call commit() or cancel() first.");
+    require(!inline_ && !start_called_, "commpact::Bucketed::start: a step was started and not finished; call "
+                                        "finish() and commit() (or cancel()) before starting another.");
     if (active_) {
       require(address_of(grad) == address_of(grad_), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
                                            "reduce the buffer whose buckets are in flight.");
       while (started_ < info_.size()) launch(started_++);
+      start_called_ = true;
     } else {
       new_step(grad);
       for (std::size_t b = 0; b < info_.size(); ++b) run(b);
@@ -210,6 +236,7 @@ class Bucketed {
   //! Waits for every bucket. On an error: every bucket's step is cancelled and the error
   //! raised. On a skipped bucket: every bucket's step is cancelled and false returned.
   //! Otherwise the step stays open for commit() or cancel().
+  //! A step that raises is over (nothing to commit; every bucket back as before it).
   bool finish() {
     require(active_ || inline_, "commpact::Bucketed::finish: no step was started; call start(grad) (or begin()).");
     if (active_) {
@@ -218,20 +245,26 @@ class Bucketed {
       active_ = false;
     }
     inline_ = false;
+    start_called_ = false;
     if (error_ || skipped_) {
       rollback();
       if (error_) std::rethrow_exception(std::exchange(error_, nullptr));
+      finished_ = true;
       return false;
     }
-    open_ = true;
+    open_ = finished_ = true;
     return true;
   }
 
-  //! Keeps every bucket's step of a finished step.
+  //! Keeps every bucket's step of a finished step (a skipped one: nothing to keep).
+  //! Without a finished step it is refused (invalid_argument) and changes nothing.
   void commit() {
+    require(finished_, "commpact::Bucketed::commit: no finished step to commit; call start(grad) (or begin()) and "
+                       "finish() first.");
+    finished_ = false;
     if (!open_) return;
     open_ = false;
-    for (std::size_t b = 0; b < ran_; ++b) txs_[b].commit(comps_[b]);
+    for (std::size_t b = 0; b < txs_.size(); ++b) txs_[b].commit(comps_[b]);
   }
 
   //! Ends the current step without a result: waits for the buckets in flight and puts
@@ -245,8 +278,7 @@ class Bucketed {
       pending_handles_.clear();
       active_ = false;
     }
-    inline_ = false;
-    open_ = false;
+    inline_ = start_called_ = open_ = finished_ = false;
     try {
       rollback();
     } catch (...) {
@@ -319,7 +351,6 @@ class Bucketed {
     failed_.v.store(false);
     error_ = nullptr;
     skipped_ = false;
-    ran_ = 0;
   }
 
   void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }
@@ -334,7 +365,6 @@ class Bucketed {
       if constexpr (requires { comps_[b].comm(); }) activate<space_type>(comm_exec(comps_[b].comm()));
       auto part = grad_.subspan(i.offset, i.size);
       const bool ok = txs_[b].run(comps_[b], part, opt_.transactional);
-      ran_ = b + 1;
       if (!ok) skipped_ = true;
     } catch (...) {
       error_ = std::current_exception();
@@ -342,8 +372,9 @@ class Bucketed {
     }
   }
 
+  // Every bucket whose step is open (a no-op for the others).
   void rollback() {
-    for (std::size_t b = 0; b < ran_; ++b) txs_[b].cancel(comps_[b]);
+    for (std::size_t b = 0; b < txs_.size(); ++b) txs_[b].cancel(comps_[b]);
   }
 
   std::vector<std::size_t> layers_;
@@ -358,9 +389,6 @@ class Bucketed {
   std::vector<detail::work_handle> pending_handles_;
   std::unique_ptr<detail::serial_worker> worker_;
   span<float> grad_{};
-  bool active_ = false;   // begin() started buckets that finish() has not waited for
-  bool inline_ = false;   // start() ran every bucket inline; finish() not called yet
-  bool open_ = false;     // finished, neither committed nor cancelled
   std::size_t started_ = 0;
   struct flag {  // set by cancel() while the worker runs; movable for Bucketed's move
     std::atomic<bool> v{false};
@@ -369,7 +397,6 @@ class Bucketed {
   } failed_;
   std::exception_ptr error_;
   bool skipped_ = false;
-  std::size_t ran_ = 0;
 };
 
 }  // namespace commpact

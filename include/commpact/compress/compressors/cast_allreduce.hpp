@@ -27,7 +27,9 @@
 //!
 //! Bytes per rank per step: wire::ring_allreduce(rank, P, n, 2), exactly half of
 //! Dense's ring allreduce of n floats; 2 (P - 1) messages. The first step (and a length
-//! change, on every rank) agrees on n and the format with one small allreduce of int64.
+//! change, on every rank) agrees on n and the format with one small allreduce of int64;
+//! every step adds one allreduce of 6 floats, the step count (compress/step_check.hpp), so
+//! ranks out of step raise mismatch_error alike in finish().
 //!
 //! Space (v3): every step runs in the communicator's space (host_space for ThreadComm
 //! and MpiComm, deferred_space for DeferredComm<C>) through rows of ops<Space>: the cast
@@ -61,6 +63,7 @@
 #include "../codecs/casts.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../../nonfinite.hpp"
+#include "../step_check.hpp"
 #include "../step_phase.hpp"
 #include "../step_status.hpp"
 
@@ -123,6 +126,7 @@ class CastAllreduce {
     codes_.resize(N, e);
     if (opt_.error_feedback) candidate_.resize(N, e);
     scratch_.resize(wire::ring_chunk(N, comm_.size(), 0), e);
+    step_check_.queue(comm_, steps_);
     status_.clear(e);
     ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), residual_.cview(), codes_.view(),
                                                 candidate_.view());
@@ -138,8 +142,9 @@ class CastAllreduce {
     grad_ = grad;
   }
 
-  //! Queues the decode of the sums into grad, fences once, then raises numeric_error on
-  //! every rank for a non-finite sum (grad untouched), or under skip_step zeroes grad
+  //! Queues the decode of the sums into grad, fences once, then raises mismatch_error on
+  //! every rank when the ranks' step counts differ (grad holds the decoded mean), or
+  //! numeric_error for a non-finite sum (grad untouched), or under skip_step zeroes grad
   //! and returns false.
   bool finish() {
     phase_.require_started(who);
@@ -153,6 +158,7 @@ class CastAllreduce {
       throw;
     }
     phase_ = phase::idle;
+    step_check_.require_same(who, comm_.rank(), steps_);
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
@@ -247,14 +253,15 @@ class CastAllreduce {
     return h;
   }
 
+  phase phase_;  // first: a move checks it before any other member has moved
   Comm comm_;
   options opt_;
   buffer<float> residual_, candidate_;
   buffer<std::uint16_t> codes_, scratch_;
   // the step in flight, the length the ranks agreed on, the counters
-  phase phase_;
   span<float> grad_{};
   detail::status_word<space_type> status_;
+  detail::step_check<space_type> step_check_;
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -324,19 +324,19 @@ class CodecCompressor {
     copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
+  using phase = detail::step_phase;
+  using outcome = detail::step_outcome;
+  phase phase_;  // first: a move checks it before any other member has moved
   Aggregation agg_;
   Codec codec_;
   [[no_unique_address]] kernels kern_;  // the codec's kernels in the space (state on the CUDA space)
   options opt_;
   std::string name_;
-  using phase = detail::step_phase;
-  using outcome = detail::step_outcome;
   buffer<float> residual_, velocity_, acc_, u_next_, approx_, scale_;
   detail::status_word<space_type> status_;
   frame::host_headers<space_type> headers_;
   span<float> grad_{};
   std::string problem_;
-  phase phase_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;

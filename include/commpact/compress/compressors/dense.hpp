@@ -18,7 +18,10 @@
 //! for ThreadComm and MpiComm, deferred_space for DeferredComm<C>); `start(grad)` queues
 //! them, `finish()` fences once and reads the status, `commit()` counts the step,
 //! `cancel()` drops it. `reduce` = start + finish + commit. The first step (and a
-//! length change, on every rank) agrees on the length with one small allreduce.
+//! length change, on every rank) agrees on the length with one small allreduce; every
+//! step queues one allreduce of 6 floats, the step count (compress/step_check.hpp), so
+//! ranks that disagreed on commit/cancel, or one that retries a step the others kept,
+//! raise mismatch_error alike on every rank in finish().
 
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +36,7 @@
 #include "../../kernels/status.hpp"
 #include "../../state.hpp"
 #include "../../nonfinite.hpp"
+#include "../step_check.hpp"
 #include "../step_phase.hpp"
 #include "../step_status.hpp"
 
@@ -66,6 +70,7 @@ class Dense {
       checked_size_ = n;
     }
     const auto e = comm_exec(comm_);
+    step_check_.queue(comm_, steps_);
     status_.clear(e);
     comm_.allreduce(grad, reduce_op::sum);
     ops<space_type>::mean(e, grad, comm_.size(), status_.view());
@@ -83,6 +88,7 @@ class Dense {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
     comm_fence(comm_);
+    step_check_.require_same("Dense", comm_.rank(), steps_);
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
@@ -126,11 +132,12 @@ class Dense {
 
  private:
   using phase = detail::step_phase;
+  phase phase_;  // first: a move checks it before any other member has moved
   Comm comm_;
   options opt_;
   detail::status_word<space_type> status_;
+  detail::step_check<space_type> step_check_;
   span<float> grad_{};
-  phase phase_;
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

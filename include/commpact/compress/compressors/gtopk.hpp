@@ -331,6 +331,7 @@ class gTopK {
     copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
+  phase phase_;  // first: a move checks it before any other member has moved
   TreeMerge<tree_type> agg_;  // the exchange and the combination (compress/aggregations/tree_merge.hpp)
   options opt_;
   typename ops<space_type>::topk_workspace ws_;
@@ -339,7 +340,6 @@ class gTopK {
   span<float> grad_{};
   std::string problem_;
   bool agreed_ = false;
-  phase phase_;
   outcome outcome_ = outcome::delivered;
   std::int64_t n_ = 0, kmax_ = 1, k_ = 0;
   std::size_t last_count_ = 0;

@@ -22,7 +22,10 @@
 //! again and again: about n/k times for scaled random-k).
 //! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
 //! (wire::ring_allreduce gives it exactly). n is agreed by one small allreduce of int64
-//! on the first step and whenever it changes.
+//! on the first step and whenever it changes; every step adds one allreduce of 6 floats,
+//! the step count (compress/step_check.hpp): the codec's shared randomness follows the
+//! step, so ranks out of step raise mismatch_error alike in finish() instead of mixing
+//! other coordinates.
 //!
 //! Space (v3): a LinearCodec composed with the aggregation Allreduce<C>
 //! (aggregations/allreduce.hpp), run in the communicator's space through the ops rows
@@ -55,6 +58,7 @@
 #include "../codecs/randomk.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../error_feedback.hpp"
+#include "../step_check.hpp"
 #include "../step_phase.hpp"
 #include "../step_status.hpp"
 
@@ -103,6 +107,7 @@ class LinearCompressor {
     }
     const std::size_t N = grad.size(), m = codec_.size(N);
     const auto block = agg_.block(4 * (m + 1));
+    step_check_.queue(agg_.comm(), steps_);
     status_.clear(e);
     acc_.resize(N, e);
     if (ef_n_ == 0) {  // no residual (yet, or ever for an unbiased codec): it counts as zero
@@ -117,15 +122,18 @@ class LinearCompressor {
     phase_ = phase::started;
   }
 
-  //! Fences once and reads the status: when some rank's input was not finite (every rank
-  //! sees the summed flag), raises numeric_error on every rank with grad untouched, or
-  //! under skip_step zeroes grad and returns false; else grad holds B (the mean).
+  //! Fences once and reads the status: when the ranks' step counts differ, raises
+  //! mismatch_error on every rank (grad holds B); when some rank's input was not finite
+  //! (every rank sees the summed flag), raises numeric_error on every rank with grad
+  //! untouched, or under skip_step zeroes grad and returns false; else grad holds B (the
+  //! mean).
   bool finish() {
     phase_.take_started(name_);
     agg_.combine(codec_, grad_, status_.view());
     const auto e = exec();
     status_.fetch(e);
     fence();
+    step_check_.require_same(name_.c_str(), agg_.comm().rank(), steps_);
     outcome_ = outcome::delivered;
     if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
@@ -221,15 +229,16 @@ class LinearCompressor {
   using phase = detail::step_phase;
   using outcome = detail::step_outcome;
 
+  phase phase_;  // first: a move checks it before any other member has moved
   aggregation_type agg_;
   K codec_;
   nonfinite policy_;
   std::string name_;
   buffer<float> residual_, acc_, approx_, dense_;
   // the step in flight, the agreement, the counters
-  phase phase_;
   span<float> grad_{};
   detail::status_word<space_type> status_;
+  detail::step_check<space_type> step_check_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::int64_t n_ = -1, ef_n_ = 0, steps_ = 0, skipped_ = 0;

@@ -229,6 +229,7 @@ class MajorityVote {
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
 
+  phase phase_;  // first: a move checks it before any other member has moved
   aggregation_type agg_;
   majority_options opt_;
   sign_codec codec_;
@@ -240,7 +241,6 @@ class MajorityVote {
   frame::host_headers<space_type> headers_;
   std::string problem_;
   // the step in flight and the counters
-  phase phase_;
   span<float> grad_{};
   detail::status_word<space_type> status_;
   outcome outcome_ = outcome::delivered;

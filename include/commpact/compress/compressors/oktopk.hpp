@@ -266,6 +266,7 @@ class OkTopK {
     }
   }
 
+  phase phase_;  // first: a move checks it before any other member has moved
   aggregation_type agg_;
   oktopk_options opt_;
   typename ops<space_type>::topk_workspace ws_;
@@ -275,7 +276,6 @@ class OkTopK {
   span<float> grad_{};
   std::string problem_;
   std::exception_ptr pending_;
-  phase phase_;
   outcome outcome_ = outcome::delivered;
   std::size_t n_ = 0;
   std::int64_t residual_len_ = 0;

@@ -57,7 +57,8 @@
 //!
 //! Every product, the orthonormalisation, the Q draw, the means and the non-finite
 //! checks are rows of the kernel table ops<Space> (kernels/ops.hpp); the three
-//! allreduces are the communicator's data plane. Two phases, as Dense and gTopK:
+//! allreduces (and the step count's, compress/step_check.hpp) are the communicator's
+//! data plane. Two phases, as Dense and gTopK:
 //! `start(grad)` queues the whole step (host_space: runs it), `finish()` fences once,
 //! reads the step status and raises the same error on every rank (grad untouched: M,
 //! the candidate residual and the new Q live in workspaces, and grad is written only by
@@ -91,6 +92,7 @@
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
 #include "../../nonfinite.hpp"
+#include "../step_check.hpp"
 #include "../step_phase.hpp"
 #include "power_plan.hpp"
 
@@ -143,6 +145,7 @@ class PowerCompressor {
       m_.resize(e, ex);
       stage_.resize(opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0, ex);
       status_.resize(status_words, ex);
+      step_check_.prepare(ex);
     } catch (const std::exception&) {
       throw invalid_argument(detail::cat("commpact::PowerCompressor::set_layout: cannot allocate the factors of a "
                                          "layout of ", total, " elements (", p + q, " factor and ", d,
@@ -204,6 +207,8 @@ class PowerCompressor {
       checked_ = true;
     }
     const auto e = exec();
+    // Every step: the step count (compress/step_check.hpp), checked in finish().
+    step_check_.queue(comm_, steps_);
     ops<Space>::fill(e, status_.view(), std::uint32_t{0});
     dense_step_ = steps_ < opt_.start_step;
     if (dense_step_) queue_dense_step(grad);
@@ -214,13 +219,15 @@ class PowerCompressor {
     phase_ = phase::started;
   }
 
-  //! Fences once and reads the status, alike on every rank: raises numeric_error for a
-  //! non-finite allreduced factor or dense part (grad untouched), or under skip_step
-  //! zeroes grad and returns false.
+  //! Fences once and reads the status, alike on every rank: raises mismatch_error when
+  //! the ranks' step counts differ (a rank committed a step another cancelled; grad holds
+  //! the step's result), numeric_error for a non-finite allreduced factor or dense part
+  //! (grad untouched), or under skip_step zeroes grad and returns false.
   bool finish() {
     phase_.take_started("PowerCompressor");
     const auto e = exec();
     fence();
+    step_check_.require_same("PowerCompressor", comm_.rank(), steps_);
     const auto s = std::span<const std::uint32_t>(status_host_.view());
     for (const auto w : s) require_fenced(w, "PowerCompressor::finish");
     outcome_ = outcome::delivered;
@@ -474,6 +481,7 @@ class PowerCompressor {
   span<float> p_view(const entry& en) { return p_.view().subspan(en.p_off, en.rows * en.r); }
   span<const float> q_next_cview(const entry& en) const { return q_next_.cview().subspan(en.q_off, en.cols * en.r); }
 
+  phase phase_;  // first: a move checks it before any other member has moved
   comm_type comm_;
   options opt_;
   tensor_layout layout_;
@@ -484,8 +492,8 @@ class PowerCompressor {
   buffer<float> p_, q_, q_next_, dense_, residual_, m_, stage_;
   buffer<std::uint32_t> status_;
   pinned_t<Space, std::uint32_t> status_host_;  // status_words words, read after the fence
+  detail::step_check<Space> step_check_;
   span<float> grad_{};
-  phase phase_;
   outcome outcome_ = outcome::delivered;
   bool dense_step_ = false;
   bool has_residual_ = false;
