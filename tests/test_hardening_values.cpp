@@ -287,8 +287,9 @@ struct edit {
   std::int64_t i;
   float f;
   std::string name() const {
-    return "section " + std::to_string(tag) + (index == std::string::npos ? "[all]" : "[" + std::to_string(index) + "]") +
-           " = " + (is_float ? std::to_string(f) : std::to_string(i));
+    std::string where = index == std::string::npos ? std::string("[all]") : commpact::detail::cat("[", index, "]");
+    return is_float ? commpact::detail::cat("section ", tag, where, " = ", f)
+                    : commpact::detail::cat("section ", tag, where, " = ", i);
   }
 };
 
@@ -341,10 +342,10 @@ std::vector<std::string> check_crafted_states() {
       } catch (const commpact::error&) {
         if (s.save() != good) local[r] += e.name() + ": rejected but changed the object\n";
       } catch (const std::exception& x) {
-        local[r] += e.name() + ": rejected with a non-commpact error: " + x.what() + "\n";
+        local[r] += commpact::detail::cat(e.name(), ": rejected with a non-commpact error: ", x.what(), "\n");
       }
       std::string o;
-      for (int t = 0; t < 2; ++t) o += " " + run_step(s, normal(1000 + 10 * t + r, kN));
+      for (int t = 0; t < 2; ++t) o.append(" ").append(run_step(s, normal(1000 + 10 * t + r, kN)));
       steps[r].push_back(o);
       s.obj.load_state(good);  // back to the saved state for the next edit
       s.aux = aux;
@@ -352,16 +353,16 @@ std::vector<std::string> check_crafted_states() {
   });
   std::vector<std::string> fails;
   for (int r = 0; r < kP; ++r)
-    if (!local[r].empty()) fails.push_back("rank " + std::to_string(r) + ": " + local[r]);
+    if (!local[r].empty()) fails.push_back(commpact::detail::cat("rank ", r, ": ", local[r]));
   REQUIRE(!names.empty());
   for (std::size_t k = 0; k < names.size(); ++k) {
     for (int r = 1; r < kP; ++r)
       if (steps[r].at(k) != steps[0].at(k))
-        fails.push_back(names[k] + ": ranks differ:" + steps[0][k] + " | rank " + std::to_string(r) + ":" + steps[r][k]);
+        fails.push_back(commpact::detail::cat(names[k], ": ranks differ:", steps[0][k], " | rank ", r, ":", steps[r][k]));
     std::istringstream words(steps[0][k]);
     for (std::string w; words >> w;)
       if (!acceptable(w)) {
-        fails.push_back(names[k] + ": not acceptable:" + steps[0][k]);
+        fails.push_back(commpact::detail::cat(names[k], ": not acceptable:", steps[0][k]));
         break;
       }
   }
@@ -485,11 +486,11 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_
   for (int r = 0; r < kP; ++r) {
     CAPTURE(r, what[r]);
     CHECK(cls[r] == "mismatch_error");
-    CHECK(what[r].find("ranks disagree on the gradient length: rank " + std::to_string(r) + " has ") !=
+    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
           std::string::npos);
     CHECK(same[r] == 1);
   }
-  CHECK(what[1].find("has " + std::to_string(kN + 1)) != std::string::npos);
+  CHECK(what[1].find(commpact::detail::cat("has ", kN + 1)) != std::string::npos);
 }
 
 TEST_CASE("PowerCompressor: every rank's buffer of another length than its layout raises invalid_argument on every rank",
