@@ -102,6 +102,24 @@ struct maker<TopK<DC>> {
   static TopK<DC> make(TC& comm) { return TopK<DC>{DC{comm}, {.density = 0.1}}; }
 };
 template <>
+struct maker<PowerCompressor<2, deferred_space>> {
+  static PowerCompressor<2, deferred_space> make(TC& comm) { return PowerCompressor<2, deferred_space>{DC{comm}, kLayout}; }
+};
+template <>
+struct maker<MajorityVote<DC>> {
+  static MajorityVote<DC> make(TC& comm) { return MajorityVote<DC>{DC{comm}}; }
+};
+template <>
+struct maker<OkTopK<DC>> {
+  static OkTopK<DC> make(TC& comm) { return OkTopK<DC>{DC{comm}, {.density = 0.1}}; }
+};
+template <>
+struct maker<CodecCompressor<qsgd_codec, Allgather<DC>>> {
+  static CodecCompressor<qsgd_codec, Allgather<DC>> make(TC& comm) {
+    return CodecCompressor<qsgd_codec, Allgather<DC>>{DC{comm}};
+  }
+};
+template <>
 struct maker<Fp16Allreduce<DC>> {
   static Fp16Allreduce<DC> make(TC& comm) { return Fp16Allreduce<DC>{DC{comm}}; }
 };
@@ -118,7 +136,9 @@ using every_compressor =
     std::tuple<Dense<TC>, TopK<TC>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
                CodecCompressor<sign_codec, Allgather<TC>>, Fp16Allreduce<TC>, Bf16Allreduce<TC>,
                LinearCompressor<randomk_codec, TC>, MajorityVote<TC>, OkTopK<TC>, Bucketed<Dense<TC>>,
-               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>>;
+               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, PowerCompressor<2, deferred_space>,
+               CodecCompressor<qsgd_codec, Allgather<DC>>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>,
+               MajorityVote<DC>, OkTopK<DC>, Bucketed<TopK<DC>>>;
 
 //! A gradient in C's space: a host vector, or a deferred buffer and its span.
 template <class C, bool = std::is_same_v<space_of_t<C>, deferred_space>>
