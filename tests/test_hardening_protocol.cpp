@@ -10,8 +10,6 @@
 //   names is destroyed, when an exception unwinds the scope;
 // - on the deferred space, an error in the update's queued work raises device_error in
 //   the same step (wait_for_update), before the step is kept.
-// gTopK is not in the list: its tree frames carry no step count yet (docs/architecture.md,
-// "The step protocol").
 #include <catch2/catch.hpp>
 #include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -106,6 +104,10 @@ struct maker<PowerCompressor<2, deferred_space>> {
   static PowerCompressor<2, deferred_space> make(TC& comm) { return PowerCompressor<2, deferred_space>{DC{comm}, kLayout}; }
 };
 template <>
+struct maker<gTopK<TreeComm<DC>>> {
+  static gTopK<TreeComm<DC>> make(TC& comm) { return gTopK<TreeComm<DC>>{DC{comm}, {.density = 0.1}}; }
+};
+template <>
 struct maker<MajorityVote<DC>> {
   static MajorityVote<DC> make(TC& comm) { return MajorityVote<DC>{DC{comm}}; }
 };
@@ -133,10 +135,10 @@ struct maker<LinearCompressor<randomk_codec, DC>> {
 //! Every compressor commpact ships, on host memory (ThreadComm) and on the deferred
 //! space where it runs there.
 using every_compressor =
-    std::tuple<Dense<TC>, TopK<TC>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
+    std::tuple<Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
                CodecCompressor<sign_codec, Allgather<TC>>, Fp16Allreduce<TC>, Bf16Allreduce<TC>,
                LinearCompressor<randomk_codec, TC>, MajorityVote<TC>, OkTopK<TC>, Bucketed<Dense<TC>>,
-               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, PowerCompressor<2, deferred_space>,
+               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, gTopK<TreeComm<DC>>, PowerCompressor<2, deferred_space>,
                CodecCompressor<qsgd_codec, Allgather<DC>>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>,
                MajorityVote<DC>, OkTopK<DC>, Bucketed<TopK<DC>>>;
 

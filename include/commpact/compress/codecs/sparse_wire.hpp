@@ -10,7 +10,7 @@
 //! |--------|----------|------------|-----------------------------------------------------------|
 //! | 0      | u32      | magic      | 0x57535043 ("CPSW")                                       |
 //! | 4      | u16      | version    | 1                                                         |
-//! | 6      | u16      | flags      | bit 0 `nonfinite`: a rank of the sender's subtree saw NaN/Inf; bit 1 `failed`: a rank of the subtree rejected its input |
+//! | 6      | u16      | flags      | bit 0 `nonfinite`: a rank of the sender's subtree saw NaN/Inf; bit 1 `failed`: a rank of the subtree rejected its input; bits 8-15: the subtree's step counts modulo 8, one bit each (gTopK; more than one: ranks out of step) |
 //! | 8      | u32      | count      | entries that follow                                       |
 //! | 12     | u32      | mask_bits  | bits of the trailing survival mask (gTopK's unfold only)  |
 //! | 16     | i64 x 2  | n_min, n_max | range of the dense gradient length over the subtree     |
@@ -58,7 +58,19 @@ enum flag : std::uint16_t {
   flag_nonfinite = 1u << 0,  //!< some rank of the sender's subtree saw a non-finite value
   flag_failed = 1u << 1,     //!< some rank of the sender's subtree rejected its input
 };
-inline constexpr std::uint16_t known_flags = flag_nonfinite | flag_failed;
+//! Bits 8 to 15: the step counts of the sender's subtree modulo 8, one bit each (gTopK
+//! sets its own with step_flag); merged by OR, more than one set means ranks out of step.
+inline constexpr std::uint16_t step_bits = 0xFF00u;
+//! The step bit of step `step` (step mod 8).
+constexpr std::uint16_t step_flag(std::int64_t step) {
+  return static_cast<std::uint16_t>(0x100u << (static_cast<std::uint64_t>(step) & 7u));
+}
+//! True when the flags hold at most one step bit (every rank of the subtree in step).
+constexpr bool one_step(std::uint16_t flags) {
+  const unsigned s = flags & step_bits;
+  return (s & (s - 1u)) == 0;
+}
+inline constexpr std::uint16_t known_flags = flag_nonfinite | flag_failed | step_bits;
 
 struct header {
   std::uint16_t flags = 0;
@@ -75,9 +87,9 @@ struct header {
     k_min = std::min(k_min, o.k_min);
     k_max = std::max(k_max, o.k_max);
   }
-  //! True when no flag is set and the ranges are the single values (n, k).
+  //! True when no flag but one step bit is set and the ranges are the single values (n, k).
   bool healthy_for(std::int64_t n, std::int64_t k) const {
-    return flags == 0 && n_min == n && n_max == n && k_min == k && k_max == k;
+    return (flags & ~step_bits) == 0 && one_step(flags) && n_min == n && n_max == n && k_min == k && k_max == k;
   }
 };
 

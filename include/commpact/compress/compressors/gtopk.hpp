@@ -132,7 +132,9 @@ class gTopK {
     const auto frame_k = static_cast<std::size_t>(std::clamp<std::int64_t>(detail::k_at(opt_, steps_, n_), 1, kmax_));
     grad_ = grad;
     const bool ok = problem_.empty();
-    const std::uint16_t flags = ok ? 0 : sparse_wire::flag_failed;
+    // The step count modulo 8 rides in the frames' flags: ranks out of step see two bits.
+    const auto flags =
+        static_cast<std::uint16_t>((ok ? 0 : sparse_wire::flag_failed) | sparse_wire::step_flag(steps_));
     if (ok) {
       acc_.resize(grad.size(), e);
       if (opt_.momentum > 0.0f) u_next_.resize(grad.size(), e);
@@ -187,6 +189,12 @@ class gTopK {
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", me, " has k = ",
                                        m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
                                        "]; every rank must use the same options and step count."));
+    if (!sparse_wire::one_step(m.cur.flags))
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count: rank ", me,
+                                       " is at step ", steps_, " and another rank at a step that differs modulo 8; a "
+                                       "rank kept (commit) a step that another dropped (cancel), or retried a step the "
+                                       "others kept. Every rank must commit or cancel each step alike; restore every "
+                                       "rank from one checkpoint to go on."));
     if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
     if (m.cur.flags & sparse_wire::flag_nonfinite) {
       if (opt_.on_nonfinite == nonfinite::raise)

@@ -250,7 +250,7 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     sparse_tree_meta* mp = cuda_access::ptr(m);
     cuda_kernels::decision_launch(kd::local_begin, s, mp, n, k, flags);
     ck(cudaGetLastError(), "tree_local");
-    if (flags) return;
+    if (flags & ~sparse_wire::step_bits) return;
     require(g.size() == acc.size() && k >= 0 && static_cast<std::size_t>(k) <= acc.size() &&
                 static_cast<std::size_t>(k) <= b.cur_idx.size(),
             "commpact::ops::tree_local: n = ", acc.size(), ", g holds ", g.size(), ", k = ", k,

@@ -69,7 +69,8 @@ namespace detail {
 
 __device__ __forceinline__ bool healthy_dev(const sparse_tree_meta& m) {
   const auto& c = m.cur;
-  return c.flags == 0 && c.n_min == m.n && c.n_max == m.n && c.k_min == m.k && c.k_max == m.k;
+  return (c.flags & ~sparse_wire::step_bits) == 0 && sparse_wire::one_step(c.flags) && c.n_min == m.n &&
+         c.n_max == m.n && c.k_min == m.k && c.k_max == m.k;
 }
 __device__ __forceinline__ void poison_dev(sparse_tree_meta& m) { m.cur_count = m.mine_count = m.extra_count = 0; }
 __device__ __forceinline__ void wire_dev(sparse_tree_meta& m, int peer) {

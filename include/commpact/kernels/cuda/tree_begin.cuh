@@ -64,7 +64,7 @@ __global__ void begin_decide(sparse_tree_meta* mp, absorb_ctl* ctl, int self, st
   m.cur.count = 0, m.cur.mask_bits = 0;
   if (h.n_min != h.n_max || h.k_min != h.k_max || h.mask_bits != 0) return malformed();
   if (h.flags & sparse_wire::flag_nonfinite) m.status |= status_nonfinite;
-  if (h.flags) return;  // flagged: empty
+  if (h.flags & ~sparse_wire::step_bits) return;  // flagged: empty
   const std::uint64_t k = m.k > 0 ? static_cast<std::uint64_t>(m.k) : 0;
   const std::uint64_t max_count = k < kcap ? k : kcap;
   if (h.count > max_count || c.body_bad) return malformed();

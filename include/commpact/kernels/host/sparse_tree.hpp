@@ -83,7 +83,7 @@ inline void local(sparse_tree_meta& m, std::int64_t n, std::int64_t k, std::uint
   m.cur.n_min = m.cur.n_max = n;
   m.cur.k_min = m.cur.k_max = k;
   m.cur.flags = flags;
-  if (flags) return;
+  if (flags & ~sparse_wire::step_bits) return;
   const float s = scale.empty() ? 1.0f : scale[0];
   const bool have_r = residual.size() == acc.size(), have_u = velocity.size() == acc.size();
   const auto kk = static_cast<std::size_t>(k);

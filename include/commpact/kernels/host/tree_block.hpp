@@ -48,7 +48,7 @@ inline void begin(sparse_tree_meta& m, std::span<const std::byte> block, int sel
   m.cur.count = 0, m.cur.mask_bits = 0;
   if (h.n_min != h.n_max || h.k_min != h.k_max || h.mask_bits != 0) return malformed();
   if (h.flags & sparse_wire::flag_nonfinite) m.status |= status_nonfinite;
-  if (h.flags) return;  // flagged: empty, like a rank whose local phase flagged its input
+  if (h.flags & ~sparse_wire::step_bits) return;  // flagged: empty, like a rank whose local phase flagged its input
   const auto k = static_cast<std::size_t>(std::max<std::int64_t>(m.k, 0));
   sparse_wire::header got;
   try {
