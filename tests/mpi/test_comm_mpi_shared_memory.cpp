@@ -9,7 +9,8 @@
 // mixed across ranks, a mismatch or a bad argument on one rank raising alike with the
 // caller's memory untouched and the communicator usable, a peer's failure raising
 // peer_failure with `data` untouched, the point-to-point path where shared_memory_max
-// excludes a size, and no segment name left in /dev/shm.
+// excludes a size, ranks with different shared_memory_max (different paths) failing
+// the signature check alike, and no segment name left in /dev/shm.
 // commpact-mpi-ranks: 2 3 4
 #include <commpact/comm/mpi_comm.hpp>
 
@@ -270,6 +271,45 @@ TEST_CASE("MpiComm: sizes above shared_memory_max take point to point, exactly",
     REQUIRE(out == commpact_test::gathered_blocks(8, P, 4 * n));
   });
   REQUIRE(comm.shared_memory_bytes() == 0);
+}
+
+TEST_CASE("MpiComm: ranks whose shared_memory_max sends them down different paths raise mismatch_error alike, at "
+          "once",
+          "[comm][mpi][shm]") {
+  int r = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  // Rank 0 takes point to point for 400 KB, the others shared memory: the path is part of
+  // the signature, so the check fails on every rank instead of each waiting on its path.
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s, .shared_memory_max = r == 0 ? std::size_t{1024} : std::size_t{64} << 20}};
+  const int P = comm.size();
+  if (P < 2) return;
+  const std::size_t n = 100000;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto d = data_of<float>(11, r, n);
+  const auto before = d;
+  std::string what;
+  try {
+    comm.allreduce(std::span<float>(d), reduce_op::sum);
+  } catch (const mismatch_error& e) {
+    what = e.what();
+  }
+  const auto in = block_of(12, r, 4 * n);
+  std::vector<std::byte> out(4 * n * static_cast<std::size_t>(P), std::byte{0x33});
+  const auto out_before = out;
+  std::string what_gather;
+  try {
+    comm.allgather(std::span<const std::byte>(in), std::span<std::byte>(out));
+  } catch (const mismatch_error& e) {
+    what_gather = e.what();
+  }
+  const auto took = std::chrono::steady_clock::now() - t0;
+  CAPTURE(r, what, what_gather);
+  CHECK(what.find("shared_memory_max") != std::string::npos);
+  CHECK(what_gather.find("shared_memory_max") != std::string::npos);
+  CHECK(d == before);
+  CHECK(out == out_before);
+  CHECK(took < 10s);  // the check decided, not the 20 s deadline
+  CHECK_FALSE(comm.failed());
 }
 
 TEST_CASE("MpiComm: unchecked collectives do not take the shared-memory path", "[comm][mpi][shm]") {

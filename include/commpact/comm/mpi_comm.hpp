@@ -176,9 +176,11 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
       const auto mine = std::as_bytes(data);
       const auto [own_lo, own_hi] = s.shm_own_chunk(data.size(), sizeof(T));  // read by this rank only
       const bool staged = bad.empty() && s.shm_stage(mine, own_lo, own_hi);
-      s.verify(sig, bad);
+      auto shm_sig = sig;
+      shm_sig.shared_memory = true;  // a rank that chose the other path fails the check alike
+      s.verify(shm_sig, bad);
       if (s.shm_ready(mine, staged, "allreduce", own_lo, own_hi)) {
-        s.shm_allreduce(data, op, sig);
+        s.shm_allreduce(data, op, shm_sig);
         return {};
       }
     } else if (!verified(sig, bad)) {
@@ -230,7 +232,9 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
       const auto bad = allgather_error(in, out);
       const auto mine = std::as_bytes(in);
       const bool staged = bad.empty() && s.shm_stage(mine);
-      s.verify(allgather_signature(in), bad);
+      auto shm_sig = allgather_signature(in);
+      shm_sig.shared_memory = true;  // a rank that chose the other path fails the check alike
+      s.verify(shm_sig, bad);
       if (s.shm_ready(mine, staged, "allgather")) {
         s.shm_allgather(mine, std::as_writable_bytes(out));
         return {};

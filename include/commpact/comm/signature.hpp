@@ -56,7 +56,18 @@ struct collective_signature {
   int type_code = 0;        //!< sig_type_code<T>() for allreduce, 0 for byte-moving collectives
   std::int64_t bytes = 0;   //!< the size every rank must agree on
   std::int64_t extra = 0;   //!< reduce_op (allreduce) or root (broadcast)
+  bool shared_memory = false;  //!< the rank takes MpiComm's shared-memory path for this call
 };
+
+//! The bit of a signature's code that says the call takes the shared-memory path, so
+//! that ranks that choose differently (another mpi_options::shared_memory_max) fail the
+//! check alike instead of waiting for each other on two paths.
+inline constexpr std::int64_t sig_shared_memory_bit = std::int64_t{1} << 16;
+
+//! The code of a signature: kind, element type and path in one word.
+inline std::int64_t signature_code(const collective_signature& s) {
+  return static_cast<std::int64_t>(s.kind) * 256 + s.type_code + (s.shared_memory ? sig_shared_memory_bit : 0);
+}
 
 //! Words exchanged per check: each value v travels as (v, -v) under MAX, so one
 //! allreduce yields both the largest and the smallest value.
@@ -70,7 +81,7 @@ inline constexpr int signature_words = 7;
 //! Communicators without such an option leave `isolate` at its default.
 inline void encode_signature(const collective_signature& s, int rank, bool bad, std::int64_t* w,
                              bool isolate = true) {
-  const std::int64_t code = static_cast<std::int64_t>(s.kind) * 256 + s.type_code;
+  const std::int64_t code = signature_code(s);
   w[0] = s.bytes;
   w[1] = -s.bytes;
   w[2] = code;
@@ -96,9 +107,11 @@ inline void judge_signature(const collective_signature& s, int rank, const std::
                                " passed an invalid argument (its error says which); no rank moved data, "
                                "and the communicator stays usable."));
   }
-  const std::int64_t code = static_cast<std::int64_t>(s.kind) * 256 + s.type_code;
-  if (w[2] != -w[3]) {
-    const auto hi = w[2], lo = -w[3];
+  const std::int64_t code = signature_code(s) & (sig_shared_memory_bit - 1);
+  const std::int64_t path_mask = ~sig_shared_memory_bit;
+  const bool path_differs = w[2] != -w[3] && (w[2] & path_mask) == (-w[3] & path_mask);
+  if (w[2] != -w[3] && !path_differs) {
+    const auto hi = w[2] & (sig_shared_memory_bit - 1), lo = -w[3] & (sig_shared_memory_bit - 1);
     throw mismatch_error(cat(who, ": ranks disagree on the collective: rank ", rank, " called ", what, "<",
                              sig_type_name(code % 256), ">, while the calls range over ", coll_sig_name(lo / 256), "<",
                              sig_type_name(lo % 256), "> .. ", coll_sig_name(hi / 256), "<", sig_type_name(hi % 256),
@@ -114,6 +127,11 @@ inline void judge_signature(const collective_signature& s, int rank, const std::
                              s.kind == coll_kind_sig::broadcast ? "root" : "reduce_op", ": rank ", rank, " passed ",
                              s.extra, ", the values range over [", -w[5], ", ", w[4],
                              "]; every rank must pass the same one."));
+  if (path_differs)
+    throw mismatch_error(cat(who, "::", what, ": ranks disagree on the path for ", s.bytes, " bytes: rank ", rank,
+                             s.shared_memory ? " takes" : " does not take",
+                             " the shared-memory path and another rank ", s.shared_memory ? "does not" : "does",
+                             "; give every rank the same mpi_options::shared_memory_max."));
 }
 
 }  // namespace commpact::detail

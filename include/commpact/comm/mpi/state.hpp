@@ -65,7 +65,9 @@ struct mpi_options {
   //! the largest such size rounded up to a power of two (at least 1 MiB), reserved in
   //! /dev/shm; where that fails on any rank, or the ranks span nodes, every rank takes
   //! the point-to-point path for that size and above (MpiComm::shared_memory_note says
-  //! why). 0: never. Give every rank the same value. Unchecked collectives
+  //! why). 0: never. Give every rank the same value: the path is part of the signature
+  //! check, so ranks that would take different paths for a call raise mismatch_error
+  //! alike (naming this option) and the communicator stays usable. Unchecked collectives
   //! (verify_collectives = false) never take this path: it needs the check's barrier.
   std::size_t shared_memory_max = std::size_t{64} << 20;
 };
