@@ -48,23 +48,6 @@
 
 namespace commpact {
 
-//! What a rank does in one step of the schedule.
-enum class tree_stage {
-  fold_send,    //!< extra rank: send the payload to the core rank rank - p2
-  fold_recv,    //!< core rank: receive the payload of its extra rank rank + p2
-  exchange,     //!< core rank: send to and receive from rank XOR 2^round
-  unfold_send,  //!< core rank: send the result to its extra rank
-  unfold_recv,  //!< extra rank: receive the result from its core rank
-};
-
-struct tree_step {
-  tree_stage stage = tree_stage::exchange;
-  int peer = -1;
-  int round = -1;  //!< the exchange round, -1 for fold/unfold steps
-  bool sends() const { return stage != tree_stage::fold_recv && stage != tree_stage::unfold_recv; }
-  bool receives() const { return stage != tree_stage::fold_send && stage != tree_stage::unfold_send; }
-};
-
 //! The steps of `rank` in the recursive-doubling schedule of `h`.
 inline std::vector<tree_step> tree_schedule(const Hypercube& h, int rank) {
   std::vector<tree_step> s;

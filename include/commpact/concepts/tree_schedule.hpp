@@ -19,7 +19,25 @@ namespace commpact {
 // ---------------------------------------------------------------------------
 // TreeSchedule: the exchange pattern of a tree all-reduce (gTopK's merge).
 // ---------------------------------------------------------------------------
-struct tree_step;
+
+//! What a rank does in one step of a tree schedule (recursive doubling with folds, as
+//! TreeComm walks it; the sparse tree's kernels take it too).
+enum class tree_stage {
+  fold_send,    //!< extra rank: send the payload to the core rank rank - p2
+  fold_recv,    //!< core rank: receive the payload of its extra rank rank + p2
+  exchange,     //!< core rank: send to and receive from rank XOR 2^round
+  unfold_send,  //!< core rank: send the result to its extra rank
+  unfold_recv,  //!< extra rank: receive the result from its core rank
+};
+
+//! One step of a tree schedule: the stage, the peer, the exchange round.
+struct tree_step {
+  tree_stage stage = tree_stage::exchange;
+  int peer = -1;
+  int round = -1;  //!< the exchange round, -1 for fold/unfold steps
+  bool sends() const { return stage != tree_stage::fold_recv && stage != tree_stage::unfold_recv; }
+  bool receives() const { return stage != tree_stage::fold_send && stage != tree_stage::unfold_send; }
+};
 
 namespace req {
 //! A reducer as TreeSchedule::reduce() drives it (tests and gTopK provide one).

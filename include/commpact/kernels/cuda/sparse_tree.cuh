@@ -46,7 +46,7 @@
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
 
-#include "../../comm/tree_comm.hpp"
+#include "../../concepts/tree_schedule.hpp"
 #include "../../compress/codecs/sparse_wire.hpp"
 #include "../host/sparse_tree.hpp"
 #include "../status.hpp"

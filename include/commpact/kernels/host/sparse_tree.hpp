@@ -21,7 +21,7 @@
 
 #include "../../compress/codecs/sparse_wire.hpp"
 #include "../../error.hpp"
-#include "../../comm/tree_comm.hpp"
+#include "../../concepts/tree_schedule.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
 #include "sparse_merge.hpp"
