@@ -1,10 +1,10 @@
 # Fails naming file:line for every #include in the public headers (include/commpact/,
 # .hpp and .cuh) that points up the library's layers, lowest first:
-#   0  config.hpp, error.hpp, nonfinite.hpp, state.hpp, detail/
+#   0  config.hpp, error.hpp, state.hpp, detail/
 #   1  concepts.hpp, concepts/
 #   2  space/
 #   3  kernels/
-#   4  comm/, topology/
+#   4  comm/, topology/, nonfinite.hpp (the policy and its scan, over kernels/)
 #   5  compress/
 #   6  gossip/, sync/
 #   7  train/, ps/
@@ -26,7 +26,7 @@ include(${CMAKE_CURRENT_LIST_DIR}/header_lines.cmake)
 # The layer of a path relative to include/commpact (the rank above).
 function(commpact_layer rel out_var)
   set(r -1)
-  if(rel MATCHES "^(config|error|nonfinite|state)\\.hpp$" OR rel MATCHES "^detail/")
+  if(rel MATCHES "^(config|error|state)\\.hpp$" OR rel MATCHES "^detail/")
     set(r 0)
   elseif(rel STREQUAL "concepts.hpp" OR rel MATCHES "^concepts/")
     set(r 1)
@@ -34,7 +34,7 @@ function(commpact_layer rel out_var)
     set(r 2)
   elseif(rel MATCHES "^kernels/")
     set(r 3)
-  elseif(rel MATCHES "^(comm|topology)/")
+  elseif(rel MATCHES "^(comm|topology)/" OR rel STREQUAL "nonfinite.hpp")
     set(r 4)
   elseif(rel MATCHES "^compress/")
     set(r 5)
