@@ -1,8 +1,8 @@
 # Fails naming file:line for every #include in the public headers (include/commpact/,
 # .hpp and .cuh) that points up the library's layers, lowest first:
 #   0  config.hpp, error.hpp, state.hpp, detail/
-#   1  concepts.hpp, concepts/
-#   2  space/
+#   1  space/
+#   2  concepts.hpp, concepts/ (they name host_space as the default space)
 #   3  kernels/
 #   4  comm/, topology/, nonfinite.hpp (the policy and its scan, over kernels/)
 #   5  compress/
@@ -28,9 +28,9 @@ function(commpact_layer rel out_var)
   set(r -1)
   if(rel MATCHES "^(config|error|state)\\.hpp$" OR rel MATCHES "^detail/")
     set(r 0)
-  elseif(rel STREQUAL "concepts.hpp" OR rel MATCHES "^concepts/")
-    set(r 1)
   elseif(rel MATCHES "^space/")
+    set(r 1)
+  elseif(rel STREQUAL "concepts.hpp" OR rel MATCHES "^concepts/")
     set(r 2)
   elseif(rel MATCHES "^kernels/")
     set(r 3)
@@ -154,7 +154,7 @@ if(DEFINED SELF_TEST)
     "include/commpact/extra/y.hpp: in no layer; add its folder to check_layers.cmake's list"
     "include/commpact/kernels/cuda/x.cuh:2: includes comm/tree.hpp (layer 4) from layer 3"
     "include/commpact/kernels/ops.hpp:2: includes compress/frame.hpp (layer 5) from layer 3"
-    "include/commpact/space/host.hpp:2: includes kernels/ops.hpp (layer 3) from layer 2"
+    "include/commpact/space/host.hpp:2: includes kernels/ops.hpp (layer 3) from layer 1"
     "layers_allowed.txt lists 'kernels/ops.hpp -> gossip/gone.hpp', which no longer exists: remove the line")
   if(NOT bad STREQUAL expect)
     string(REPLACE ";" "\n  " b "${bad}")
