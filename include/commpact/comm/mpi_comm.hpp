@@ -27,7 +27,8 @@
 //!   MPI_ERRORS_RETURN; every MPI error becomes a commpact::comm_error naming the call.
 //! - Never hang: every wait is a nonblocking MPI operation progressed with MPI_Test: a
 //!   tight loop first (no clock, no other call), then the deadline and the failure
-//!   channel every 16th test, yielding after 20 us. A wait that passes
+//!   channel every 16th test, yielding after 10 ms and sleeping 50 us between tests
+//!   after a second (a late peer rather than slow data). A wait that passes
 //!   `mpi_options::timeout` raises timeout_error and tells the other ranks; a notice from
 //!   another rank raises peer_failure carrying its reason. After a failure every further
 //!   operation raises at once. No message is sent for this unless a rank fails.

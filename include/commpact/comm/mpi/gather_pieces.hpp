@@ -7,7 +7,7 @@
 //! lands in 16 MiB of scratch that has left the cache by the time it is copied, so the
 //! copy costs a pass over memory: at P = 4 on shared memory the isolated allgather
 //! measured 1.3-1.4x raw MPI_Allgather from 4 MiB, against 0.9-1.0x received straight
-//! into the output (docs/communicators.md, "At -O2"). Here every block travels as
+//! into the output (docs/notes/communicators-history.md, "At -O2"). Here every block travels as
 //! pieces of mpi_gather_piece_bytes; each peer has mpi_gather_depth slots of scratch (a
 //! few hundred KiB in all, which stay in cache), and a piece is copied out of its slot
 //! as soon as it arrived, then the slot takes the peer's next piece. Each rank keeps

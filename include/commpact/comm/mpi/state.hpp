@@ -54,7 +54,7 @@ struct mpi_options {
   //! every rank whether any isolates, and an allgather of blocks above 128 KiB then goes
   //! by pieces on every rank); unchecked (verify_collectives = false), give every rank
   //! the same value: such an allgather sends pieces when it isolates and one message
-  //! when it does not (docs/communicators.md, "The check first, then one message per peer").
+  //! when it does not (docs/notes/communicators-history.md, "The check first, then one message per peer").
   bool isolate_buffers = true;
   //! Checked allreduces and allgathers whose data (allreduce) or block per rank
   //! (allgather) is at most this many bytes move through shared memory when every
