@@ -48,6 +48,19 @@ function(commpact_add_catch_test src)
   endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
+  commpact_test_locks(${src} ${name})
+endfunction()
+
+# A test whose file has a line `// commpact-lock: <name> ...` never runs at the same time
+# as another test naming the same lock (ctest's RESOURCE_LOCK): dev-shm for the tests
+# that look at what is in /dev/shm.
+function(commpact_test_locks src test)
+  file(STRINGS ${src} lock_line REGEX "^// commpact-lock:")
+  if(lock_line)
+    string(REGEX REPLACE "^// commpact-lock:[ ]*" "" locks "${lock_line}")
+    separate_arguments(locks)
+    set_tests_properties(${test} PROPERTIES RESOURCE_LOCK "${locks}")
+  endif()
 endfunction()
 
 # COMMPACT_MPI_TESTS_SYNTAX_ONLY: the MPI tests are only compiled, with -fsyntax-only
@@ -83,6 +96,7 @@ function(commpact_add_mpi_test src)
               ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${name}_np${np} PROPERTIES LABELS mpi TIMEOUT ${COMMPACT_TEST_TIMEOUT} PROCESSORS 2
       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader;OMPI_MCA_btl_vader_single_copy_mechanism=none")
+    commpact_test_locks(${src} ${name}_np${np})
   endforeach()
 endfunction()
 

@@ -12,6 +12,7 @@
 // excludes a size, ranks with different shared_memory_max (different paths) failing
 // the signature check alike, and no segment name left in /dev/shm.
 // commpact-mpi-ranks: 2 3 4
+// commpact-lock: dev-shm
 #include <commpact/comm/mpi_comm.hpp>
 
 #include <catch2/catch.hpp>

@@ -40,9 +40,17 @@
 //! unlinks its name (the mappings stay; nothing is left in /dev/shm, even after a
 //! crash later). A failure on any rank leaves every rank on point-to-point for this
 //! size and above (mpi_state's shm_ceiling_). Everything here is local: no call can hang.
+//!
+//! A rank killed during setup (between create and the unlink) leaves its name behind.
+//! So a segment ends in a trailer page holding its creator's pid, and every create()
+//! first removes the commpact segments in /dev/shm whose creator no longer runs
+//! (kill(pid, 0) fails with ESRCH; a segment still being made, whose pid is not yet
+//! written, is left alone, as is any whose creator runs or cannot be told).
 //! Part of MpiComm (include commpact/comm/mpi_comm.hpp).
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -60,6 +68,37 @@ namespace commpact::detail {
 
 //! The smallest half a shared segment is given (growth goes by powers of two from it).
 inline constexpr std::size_t mpi_shm_min_half = 1u << 20;
+//! The page after a segment's two halves: its creator's pid (an int64 at its start).
+inline constexpr std::size_t mpi_shm_trailer = 4096;
+//! What every segment's name starts with (in /dev/shm, without the leading slash).
+inline constexpr const char* mpi_shm_prefix = "commpact-";
+
+//! Removes the commpact segments under `dir` (/dev/shm: where Linux keeps POSIX shared
+//! memory) whose creator is gone: the pid in the trailer names no process (ESRCH).
+//! Returns how many it removed. Local and best effort: a name it cannot open or read,
+//! or whose pid is 0 (still being made) or runs, is left alone.
+inline int mpi_shm_sweep(const char* dir = "/dev/shm") noexcept {
+  DIR* d = ::opendir(dir);
+  if (d == nullptr) return 0;
+  int removed = 0;
+  const std::size_t plen = std::strlen(mpi_shm_prefix);
+  while (const dirent* e = ::readdir(d)) {
+    if (std::strncmp(e->d_name, mpi_shm_prefix, plen) != 0) continue;
+    const std::string name = std::string("/") + e->d_name;
+    const int fd = ::shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat st {};
+    std::int64_t pid = 0;
+    const bool read = ::fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= mpi_shm_trailer &&
+                      ::pread(fd, &pid, sizeof pid, st.st_size - static_cast<off_t>(mpi_shm_trailer)) ==
+                          static_cast<ssize_t>(sizeof pid);
+    ::close(fd);
+    if (!read || pid <= 0 || pid != static_cast<pid_t>(pid)) continue;
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH && ::shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  ::closedir(d);
+  return removed;
+}
 
 //! This rank's view of every rank's shared segment: two halves of capacity() bytes each.
 //! Local operations only (POSIX shm_open, posix_fallocate, mmap); mpi_state sequences
@@ -84,16 +123,23 @@ class mpi_shared_segments {
   //! for use: adopt() does that). Returns an empty string or why it failed.
   std::string create(std::uint64_t nonce, int rank, unsigned gen, std::size_t half_bytes) {
     drop_pending();
+    (void)mpi_shm_sweep();
     const std::string name = name_of(nonce, rank, gen);
     const std::size_t bytes = 2 * half_bytes;
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) return why("shm_open", name, errno);
     pending_name_ = name;
     const char* call = "ftruncate";
-    int rc = ::ftruncate(fd, static_cast<off_t>(bytes)) == 0 ? 0 : errno;
+    int rc = ::ftruncate(fd, static_cast<off_t>(bytes + mpi_shm_trailer)) == 0 ? 0 : errno;
+    if (rc == 0) {
+      call = "pwrite";
+      const std::int64_t pid = ::getpid();
+      if (::pwrite(fd, &pid, sizeof pid, static_cast<off_t>(bytes)) != static_cast<ssize_t>(sizeof pid))
+        rc = errno != 0 ? errno : EIO;
+    }
     if (rc == 0) {
       call = "posix_fallocate";
-      rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes));
+      rc = ::posix_fallocate(fd, 0, static_cast<off_t>(bytes + mpi_shm_trailer));
     }
     if (rc != 0) {
       ::close(fd);
@@ -171,7 +217,8 @@ class mpi_shared_segments {
  private:
   static std::string name_of(std::uint64_t nonce, int rank, unsigned gen) {
     char buf[80];
-    std::snprintf(buf, sizeof buf, "/commpact-%016llx-%d-%u", static_cast<unsigned long long>(nonce), rank, gen);
+    std::snprintf(buf, sizeof buf, "/%s%016llx-%d-%u", mpi_shm_prefix, static_cast<unsigned long long>(nonce), rank,
+                  gen);
     return buf;
   }
   static std::string why(const char* call, const std::string& name, int err) {
