@@ -67,8 +67,9 @@ TEST_CASE("cost model: dense, Top-k and gTop-k bytes equal CountingComm's", "[co
   auto step = [](auto& algo, std::vector<float>& g) { algo.reduce(std::span(g)); };
 
   auto d = measure(P, n, 2, [](Counted c) { return Dense<Counted>{c}; }, step);
-  check(d[0], cost::dense(P, n, /*first_step=*/true));
-  check(d[1], cost::dense(P, n));
+  // Dense also sends its step check (compress/step_check.hpp) every step.
+  check(d[0], cost::dense(P, n, /*first_step=*/true) + cost::step_check(P));
+  check(d[1], cost::dense(P, n) + cost::step_check(P));
 
   auto t = measure(P, n, 2, [k](Counted c) { return TopK<Counted>{c, {.k = k}}; }, step);
   check(t[0], cost::topk(P, n, k, /*first_step=*/true));
@@ -90,8 +91,8 @@ TEST_CASE("cost model: PowerSGD, D-PSGD and PowerGossip bytes equal CountingComm
 
   auto reduce = [](auto& algo, std::vector<float>& g) { algo.reduce(std::span(g)); };
   auto p = measure(P, n, 2, [&](Counted c) { return PowerCompressor<2>{c, layout}; }, reduce);
-  check(p[0], cost::powersgd(P, shapes, 2, 2.0, /*first_step=*/true));
-  check(p[1], cost::powersgd(P, shapes, 2));
+  check(p[0], cost::powersgd(P, shapes, 2, 2.0, /*first_step=*/true) + cost::step_check(P));
+  check(p[1], cost::powersgd(P, shapes, 2) + cost::step_check(P));
 
   const int degree = P == 2 ? 1 : 2;
   auto mix = [](auto& algo, std::vector<float>& x) { algo.mix(std::span(x)); };

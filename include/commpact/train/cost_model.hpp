@@ -192,6 +192,15 @@ inline step_cost broadcast(int P, std::uint64_t bytes) {
   return c;
 }
 
+//! The step count that commpact's Dense, LinearCompressor, CastAllreduce and
+//! PowerCompressor agree on at every step (compress/step_check.hpp): an allreduce of 6
+//! floats (the count in three exact 21-bit pieces, each with its negation). Not part of
+//! dense() and powersgd(), which cost the algorithms (and fit measurements taken before
+//! the check existed): add it for what those compressors send, as CountingComm counts.
+inline step_cost step_check(int P, allreduce_algorithm algo = allreduce_algorithm::openmpi) {
+  return allreduce(P, 6, 4, algo);
+}
+
 //! Dense S-SGD: one allreduce of n floats, then the mean; the first step (and a change
 //! of length) adds the agreement allreduce of 3 int64 (n, -n, rejected: comm/agree.hpp).
 inline step_cost dense(int P, std::uint64_t n, bool first_step = false,
@@ -263,7 +272,8 @@ struct shape {
 //! PowerSGD of rank r: allreduces of sum rows*r_t (P factors), of the uncompressed
 //! tensors and of sum cols*r_t (Q factors), r_t = min(r, rows, cols); a matrix is
 //! compressed when (rows + cols) r_t * min_rate < rows * cols (PyTorch's rule, as
-//! PowerCompressor). The first step adds the layout agreement (an allreduce of 2 int64).
+//! PowerCompressor). The first step adds the agreement on the layout hash and the length
+//! (an allreduce of 5 int64: each with its negation, and the rejected flag).
 inline step_cost powersgd(int P, std::span<const shape> layout, int r, double min_rate = 2.0, bool first_step = false,
                           allreduce_algorithm algo = allreduce_algorithm::openmpi) {
   std::uint64_t p = 0, q = 0, d = 0, n = 0;
@@ -279,7 +289,7 @@ inline step_cost powersgd(int P, std::span<const shape> layout, int r, double mi
     }
   }
   step_cost c = allreduce(P, p, 4, algo) + allreduce(P, d, 4, algo) + allreduce(P, q, 4, algo);
-  if (first_step) c += allreduce(P, 2, 8);
+  if (first_step) c += allreduce(P, 5, 8);
   c.compute_elements = static_cast<double>(n);
   return c;
 }
