@@ -44,7 +44,7 @@ execute_process(
   RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE out)
 if(NOT rc EQUAL 0)
   message(FATAL_ERROR "check_torch_cuda_objects: ${CXX} failed on python/commpact_hooks.cpp with "
-    "COMMPACT_HOOKS_CUDA (${rc}):\n${out}")
+    "COMMPACT_HOOKS_CUDA (${rc}), include folders ${inc}:\n${out}")
 endif()
 
 # The C++ side calls what the CUDA side defines.
