@@ -239,7 +239,7 @@ void check_topk(std::mt19937_64& rng) {
     }
     for (auto k : ks) check_topk_one("denormal", x, k, ws);
   }
-  {  // n = 1e8 (issue 19's largest size): Gaussian and tied values, k = 1, 0.1 %, 1 % and n
+  {  // n = 1e8 (the largest size the benchmarks use): Gaussian and tied values, k = 1, 0.1 %, 1 % and n
     const std::size_t n = 100000000;
     std::normal_distribution<float> d;
     std::vector<float> x(n);
