@@ -86,7 +86,9 @@ namespace cuda_kernels {
 //! Owns the device scratch of tree_absorb's merge (grow-only, from an allocator hook),
 //! stream-ordered on the executor's stream (cuda_workspace_bytes): growing frees the old
 //! scratch there after the work queued so far and allocates the new one there; nothing
-//! waits on the host.
+//! waits on the host. The layout is computed (CUB's size queries) and carved once per
+//! capacity and storage: a later absorb with the same kcap reuses it (every selection
+//! leaves the histogram zero, as carve() leaves it).
 class merge_workspace {
  public:
   merge_workspace() = default;
@@ -109,15 +111,18 @@ class merge_workspace {
 
  private:
   merge_scratch& carve(std::uint32_t kcap, cudaStream_t s) {
+    if (carved_ != nullptr && carved_ == mem_.data() && kcap == ms_.kcap) return ms_;
     std::size_t need = 0;
     detail::check(merge_scratch::bytes(kcap, need), "merge_scratch::bytes");
     if (mem_.grow(need)) ++allocations_;
     detail::check(ms_.carve(mem_.data(), kcap, s), "merge_scratch::carve");
+    carved_ = mem_.data();
     return ms_;
   }
   cuda_workspace_bytes mem_;
   std::size_t allocations_ = 0;
   merge_scratch ms_{};
+  const void* carved_ = nullptr;  // the storage ms_ is laid out in (null: none yet)
 };
 }  // namespace cuda_kernels
 
