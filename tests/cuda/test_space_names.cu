@@ -9,7 +9,6 @@
 
 #include "commpact/compress/compressors/dense.hpp"
 #include "commpact/compress/compressors/gtopk.hpp"
-#include "commpact/kernels/cuda/power.cuh"
 #include "commpact/kernels/cuda/topk.cuh"
 #include "commpact/kernels/deferred/ops.hpp"
 #include "commpact/kernels/mean.hpp"
