@@ -8,7 +8,7 @@
 // scatter and residual against the host's), with a corrupted frame and a NaN gradient.
 // Also checks cuda_space against the Space concept at compile time.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 // Built by CMake (tests/cuda) and by scripts/device-check with nvcc alone.
 
 #include <cuda_runtime.h>

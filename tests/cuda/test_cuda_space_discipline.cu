@@ -19,7 +19,7 @@
 //   deadline aborts both, an aborted one raises peer_failure at the fence, and a
 //   destroyed one's hook is gone.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

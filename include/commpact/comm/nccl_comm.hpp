@@ -6,7 +6,7 @@
 //!
 //! Tests: tests/cuda/test_gtopk_device.cu (one rank: NCCL puts no two ranks of a communicator
 //! on one GPU, so the multi-rank device path is checked by test_cuda_ops.cu's simulated ranks;
-//! docs/kernels.md, "Status", says where each has run).
+//! docs/cuda.md, "Status", says where each has run).
 //!
 //! \code
 //! ncclUniqueId id = commpact::NcclComm::unique_id();          // on rank 0; broadcast it

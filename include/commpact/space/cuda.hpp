@@ -6,7 +6,7 @@
 //! (kernels/cuda/ops.cuh).
 //!
 //! Checked against the Space concept at compile time (tests/cuda/test_cuda_ops.cu); the rules
-//! below are tested by tests/cuda/test_cuda_space_discipline.cu (docs/kernels.md, "Status",
+//! below are tested by tests/cuda/test_cuda_space_discipline.cu (docs/cuda.md, "Status",
 //! says where it has run).
 //!
 //! - `span<T>` (cuda_span): a device pointer and a length. Host code cannot index it

@@ -18,7 +18,7 @@
 //! host rows do, and copied into the executor's scratch for the gather and the scatter).
 //! Any other LinearCodec fails to compile on cuda_space with a sentence naming it.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

@@ -7,7 +7,7 @@
 //! results are bit-identical.
 //!
 //! Checked against its host twin by tests/cuda/test_kernels_topk.cu, tests/cuda/test_cuda_ops.cu
-//! (docs/kernels.md, "Status", says where it has run).
+//! (docs/cuda.md, "Status", says where it has run).
 //!
 //! Method: the radix select of select.cuh (AIR top-k style: one histogram pass over x,
 //! one stable DeviceSelect of the candidates at or above the k-th bucket, then digit
