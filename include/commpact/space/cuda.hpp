@@ -44,7 +44,8 @@
 //!   between polls; returns when the event completed, raises device_error on a CUDA error,
 //!   a communicator's error when its poll raises, and timeout_error (after calling every
 //!   hook's on_timeout, e.g. ncclCommAbort) once the deadline has passed. It never waits
-//!   past the deadline by more than one poll.
+//!   past the deadline by more than one poll. Inside a `cuda_fence_point` scope it waits
+//!   for that earlier point of the stream instead (a deferred step's finish).
 //! - `activate(exec)`: makes the executor's device current on the calling thread (every
 //!   entry point and worker thread calls it); cuda_device_guard does the same for a scope.
 //!
@@ -157,7 +158,8 @@ struct cuda_space {
   static void fence(const exec& e, deadline until) {
     auto& s = *require_state(e, "fence");
     cuda_device_guard g(s.device);
-    detail::cuda_check_space(cudaEventRecord(s.done, s.stream), "cudaEventRecord");
+    const cudaEvent_t done = s.fence_point ? s.fence_point->ev : s.done;
+    if (!s.fence_point) detail::cuda_check_space(cudaEventRecord(s.done, s.stream), "cudaEventRecord");
     const auto hooks = s.hooks();
     const auto poll = [&] {
       if (hooks)
@@ -166,7 +168,7 @@ struct cuda_space {
     };
     const auto t0 = std::chrono::steady_clock::now();
     for (unsigned spin = 0;; ++spin) {
-      const cudaError_t q = cudaEventQuery(s.done);
+      const cudaError_t q = cudaEventQuery(done);
       if (q == cudaSuccess) {
         // (A kernel that faulted makes cudaEventQuery return that error instead.)
         poll();
@@ -202,6 +204,28 @@ struct cuda_space {
                             "cuda_space::make_exec().");
     return e.s.get();
   }
+};
+
+//! Scoped: while it lives, cuda_space::fence(e, ...) waits for the work `point` marks (an
+//! event recorded on e's stream earlier, cuda_space::record) instead of everything queued
+//! on e so far, still polling e's communicator hooks under the deadline. For a step whose
+//! finish() is deferred past later work on the same stream (a DDP hook that returns before
+//! its step ran): its finish waits for its own work, not for the framework's work queued
+//! after it. Nothing queued after `point` may be read on the host in its scope.
+class cuda_fence_point {
+ public:
+  cuda_fence_point(const cuda_exec& e, const cuda_event& point) : s_(e.s) {
+    require(s_ != nullptr, "commpact::cuda_fence_point: this executor has no stream; make one with "
+                           "cuda_space::make_exec().");
+    require(!s_->fence_point, "commpact::cuda_fence_point: the executor already has a fence point; they do not nest.");
+    if (!point.empty()) s_->fence_point = point.h_;
+  }
+  cuda_fence_point(const cuda_fence_point&) = delete;
+  cuda_fence_point& operator=(const cuda_fence_point&) = delete;
+  ~cuda_fence_point() { s_->fence_point.reset(); }
+
+ private:
+  std::shared_ptr<cuda_exec_state> s_;
 };
 
 }  // namespace commpact

@@ -58,6 +58,9 @@ struct cuda_exec_state {
   void (*blas_destroy)(void*) noexcept = nullptr;
   //! The event record() marked last; reused when no event handle shares it any more.
   std::shared_ptr<detail::cuda_event_handle> last_event;
+  //! While set (cuda_fence_point), fence() waits for this point instead of the work
+  //! queued so far: a deferred step's finish waits for its own work only.
+  std::shared_ptr<detail::cuda_event_handle> fence_point;
 
   cuda_exec_state() = default;
   cuda_exec_state(const cuda_exec_state&) = delete;
@@ -194,6 +197,7 @@ class cuda_event {
 
  private:
   friend struct cuda_space;
+  friend class cuda_fence_point;
   explicit cuda_event(std::shared_ptr<detail::cuda_event_handle> h) : h_(std::move(h)) {}
   std::shared_ptr<detail::cuda_event_handle> h_;
 };
