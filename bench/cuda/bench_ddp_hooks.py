@@ -34,6 +34,7 @@ NOT YET RUN ON A GPU at the time of writing.
 """
 import argparse
 import datetime
+import faulthandler
 import os
 import shutil
 import statistics
@@ -43,6 +44,7 @@ import tempfile
 import time
 import traceback
 
+faulthandler.enable()  # a crash in the extension prints the Python stack that reached it
 HERE = os.path.dirname(os.path.abspath(__file__))
 # The end of the budget (epoch seconds), shared with the re-run after the pip install.
 DEADLINE = float(os.environ.get("COMMPACT_HOOKS_DEADLINE") or
@@ -150,6 +152,7 @@ def single_process(args, failures):
     data, cdata = batches(0, steps, dev), batches(0, steps, torch.device("cpu"))
     # 1. Each hook on the device against the same hook on the CPU.
     for (name, hook, st), (_, chook, cst) in zip(hooks(ch, None, "dev"), hooks(ch, cpu_pg, "cpu")):
+        print(f"run     {name} on {dev.type}", flush=True)  # the last such line names a crash's hook
         t0 = time.monotonic()
         m, losses = train(dev, data, hook, st)
         c, _ = train(torch.device("cpu"), cdata, chook, cst, pg=cpu_pg)
@@ -296,8 +299,12 @@ def main():
                 print("FAILED  pip install of the CUDA variant")
                 return 1
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [site, os.environ.get("PYTHONPATH")])))
-            return subprocess.run([sys.executable, os.path.abspath(__file__), "--installed"] + sys.argv[1:],
-                                  cwd=tmp, env=env).returncode
+            rc = subprocess.run([sys.executable, os.path.abspath(__file__), "--installed"] + sys.argv[1:],
+                                cwd=tmp, env=env).returncode
+            if rc < 0:
+                print(f"FAILED  the checks with the installed module were killed by signal {-rc}", flush=True)
+                return 1
+            return rc
     failures, skipped = [], []
     for name, part in (("1 and 3 (one process)", single_process), ("2 (two processes over Gloo)", two_process)):
         if time_left() < 20:

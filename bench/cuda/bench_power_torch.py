@@ -86,8 +86,8 @@ def main():
                     [torch.nn.Parameter(torch.randn(*sh, generator=gen, device=dev)) for sh in shapes])
                 self.ws = [torch.randn(*sh, generator=gen, device=dev) for sh in shapes]
 
-            def forward(self):  # gradient of p = w: fixed Gaussian gradients
-                return sum((p * w).sum() for p, w in zip(self.ps, self.ws))
+            def forward(self, scale):  # gradient of p = scale * w: fixed Gaussian gradients
+                return scale * sum((p * w).sum() for p, w in zip(self.ps, self.ws))
 
         for r in (1, 2, 4):
             model = DDP(Shapes(), device_ids=[0])  # DDP's default bucket sizes (25 MB, first 1 MB)
@@ -112,7 +112,8 @@ def main():
             for it in range(2 + WARM + REPS):  # 0, 1: plain allreduce; from 2 on PowerSGD with a warm Q
                 model.zero_grad(set_to_none=False)
                 acc["ms"], acc["buckets"] = 0.0, 0
-                model().backward()
+                # DDP's forward needs an input (PyTorch 2.x indexes the moved inputs).
+                model(torch.ones((), device=dev)).backward()
                 torch.cuda.synchronize()
                 if it >= 2 + WARM:
                     ts.append(acc["ms"])
