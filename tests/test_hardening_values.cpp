@@ -493,6 +493,111 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_
   CHECK(what[1].find(commpact::detail::cat("has ", kN + 1)) != std::string::npos);
 }
 
+// After the first step (the length rides in the step check, compress/step_check.hpp): a
+// rank whose buffer does not fit runs the step's collectives on its own workspaces.
+TEST_CASE("PowerCompressor: one rank's buffer of another length after the first step raises mismatch_error on every "
+          "rank, naming it", "[hardening][power][mismatch]") {
+  const bool deferred_space_too = GENERATE(false, true);
+  const int start_step = GENERATE(0, 3);  // a compressed step, or a dense one (the staging buffer)
+  const std::size_t odd = GENERATE(kN + 1, kN - 1, 2 * kN);
+  CAPTURE(deferred_space_too, start_step, odd);
+  std::vector<std::string> what(kP), cls(kP), next(kP);
+  std::vector<int> same(kP);
+  run_threads(kP, [&](ThreadComm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto body = [&](auto& s) {
+      CHECK(run_step(s, normal(3 + r, kN)) == "ok");
+      const bytes before = s.save();
+      std::vector<float> g = normal(5 + r, comm.rank() == 1 ? odd : kN);
+      const std::vector<float> g_in = g;
+      try {
+        s.step(g);
+        cls[r] = "none";
+      } catch (const mismatch_error& e) {
+        cls[r] = "mismatch_error", what[r] = e.what();
+      } catch (const std::exception& e) {
+        cls[r] = "other", what[r] = e.what();
+      }
+      same[r] = s.save() == before && (comm.rank() != 1 || g == g_in);
+      next[r] = run_step(s, normal(9 + r, kN));  // the ranks are in step afterwards
+    };
+    power_options o;
+    o.start_step = start_step;
+    if (deferred_space_too) {
+      DC dc{comm};
+      PowerCompressor<2, deferred_space> p{dc, kLayout, o};
+      struct {
+        DC& comm;
+        PowerCompressor<2, deferred_space>& obj;
+        bool step(std::vector<float>& g) {
+          const auto e = comm.exec();
+          auto d = commpact_test::device_copy(e, g);
+          const bool ok = obj.reduce(d.view());
+          g = commpact_test::host_copy(e, d.cview());
+          return ok;
+        }
+        bytes save() const {
+          bytes b;
+          obj.save_state(b);
+          return b;
+        }
+      } s{dc, p};
+      body(s);
+    } else {
+      PowerCompressor<2> p{comm, kLayout, o};
+      struct {
+        PowerCompressor<2>& obj;
+        bool step(std::vector<float>& g) { return obj.reduce(std::span<float>(g)); }
+        bytes save() const {
+          bytes b;
+          obj.save_state(b);
+          return b;
+        }
+      } s{p};
+      body(s);
+    }
+  });
+  for (int r = 0; r < kP; ++r) {
+    CAPTURE(r, what[r]);
+    CHECK(cls[r] == "mismatch_error");
+    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
+          std::string::npos);
+    CHECK(same[r] == 1);
+    CHECK(next[r] == "ok");
+  }
+  CHECK(what[1].find(commpact::detail::cat("has ", odd, " floats")) != std::string::npos);
+}
+
+TEST_CASE("PowerCompressor: every rank's buffer of another length after the first step raises invalid_argument on "
+          "every rank", "[hardening][power]") {
+  std::vector<std::string> cls(kP), next(kP);
+  run_threads(kP, [&](ThreadComm& comm) {
+    PowerCompressor<2> p{comm, kLayout};
+    std::vector<float> g0 = normal(3, kN);
+    p.reduce(std::span<float>(g0));
+    std::vector<float> g = normal(5, kN - 1);
+    try {
+      p.reduce(std::span<float>(g));
+      cls[comm.rank()] = "none";
+    } catch (const invalid_argument& e) {
+      cls[comm.rank()] = std::string(e.what()).find("registered shapes hold") != std::string::npos ? "ok" : e.what();
+    } catch (const std::exception& e) {
+      cls[comm.rank()] = e.what();
+    }
+    std::vector<float> g1 = normal(9, kN);
+    try {
+      p.reduce(std::span<float>(g1));
+      next[comm.rank()] = "ok";
+    } catch (const std::exception& e) {
+      next[comm.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < kP; ++r) {
+    CHECK(cls[r] == "ok");
+    CHECK(next[r] == "ok");
+  }
+}
+
 TEST_CASE("PowerCompressor: every rank's buffer of another length than its layout raises invalid_argument on every rank",
           "[hardening][power]") {
   std::vector<std::string> cls(kP);
