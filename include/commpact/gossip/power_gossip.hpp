@@ -170,8 +170,9 @@ class power_gossip_algorithm {
     // Headroom: the round's flag also holds when some |x| or |projection| reaches
     // FLT_MAX / 2^headroom_doublings (gossip_check of the scaled copies in chk_), so that
     // no difference, product or sum of the updates can overflow on any rank.
+    checked_ = opt.check_finite ? n_ + nb_.size() * floats : n_;
     if (opt.check_finite) {
-      const auto c = chk_.view().first(n_ + nb_.size() * floats);
+      const auto c = chk_.view().first(checked_);
       K::copy(e, xc, c.first(n_));
       K::copy(e, send_.cview().first(nb_.size() * floats), c.subspan(n_, nb_.size() * floats));
       for (int i = 0; i < headroom_doublings; ++i) K::add(e, c, span<const float>(c));
@@ -205,6 +206,9 @@ class power_gossip_algorithm {
       }
     }
   }
+  //! The length of the values the last round checked (x, then the messages): its first
+  //! non-finite index, or this length when none.
+  std::size_t checked_length() const { return checked_; }
   //! PowerGossip's messages are never malformed (the size is known).
   const std::string& why() const { return why_; }
   [[noreturn]] void raise_short() const { throw wire_error("commpact::GossipMixer (PowerGossip): unreachable"); }
@@ -281,7 +285,7 @@ class power_gossip_algorithm {
   typename space_type::exec exec_;
   std::chrono::milliseconds timeout_;  // the communicator's: every fence's deadline
   std::vector<tensor> t_;
-  std::size_t n_ = 0, n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0;
+  std::size_t n_ = 0, n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0, checked_ = 0;
   std::vector<int> nb_;
   std::vector<double> w_;
   // Per edge k, one slot of max(n, m) r floats per matrix at k slot_floats_ + its offset.
