@@ -110,7 +110,7 @@ TEST_CASE("sparse wire: the decoder rejects every broken rule with wire_error", 
     poke<std::uint16_t>(m, 4, 2);
     bad(m);
     m = good;
-    poke<std::uint16_t>(m, 6, 0x80);
+    poke<std::uint16_t>(m, 6, 0x04);  // a reserved flag bit (bits 4-15 carry gTopK's step count)
     bad(m);
     m = good;
     poke<std::int64_t>(m, 16, 200);  // n_min > n_max

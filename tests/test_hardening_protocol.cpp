@@ -380,3 +380,40 @@ TEST_CASE("deferred step: an error in the update's queued work raises device_err
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }
+
+// gTopK carries its step count in the frames' flags (sparse_wire::step_flag). Two objects
+// per rank, one kept 8, 16 or 48 steps ahead; rank 0 steps the one ahead, the others the
+// one behind: a difference not a multiple of 16 raises at once, any other within 16 steps,
+// the same class on every rank at every step.
+TEST_CASE("gTopK: ranks whose step counts differ by a multiple of 8 raise mismatch_error alike",
+          "[protocol][hardening][gtopk]") {
+  const int P = 3;
+  const int diff = GENERATE(8, 16, 48);
+  CAPTURE(diff);
+  std::vector<std::vector<std::string>> cls(P);
+  run_threads(P, [&](TC& comm) {
+    const int r = comm.rank();
+    auto ahead = maker<gTopK<TreeComm<TC>>>::make(comm);
+    auto behind = maker<gTopK<TreeComm<TC>>>::make(comm);
+    for (int t = 0; t < diff + 1; ++t) {
+      std::vector<float> g = input<void>(r, t);
+      ahead.reduce(std::span<float>(g));
+    }
+    std::vector<float> g0 = input<void>(r, 0);
+    behind.reduce(std::span<float>(g0));
+    if (ahead.steps() != behind.steps() + diff) cls[r].push_back("setup failed");
+    auto& mine = r == 0 ? ahead : behind;
+    for (int t = 0; t < 16; ++t) {
+      std::vector<float> g = input<void>(r, 100 + t);
+      cls[r].push_back(raised_class([&] { mine.reduce(std::span<float>(g)); }));
+      if (cls[r].back() != "none") break;
+    }
+  });
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(cls[r] == cls[0]);
+  }
+  REQUIRE(!cls[0].empty());
+  CHECK(cls[0].back() == typeid(mismatch_error).name());
+  if (diff % 16 != 0) CHECK(cls[0].size() == 1);  // at once
+}

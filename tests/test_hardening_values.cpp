@@ -422,7 +422,7 @@ TEMPLATE_TEST_CASE("(c) finite gradients whose mean overflows: numeric_error or 
                    in_host<codec_case<onebit_codec>>, in_host<codec_case<natural_codec>>, in_host<codec_case<fp16_codec>>,
                    in_host<codec_case<bf16_codec>>, in_host<codec_case<threshold_codec>>, in_host<codec_case<dgc_codec>>,
                    in_host<codec_case<gaussiank_codec>>, in_host<gossip_choco_case>,
-                   in_host<gossip_dpsgd_case>, in_host<data_parallel_case>) {
+                   in_host<gossip_dpsgd_case>, in_host<data_parallel_case>, in_host<gossip_power_case>) {
   for (const nonfinite p : {nonfinite::raise, nonfinite::skip_step})
     for (int input = 0; input < 2; ++input) {
       const auto out = overflow_outcomes<TestType>(p, input == 0 ? all_max : big_at_one);
@@ -437,19 +437,22 @@ TEMPLATE_TEST_CASE("(c) finite gradients whose mean overflows: numeric_error or 
     }
 }
 
-// PowerGossip mixes with low-rank factors kept per edge: a model of FLT_MAX values makes
-// its products overflow into NaN, which no rank detects (the round's finiteness check
-// reads the input model, and a check of the output would need one more collective per
-// round). A known gap, listed in docs/architecture.md; this test fails until it is closed.
-TEST_CASE("(c) PowerGossip: a model of FLT_MAX values mixes into NaN (known gap)", "[hardening][overflow][!shouldfail]") {
-  for (const nonfinite p : {nonfinite::raise, nonfinite::skip_step}) {
-    const auto out = overflow_outcomes<in_host<gossip_power_case>>(p, all_max);
-    CAPTURE(out[0], out[1], out[2]);
-    for (int r = 0; r < kP; ++r) {
-      CHECK(out[r] == out[0]);
-      CHECK(acceptable(out[r]));
+// PowerGossip mixes with low-rank factors kept per edge: a model of FLT_MAX values (or
+// 3e38 at one index) would make its products overflow into NaN after the round's flag
+// was agreed. The flag covers headroom (a value at or above FLT_MAX / 2^k fails the
+// round), so every rank raises numeric_error or skips the round, alike; never NaN.
+TEST_CASE("(c) PowerGossip: a model whose mix would overflow raises numeric_error or skips the round alike, never NaN",
+          "[hardening][overflow]") {
+  for (const nonfinite p : {nonfinite::raise, nonfinite::skip_step})
+    for (int input = 0; input < 2; ++input) {
+      const auto out = overflow_outcomes<in_host<gossip_power_case>>(p, input == 0 ? all_max : big_at_one);
+      CAPTURE(p == nonfinite::raise ? "raise" : "skip_step", input, out[0], out[1], out[2]);
+      for (int r = 0; r < kP; ++r) {
+        CHECK(out[r] == out[0]);
+        CHECK(acceptable(out[r]));
+        CHECK(out[r] == (p == nonfinite::raise ? "numeric_error" : "skipped"));
+      }
     }
-  }
 }
 
 // At the first step (the agreement of the layout and the length comes before any factor).
@@ -491,6 +494,111 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_
     CHECK(same[r] == 1);
   }
   CHECK(what[1].find(commpact::detail::cat("has ", kN + 1)) != std::string::npos);
+}
+
+// After the first step (the length rides in the step check, compress/step_check.hpp): a
+// rank whose buffer does not fit runs the step's collectives on its own workspaces.
+TEST_CASE("PowerCompressor: one rank's buffer of another length after the first step raises mismatch_error on every "
+          "rank, naming it", "[hardening][power][mismatch]") {
+  const bool deferred_space_too = GENERATE(false, true);
+  const int start_step = GENERATE(0, 3);  // a compressed step, or a dense one (the staging buffer)
+  const std::size_t odd = GENERATE(kN + 1, kN - 1, 2 * kN);
+  CAPTURE(deferred_space_too, start_step, odd);
+  std::vector<std::string> what(kP), cls(kP), next(kP);
+  std::vector<int> same(kP);
+  run_threads(kP, [&](ThreadComm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto body = [&](auto& s) {
+      CHECK(run_step(s, normal(3 + r, kN)) == "ok");
+      const bytes before = s.save();
+      std::vector<float> g = normal(5 + r, comm.rank() == 1 ? odd : kN);
+      const std::vector<float> g_in = g;
+      try {
+        s.step(g);
+        cls[r] = "none";
+      } catch (const mismatch_error& e) {
+        cls[r] = "mismatch_error", what[r] = e.what();
+      } catch (const std::exception& e) {
+        cls[r] = "other", what[r] = e.what();
+      }
+      same[r] = s.save() == before && (comm.rank() != 1 || g == g_in);
+      next[r] = run_step(s, normal(9 + r, kN));  // the ranks are in step afterwards
+    };
+    power_options o;
+    o.start_step = start_step;
+    if (deferred_space_too) {
+      DC dc{comm};
+      PowerCompressor<2, deferred_space> p{dc, kLayout, o};
+      struct {
+        DC& comm;
+        PowerCompressor<2, deferred_space>& obj;
+        bool step(std::vector<float>& g) {
+          const auto e = comm.exec();
+          auto d = commpact_test::device_copy(e, g);
+          const bool ok = obj.reduce(d.view());
+          g = commpact_test::host_copy(e, d.cview());
+          return ok;
+        }
+        bytes save() const {
+          bytes b;
+          obj.save_state(b);
+          return b;
+        }
+      } s{dc, p};
+      body(s);
+    } else {
+      PowerCompressor<2> p{comm, kLayout, o};
+      struct {
+        PowerCompressor<2>& obj;
+        bool step(std::vector<float>& g) { return obj.reduce(std::span<float>(g)); }
+        bytes save() const {
+          bytes b;
+          obj.save_state(b);
+          return b;
+        }
+      } s{p};
+      body(s);
+    }
+  });
+  for (int r = 0; r < kP; ++r) {
+    CAPTURE(r, what[r]);
+    CHECK(cls[r] == "mismatch_error");
+    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
+          std::string::npos);
+    CHECK(same[r] == 1);
+    CHECK(next[r] == "ok");
+  }
+  CHECK(what[1].find(commpact::detail::cat("has ", odd, " floats")) != std::string::npos);
+}
+
+TEST_CASE("PowerCompressor: every rank's buffer of another length after the first step raises invalid_argument on "
+          "every rank", "[hardening][power]") {
+  std::vector<std::string> cls(kP), next(kP);
+  run_threads(kP, [&](ThreadComm& comm) {
+    PowerCompressor<2> p{comm, kLayout};
+    std::vector<float> g0 = normal(3, kN);
+    p.reduce(std::span<float>(g0));
+    std::vector<float> g = normal(5, kN - 1);
+    try {
+      p.reduce(std::span<float>(g));
+      cls[comm.rank()] = "none";
+    } catch (const invalid_argument& e) {
+      cls[comm.rank()] = std::string(e.what()).find("registered shapes hold") != std::string::npos ? "ok" : e.what();
+    } catch (const std::exception& e) {
+      cls[comm.rank()] = e.what();
+    }
+    std::vector<float> g1 = normal(9, kN);
+    try {
+      p.reduce(std::span<float>(g1));
+      next[comm.rank()] = "ok";
+    } catch (const std::exception& e) {
+      next[comm.rank()] = e.what();
+    }
+  });
+  for (int r = 0; r < kP; ++r) {
+    CHECK(cls[r] == "ok");
+    CHECK(next[r] == "ok");
+  }
 }
 
 TEST_CASE("PowerCompressor: every rank's buffer of another length than its layout raises invalid_argument on every rank",

@@ -557,3 +557,70 @@ TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every ra
   const float after_clock0 = 1.0f - static_cast<float>(0.1) * 0.25f;
   for (const float v : shards[0]) CHECK(v == after_clock0);
 }
+
+TEST_CASE("ps: finite pushes whose Sgd step overflows a parameter raise numeric_error on every rank and leave the "
+          "shard unchanged",
+          "[ps][failure][values][overflow]") {
+  const std::size_t n = 30;
+  const int setup = GENERATE(0, 1, 2, 3);  // Bsp separate(4, 1); Ssp{1} separate(5, 2); Bsp colocated(3); Asp(3)
+  const int P = setup == 1 ? 5 : setup == 0 ? 4 : 3;
+  std::vector<std::vector<float>> shards(static_cast<std::size_t>(P));
+  std::vector<std::string> cls(static_cast<std::size_t>(P));
+  std::mutex m;
+  auto body = [&](ThreadComm& c, auto& server) {
+    std::vector<float> x(n), g(n, 0.25f);
+    try {
+      if (server.is_worker())
+        for (int t = 0; t < 4; ++t) {
+          server.pull(x);
+          // Every worker, at clock 1: -1e38 at index 7, whose parameter is 3e38. The sum
+          // of the pushes is finite; x - 10 (mean) is not (Asp: x - 10 (push / 3)).
+          g[7] = t == 1 ? -1e38f : 0.25f;
+          server.push(g, 10.0);
+        }
+      server.finish();
+      cls[static_cast<std::size_t>(c.rank())] = "none";
+    } catch (const commpact::numeric_error&) {
+      cls[static_cast<std::size_t>(c.rank())] = "numeric_error";
+    } catch (const std::exception& e) {
+      cls[static_cast<std::size_t>(c.rank())] = e.what();
+    }
+    std::lock_guard lk(m);
+    shards[static_cast<std::size_t>(c.rank())].assign(server.shard_params().begin(), server.shard_params().end());
+  };
+  commpact::run_threads(
+      P,
+      [&](ThreadComm& c) {
+        std::vector<float> init(n, 1.0f);
+        init[7] = 3e38f;
+        if (setup == 0) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::separate(4, 1), init};
+          body(c, s);
+        } else if (setup == 1) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Ssp> s{c, ps::roles::separate(5, 2), init, ps::Ssp{1}};
+          body(c, s);
+        } else if (setup == 2) {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::colocated(3), init};
+          body(c, s);
+        } else {
+          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Asp> s{c, ps::roles::colocated(3), init};
+          body(c, s);
+        }
+      },
+      opts);
+  CAPTURE(setup);
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    CHECK(cls[static_cast<std::size_t>(r)] == "numeric_error");
+    for (const float v : shards[static_cast<std::size_t>(r)]) CHECK(std::isfinite(v));
+  }
+  // Index 7 is in shard 0 (rank 0's): its clock-1 step was not applied (3e38 - 10 x 0.25
+  // rounds to 3e38, so clock 0 left it there).
+  REQUIRE(!shards[0].empty());
+  CHECK(shards[0][7] == 3e38f);
+  if (setup != 3) {  // Bsp/Ssp: exactly clock 0 applied to shard 0 (1 - 10 x 0.25)
+    const float after_clock0 = 1.0f - static_cast<float>(10.0) * 0.25f;
+    for (std::size_t i = 0; i < shards[0].size(); ++i)
+      if (i != 7) CHECK(shards[0][i] == after_clock0);
+  }
+}

@@ -96,11 +96,15 @@ inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::
   std::uint16_t flags = 0;
   constexpr auto lowest = std::numeric_limits<std::int64_t>::min(), highest = std::numeric_limits<std::int64_t>::max();
   std::int64_t lo[4] = {highest, highest, highest, highest}, hi[4] = {lowest, lowest, lowest, lowest};
+  int lo_rank[4] = {0, 0, 0, 0}, hi_rank[4] = {0, 0, 0, 0};  // the first rank at each end
   for (int r = 0; r < P; ++r) {
     const auto hr = read_header(hdrs.subspan(static_cast<std::size_t>(r) * header_bytes, header_bytes), block_bytes, r);
     flags = static_cast<std::uint16_t>(flags | hr.flags);
     const std::int64_t v[4] = {hr.n, hr.agreement, hr.step, hr.capacity};
-    for (int j = 0; j < 4; ++j) lo[j] = std::min(lo[j], v[j]), hi[j] = std::max(hi[j], v[j]);
+    for (int j = 0; j < 4; ++j) {
+      if (v[j] < lo[j]) lo[j] = v[j], lo_rank[j] = r;
+      if (v[j] > hi[j]) hi[j] = v[j], hi_rank[j] = r;
+    }
   }
   static constexpr const char* what[4] = {"the gradient length", "the codec's parameter (such as k)", "the step count",
                                           "the block capacity"};
@@ -108,8 +112,9 @@ inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::
     if (j == 1 && (flags & rejected_input)) continue;
     if (lo[j] != hi[j])
       throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", what[j],
-                                       ": the values range over [", lo[j], ", ", hi[j],
-                                       "]; every rank must pass the same lengths and use the same options and step "
+                                       ": the values range over [", lo[j], ", ", hi[j], "] (rank ", lo_rank[j],
+                                       " has ", lo[j], ", rank ", hi_rank[j], " has ", hi[j],
+                                       "); every rank must pass the same lengths and use the same options and step "
                                        "count."));
   }
   return flags;

@@ -6,9 +6,11 @@
 //! (max) of the step count and its negation in the communicator's space and its copy
 //! into pinned host memory; finish(), after its one fence, raises mismatch_error on every
 //! rank alike when the ranks' counts differ: a rank committed a step another cancelled,
-//! or retried a step the others kept. Queued like the step's own work, so start() still
+//! or retried a step the others kept. PowerCompressor also passes its gradient length
+//! (agreed in full at its first step only), in the same 6 floats. Queued like the step's own work, so start() still
 //! does not wait. (A compressor with frame headers carries its step count in them.)
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -29,16 +31,21 @@ class step_check {
     buf_.resize(2 * pieces, e);
     host_.resize(2 * pieces);
   }
-  //! Queues the allreduce of this rank's step count on comm's executor (host_space: runs
-  //! it). The count travels as three floats of 21 bits each, every one exact, so that
-  //! the float allreduce every communicator has in its space carries it.
+  //! Queues the allreduce of this rank's step count (and, where the caller passes it, its
+  //! gradient length) on comm's executor (host_space: runs it). Three floats carry 90
+  //! bits, 30 each, as the bit patterns of normal positive floats (0x00800000 + piece:
+  //! their order is the integers' order, and negation is exact), so that the float
+  //! allreduce every communicator has in its space carries them: the step count in bits
+  //! 0 to 62, the length's low 27 bits in bits 63 to 89.
   template <class Comm>
-  void queue(Comm& comm, std::int64_t step) {
+  void queue(Comm& comm, std::int64_t step, std::int64_t length = 0) {
     const auto e = comm_exec(comm);
     prepare(e);
     const auto u = static_cast<std::uint64_t>(step);
+    const auto len = static_cast<std::uint64_t>(length) & ((std::uint64_t{1} << 27) - 1);
+    const std::uint64_t piece[pieces] = {u & mask, (u >> 30) & mask, (u >> 60) | (len << 3)};
     for (std::size_t i = 0; i < pieces; ++i) {
-      const auto p = static_cast<float>((u >> (21 * i)) & ((std::uint64_t{1} << 21) - 1));
+      const auto p = std::bit_cast<float>(static_cast<std::uint32_t>(0x00800000u + piece[i]));
       ops<Space>::fill(e, buf_.view().subspan(2 * i, 1), p);
       ops<Space>::fill(e, buf_.view().subspan(2 * i + 1, 1), -p);
     }
@@ -46,20 +53,27 @@ class step_check {
     ops<Space>::to_host(e, buf_.cview(), host_.view());
   }
   //! After the fence that covers queue(): mismatch_error (the same on every rank) when
-  //! the ranks' step counts differ.
-  void require_same(const char* who, int rank, std::int64_t step) const {
+  //! the ranks' step counts differ, or (a caller that passed its length) their lengths:
+  //! every length difference below 2^27 is seen.
+  void require_same(const char* who, int rank, std::int64_t step, std::int64_t length = -1) const {
     const auto h = host_.view();
-    bool same = true;
-    for (std::size_t i = 0; i < pieces; ++i) same = same && h[2 * i] == -h[2 * i + 1];
-    if (!same)
+    bool same[pieces];
+    for (std::size_t i = 0; i < pieces; ++i) same[i] = h[2 * i] == -h[2 * i + 1];
+    if (!same[0] || !same[1] || (!same[2] && length < 0))
       throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count: rank ", rank, " has ",
                                step, " and another rank a different one; a rank kept (commit) a step that another "
                                "dropped (cancel), or retried a step the others kept. Every rank must commit or cancel "
                                "each step alike; restore every rank from one checkpoint to go on."));
+    if (!same[2])
+      throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the gradient length: rank ", rank,
+                               " has ", length, " floats at step ", step, " and another rank a different length (or "
+                               "step count); every rank must pass gradients of the same length, the concatenation of "
+                               "the registered tensors. No state changed."));
   }
 
  private:
-  static constexpr std::size_t pieces = 3;  // 3 x 21 bits: every count from 0 to 2^63 - 1
+  static constexpr std::size_t pieces = 3;  // 3 x 30 bits: the count (63 bits) and 27 bits of the length
+  static constexpr std::uint64_t mask = (std::uint64_t{1} << 30) - 1;
   typename Space::template buffer<float> buf_;
   pinned_t<Space, float> host_;
 };

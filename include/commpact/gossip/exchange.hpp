@@ -194,11 +194,16 @@ class neighbor_exchange {
 
   //! A round with a non-finite model somewhere (every rank knows it): raises
   //! numeric_error on every rank, or returns false under skip_step.
-  bool nonfinite_round(std::size_t bad, std::size_t n, const gossip_options& opt, std::int64_t round) const {
+  //! `none`: the index that means "none on this rank" (n, or the length an algorithm checked).
+  bool nonfinite_round(std::size_t bad, std::size_t n, const gossip_options& opt, std::int64_t round,
+                       std::size_t none) const {
     if (opt.on_nonfinite == nonfinite::raise)
       throw numeric_error(detail::cat("commpact::GossipMixer::mix: the model of ",
-                                      bad == n ? "another rank" : detail::cat("rank ", comm_.rank(), " (index ", bad, ")"),
-                                      " is not finite (NaN or Inf) at round ", round,
+                                      bad == none ? std::string("another rank")
+                                      : bad < n ? detail::cat("rank ", comm_.rank(), " (index ", bad, ")")
+                                                : detail::cat("rank ", comm_.rank(), " (a projection it sends)"),
+                                      " is not finite (NaN or Inf), or (PowerGossip) too large to mix without "
+                                      "overflow, at round ", round,
                                       "; every rank raises this error. Fix the training step, or set on_nonfinite = "
                                       "nonfinite::skip_step to skip such rounds on every rank."));
     return false;

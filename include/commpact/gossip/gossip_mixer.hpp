@@ -165,7 +165,9 @@ class GossipMixer {
     }
     if (flag == 2) algo_.raise_short();
     if (flag == 1) {
-      ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps));
+      std::size_t none = n_;  // the index of "none on this rank" in the checked values
+      if constexpr (requires { algo_.checked_length(); }) none = algo_.checked_length();
+      ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps), none);
       ++st.steps, ++st.skipped;
       return false;
     }

@@ -12,7 +12,11 @@
 //! round the shared factor is d (m x r) and the projection is taken from the other side
 //! (X d, n x r): power iteration on X_high - X_low, warm-started across rounds. A factor
 //! column that is exactly zero (the models agree on it) is redrawn from the edge seed.
-//! Vectors (biases) are mixed exactly as in D-PSGD. Bytes per edge per round, each way:
+//! Vectors (biases) are mixed exactly as in D-PSGD. With check_finite on, the round's
+//! flag (agreed by every rank before any model changes) also covers headroom: a model
+//! or projection value at or above FLT_MAX / 2^k (2^k >= 2 (1 + 2 Rank)) fails the round
+//! like a non-finite one (numeric_error alike, or a skipped round), so a round never
+//! overflows into Inf or NaN. Bytes per edge per round, each way:
 //! 4 r (m or n) per matrix plus 4 n per vector. The rank is clamped per matrix to
 //! min(n, m).
 //!
@@ -101,6 +105,7 @@ class power_gossip_algorithm {
       t_.push_back(t);
     }
     n_vec_ = voff;
+    n_ = off;
     nb_.assign(ex.neighbors().begin(), ex.neighbors().end());
     for (std::size_t k = 0; k < nb_.size(); ++k) w_.push_back(ex.weight(k));
     // The first shared factors: n x r Gaussian from the edge's seed, the rest of each slot 0.
@@ -118,6 +123,7 @@ class power_gossip_algorithm {
     send_.resize(nb_.size() * (max_bytes / 4), exec_);
     upd_.resize(max_nm_, exec_);
     vacc_.resize(n_vec_, exec_);
+    chk_.resize(n_ + nb_.size() * (max_bytes / 4), exec_);
     ex.reserve_messages(max_bytes);
     space_type::fence(exec_, deadline_after(timeout_));
   }
@@ -161,6 +167,17 @@ class power_gossip_algorithm {
       for (const auto& t : t_)
         if (!t.matrix) K::copy(e, xc.subspan(t.offset, t.rows * t.cols), msg.subspan(pos + t.v_off, t.rows * t.cols));
     }
+    // Headroom: the round's flag also holds when some |x| or |projection| reaches
+    // FLT_MAX / 2^headroom_doublings (gossip_check of the scaled copies in chk_), so that
+    // no difference, product or sum of the updates can overflow on any rank.
+    checked_ = opt.check_finite ? n_ + nb_.size() * floats : n_;
+    if (opt.check_finite) {
+      const auto c = chk_.view().first(checked_);
+      K::copy(e, xc, c.first(n_));
+      K::copy(e, send_.cview().first(nb_.size() * floats), c.subspan(n_, nb_.size() * floats));
+      for (int i = 0; i < headroom_doublings; ++i) K::add(e, c, span<const float>(c));
+      K::gossip_check(e, span<const float>(c), true, ex.words());
+    }
     ex.agree_flag(opt);
     using std::as_bytes;
     ex.exchange_each_known(as_bytes(send_.cview().first(nb_.size() * floats)));
@@ -189,6 +206,9 @@ class power_gossip_algorithm {
       }
     }
   }
+  //! The length of the values the last round checked (x, then the messages): its first
+  //! non-finite index, or this length when none.
+  std::size_t checked_length() const { return checked_; }
   //! PowerGossip's messages are never malformed (the size is known).
   const std::string& why() const { return why_; }
   [[noreturn]] void raise_short() const { throw wire_error("commpact::GossipMixer (PowerGossip): unreachable"); }
@@ -235,11 +255,20 @@ class power_gossip_algorithm {
 
   template <class Out>
   void add_signature(Out& s) const {
-    for (const auto* b : {&shared_, &ortho_, &diff_, &send_, &upd_}) s.emplace_back(b->data(), b->capacity());
+    for (const auto* b : {&shared_, &ortho_, &diff_, &send_, &upd_, &chk_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(vacc_.data(), vacc_.capacity());
   }
 
  private:
+  //! Doublings of the headroom check: 2^k >= 2 (1 + 2 Rank). With |x|, |q| < B =
+  //! FLT_MAX / 2^k on every rank, |d| = |q_high - q_low| < 2B, each entry of an edge's
+  //! product S d^T (orthonormal S) below about 2 Rank B, and the weights of the edges sum
+  //! to at most 1: every model value stays below B (1 + 2 Rank) <= FLT_MAX / 2.
+  static constexpr int headroom_doublings = [] {
+    int k = 0;
+    while ((1L << k) < 2L * (1 + 2L * R)) ++k;
+    return k;
+  }();
   int phase() const { return static_cast<int>(round_ % 2); }  // 0: shared is n x r; 1: shared is m x r
   static std::size_t slot_of(const tensor& t) { return std::max(t.rows, t.cols) * t.r; }
 
@@ -256,11 +285,12 @@ class power_gossip_algorithm {
   typename space_type::exec exec_;
   std::chrono::milliseconds timeout_;  // the communicator's: every fence's deadline
   std::vector<tensor> t_;
-  std::size_t n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0;
+  std::size_t n_ = 0, n_vec_ = 0, slot_floats_ = 0, max_nm_ = 0, checked_ = 0;
   std::vector<int> nb_;
   std::vector<double> w_;
   // Per edge k, one slot of max(n, m) r floats per matrix at k slot_floats_ + its offset.
   buffer<float> shared_, ortho_, diff_, send_, upd_;
+  buffer<float> chk_;  // the headroom check's scaled copies of x and of the messages
   buffer<double> vacc_;
   std::string why_;
   std::uint64_t round_ = 0;

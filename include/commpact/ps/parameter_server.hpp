@@ -58,7 +58,9 @@
 //! checks its gradient) raises wire_error naming the worker; finite pushes whose sum
 //! overflowed raise numeric_error on every rank (the server tells its peers with a
 //! `failed` message before it aborts the communicator, each rank that reads one tells
-//! its own peers), and no parameter changes.
+//! its own peers), and no parameter changes. Likewise after the Sgd step: a finite sum
+//! and a finite lr whose step makes a parameter overflow raise numeric_error on every
+//! rank, the shard and the optimiser's velocity as before the step.
 //!
 //! Construction is collective (one small allreduce checks that every rank holds the same
 //! model length, roles, consistency model, codec sizes and optimiser options); so are final_params() and
@@ -496,6 +498,22 @@ class ParameterServer {
                                     "changed and every rank raises numeric_error. Lower the learning rate, scale "
                                     "the loss or clip the gradients."));
   }
+  //! One Sgd step of the shard by acc_, kept only when every parameter stays finite: else
+  //! every rank raises numeric_error, and the shard and the optimiser are as before.
+  void step_shard(double lr, std::int64_t clock) {
+    next_shard_ = shard_;  // reuses its capacity after the first step
+    next_sgd_ = sgd_;
+    (*next_sgd_)(next_shard_, acc_, lr);
+    if (!all_finite(next_shard_)) {
+      tell_failed(wire::failure::overflow);
+      fail<numeric_error>(detail::cat("commpact::ps: server rank ", me_, " (shard ", sidx_, "): the Sgd step of "
+                                      "clock ", clock, " (finite pushes, lr = ", lr, ") made a parameter overflow "
+                                      "float; no parameter changed and every rank raises numeric_error. Lower the "
+                                      "learning rate, scale the loss or clip the gradients."));
+    }
+    shard_.swap(next_shard_);
+    std::swap(*sgd_, *next_sgd_);
+  }
   static bool all_finite(std::span<const float> v) {
     for (const float x : v)
       if (!std::isfinite(x)) return false;
@@ -633,7 +651,8 @@ class ParameterServer {
                             "message of unknown reason ", h.n, " from rank ", p.rank, ".");
         tell_failed(h.n);
         fail<numeric_error>(detail::cat("commpact::ps: rank ", me_, ": a server's sum of the workers' finite "
-                                        "pushes overflowed float (rank ", p.rank, " passed the word on); no "
+                                        "pushes, or its parameters after the Sgd step, overflowed float (rank ",
+                                        p.rank, " passed the word on); no "
                                         "parameter changed and every rank raises numeric_error. Lower the learning "
                                         "rate, scale the loss or clip the gradients."));
     }
@@ -670,7 +689,7 @@ class ParameterServer {
         reject_sum(from, h.clock);
       }
       for (auto& a : acc_) a = mean_of(a, static_cast<int>(W_));
-      (*sgd_)(shard_, acc_, pp.lr);
+      step_shard(pp.lr, h.clock);
       ++version_;
       spare_.push_back(std::move(pp.bytes));
     } else {
@@ -721,7 +740,7 @@ class ParameterServer {
         reject_sum(from, t);
       }
       for (auto& a : acc_) a = mean_of(a, contributors);
-      (*sgd_)(shard_, acc_, lr);
+      step_shard(lr, t);
       for (std::size_t w = 0; w < W_; ++w) {
         if (done_at_[w] >= 0 && done_at_[w] <= t) continue;
         spare_.push_back(std::move(queue_[w].front().bytes));
@@ -796,8 +815,8 @@ class ParameterServer {
   std::int64_t fence_ = 0;
   ps_stats stats_;
   // server
-  std::vector<float> shard_, acc_;
-  std::optional<Sgd> sgd_;
+  std::vector<float> shard_, acc_, next_shard_;
+  std::optional<Sgd> sgd_, next_sgd_;  // next_: a step's candidate (step_shard)
   std::int64_t version_ = 0;
   std::vector<std::int64_t> pushes_, done_at_, want_;
   std::vector<std::deque<pending_push>> queue_;

@@ -18,7 +18,7 @@
 //! | done | worker -> server | none: the worker pushes no more (it leaves the clock count) |
 //! | fence | any -> peer | none: barrier() |
 //! | bye | any -> peer | none: the last message on this channel |
-//! | failed | any -> peer | none: the run failed alike everywhere (n = the reason: 1, a server's aggregate of finite pushes overflowed); the receiver tells its own peers and raises the same error |
+//! | failed | any -> peer | none: the run failed alike everywhere (n = the reason: 1, a server's aggregate of finite pushes, or its parameters after the Sgd step, overflowed); the receiver tells its own peers and raises the same error |
 //!
 //! Bytes per clock of one worker, over the servers R other than itself:
 //! push sum_{s in R} (40 + e_s) (e_s the encoded bytes; 4 n_s for dense_codec),

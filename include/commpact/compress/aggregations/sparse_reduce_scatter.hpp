@@ -355,13 +355,16 @@ class SparseReduceScatter {
       const auto h = host::oktopk::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
       if (h.magic != host::oktopk::magic || h.flags > 3u)
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
-      if (h.flags) {
+      // A rank that rejected its gradient of another length still sends that length: the
+      // same mismatch_error on every rank.
+      const bool other_length = h.n > 0 && n_ > 0 && h.n != static_cast<std::int64_t>(n_);
+      if (h.flags && !other_length) {
         all |= h.flags;
         continue;
       }
       if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
-                                         " at step ", h.step, "; this rank n = ", n_, ", k = ", k_, " at step ", step_,
+                                         " at step ", h.step, "; this rank (rank ", me, ") has n = ", n_, ", k = ", k_, " at step ", step_,
                                          ". Every rank must pass the same lengths with the same options."));
       if (h.count > k_) wire_failure(detail::cat("rank ", j, " announced ", h.count, " entries, above k = ", k_));
     }

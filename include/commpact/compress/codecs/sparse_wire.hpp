@@ -10,7 +10,7 @@
 //! |--------|----------|------------|-----------------------------------------------------------|
 //! | 0      | u32      | magic      | 0x57535043 ("CPSW")                                       |
 //! | 4      | u16      | version    | 1                                                         |
-//! | 6      | u16      | flags      | bit 0 `nonfinite`: a rank of the sender's subtree saw NaN/Inf; bit 1 `failed`: a rank of the subtree rejected its input; bits 8-15: the subtree's step counts modulo 8, one bit each (gTopK; more than one: ranks out of step) |
+//! | 6      | u16      | flags      | bit 0 `nonfinite`: a rank of the sender's subtree saw NaN/Inf; bit 1 `failed`: a rank of the subtree rejected its input; bits 2-3 reserved (zero); bits 4-15: the subtree's step counts, six pairs of bits (gTopK; a pair with both bits set: ranks out of step; see step_flag) |
 //! | 8      | u32      | count      | entries that follow                                       |
 //! | 12     | u32      | mask_bits  | bits of the trailing survival mask (gTopK's unfold only)  |
 //! | 16     | i64 x 2  | n_min, n_max | range of the dense gradient length over the subtree     |
@@ -58,17 +58,29 @@ enum flag : std::uint16_t {
   flag_nonfinite = 1u << 0,  //!< some rank of the sender's subtree saw a non-finite value
   flag_failed = 1u << 1,     //!< some rank of the sender's subtree rejected its input
 };
-//! Bits 8 to 15: the step counts of the sender's subtree modulo 8, one bit each (gTopK
-//! sets its own with step_flag); merged by OR, more than one set means ranks out of step.
-inline constexpr std::uint16_t step_bits = 0xFF00u;
-//! The step bit of step `step` (step mod 8).
+//! Bits 4 to 15: the step counts of the sender's subtree (gTopK sets its own with
+//! step_flag), merged by OR: six pairs of bits, pair j at bits 4 + 2j and 5 + 2j, set to
+//! 01 when the step bit it carries is 0 and to 10 when it is 1. Pairs 0 to 3 carry step
+//! bits 0 to 3 at every step; pairs 4 and 5 carry step bits 4 + 2w and 5 + 2w, where the
+//! window w = step mod 16 (the same window on ranks whose counts agree modulo 16). A pair
+//! with both bits set means ranks out of step: a difference not a multiple of 16 shows at
+//! once, any difference below 2^36 within 16 steps. Bits 2 and 3 are reserved (zero).
+inline constexpr std::uint16_t step_bits = 0xFFF0u;
+//! The step bits of step `step`.
 constexpr std::uint16_t step_flag(std::int64_t step) {
-  return static_cast<std::uint16_t>(0x100u << (static_cast<std::uint64_t>(step) & 7u));
+  const auto s = static_cast<std::uint64_t>(step);
+  const unsigned w = static_cast<unsigned>(s & 15u);
+  unsigned f = 0;
+  for (unsigned j = 0; j < 6; ++j) {
+    const unsigned bit = j < 4 ? j : 4 + 2 * w + (j - 4);
+    f |= (((s >> bit) & 1u) != 0 ? 2u : 1u) << (4 + 2 * j);
+  }
+  return static_cast<std::uint16_t>(f);
 }
-//! True when the flags hold at most one step bit (every rank of the subtree in step).
+//! True when no pair of step bits has both bits set (every rank of the subtree in step).
 constexpr bool one_step(std::uint16_t flags) {
-  const unsigned s = flags & step_bits;
-  return (s & (s - 1u)) == 0;
+  const unsigned s = static_cast<unsigned>(flags & step_bits) >> 4;
+  return (s & (s >> 1) & 0x555u) == 0;
 }
 inline constexpr std::uint16_t known_flags = flag_nonfinite | flag_failed | step_bits;
 

@@ -132,7 +132,8 @@ class gTopK {
     const auto frame_k = static_cast<std::size_t>(std::clamp<std::int64_t>(detail::k_at(opt_, steps_, n_), 1, kmax_));
     grad_ = grad;
     const bool ok = problem_.empty();
-    // The step count modulo 8 rides in the frames' flags: ranks out of step see two bits.
+    // The step count rides in the frames' flags (sparse_wire::step_flag): ranks out of step
+    // see a pair with both bits set.
     const auto flags =
         static_cast<std::uint16_t>((ok ? 0 : sparse_wire::flag_failed) | sparse_wire::step_flag(steps_));
     if (ok) {
@@ -191,7 +192,7 @@ class gTopK {
                                        "]; every rank must use the same options and step count."));
     if (!sparse_wire::one_step(m.cur.flags))
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count: rank ", me,
-                                       " is at step ", steps_, " and another rank at a step that differs modulo 8; a "
+                                       " is at step ", steps_, " and another rank at another step; a "
                                        "rank kept (commit) a step that another dropped (cancel), or retried a step the "
                                        "others kept. Every rank must commit or cancel each step alike; restore every "
                                        "rank from one checkpoint to go on."));

@@ -30,6 +30,7 @@
 //! Signum's momentum; `cancel()` drops the step; `reduce` = start + finish + commit.
 
 #include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -106,8 +107,10 @@ class MajorityVote {
       problem_ = detail::length_problem("MajorityVote", static_cast<std::int64_t>(n), static_cast<std::int64_t>(m_n_));
     const std::size_t cap = block_bytes(n);
     if (!agreed_ || cap != cap_) {
-      commpact::agree(agg_.comm(), "MajorityVote", {{"the gradient length", static_cast<std::int64_t>(n)}}, problem_,
-                      steps_);
+      commpact::agree(agg_.comm(), "MajorityVote",
+                      {{"the gradient length", static_cast<std::int64_t>(n)},
+                       {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)}},
+                      problem_, steps_);
       agg_.reserve(cap);
       cap_ = cap, agreed_ = true;
     }

@@ -185,19 +185,16 @@ class PowerCompressor {
     require(!layout_.empty(),
             "commpact::PowerCompressor::reduce: no tensor shapes registered; pass the layout to the constructor or "
             "call set_layout() first.");
-    // The layout hash and the length are agreed at the first step and whenever this
-    // rank's buffer does not fit its layout, so a length that differs on one rank raises
-    // mismatch_error on every rank (naming it), and a length that differs from the
-    // layout on every rank invalid_argument on every rank.
+    // The layout hash and the length are agreed at the first step (a length that differs
+    // on one rank raises mismatch_error on every rank, naming it; one that differs from
+    // the layout on every rank invalid_argument on every rank). Later steps carry the
+    // length in the step check: a rank whose buffer does not fit runs the step's
+    // collectives on its own workspaces (idle_step_, grad untouched), and finish() raises
+    // alike on every rank.
     const auto n = static_cast<std::int64_t>(grad.size());
-    if (!checked_ || grad.size() != total_) {
+    if (!checked_) {
       const std::string problem =
-          grad.size() == total_
-              ? std::string()
-              : detail::cat("commpact::PowerCompressor::reduce: rank ", comm_.rank(), " passed a buffer of ",
-                            grad.size(), " floats but the registered shapes hold ", total_,
-                            " (the buffer must be exactly the concatenation of the registered tensors); fix the "
-                            "layout or the buffer.");
+          grad.size() == total_ ? std::string() : length_problem(grad.size());
       agree(comm_, "PowerCompressor",
             {{"the PowerCompressor layout (a hash of the rank, the shapes in order and the options, products "
               "included; register the same shapes and options on every rank)",
@@ -207,11 +204,13 @@ class PowerCompressor {
       checked_ = true;
     }
     const auto e = exec();
-    // Every step: the step count (compress/step_check.hpp), checked in finish().
-    step_check_.queue(comm_, steps_);
+    // Every step: the step count and the length (compress/step_check.hpp), checked in finish().
+    step_check_.queue(comm_, steps_, n);
     ops<Space>::fill(e, status_.view(), std::uint32_t{0});
     dense_step_ = steps_ < opt_.start_step;
-    if (dense_step_) queue_dense_step(grad);
+    idle_step_ = grad.size() != total_;
+    if (idle_step_) queue_idle_step();
+    else if (dense_step_) queue_dense_step(grad);
     else queue_compressed_step(grad);
     status_host_.resize(status_words);
     ops<Space>::to_host(e, status_.cview(), status_host_.view());
@@ -227,7 +226,8 @@ class PowerCompressor {
     phase_.take_started("PowerCompressor");
     const auto e = exec();
     fence();
-    step_check_.require_same("PowerCompressor", comm_.rank(), steps_);
+    step_check_.require_same("PowerCompressor", comm_.rank(), steps_, static_cast<std::int64_t>(grad_.size()));
+    if (idle_step_) throw invalid_argument(length_problem(grad_.size()));  // every rank's length, the same
     const auto s = std::span<const std::uint32_t>(status_host_.view());
     for (const auto w : s) require_fenced(w, "PowerCompressor::finish");
     outcome_ = outcome::delivered;
@@ -414,6 +414,24 @@ class PowerCompressor {
     ops<Space>::mean_into(e, span<const float>(st), grad, comm_.size(), status_word(1));
   }
 
+  std::string length_problem(std::size_t n) const {
+    return detail::cat("commpact::PowerCompressor::reduce: rank ", comm_.rank(), " passed a buffer of ", n,
+                       " floats but the registered shapes hold ", total_, " (the buffer must be exactly the "
+                       "concatenation of the registered tensors); fix the layout or the buffer.");
+  }
+  //! A step on a buffer that does not fit the layout: the step's collectives, in order,
+  //! on zeroed workspaces (the state and grad untouched), so that every rank reaches
+  //! finish() and raises there alike.
+  void queue_idle_step() {
+    const auto e = exec();
+    buffer<float>* const bufs[2][3] = {{&p_, &dense_, &q_next_}, {&stage_, nullptr, nullptr}};
+    for (auto* b : bufs[dense_step_ ? 1 : 0]) {
+      if (b == nullptr || b->empty()) continue;
+      ops<Space>::fill(e, b->view(), 0.0f);
+      comm_.allreduce(b->view(), reduce_op::sum);
+    }
+  }
+
   //! q_next_ = the Q this step starts from: the warm start, or drawn from the seed.
   void queue_start_q() {
     const auto e = exec();
@@ -502,6 +520,7 @@ class PowerCompressor {
   std::int64_t layout_hash_ = 0;  // the state's (load_state compares it)
   std::int64_t agree_hash_ = 0;   // the ranks' (layout_hash_ and products)
   std::int64_t steps_ = 0, skipped_ = 0;
+  bool idle_step_ = false;  // this step's buffer did not fit the layout (queue_idle_step)
 };
 
 }  // namespace commpact

@@ -1,0 +1,231 @@
+// One rank's differing argument, over every compressor the library ships (host memory
+// and the deferred space; add a new compressor to `every_compressor` and it is held to
+// the same rule): a gradient of another length on one rank (at the first step, or after
+// one), or one rank built with another option (density, approximation rank, layout,
+// levels, momentum, bucket cap), raises the same error class on every rank, each rank's
+// message naming it; every rank's state is unchanged and, after a differing length, the
+// next step with the right length works on every rank.
+#include <catch2/catch.hpp>
+#include <commpact/comm/deferred_comm.hpp>
+#include <commpact/comm/thread_comm.hpp>
+#include <commpact/comm/tree_comm.hpp>
+#include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/randomk.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
+#include <commpact/compress/compressors/bucketed.hpp>
+#include <commpact/compress/compressors/cast_allreduce.hpp>
+#include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/compress/compressors/dense.hpp>
+#include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/compressors/majority.hpp>
+#include <commpact/compress/compressors/oktopk.hpp>
+#include <commpact/compress/compressors/power.hpp>
+#include <commpact/compress/compressors/topk.hpp>
+#include <commpact/kernels/deferred/ops.hpp>
+
+#include <cctype>
+#include <span>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <typeinfo>
+#include <vector>
+
+#include "common/random.hpp"
+#include "common/space_copies.hpp"
+
+using namespace commpact;
+using commpact_test::normal;
+
+namespace {
+const tensor_layout kLayout = {{12, 10}, {10}, {6, 8}, {3}};
+const tensor_layout kOtherLayout = {{10, 12}, {10}, {8, 6}, {3}};  // the same length, other shapes
+const std::vector<std::size_t> kLayers = {120, 10, 48, 3};
+constexpr std::size_t kN = 120 + 10 + 48 + 3;
+constexpr int kP = 3;
+using TC = ThreadComm;
+using DC = DeferredComm<ThreadComm>;
+
+//! The communicator of compressor C (ThreadComm or DeferredComm<ThreadComm>) from a ThreadComm.
+template <class C>
+auto comm_for(TC& comm) {
+  if constexpr (std::is_same_v<space_of_t<C>, deferred_space>) return DC{comm};
+  else return comm;
+}
+
+//! Builds C; `odd` builds it with one option that differs (has_option: C has one).
+template <class C>
+struct maker {
+  static constexpr bool has_option = false;
+  static C make(TC& comm, bool) { return C{comm_for<C>(comm)}; }
+};
+template <class Comm>
+struct maker<TopK<Comm>> {
+  static constexpr bool has_option = true;
+  static TopK<Comm> make(TC& comm, bool odd) { return TopK<Comm>{comm_for<TopK<Comm>>(comm), {.density = odd ? 0.2 : 0.1}}; }
+};
+template <class Comm>
+struct maker<gTopK<TreeComm<Comm>>> {
+  using C = gTopK<TreeComm<Comm>>;
+  static constexpr bool has_option = true;
+  static C make(TC& comm, bool odd) { return C{comm_for<C>(comm), {.density = odd ? 0.2 : 0.1}}; }
+};
+template <class Comm>
+struct maker<OkTopK<Comm>> {
+  static constexpr bool has_option = true;
+  static OkTopK<Comm> make(TC& comm, bool odd) {
+    return OkTopK<Comm>{comm_for<OkTopK<Comm>>(comm), {.density = odd ? 0.2 : 0.1}};
+  }
+};
+template <class S>
+struct maker<PowerCompressor<2, S>> {
+  using C = PowerCompressor<2, S>;
+  static constexpr bool has_option = true;
+  static C make(TC& comm, bool odd) {
+    power_options o;
+    if (odd && comm.rank() == 1) o.approximation_rank = 1;
+    return C{comm_for<C>(comm), odd && comm.rank() == 2 ? kOtherLayout : kLayout, o};
+  }
+};
+template <class Comm>
+struct maker<LinearCompressor<randomk_codec, Comm>> {
+  using C = LinearCompressor<randomk_codec, Comm>;
+  static constexpr bool has_option = true;
+  static C make(TC& comm, bool odd) { return C{comm_for<C>(comm), randomk_codec{odd ? 0.3 : 0.2, 7}}; }
+};
+template <class Comm>
+struct maker<CodecCompressor<qsgd_codec, Allgather<Comm>>> {
+  using C = CodecCompressor<qsgd_codec, Allgather<Comm>>;
+  static constexpr bool has_option = true;
+  static C make(TC& comm, bool odd) { return C{comm_for<C>(comm), qsgd_codec{odd ? 16u : 256u}}; }
+};
+template <class Comm>
+struct maker<MajorityVote<Comm>> {
+  static constexpr bool has_option = true;
+  static MajorityVote<Comm> make(TC& comm, bool odd) {
+    return MajorityVote<Comm>{comm_for<MajorityVote<Comm>>(comm), {.momentum = odd ? 0.5f : 0.0f}};
+  }
+};
+template <class C>
+struct maker<Bucketed<C>> {
+  static constexpr bool has_option = true;
+  static Bucketed<C> make(TC& comm, bool odd) {
+    return Bucketed<C>{kLayers, [&](const bucket_info&) { return maker<C>::make(comm, false); },
+                       {.cap_bytes = odd ? 400u : 200u}};
+  }
+};
+
+using every_compressor =
+    std::tuple<Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
+               CodecCompressor<sign_codec, Allgather<TC>>, Fp16Allreduce<TC>, Bf16Allreduce<TC>,
+               LinearCompressor<randomk_codec, TC>, MajorityVote<TC>, OkTopK<TC>, Bucketed<Dense<TC>>,
+               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, gTopK<TreeComm<DC>>, PowerCompressor<2, deferred_space>,
+               CodecCompressor<qsgd_codec, Allgather<DC>>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>,
+               MajorityVote<DC>, OkTopK<DC>, Bucketed<TopK<DC>>>;
+
+//! One step of c on a host vector g (copied to and from the deferred space where c runs).
+template <class C>
+void step(C& c, std::vector<float>& g) {
+  if constexpr (std::is_same_v<space_of_t<C>, deferred_space>) {
+    const auto e = comm_exec(c.comm());
+    auto d = commpact_test::device_copy(e, g);
+    c.reduce(d.view());
+    g = commpact_test::host_copy(e, d.cview());
+  } else {
+    c.reduce(std::span<float>(g));
+  }
+}
+template <class C>
+std::vector<std::byte> saved(const C& c) {
+  std::vector<std::byte> b;
+  c.save_state(b);
+  return b;
+}
+
+struct outcome {
+  std::string cls = "none", what;
+  bool same_state = false;
+  std::string next = "not run";
+};
+template <class F>
+void run_into(outcome& o, F&& f) {
+  try {
+    f();
+    o.cls = "none";
+  } catch (const commpact::error& e) {
+    o.cls = typeid(e).name(), o.what = e.what();
+  } catch (const std::exception& e) {
+    o.cls = "std::exception", o.what = e.what();
+  }
+}
+
+//! Bucketed checks the length on each rank before its buckets' collectives: the odd rank
+//! raises invalid_argument, the others wait for it until the deadline (a known gap,
+//! docs/architecture.md).
+template <class C>
+constexpr bool known_length_gap = false;
+template <class C>
+constexpr bool known_length_gap<Bucketed<C>> = true;
+
+//! True when `what` names rank r ("rank r" not followed by a digit).
+bool names_rank(const std::string& what, int r) {
+  const std::string key = commpact::detail::cat("rank ", r);
+  for (auto at = what.find(key); at != std::string::npos; at = what.find(key, at + 1)) {
+    const auto next = at + key.size();
+    if (next == what.size() || !std::isdigit(static_cast<unsigned char>(what[next]))) return true;
+  }
+  return false;
+}
+
+//! kind 0: rank 1's gradient is one float longer at the first step; 1: the same after a
+//! good step; 2: rank 1 (and for PowerCompressor rank 2) built with another option.
+template <class C>
+std::vector<outcome> differing(int kind) {
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = maker<C>::make(comm, kind == 2 && r != 0);
+    outcome& o = out[static_cast<std::size_t>(r)];
+    if (kind == 1) {
+      std::vector<float> g = normal(10 + r, kN);
+      run_into(o, [&] { step(c, g); });
+      if (o.cls != "none") return;
+    }
+    const auto before = saved(c);
+    std::vector<float> g = normal(20 + r, kind != 2 && r == 1 ? kN + 1 : kN);
+    run_into(o, [&] { step(c, g); });
+    o.same_state = saved(c) == before;
+    if (kind != 2) {
+      outcome n;
+      std::vector<float> g2 = normal(30 + r, kN);
+      run_into(n, [&] { step(c, g2); });
+      o.next = n.cls == "none" ? "ok" : n.what;
+    }
+  });
+  return out;
+}
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_error on every rank, naming it",
+                        "[hardening][mismatch]", every_compressor) {
+  const int kind = GENERATE(0, 1, 2);
+  if (kind == 2 && !maker<TestType>::has_option) return;
+  if (kind != 2 && known_length_gap<TestType>) return;  // below
+  CAPTURE(kind);
+  const auto out = differing<TestType>(kind);
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK((names_rank(o.what, r) || names_rank(o.what, 1)));  // itself (and its value), or the odd rank
+    CHECK(o.same_state);
+    if (kind != 2) CHECK(o.next == "ok");
+  }
+}
+
+TEST_CASE("Bucketed: one rank's gradient of another length raises mismatch_error on every rank (known gap)",
+          "[hardening][mismatch][!shouldfail]") {
+  const auto out = differing<Bucketed<Dense<TC>>>(0);
+  for (int r = 0; r < kP; ++r) CHECK(out[static_cast<std::size_t>(r)].cls == typeid(mismatch_error).name());
+}
