@@ -248,7 +248,9 @@ void check_asp_progress(C& comm, const ps::roles& r, int stall_ms) {
   double t[2] = {fast_seconds, stall_seconds};
   comm.allreduce(std::span<double>(t, 2), commpact::reduce_op::max);
   PS_EXPECT(t[1] >= stall_ms / 1000.0, "stalled worker took ", t[1], " s");
-  PS_EXPECT(t[0] < 0.6 * stall_ms / 1000.0, "fast workers took ", t[0], " s, the stall ", stall_ms, " ms");  // the fast workers never waited for the stalled one
+  // That the fast workers never waited for the stalled one is stalled_seen_max <= 1
+  // above (they finished while it slept), not a wall-clock bound, which a loaded machine
+  // misses (0.37 s against 0.36 s was seen).
 }
 
 // Bytes per push and pull equal the formula (wire.hpp), counted by CountingComm under
