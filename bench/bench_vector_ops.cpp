@@ -182,7 +182,7 @@ void BM_ef_accumulate(benchmark::State& st) {
   for (auto _ : st) benchmark::DoNotOptimize(h::ef_accumulate(s.d, s.a, s.b, 0.5f));
   bytes(st, 12);
 }
-void BM_ef_accumulate_scalar(benchmark::State& st) {  // today's error_feedback::accumulate
+void BM_ef_accumulate_scalar(benchmark::State& st) {  // the plain scalar loop the vectorised pass replaces
   auto& s = data(static_cast<std::size_t>(st.range(0)));
   for (auto _ : st) {
     bool finite = true;

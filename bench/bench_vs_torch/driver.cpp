@@ -143,7 +143,7 @@ void scale(std::size_t n, int reps) {
 
 // gTopK's local phase at P = 1 with the compressor's buffers: acc = residual + g, the k
 // largest |acc|, grad = the selection / P, residual = acc minus the delivered entries
-// (acc and residual swap roles, as error_feedback::commit does).
+// (acc and residual swap roles, as basic_error_feedback::commit does).
 void gtopk(std::size_t n, std::size_t k, int reps) {
   auto g = gaussian(n, 5);
   const auto g0 = g;

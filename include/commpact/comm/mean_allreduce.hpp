@@ -3,8 +3,8 @@
 //! \file mean_allreduce.hpp
 //! The mean allreduce (a collective): the sum in the communicator's fixed order, then
 //! mean_of (kernels/mean.hpp), with the non-finite policy applied alike on every rank.
-//! Used by PowerCompressor (its dense layers), DataParallel (model averaging) and the
-//! gossip mixers' checks.
+//! One entry for every space (host_space included). Used by DataParallel (model
+//! averaging).
 
 #include <cstdint>
 #include <span>
@@ -15,35 +15,22 @@
 #include "../kernels/host/ops.hpp"
 #include "../kernels/status.hpp"
 #include "known_size.hpp"
-#include "../kernels/host/vector_ops.hpp"
 #include "../nonfinite.hpp"
 
 namespace commpact {
 
 //! v = mean_of(sum over the ranks in the communicator's fixed order, P) (kernels/mean.hpp:
 //! the sum divided by float(P), the one definition of the mean), the same bits on every
-//! rank. On a non-finite sum: raises numeric_error on every rank
-//! (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what` name
-//! the caller and the buffer in the message.
+//! rank, in the communicator's space (host_space for ThreadComm and MpiComm): the sum is
+//! queued, then ops<S>::mean with the non-finite check into `status` (a one-element
+//! buffer of the space, grown once), one fence, and the same decision on every rank
+//! (every rank holds the same sum). On a non-finite sum: raises numeric_error on every
+//! rank (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what`
+//! name the caller and the buffer in the message.
 template <Communicator C>
-bool mean_allreduce(C& comm, std::span<float> v, nonfinite policy, std::string_view who, std::string_view what,
-                    std::int64_t step) {
-  comm.allreduce(v, reduce_op::sum);
-  const std::size_t bad = host::mean_checked(v, comm.size());
-  if (bad == v.size()) return true;
-  return detail::end_nonfinite_step(policy, who, what, bad, step, v);
-}
-
-//! The same collective over a communicator of another space (DeferredComm, a device
-//! communicator): v is the space's span; the sum is queued, then ops<S>::mean with the
-//! non-finite check into `status` (a one-element buffer of the space, grown once), one
-//! fence, and the same decision on every rank (every rank holds the same sum). The index
-//! of the first non-finite value is not reported (it stays in the space).
-template <Communicator C, class Span>
-  requires(!std::same_as<comm_space_t<C>, host_space> &&
-           std::same_as<Span, typename comm_space_t<C>::template span<float>>)
-bool mean_allreduce(C& comm, Span v, typename comm_space_t<C>::template buffer<std::uint32_t>& status,
-                    nonfinite policy, std::string_view who, std::string_view what, std::int64_t step) {
+bool mean_allreduce(C& comm, typename comm_space_t<C>::template span<float> v,
+                    typename comm_space_t<C>::template buffer<std::uint32_t>& status, nonfinite policy,
+                    std::string_view who, std::string_view what, std::int64_t step) {
   using S = comm_space_t<C>;
   const auto e = comm_exec(comm);
   status.resize(1, e);

@@ -1,145 +1,181 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file error_feedback.hpp
-//! error_feedback: the one residual every lossy compressor keeps (TopK, gTopK, PowerSGD,
-//! codec compressors, CHOCO's public copies are their own thing). What a rank did not
-//! deliver stays in its residual and is added to the next input, so nothing is lost:
-//! after every step, sum over ranks of (residual_new + delivered) == sum of (input +
+//! basic_error_feedback<Space>: the one residual every compressor that keeps one uses
+//! (TopK and every CodecCompressor, gTopK, OkTopK, LinearCompressor, CastAllreduce,
+//! PowerCompressor, the parameter server's workers), in any execution space: its buffers
+//! are the space's and every pass is a row of ops<Space>. What a rank did not deliver
+//! stays in its residual and is added to the next input, so nothing is lost: after
+//! every step, sum over ranks of (residual_new + delivered) == sum of (input +
 //! residual_old), exactly for sparse codecs and up to rounding for dense ones.
 //!
-//! A step is transactional: accumulate() writes a candidate (acc = residual + input)
-//! and commit() installs it as the residual; a step that raises or is skipped before
-//! commit() leaves the residual, the velocity and their sizes as they were.
+//! A step is a transaction on two buffer pairs: begin() sizes the candidate, the step
+//! writes it (accumulate(), or a compressor's fused kernel reading residual() /
+//! step_residual() and writing candidate()), the compressor removes what was delivered,
+//! and commit() installs the candidate as the residual by swapping buffers; cancel()
+//! (or a step that raises) leaves the residual, the velocity and their length as they
+//! were. Nothing is allocated once the buffers have grown (reserve()).
 //!
 //! \code
-//! ef.accumulate(grad);                 // acc = residual + grad (0 residual at first)
-//! encode(ef.acc(), ...);               // the codec reads acc
-//! ef.subtract(approx);                 // dense codecs: acc -= what was delivered
-//! ef.commit();                         // acc becomes the residual
-//! ef.clear_delivered(indices);        // sparse codecs, instead of subtract()
+//! basic_error_feedback<S> ef{momentum};
+//! ef.begin(e, n, true);                                  // candidate sized; zeros before the first step
+//! ef.accumulate(e, grad, m, scale, status);              // acc = residual + (m u + s g)
+//! encode(ef.candidate(), ..., approx);                   // the codec reads acc
+//! ef.subtract(e, approx);                                // dense codecs: acc -= what was delivered
+//! ef.commit();                                           // acc becomes the residual (a swap)
+//! zero_delivered(ef.installed_residual(), ...);          // sparse codecs, instead of subtract()
 //! \endcode
 //!
-//! With DGC momentum correction (momentum > 0) it also keeps the velocity u:
-//! u' = m u + s g, acc = residual + u', and clear_delivered() zeroes both buffers.
+//! With DGC momentum correction (momentum on) it also keeps the velocity u: u' = m u + s g,
+//! acc = residual + u'; commit() installs u' too. State: sections 10 (residual) and 11
+//! (velocity) of the owner's blob (save(), load(), install()); save_feedback_state /
+//! load_feedback_state are the whole blob of a compressor that is error feedback plus
+//! step counters.
 
-#include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
-#include <optional>
 #include <span>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "../error.hpp"
-#include "../kernels/host/commit.hpp"
-#include "../kernels/host/vector_ops.hpp"
+#include "../kernels/host/ops.hpp"
+#include "../kernels/status.hpp"
+#include "../space/copies.hpp"
+#include "../space/host.hpp"
 #include "../state.hpp"
-#include "../nonfinite.hpp"
 
 namespace commpact {
 
-class error_feedback {
+//! What basic_error_feedback::load read from a blob (host floats, any space).
+struct feedback_loaded {
+  std::vector<float> residual, velocity;
+};
+
+//! The residual (and DGC velocity) of one compressor, in space Space.
+template <class Space>
+class basic_error_feedback {
  public:
-  //! Sizes the candidate buffers for length n (no allocation once they have grown). The
-  //! residual (and velocity) count as zero when they do not hold n values yet.
-  void begin(std::size_t n, bool momentum) {
-    momentum_ = momentum;
-    acc_.resize(n);
-    u_next_.resize(momentum ? n : 0);
-    // Reserve the other half of each swap pair, so that commit() never leaves a buffer
-    // without capacity: nothing is allocated after the first step.
-    if (residual_.capacity() < n) residual_.reserve(n);
-    if (momentum && velocity_.capacity() < n) velocity_.reserve(n);
+  using space_type = Space;
+  using exec_type = typename Space::exec;
+  template <class T>
+  using span = typename Space::template span<T>;
+  template <class T>
+  using buffer = typename Space::template buffer<T>;
+
+  explicit basic_error_feedback(bool momentum = false) : momentum_(momentum) {}
+
+  // ---- sizing -----------------------------------------------------------------------
+  //! Grows the residual and the candidate (and, with momentum, the velocity pair) to hold
+  //! n values, so that no later step allocates; nothing is installed.
+  void reserve(const exec_type& e, std::size_t n) {
+    for (auto* b : {&acc_, &residual_}) b->reserve(n, e);
+    if (momentum_)
+      for (auto* b : {&u_next_, &velocity_}) b->reserve(n, e);
+  }
+  //! Sizes the residual and the candidate to n values each (a fixed-size residual such
+  //! as PowerSGD's); nothing is installed (forget() it when a layout changes).
+  void resize(const exec_type& e, std::size_t n) {
+    residual_.resize(n, e);
+    acc_.resize(n, e);
   }
 
-  //! acc[at + i] = residual[at + i] + (momentum ? u'[at + i] = m u[at + i] + s g[i] : s g[i]),
-  //! s the clipping scale (g itself when absent). Returns false when a value of acc is
-  //! not finite.
-  bool accumulate_at(std::size_t at, std::span<const float> g, float momentum = 0.0f,
-                     std::optional<float> scale = std::nullopt) {
-    const std::size_t n = g.size();
-    const bool have_r = residual_.size() == acc_.size();
-    const bool have_u = velocity_.size() == acc_.size();
-    const std::span<float> a(acc_.data() + at, n);
-    if (have_r && (!momentum_ || have_u)) {  // the steady state: vectorised kernels
-      const std::span<const float> r(residual_.data() + at, n);
-      if (!momentum_)
-        return (scale ? host::ef_accumulate(a, r, g, *scale) : host::ef_accumulate(a, r, g)) == n;
-      const std::span<float> un(u_next_.data() + at, n);
-      const std::span<const float> u(velocity_.data() + at, n);
-      return (scale ? host::ef_accumulate_momentum(a, un, u, r, g, momentum, *scale)
-                    : host::ef_accumulate_momentum(a, un, u, r, g, momentum)) == n;
+  // ---- a step -----------------------------------------------------------------------
+  //! Opens a step on n values: sizes the candidate (acc, and u' with momentum). With
+  //! `zeros`, a residual (and velocity) not installed yet is written as n zeros for the
+  //! step to read (step_residual(); installed only by commit()); without, the step reads
+  //! residual(), empty before the first commit, which the fused kernels count as zero.
+  void begin(const exec_type& e, std::size_t n, bool zeros) {
+    acc_.resize(n, e);
+    if (momentum_) u_next_.resize(n, e);
+    step_n_ = n_;
+    if (zeros && n_ == 0) {
+      residual_.resize(n, e);
+      if (momentum_) velocity_.resize(n, e);
+      ops<Space>::fill(e, residual_.view(), 0.0f);
+      if (momentum_) ops<Space>::fill(e, velocity_.view(), 0.0f);
+      step_n_ = n;
     }
-    // The first step: no residual (or velocity) yet, which count as zero.
-    const float s = scale ? *scale : 1.0f;
-    for (std::size_t i = 0; i < n; ++i) {
-      float gi = scale ? g[i] * s : g[i];
-      if (momentum_) {
-        const float mu = have_u ? momentum * velocity_[at + i] : momentum * 0.0f;
-        u_next_[at + i] = mu + gi;
-        gi = u_next_[at + i];
-      }
-      a[i] = (have_r ? residual_[at + i] : 0.0f) + gi;
-    }
-    return detail::first_nonfinite(a) == n;
   }
 
-  //! begin(g.size(), momentum > 0) and accumulate_at(0, g, ...).
-  bool accumulate(std::span<const float> g, float momentum = 0.0f, std::optional<float> scale = std::nullopt) {
-    begin(g.size(), momentum > 0.0f);
-    return accumulate_at(0, g, momentum, scale);
+  //! acc = step_residual() + (momentum ? u' = m u + s g : s g), s the clipping scale
+  //! (scale[0], or 1 when scale is empty); sets status_nonfinite in status[0] when a
+  //! value of acc is not finite (the row ops<Space>::ef_accumulate).
+  void accumulate(const exec_type& e, span<const float> g, float m, span<const float> scale,
+                  span<std::uint32_t> status) {
+    ops<Space>::ef_accumulate(e, acc_.view(), momentum_ ? u_next_.view() : span<float>{}, step_velocity(),
+                              step_residual(), g, momentum_ ? m : 0.0f, scale, status);
   }
 
-  //! The candidate residual of this step.
-  std::span<float> acc() { return acc_; }
-  std::span<const float> acc() const { return acc_; }
+  //! acc -= delivered: what a dense codec delivered leaves the candidate.
+  void subtract(const exec_type& e, span<const float> delivered) { ops<Space>::sub(e, acc_.view(), delivered); }
 
-  //! acc[at + i] -= delivered[i]: what a dense codec delivered leaves the candidate.
-  void subtract(std::span<const float> delivered, std::size_t at = 0) {
-    host::sub(std::span<float>(acc_.data() + at, delivered.size()), delivered);
-  }
+  //! The candidate residual of the step (and the candidate velocity u', empty without momentum).
+  span<float> candidate() { return acc_.view(); }
+  span<const float> candidate() const { return acc_.cview(); }
+  span<float> candidate_velocity() { return momentum_ ? u_next_.view() : span<float>{}; }
 
-  //! The candidate's segment [at, at + n) (PowerSGD writes M - A there itself).
-  std::span<float> acc_segment(std::size_t at, std::size_t n) { return {acc_.data() + at, n}; }
-  //! The installed residual's segment, or an empty span before the first committed step.
-  std::span<const float> residual_segment(std::size_t at, std::size_t n) const {
-    return residual_.size() == acc_.size() && !acc_.empty() ? std::span<const float>(residual_.data() + at, n)
-                                                           : std::span<const float>{};
-  }
+  //! What the open step reads as its residual and velocity: the installed ones, or the
+  //! zeros begin() wrote.
+  span<const float> step_residual() const { return residual_.cview().first(step_n_); }
+  span<const float> step_velocity() const { return momentum_ ? velocity_.cview().first(step_n_) : span<const float>{}; }
 
-  //! Installs the candidate as the residual (and u' as the velocity).
+  //! Installs the candidate as the residual (and u' as the velocity): a swap of buffers.
   void commit() {
-    std::swap(residual_, acc_);
-    if (momentum_) std::swap(velocity_, u_next_);
+    residual_.swap(acc_);
+    if (momentum_) velocity_.swap(u_next_);
+    n_ = static_cast<std::int64_t>(residual_.size());
+  }
+  //! Drops the open step: the candidate is the step's alone, so the installed residual,
+  //! velocity and length stay as they were.
+  void cancel() noexcept {}
+
+  //! The installed residual and velocity, writable (delivered entries leave them after
+  //! commit()).
+  span<float> installed_residual() { return residual_.view().first(static_cast<std::size_t>(n_)); }
+  span<float> installed_velocity() {
+    return momentum_ ? velocity_.view().first(static_cast<std::size_t>(n_)) : span<float>{};
   }
 
-  //! After commit(): the entries delivered[j] (those with alive[j] != 0, every one when
-  //! alive is empty) were delivered; they leave the residual (and the velocity).
-  void clear_delivered(std::span<const std::int32_t> delivered, std::span<const std::uint8_t> alive = {}) {
-    host::zero_delivered(residual_, velocity_, delivered, alive);
+  //! Installs n zeros as the residual (a compressor that keeps a residual from its first
+  //! agreement on, such as CastAllreduce).
+  void install_zeros(const exec_type& e, std::size_t n) {
+    residual_.resize(n, e);
+    ops<Space>::fill(e, residual_.view(), 0.0f);
+    if (momentum_) {
+      velocity_.resize(n, e);
+      ops<Space>::fill(e, velocity_.view(), 0.0f);
+    }
+    n_ = static_cast<std::int64_t>(n);
   }
+  //! Forgets the residual and the velocity (buffers kept for reuse).
+  void forget() { n_ = 0; }
 
-  std::span<const float> residual() const { return residual_; }
-  std::span<const float> velocity() const { return velocity_; }
+  //! The installed residual and velocity in the space's memory (empty before the first
+  //! committed step).
+  span<const float> residual() const { return residual_.cview().first(static_cast<std::size_t>(n_)); }
+  span<const float> velocity() const {
+    return momentum_ ? velocity_.cview().first(static_cast<std::size_t>(n_)) : span<const float>{};
+  }
   //! Length of the installed residual (0 before the first committed step).
-  std::int64_t size() const { return static_cast<std::int64_t>(residual_.size()); }
-
-  void clear() {
-    residual_.clear();
-    velocity_.clear();
-  }
+  std::int64_t size() const { return n_; }
+  bool momentum() const { return momentum_; }
 
   // ---- state (sections 10 and 11 of the owner's blob) ------------------------------
-  void save(state::writer& w) const {
-    w.f32s(10, residual_);
-    w.f32s(11, velocity_);
+  //! Writes the residual in section 10 and the velocity in section 11 (host copies).
+  void save(state::writer& w, const exec_type& e) const {
+    w.f32s(10, copy_to_host<Space>(e, residual()));
+    w.f32s(11, copy_to_host<Space>(e, velocity()));
+  }
+  //! Writes the residual alone, in section `tag` (a blob without a velocity section).
+  void save_residual(state::writer& w, const exec_type& e, std::uint32_t tag) const {
+    w.f32s(tag, copy_to_host<Space>(e, residual()));
   }
 
   //! What load() read; install() it once every other part of the owner's state is read.
-  struct loaded {
-    std::vector<float> residual, velocity;
-  };
+  using loaded = feedback_loaded;
 
   //! Reads the residual (n values, or any length when n is npos) and the velocity (the
   //! same length with momentum, none without). Raises; changes nothing.
@@ -154,47 +190,82 @@ class error_feedback {
     return l;
   }
 
-  void install(loaded&& l) {
-    residual_ = std::move(l.residual);
-    velocity_ = std::move(l.velocity);
-    momentum_ = !velocity_.empty();
+  //! Installs what load() read (copied into the space; an empty residual installs none
+  //! and keeps the buffers).
+  void install(const exec_type& e, loaded&& l) {
+    if (!l.residual.empty()) copy_from_host<Space>(e, std::span<const float>(l.residual), residual_);
+    if (!l.velocity.empty()) copy_from_host<Space>(e, std::span<const float>(l.velocity), velocity_);
+    n_ = static_cast<std::int64_t>(l.residual.size());
   }
 
   //! Address and capacity of every buffer (tests check that nothing is allocated after
-  //! the first step).
+  //! the first step; the residual and the candidate swap roles at every commit).
   template <class Out>
   void add_signature(Out& s) const {
-    for (const auto* v : {&residual_, &velocity_, &acc_, &u_next_})
-      s.emplace_back(static_cast<const void*>(v->data()), v->capacity());
+    for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_})
+      s.emplace_back(static_cast<const void*>(b->data()), b->capacity());
+  }
+
+  // ---- host conveniences (the parameter server's workers) ---------------------------
+  //! begin(n, zeros) and accumulate(g) on the host; false when a value of acc is not finite.
+  bool accumulate(std::span<const float> g)
+    requires std::same_as<Space, host_space>
+  {
+    const exec_type e{};
+    begin(e, g.size(), true);
+    std::uint32_t status = 0;
+    accumulate(e, g, 0.0f, {}, std::span<std::uint32_t>(&status, 1));
+    return (status & status_nonfinite) == 0;
+  }
+  std::span<float> acc()
+    requires std::same_as<Space, host_space>
+  {
+    return candidate();
+  }
+  void subtract(std::span<const float> delivered)
+    requires std::same_as<Space, host_space>
+  {
+    subtract(exec_type{}, delivered);
   }
 
  private:
-  std::vector<float> residual_, velocity_, acc_, u_next_;
+  buffer<float> residual_, velocity_, acc_, u_next_;
+  std::int64_t n_ = 0;        // length of the installed residual (0: none)
+  std::size_t step_n_ = 0;    // length of the residual the open step reads
   bool momentum_ = false;
 };
 
+//! Error feedback on the host.
+using error_feedback = basic_error_feedback<host_space>;
+
 //! The whole state of a compressor that is error feedback plus step counters (TopK,
-//! gTopK, every CodecCompressor): one blob of `kind`.
-inline void save_feedback_state(std::vector<std::byte>& out, std::string_view kind, const error_feedback& ef,
-                                std::int64_t steps, std::int64_t skipped) {
+//! gTopK, every CodecCompressor, OkTopK, LinearCompressor): one blob of `kind`.
+template <class Space>
+void save_feedback_state(std::vector<std::byte>& out, std::string_view kind, const basic_error_feedback<Space>& ef,
+                         const typename Space::exec& e, std::int64_t steps, std::int64_t skipped) {
   state::writer w{out, kind};
   state::write_counters(w, steps, skipped);
-  ef.save(w);
+  ef.save(w, e);
   w.finish();
 }
 
-//! Loads what save_feedback_state wrote into ef, steps and skipped, all or nothing.
-inline void load_feedback_state(std::span<const std::byte> in, std::string_view kind, std::string_view who,
-                                bool momentum, error_feedback& ef, std::int64_t& steps, std::int64_t& skipped) {
+//! What load_feedback_state read: the error feedback to install and the counters.
+struct feedback_state {
+  feedback_loaded ef;
+  std::int64_t steps = 0, skipped = 0;
+};
+
+//! Reads what save_feedback_state wrote; raises and changes nothing on a malformed blob
+//! (the caller installs it: ef.install(e, std::move(s.ef))).
+inline feedback_state load_feedback_state(std::span<const std::byte> in, std::string_view kind, std::string_view who,
+                                          bool momentum) {
   state::reader r{in, kind, who};
   const auto [s, k] = state::read_counters(r);
   auto l = error_feedback::load(r, state::reader::npos, momentum);
   r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
                 " values is longer than sparse indices allow.");
   r.done();
-  ef.install(std::move(l));
-  steps = s;
-  skipped = k;
+  return {std::move(l), s, k};
 }
 
 }  // namespace commpact

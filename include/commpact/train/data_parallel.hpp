@@ -291,9 +291,7 @@ class DataParallel {
           synced = true;
         }
       }
-      if constexpr (!std::is_same_v<space_type, host_space>) {
-        if (opt_.wait_for_update) comm_fence(compressor_.comm());
-      }
+      if (opt_.wait_for_update) comm_fence(compressor_.comm());  // host_space: no queued work, no wait
     } catch (...) {
       guard.end();
       tx_.cancel(compressor_);
@@ -554,8 +552,8 @@ class DataParallel {
     return (&c == &compressor_ ? tx_ : delta_tx_).run(c, v);
   }
 
-  //! v = (sum over ranks in rank order) * (1/P as float): Dense's arithmetic
-  //! (mean_allreduce). Every rank sees the same sum, so every rank raises alike on a
+  //! v = mean_of(sum over ranks in rank order, P): Dense's arithmetic (mean_allreduce,
+  //! in the compressor's space). Every rank sees the same sum, so every rank raises alike on a
   //! non-finite value.
   void dense_mean(span<float> v, bool& checked, const char* what) {
     auto& c = compressor_.comm();
@@ -563,10 +561,7 @@ class DataParallel {
       require_same(c, static_cast<std::int64_t>(v.size()), detail::cat(what, " length (DataParallel)"));
       checked = true;
     }
-    if constexpr (std::is_same_v<space_type, host_space>)
-      mean_allreduce(c, v, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
-    else
-      mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+    mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
   }
 
   auto exec() const { return comm_exec(const_cast<Compressor&>(compressor_).comm()); }
@@ -590,7 +585,7 @@ class DataParallel {
   bool checked_params_ = false, checked_state_ = false;
   std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
   buffer<float> x0_, x0_prev_, delta_;
-  buffer<std::uint32_t> status_;  // the space's non-finite flag of a dense mean (not host_space)
+  buffer<std::uint32_t> status_;  // the non-finite flag of a dense mean, in the space
   bool x0_swapped_ = false;
   bool overlap_ = false;  // begin_backward started buckets that step() has not waited for
   double overlap_lr_ = 0;

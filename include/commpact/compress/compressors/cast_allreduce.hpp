@@ -62,6 +62,7 @@
 #include "../../state.hpp"
 #include "../codecs/casts.hpp"
 #include "../codecs/sparse_options.hpp"
+#include "../error_feedback.hpp"
 #include "../../nonfinite.hpp"
 #include "../step_check.hpp"
 #include "../step_phase.hpp"
@@ -113,23 +114,20 @@ class CastAllreduce {
     const auto n = static_cast<std::int64_t>(grad.size());
     const auto e = exec();
     if (n != checked_size_) {
-      const auto problem = detail::length_problem(who, n, static_cast<std::int64_t>(residual_.size()));
+      const auto problem = detail::length_problem(who, n, ef_.size());
       agree(comm_, who, {{"the gradient length", n}, {"the 16-bit format (fp16 1, bf16 2)", format_id()}}, problem,
             steps_);
       checked_size_ = n;
-      if (opt_.error_feedback && residual_.empty()) {
-        residual_.resize(grad.size(), e);
-        ops<space_type>::fill(e, residual_.view(), 0.0f);
-      }
+      if (opt_.error_feedback && ef_.size() == 0) ef_.install_zeros(e, grad.size());
     }
     const std::size_t N = grad.size();
     codes_.resize(N, e);
-    if (opt_.error_feedback) candidate_.resize(N, e);
+    if (opt_.error_feedback) ef_.begin(e, N, false);
     scratch_.resize(wire::ring_chunk(N, comm_.size(), 0), e);
     step_check_.queue(comm_, steps_);
     status_.clear(e);
-    ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), residual_.cview(), codes_.view(),
-                                                candidate_.view());
+    ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), ef_.residual(), codes_.view(),
+                                                ef_.candidate());
     phase_ = phase::started;
     try {
       ring_allreduce_spans(comm_, codes_.view(), scratch_.view(), [&](span<std::uint16_t> in, span<std::uint16_t> mine) {
@@ -173,7 +171,7 @@ class CastAllreduce {
   //! Keeps the residual of a delivered step and counts the step.
   void commit() {
     phase_.require_finished(who);
-    if (!skipped_step_ && opt_.error_feedback) residual_.swap(candidate_);
+    if (!skipped_step_ && opt_.error_feedback) ef_.commit();
     ++steps_;
     if (skipped_step_) ++skipped_;
     phase_ = phase::idle;
@@ -181,13 +179,16 @@ class CastAllreduce {
 
   //! Drops a started or finished step: the residual and counters stay as before it
   //! (queued work is completed first).
-  void cancel() noexcept { phase_.drop([&] { fence(); }); }
+  void cancel() noexcept {
+    phase_.drop([&] { fence(); });
+    ef_.cancel();
+  }
 
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("CastAllreduce", "save_state");
     state::writer w{out, kind};
     state::write_counters(w, steps_, skipped_);
-    w.f32s(2, to_host(residual_));
+    ef_.save_residual(w, exec(), 2);
     w.finish();
   }
 
@@ -203,23 +204,19 @@ class CastAllreduce {
     r.done();
     steps_ = s;
     skipped_ = k;
-    const auto e = exec();
-    residual_.clear();
-    residual_.resize(res.size(), e);
-    ops<space_type>::from_host(e, std::span<const float>(res), residual_.view());
-    fence();
+    ef_.install(exec(), {std::move(res), {}});
     checked_size_ = -1;
   }
 
   //! Forgets the residual (every rank, at the same step), e.g. before a length change.
   void reset() {
     phase_.require_idle(who);
-    residual_.clear();
+    ef_.forget();
     checked_size_ = -1;
   }
 
   //! The residual, in the space's memory.
-  span<const float> residual() const { return residual_.view(); }
+  span<const float> residual() const { return ef_.residual(); }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   Comm& comm() { return comm_; }
@@ -229,7 +226,8 @@ class CastAllreduce {
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     auto add = [&](const auto& b) { s.emplace_back(b.data(), b.capacity()); };
-    add(residual_), add(candidate_), add(codes_), add(scratch_), add(status_);
+    add(codes_), add(scratch_), add(status_);
+    ef_.add_signature(s);
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
   }
@@ -246,17 +244,11 @@ class CastAllreduce {
   auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<Comm&>(comm_)); }
-  std::vector<float> to_host(const buffer<float>& b) const {
-    std::vector<float> h(b.size());
-    ops<space_type>::to_host(exec(), b.cview(), std::span<float>(h));
-    fence();
-    return h;
-  }
 
   phase phase_;  // first: a move checks it before any other member has moved
   Comm comm_;
   options opt_;
-  buffer<float> residual_, candidate_;
+  basic_error_feedback<space_type> ef_;  // the residual (empty without error feedback) and its candidate
   buffer<std::uint16_t> codes_, scratch_;
   // the step in flight, the length the ranks agreed on, the counters
   span<float> grad_{};

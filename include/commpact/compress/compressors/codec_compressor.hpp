@@ -88,7 +88,7 @@ class CodecCompressor {
 
   explicit CodecCompressor(typename Aggregation::comm_type comm, Codec codec = Codec(), options opt = {},
                            std::string_view name = "CodecCompressor")
-      : agg_(std::move(comm)), codec_(std::move(codec)), opt_(opt), name_(name) {
+      : agg_(std::move(comm)), codec_(std::move(codec)), opt_(opt), name_(name), ef_(opt.momentum > 0.0f) {
     sparse_options o;
     o.momentum = opt_.momentum;
     o.clip_norm = opt_.clip_norm;
@@ -112,7 +112,7 @@ class CodecCompressor {
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
     problem_ = check(grad.size());
-    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_n_);
+    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_.size());
     const std::int64_t agreement = problem_.empty() ? agreement_of(grad.size()) : -1;
     const std::size_t cap = problem_.empty() ? capacity(grad.size()) : cap_;
     if (!agreed_ || cap != cap_) agree(n, cap, problem_);
@@ -126,26 +126,17 @@ class CodecCompressor {
     status_.clear(e);
     if (problem_.empty()) {
       const std::size_t N = grad.size();
-      const bool momentum = opt_.momentum > 0.0f;
-      acc_.resize(N, e);
-      u_next_.resize(momentum ? N : 0, e);
-      if (ef_n_ == 0) {  // no residual yet: it counts as zero (and is installed at commit)
-        residual_.resize(N, e);
-        velocity_.resize(momentum ? N : 0, e);
-        ops<space_type>::fill(e, residual_.view(), 0.0f);
-        if (momentum) ops<space_type>::fill(e, velocity_.view(), 0.0f);
-      }
+      ef_.begin(e, N, true);  // no residual yet: zeros (installed at commit)
       span<const float> scale{};
       if (opt_.clip_norm > 0.0f) {
         scale_.resize(1, e);
         ops<space_type>::clip_scale(e, span<const float>(grad), opt_.clip_norm, P, scale_.view());
         scale = scale_.cview();
       }
-      ops<space_type>::ef_accumulate(e, acc_.view(), u_next_.view(), velocity_.cview(), residual_.cview(),
-                                     span<const float>(grad), opt_.momentum, scale, status_.view());
+      ef_.accumulate(e, span<const float>(grad), opt_.momentum, scale, status_.view());
       approx_.resize(req::codec_has_delivered<Codec> ? 0 : N, e);
     }
-    kern_.encode_frame(e, codec_, acc_.cview(), block, h, approx_.view(), status_.cview());
+    kern_.encode_frame(e, codec_, std::as_const(ef_).candidate(), block, h, approx_.view(), status_.cview());
     agg_.exchange();
     headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
     grad_ = grad;
@@ -195,47 +186,37 @@ class CodecCompressor {
       return;
     }
     const auto e = exec();
-    if constexpr (!req::codec_has_delivered<Codec>) ops<space_type>::sub(e, acc_.view(), approx_.cview());
-    residual_.swap(acc_);
-    if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
-    kern_.clear_delivered(e, codec_, residual_.view(), velocity_.view());
-    ef_n_ = static_cast<std::int64_t>(residual_.size());
+    if constexpr (!req::codec_has_delivered<Codec>) ef_.subtract(e, approx_.cview());
+    ef_.commit();
+    kern_.clear_delivered(e, codec_, ef_.installed_residual(), ef_.installed_velocity());
     ++steps_;
   }
 
   //! Drops a started or finished step: residual, velocity and counters as before start().
   //! Queued work is completed first.
-  void cancel() noexcept { phase_.drop([&] { fence(); }); }
+  void cancel() noexcept {
+    phase_.drop([&] { fence(); });
+    ef_.cancel();
+  }
 
   //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight(name_, "save_state");
-    state::writer w{out, kind()};
-    state::write_counters(w, steps_, skipped_);
-    w.f32s(10, to_host(residual_, ef_n_));
-    w.f32s(11, to_host(velocity_, opt_.momentum > 0.0f ? ef_n_ : 0));
-    w.finish();
+    save_feedback_state(out, kind(), ef_, exec(), steps_, skipped_);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight(name_, "load_state");
-    state::reader r{in, kind(), name_};
-    const auto [s, k] = state::read_counters(r);
-    auto l = error_feedback::load(r, state::reader::npos, opt_.momentum > 0.0f);
-    r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
-                  " values is longer than sparse indices allow.");
-    r.done();
-    from_host(l.residual, residual_);
-    from_host(l.velocity, velocity_);
-    ef_n_ = static_cast<std::int64_t>(l.residual.size());
-    steps_ = s;
-    skipped_ = k;
+    auto st = load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f);
+    ef_.install(exec(), std::move(st.ef));
+    steps_ = st.steps;
+    skipped_ = st.skipped;
     agreed_ = false;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
     phase_.require_none_in_flight(name_, "reset");
-    ef_n_ = 0;
+    ef_.forget();
     agreed_ = false;
   }
 
@@ -243,10 +224,8 @@ class CodecCompressor {
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity in the space's memory (empty before the first
   //! committed step).
-  span<const float> residual() const { return residual_.cview().first(static_cast<std::size_t>(ef_n_)); }
-  span<const float> velocity() const {
-    return velocity_.cview().first(opt_.momentum > 0.0f ? static_cast<std::size_t>(ef_n_) : 0);
-  }
+  span<const float> residual() const { return ef_.residual(); }
+  span<const float> velocity() const { return ef_.velocity(); }
   //! Bytes of one rank's block (the agreed capacity).
   std::size_t block_bytes() const { return cap_; }
   Codec& codec() { return codec_; }
@@ -261,8 +240,8 @@ class CodecCompressor {
     if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
     if constexpr (requires { kern_.add_signature(s); }) kern_.add_signature(s);
-    for (const auto* b : {&residual_, &velocity_, &acc_, &u_next_, &approx_, &scale_})
-      s.emplace_back(b->data(), b->capacity());
+    ef_.add_signature(s);
+    for (const auto* b : {&approx_, &scale_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
     s.emplace_back(headers_.data(), headers_.capacity());
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
@@ -317,13 +296,6 @@ class CodecCompressor {
     agreed_ = true;
   }
 
-  std::vector<float> to_host(const buffer<float>& b, std::int64_t n) const {
-    return copy_to_host<space_type>(exec(), b.cview().first(static_cast<std::size_t>(n)));
-  }
-  void from_host(const std::vector<float>& h, buffer<float>& b) {
-    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
-  }
-
   using phase = detail::step_phase;
   using outcome = detail::step_outcome;
   phase phase_;  // first: a move checks it before any other member has moved
@@ -332,7 +304,8 @@ class CodecCompressor {
   [[no_unique_address]] kernels kern_;  // the codec's kernels in the space (state on the CUDA space)
   options opt_;
   std::string name_;
-  buffer<float> residual_, velocity_, acc_, u_next_, approx_, scale_;
+  basic_error_feedback<space_type> ef_;  // the residual, the velocity and their candidates
+  buffer<float> approx_, scale_;
   detail::status_word<space_type> status_;
   frame::host_headers<space_type> headers_;
   span<float> grad_{};
@@ -340,7 +313,7 @@ class CodecCompressor {
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
   std::size_t cap_ = 0;
-  std::int64_t n_ = -1, ef_n_ = 0;
+  std::int64_t n_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -84,6 +84,7 @@
 #include "../aggregations/tree_merge.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../codecs/sparse_wire.hpp"
+#include "../error_feedback.hpp"
 #include "../step_phase.hpp"
 
 namespace commpact {
@@ -102,7 +103,8 @@ class gTopK {
   template <class T>
   using buffer = typename space_type::template buffer<T>;
 
-  explicit gTopK(tree_type tree, options opt = {}) : agg_(std::move(tree)), opt_(std::move(opt)) {
+  explicit gTopK(tree_type tree, options opt = {})
+      : agg_(std::move(tree)), opt_(std::move(opt)), ef_(opt_.momentum > 0.0f) {
     detail::validate_sparse_options(opt_, "gTopK");
   }
   //! Builds the tree schedule from a communicator: gTopK<TreeComm<C>>{comm, opt}.
@@ -137,16 +139,15 @@ class gTopK {
     const auto flags =
         static_cast<std::uint16_t>((ok ? 0 : sparse_wire::flag_failed) | sparse_wire::step_flag(steps_));
     if (ok) {
-      acc_.resize(grad.size(), e);
-      if (opt_.momentum > 0.0f) u_next_.resize(grad.size(), e);
+      ef_.begin(e, grad.size(), false);  // the fused local phase counts a missing residual as zero
       if (opt_.clip_norm > 0.0f) ops<space_type>::clip_scale(e, cview(grad), opt_.clip_norm, P, scale_.view());
     }
     const auto none = span<float>{};
     // The fused local phase writes this rank's set straight into the tree merge's buffers.
     const auto local = agg_.local_set(frame_k);
-    ops<space_type>::tree_local(e, local.meta, n, k_, flags, ok ? acc_.view() : none,
-                                ok && opt_.momentum > 0.0f ? u_next_.view() : none, residual_.cview(),
-                                velocity_.cview(), cview(grad), opt_.momentum,
+    ops<space_type>::tree_local(e, local.meta, n, k_, flags, ok ? ef_.candidate() : none,
+                                ok ? ef_.candidate_velocity() : none, ef_.residual(), ef_.velocity(), cview(grad),
+                                opt_.momentum,
                                 opt_.clip_norm > 0.0f && ok ? scale_.cview() : span<const float>{}, local.views, ws_);
     phase_ = phase::started;
     try {
@@ -216,9 +217,9 @@ class gTopK {
   void commit() {
     phase_.require_finished("gTopK");
     if (outcome_ == outcome::delivered) {
-      residual_.swap(acc_);
-      if (opt_.momentum > 0.0f) velocity_.swap(u_next_);
-      ops<space_type>::tree_zero_delivered(exec(), agg_.meta(), residual_.view(), velocity_.view(), agg_.views());
+      ef_.commit();
+      ops<space_type>::tree_zero_delivered(exec(), agg_.meta(), ef_.installed_residual(), ef_.installed_velocity(),
+                                           agg_.views());
       last_count_ = meta_host_.view()[0].cur_count;
     } else {
       ++skipped_;
@@ -230,43 +231,29 @@ class gTopK {
   //! Drops a started or finished step: the residual, the velocity and the counters stay
   //! as before start(). (grad holds the step's result if it finished.) Every rank that
   //! started the step must cancel it; queued communication is completed first.
-  void cancel() noexcept { phase_.drop([&] { fence(); }); }
+  void cancel() noexcept {
+    phase_.drop([&] { fence(); });
+    ef_.cancel();
+  }
 
   //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("gTopK", "save_state");
-    state::writer w{out, "commpact.gTopK"};
-    state::write_counters(w, steps_, skipped_);
-    w.f32s(10, to_host(residual_));
-    w.f32s(11, to_host(velocity_));
-    w.finish();
+    save_feedback_state(out, "commpact.gTopK", ef_, exec(), steps_, skipped_);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("gTopK", "load_state");
-    state::reader r{in, "commpact.gTopK", "gTopK"};
-    const auto [s, k] = state::read_counters(r);
-    auto res = r.f32s(10);
-    auto vel = r.f32s(11);
-    const bool momentum = opt_.momentum > 0.0f;
-    r.require_that<invalid_argument>(
-        vel.size() == (momentum ? res.size() : 0), "the state was saved ", vel.empty() ? "without" : "with",
-        " momentum correction but this compressor has it ", momentum ? "on" : "off",
-        "; load it into a compressor with the same options.");
-    r.fail_unless(res.size() < (std::size_t{1} << 31), "a residual of ", res.size(),
-                  " values is longer than sparse indices allow.");
-    r.done();
-    from_host(res, residual_);
-    from_host(vel, velocity_);
-    steps_ = s;
-    skipped_ = k;
-    n_ = static_cast<std::int64_t>(res.size());
+    auto st = load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f);
+    ef_.install(exec(), std::move(st.ef));
+    steps_ = st.steps;
+    skipped_ = st.skipped;
+    n_ = ef_.size();
     agreed_ = false;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
-    residual_.clear();
-    velocity_.clear();
+    ef_.forget();
     n_ = 0;
     agreed_ = false;
   }
@@ -274,8 +261,8 @@ class gTopK {
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity, in the space's memory.
-  span<const float> residual() const { return residual_.view(); }
-  span<const float> velocity() const { return velocity_.view(); }
+  span<const float> residual() const { return ef_.residual(); }
+  span<const float> velocity() const { return ef_.velocity(); }
   //! k of the last step.
   std::int64_t k() const { return k_; }
   //! Entries of the global set G of the last completed step (<= k).
@@ -290,7 +277,8 @@ class gTopK {
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     auto add = [&](const auto& b) { s.emplace_back(b.data(), b.capacity()); };
-    add(scale_), add(residual_), add(acc_), add(velocity_), add(u_next_);
+    add(scale_);
+    ef_.add_signature(s);
     s.emplace_back(ws_.data(), ws_.capacity_bytes());
     agg_.add_signature(s);
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
@@ -321,30 +309,23 @@ class gTopK {
     if (problem.empty()) problem = detail::length_problem("gTopK", n, n_);
     commpact::agree(agg_.comm(), "gTopK",
                     {{"the gradient length", n}, {"the largest k", km}, {"the step count", steps_},
-                     {"the residual length", static_cast<std::int64_t>(residual_.size())}},
+                     {"the residual length", ef_.size()}},
                     problem, steps_);
     n_ = n;
     kmax_ = std::max<std::int64_t>(km, 1);
     agg_.reserve(static_cast<std::size_t>(kmax_));
     const auto e = exec();
     scale_.resize(1, e);
-    const auto un = static_cast<std::size_t>(n);
-    for (auto* b : {&acc_, &residual_}) b->reserve(un, e);
-    if (opt_.momentum > 0.0f)
-      for (auto* b : {&u_next_, &velocity_}) b->reserve(un, e);
+    ef_.reserve(e, static_cast<std::size_t>(n));
     agreed_ = true;
-  }
-
-  std::vector<float> to_host(const buffer<float>& b) const { return copy_to_host<space_type>(exec(), b.cview()); }
-  void from_host(const std::vector<float>& h, buffer<float>& b) {
-    copy_from_host<space_type>(exec(), std::span<const float>(h), b);
   }
 
   phase phase_;  // first: a move checks it before any other member has moved
   TreeMerge<tree_type> agg_;  // the exchange and the combination (compress/aggregations/tree_merge.hpp)
   options opt_;
   typename ops<space_type>::topk_workspace ws_;
-  buffer<float> residual_, acc_, velocity_, u_next_, scale_;
+  basic_error_feedback<space_type> ef_;  // the residual, the velocity and their candidates
+  buffer<float> scale_;
   pinned_t<space_type, sparse_tree_meta> meta_host_;  // the step's outcome, read after the fence
   span<float> grad_{};
   std::string problem_;

@@ -100,7 +100,7 @@ class LinearCompressor {
     if constexpr (requires { codec_.begin_step(steps_); }) codec_.begin_step(steps_);
     const std::string problem = grad.empty() ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
                                                            "pass at least one entry.")
-                                             : detail::length_problem(name_.c_str(), n, ef_n_);
+                                             : detail::length_problem(name_.c_str(), n, ef_.size());
     if (!agreed_ || n != n_ || !problem.empty()) {
       commpact::agree(agg_.comm(), name_.c_str(), {{"the gradient length", n}}, problem, steps_);
       n_ = n, agreed_ = true;
@@ -109,14 +109,9 @@ class LinearCompressor {
     const auto block = agg_.block(4 * (m + 1));
     step_check_.queue(agg_.comm(), steps_);
     status_.clear(e);
-    acc_.resize(N, e);
-    if (ef_n_ == 0) {  // no residual (yet, or ever for an unbiased codec): it counts as zero
-      residual_.resize(N, e);
-      ops<space_type>::fill(e, residual_.view(), 0.0f);
-    }
-    ops<space_type>::ef_accumulate(e, acc_.view(), span<float>{}, span<const float>{}, residual_.cview(),
-                                   span<const float>(grad), 0.0f, span<const float>{}, status_.view());
-    ops<space_type>::linear_encode(e, codec_, acc_.cview(), block, status_.cview());
+    ef_.begin(e, N, true);  // no residual (yet, or ever for an unbiased codec): zeros
+    ef_.accumulate(e, span<const float>(grad), 0.0f, span<const float>{}, status_.view());
+    ops<space_type>::linear_encode(e, codec_, std::as_const(ef_).candidate(), block, status_.cview());
     agg_.exchange();
     grad_ = grad;
     phase_ = phase::started;
@@ -157,49 +152,46 @@ class LinearCompressor {
     }
     if (keeps_residual()) {
       const auto e = exec();
+      const std::size_t N = ef_.candidate().size();
       if constexpr (!requires { codec_.delivered(); }) {
-        approx_.resize(codec_.size(acc_.size()), e);
-        dense_.resize(acc_.size(), e);
+        approx_.resize(codec_.size(N), e);
+        dense_.resize(N, e);
       }
-      ops<space_type>::linear_feedback(e, codec_, acc_.view(), approx_.view(), dense_.view());
-      residual_.swap(acc_);
-      ef_n_ = static_cast<std::int64_t>(residual_.size());
+      ops<space_type>::linear_feedback(e, codec_, ef_.candidate(), approx_.view(), dense_.view());
+      ef_.commit();
     }
     ++steps_;
   }
 
   //! Drops a started or finished step: residual and counters as before start(). Queued
   //! work is completed first.
-  void cancel() noexcept { phase_.drop([&] { fence(); }); }
+  void cancel() noexcept {
+    phase_.drop([&] { fence(); });
+    ef_.cancel();
+  }
 
   //! Saves the counters and the residual (state.hpp, kind "commpact.<name>").
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight(name_, "save_state");
-    state::writer w{out, "commpact." + name_};
-    state::write_counters(w, steps_, skipped_);
-    w.f32s(10, copy_to_host<space_type>(exec(), residual()));
-    w.f32s(11, std::vector<float>{});
-    w.finish();
+    save_feedback_state(out, "commpact." + name_, ef_, exec(), steps_, skipped_);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight(name_, "load_state");
-    error_feedback ef;
-    std::int64_t steps = 0, skipped = 0;
-    load_feedback_state(in, "commpact." + name_, name_, false, ef, steps, skipped);
-    require(keeps_residual() || ef.size() == 0, "commpact::", name_, "::load_state: the state holds a residual of ",
-            ef.size(), " values, but this codec runs without error feedback (scaled random-k keeps none); load it "
-            "into a compressor whose codec keeps a residual (unscaled random-k), or start this one without a state.");
-    copy_from_host<space_type>(exec(), ef.residual(), residual_);
-    ef_n_ = ef.size();
-    steps_ = steps, skipped_ = skipped;
+    auto st = load_feedback_state(in, "commpact." + name_, name_, false);
+    const std::size_t len = st.ef.residual.size();
+    require(keeps_residual() || len == 0, "commpact::", name_, "::load_state: the state holds a residual of ", len,
+            " values, but this codec runs without error feedback (scaled random-k keeps none); load it into a "
+            "compressor whose codec keeps a residual (unscaled random-k), or start this one without a state.");
+    ef_.install(exec(), std::move(st.ef));
+    steps_ = st.steps, skipped_ = st.skipped;
     agreed_ = false;
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual in the space's memory (empty before the first committed step, and
   //! always for a codec that keeps none).
-  span<const float> residual() const { return residual_.cview().first(static_cast<std::size_t>(ef_n_)); }
+  span<const float> residual() const { return ef_.residual(); }
   K& codec() { return codec_; }
   //! Whether this compressor keeps error feedback (the codec's keeps_residual(), true
   //! when it has none); without it residual() stays empty.
@@ -219,7 +211,8 @@ class LinearCompressor {
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     agg_.add_signature(s);
-    for (const auto* b : {&residual_, &acc_, &approx_, &dense_}) s.emplace_back(b->data(), b->capacity());
+    ef_.add_signature(s);
+    for (const auto* b : {&approx_, &dense_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
     return s;
@@ -234,14 +227,15 @@ class LinearCompressor {
   K codec_;
   nonfinite policy_;
   std::string name_;
-  buffer<float> residual_, acc_, approx_, dense_;
+  basic_error_feedback<space_type> ef_;  // the residual and its candidate
+  buffer<float> approx_, dense_;
   // the step in flight, the agreement, the counters
   span<float> grad_{};
   detail::status_word<space_type> status_;
   detail::step_check<space_type> step_check_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
-  std::int64_t n_ = -1, ef_n_ = 0, steps_ = 0, skipped_ = 0;
+  std::int64_t n_ = -1, steps_ = 0, skipped_ = 0;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.

@@ -91,26 +91,21 @@ class OkTopK {
     const std::size_t n = grad.size(), kk = k(n);
     if (n == 0) problem_ = "commpact::OkTopK::reduce: the gradient is empty; pass at least one entry.";
     else if (n >= (std::size_t{1} << 31)) problem_ = detail::cat("commpact::OkTopK::reduce: n = ", n, " needs indices above int32.");
-    else problem_ = detail::length_problem(who, static_cast<std::int64_t>(n), residual_len_);
+    else problem_ = detail::length_problem(who, static_cast<std::int64_t>(n), ef_.size());
     const std::uint32_t flags = problem_.empty() ? 0u : 2u;
-    n_ = n;
     grad_ = grad;
     outcome_ = outcome::delivered;
     pending_ = nullptr;
     const auto e = exec();
     status_.resize(2, e);
-    if (!flags) {
-      if (residual_len_ == 0) residual_.resize(n, e);
-      acc_.resize(n, e);
-    }
+    if (!flags) ef_.begin(e, n, true);  // no residual yet: zeros (installed at commit)
     ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
     agg_.begin(n, kk, steps_, flags, status_.view());
     if (!flags) {
-      if (residual_len_ == 0) ops<space_type>::fill(e, residual_.view(), 0.0f);
-      ops<space_type>::ef_accumulate(e, acc_.view(), span<float>{}, span<const float>{}, residual_.cview(),
-                                     span<const float>(grad), 0.0f, span<const float>{}, status_.view());
+      ef_.accumulate(e, span<const float>(grad), 0.0f, span<const float>{}, status_.view());
       const auto local = agg_.local_set();
-      ops<space_type>::oktopk_local(e, acc_.cview(), kk, status_.cview(), local.idx, local.val, ws_);
+      ops<space_type>::oktopk_local(e, std::as_const(ef_).candidate(), kk, status_.cview(), local.idx, local.val,
+                                    ws_);
     }
     phase_ = phase::started;
     try {
@@ -131,7 +126,7 @@ class OkTopK {
     try {
       if (!pending_ && outcome_ == outcome::delivered) {
         agg_.combine(*this, grad_, status_.view());
-        agg_.clear_selected(acc_.view(), status_.cview());
+        agg_.clear_selected(ef_.candidate(), status_.cview());
         status_host_.resize(2);
         ops<space_type>::to_host(e, status_.cview(), status_host_.view());
       }
@@ -173,8 +168,7 @@ class OkTopK {
     const bool delivered = outcome_ == outcome::delivered;
     agg_.commit(delivered);
     if (delivered) {
-      residual_.swap(acc_);
-      residual_len_ = static_cast<std::int64_t>(n_);
+      ef_.commit();
     } else {
       ++skipped_;
     }
@@ -186,41 +180,26 @@ class OkTopK {
   //! the regions, theta and the counters stay as before it.
   void cancel() noexcept {
     phase_.drop([&] { fence(); });
+    ef_.cancel();
     pending_ = nullptr;
   }
 
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("OkTopK", "save_state");
-    state::writer w{out, kind};
-    state::write_counters(w, steps_, skipped_);
-    std::vector<float> h(static_cast<std::size_t>(residual_len_));
-    ops<space_type>::to_host(exec(), residual(), std::span<float>(h));
-    fence();
-    w.f32s(10, h);
-    w.f32s(11, std::vector<float>{});
-    w.finish();
+    save_feedback_state(out, kind, ef_, exec(), steps_, skipped_);
   }
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("OkTopK", "load_state");
-    state::reader r{in, kind, who};
-    const auto [s, k] = state::read_counters(r);
-    auto l = error_feedback::load(r, state::reader::npos, false);
-    r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
-                  " values is longer than sparse indices allow.");
-    r.done();
-    const auto e = exec();
-    residual_.resize(l.residual.size(), e);
-    ops<space_type>::from_host(e, std::span<const float>(l.residual), residual_.view());
-    fence();
-    residual_len_ = static_cast<std::int64_t>(l.residual.size());
-    steps_ = s;
-    skipped_ = k;
+    auto st = load_feedback_state(in, kind, who, false);
+    ef_.install(exec(), std::move(st.ef));
+    steps_ = st.steps;
+    skipped_ = st.skipped;
     agg_.reset();
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual, in the space's memory (empty before the first step).
-  span<const float> residual() const { return residual_.view().first(static_cast<std::size_t>(residual_len_)); }
+  span<const float> residual() const { return ef_.residual(); }
   //! The region boundaries for the next step (P + 1 values) and the current threshold.
   std::span<const std::int64_t> bounds() const { return agg_.bounds(); }
   float theta() const { return agg_.theta(); }
@@ -233,7 +212,8 @@ class OkTopK {
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
     auto add = [&](const auto& b) { s.emplace_back(static_cast<const void*>(b.data()), b.capacity()); };
-    add(residual_), add(acc_), add(status_);
+    add(status_);
+    ef_.add_signature(s);
     agg_.add_signature(s);
     s.emplace_back(ws_.data(), ws_.capacity_bytes());
     std::sort(s.begin(), s.end());  // the residual and candidate swap roles at every commit
@@ -270,15 +250,13 @@ class OkTopK {
   aggregation_type agg_;
   oktopk_options opt_;
   typename ops<space_type>::topk_workspace ws_;
-  buffer<float> residual_, acc_;
+  basic_error_feedback<space_type> ef_;  // the residual and its candidate
   buffer<std::uint32_t> status_;
   pinned_t<space_type, std::uint32_t> status_host_;  // 2 words, read after the fence
   span<float> grad_{};
   std::string problem_;
   std::exception_ptr pending_;
   outcome outcome_ = outcome::delivered;
-  std::size_t n_ = 0;
-  std::int64_t residual_len_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -66,6 +66,10 @@
 //! buffers, `cancel()` drops the step; `reduce` = start + finish + commit. So
 //! pending_step (compress/transaction.hpp) no longer snapshots it.
 //! Every buffer is sized by set_layout(): nothing is allocated by a step.
+//!
+//! Files: this one is the control (agreement, phases, status, state, inspection);
+//! power_plan.hpp the options and the layout plan; power_step.hpp the factors and the
+//! queued step; the residual is the error feedback's (compress/error_feedback.hpp).
 
 #include <algorithm>
 #include <array>
@@ -95,6 +99,7 @@
 #include "../step_check.hpp"
 #include "../step_phase.hpp"
 #include "power_plan.hpp"
+#include "power_step.hpp"
 
 namespace commpact {
 
@@ -137,13 +142,8 @@ class PowerCompressor {
     const std::size_t p = plan.p, q = plan.q, e = plan.e, d = plan.d;
     const auto ex = exec();
     try {
-      p_.resize(p, ex);
-      q_.resize(q, ex);
-      q_next_.resize(q, ex);
-      dense_.resize(d, ex);
-      residual_.resize(e, ex);
-      m_.resize(e, ex);
-      stage_.resize(opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0, ex);
+      factors_.resize(ex, p, q, d, opt_.start_step > 0 ? static_cast<std::size_t>(total) : 0);
+      ef_.resize(ex, e);
       status_.resize(status_words, ex);
       step_check_.prepare(ex);
     } catch (const std::exception&) {
@@ -157,14 +157,14 @@ class PowerCompressor {
     for (const auto& en : plan.entries)
       if (en.compressed) ops<Space>::lowrank_prepare(ex, en.rows, en.cols, en.r, opt_.products);
     if (q > 0) {
-      ops<Space>::fill(ex, q_.view(), 0.0f);
+      ops<Space>::fill(ex, factors_.q(), 0.0f);
       fence();
     }
     layout_ = std::move(layout);
     entries_ = std::move(plan.entries);
     total_ = static_cast<std::size_t>(total);
     compressed_ = e;
-    has_residual_ = false;
+    ef_.forget();
     q_ready_ = false;
     steps_ = skipped_ = 0;
     checked_ = false;
@@ -209,9 +209,9 @@ class PowerCompressor {
     ops<Space>::fill(e, status_.view(), std::uint32_t{0});
     dense_step_ = steps_ < opt_.start_step;
     idle_step_ = grad.size() != total_;
-    if (idle_step_) queue_idle_step();
-    else if (dense_step_) queue_dense_step(grad);
-    else queue_compressed_step(grad);
+    if (idle_step_) factors_.queue_idle(e, comm_, dense_step_);
+    else if (dense_step_) factors_.queue_dense(e, comm_, total_, grad, status_.view());
+    else factors_.queue_compressed(e, comm_, entries_, opt_, steps_, q_ready_, grad, ef_, status_.view());
     status_host_.resize(status_words);
     ops<Space>::to_host(e, status_.cview(), status_host_.view());
     grad_ = grad;
@@ -258,24 +258,24 @@ class PowerCompressor {
       return;
     }
     if (dense_step_) return;
-    residual_.swap(m_);
-    has_residual_ = true;
-    q_.swap(q_next_);
+    ef_.commit();
+    factors_.commit_q();
     q_ready_ = true;
   }
 
   //! Drops a started or finished step: residual, Q and counters as before start().
-  void cancel() noexcept { phase_.drop([&] { fence(); }); }
+  void cancel() noexcept {
+    phase_.drop([&] { fence(); });
+    ef_.cancel();
+  }
 
   //! Saves the counters, the residual and Q (state.hpp format, kind "commpact.PowerCompressor").
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("PowerCompressor", "save_state");
-    std::vector<float> rh, qh;
     state::writer w{out, "commpact.PowerCompressor"};
     w.i64s(1, std::array<std::int64_t, 4>{steps_, skipped_, q_ready_ ? 1 : 0, layout_hash_});
-    w.f32s(10, host_view(residual_, has_residual_ ? compressed_ : 0, rh));
-    w.f32s(11, std::span<const float>{});
-    w.f32s(12, host_view(q_, q_.size(), qh));
+    ef_.save(w, exec());
+    w.f32s(12, copy_to_host<Space>(exec(), std::as_const(factors_).q()));
     w.finish();
   }
 
@@ -294,16 +294,15 @@ class PowerCompressor {
                                "counters steps = ", c[0], ", skipped = ", c[1], ", q_ready = ", c[2],
                                " are out of range (0 <= skipped <= steps <= 2^62, q_ready 0 or 1); the state is "
                                "corrupted.");
-    auto l = error_feedback::load(r, state::reader::npos, false);
+    auto l = basic_error_feedback<Space>::load(r, state::reader::npos, false);
     r.require_that<wire_error>(l.residual.empty() || l.residual.size() == compressed_, "the residual holds ",
                                l.residual.size(), " values, this layout compresses ", compressed_, ".");
-    auto q = r.f32s(12, q_.size());
+    auto q = r.f32s(12, factors_.q_floats());
     r.done();
     const auto e = exec();
-    if (!l.residual.empty()) ops<Space>::from_host(e, std::span<const float>(l.residual), residual_.view());
-    if (!q.empty()) ops<Space>::from_host(e, std::span<const float>(q), q_.view());
+    ef_.install(e, std::move(l));
+    if (!q.empty()) ops<Space>::from_host(e, std::span<const float>(q), factors_.q());
     fence();
-    has_residual_ = !l.residual.empty();
     steps_ = c[0];
     skipped_ = c[1];
     q_ready_ = c[2] != 0;
@@ -321,14 +320,14 @@ class PowerCompressor {
   //! and before the first compressed step), row-major.
   span<const float> residual(std::size_t i) const {
     const auto& en = entries_.at(i);
-    if (!en.compressed || !has_residual_) return {};
-    return residual_.cview().subspan(en.e_off, en.rows * en.cols);
+    if (!en.compressed || ef_.size() == 0) return {};
+    return ef_.residual().subspan(en.e_off, en.rows * en.cols);
   }
   //! Warm-start factor Q of tensor i (cols x r, column-major; empty for dense tensors).
   span<const float> q_factor(std::size_t i) const {
     const auto& en = entries_.at(i);
     if (!en.compressed) return {};
-    return q_.cview().subspan(en.q_off, en.cols * en.r);
+    return factors_.q().subspan(en.q_off, en.cols * en.r);
   }
   //! Sets tensor i's warm-start factor Q (cols x r, column-major; host memory), e.g. to
   //! start from the Q another implementation drew (commpact_hooks matches PyTorch's
@@ -339,16 +338,16 @@ class PowerCompressor {
     require(en.compressed && q.size() == en.cols * en.r, "commpact::PowerCompressor::set_q_factor: tensor ", i,
             en.compressed ? " takes " : " is not compressed and takes ", en.compressed ? en.cols * en.r : 0,
             " floats, got ", q.size(), ".");
-    ops<Space>::from_host(exec(), q, q_.view().subspan(en.q_off, q.size()));
+    ops<Space>::from_host(exec(), q, factors_.q().subspan(en.q_off, q.size()));
     fence();
     q_ready_ = true;
   }
   //! Floats allreduced per compressed step: sum (n + m) r over compressed matrices plus
   //! the dense elements. Bytes = 4 x this.
-  std::size_t floats_per_step() const { return p_.size() + q_.size() + dense_.size(); }
-  std::size_t p_floats() const { return p_.size(); }
-  std::size_t q_floats() const { return q_.size(); }
-  std::size_t dense_floats() const { return dense_.size(); }
+  std::size_t floats_per_step() const { return p_floats() + q_floats() + dense_floats(); }
+  std::size_t p_floats() const { return factors_.p_floats(); }
+  std::size_t q_floats() const { return factors_.q_floats(); }
+  std::size_t dense_floats() const { return factors_.dense_floats(); }
   std::size_t numel() const { return total_; }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
@@ -359,7 +358,8 @@ class PowerCompressor {
   //! allocated after the first step; the residual and Q swap roles at every commit).
   std::vector<std::pair<const void*, std::size_t>> workspace_signature() const {
     std::vector<std::pair<const void*, std::size_t>> s;
-    for (const auto* b : {&p_, &q_, &q_next_, &dense_, &residual_, &m_, &stage_}) s.emplace_back(b->data(), b->capacity());
+    factors_.add_signature(s);
+    ef_.add_signature(s);
     s.emplace_back(status_.data(), status_.capacity());
     std::sort(s.begin(), s.end());
     return s;
@@ -390,114 +390,11 @@ class PowerCompressor {
             " is not a power_products value; pass power_products::exact or power_products::blas.");
   }
 
-  //! The first n values of b on the host: b itself on host_space, else a copy in tmp.
-  std::span<const float> host_view(const buffer<float>& b, std::size_t n, std::vector<float>& tmp) const {
-    if constexpr (std::is_same_v<Space, host_space>) {
-      return b.view().first(n);
-    } else {
-      tmp.resize(n);
-      if (n == 0) return {};
-      ops<Space>::to_host(exec(), b.cview().first(n), std::span<float>(tmp));
-      fence();
-      return tmp;
-    }
-  }
-  span<std::uint32_t> status_word(std::size_t i) { return status_.view().subspan(i, 1); }
-
-  //! Before start_step: the mean of the whole buffer, summed in the stage (grad is
-  //! written only when every sum is finite).
-  void queue_dense_step(span<float> grad) {
-    const auto e = exec();
-    const auto st = stage_.view().first(total_);
-    ops<Space>::copy(e, span<const float>(grad), st);
-    comm_.allreduce(st, reduce_op::sum);
-    ops<Space>::mean_into(e, span<const float>(st), grad, comm_.size(), status_word(1));
-  }
-
   std::string length_problem(std::size_t n) const {
     return detail::cat("commpact::PowerCompressor::reduce: rank ", comm_.rank(), " passed a buffer of ", n,
                        " floats but the registered shapes hold ", total_, " (the buffer must be exactly the "
                        "concatenation of the registered tensors); fix the layout or the buffer.");
   }
-  //! A step on a buffer that does not fit the layout: the step's collectives, in order,
-  //! on zeroed workspaces (the state and grad untouched), so that every rank reaches
-  //! finish() and raises there alike.
-  void queue_idle_step() {
-    const auto e = exec();
-    buffer<float>* const bufs[2][3] = {{&p_, &dense_, &q_next_}, {&stage_, nullptr, nullptr}};
-    for (auto* b : bufs[dense_step_ ? 1 : 0]) {
-      if (b == nullptr || b->empty()) continue;
-      ops<Space>::fill(e, b->view(), 0.0f);
-      comm_.allreduce(b->view(), reduce_op::sum);
-    }
-  }
-
-  //! q_next_ = the Q this step starts from: the warm start, or drawn from the seed.
-  void queue_start_q() {
-    const auto e = exec();
-    const std::uint64_t step = static_cast<std::uint64_t>(steps_);
-    for (std::size_t t = 0; t < entries_.size(); ++t) {
-      const auto& en = entries_[t];
-      if (!en.compressed) continue;
-      const auto q = q_next_.view().subspan(en.q_off, en.cols * en.r);
-      if (!q_ready_ || !opt_.warm_start) {
-        const std::uint64_t salt = opt_.warm_start ? ~0ull : step;
-        ops<Space>::gaussian(e, q, host::mix_seed(opt_.seed, t, salt));
-        continue;
-      }
-      ops<Space>::copy(e, q_.cview().subspan(en.q_off, en.cols * en.r), q);
-      ops<Space>::redraw_zero_columns(e, q, en.cols, en.r, opt_.seed, static_cast<std::uint64_t>(t), step);
-    }
-  }
-
-  void queue_compressed_step(span<float> grad) {
-    const auto e = exec();
-    const int P = comm_.size();
-    queue_start_q();
-    // 1. M = g + e (in m_; grad is only read); P = M Q (one pass per matrix); pack the dense tensors.
-    for (const auto& en : entries_) {
-      const std::size_t nm = en.rows * en.cols;
-      const auto g = span<const float>(grad.subspan(en.offset, nm));
-      if (!en.compressed) {
-        ops<Space>::copy(e, g, dense_.view().subspan(en.d_off, nm));
-        continue;
-      }
-      const auto res = has_residual_ ? residual_.cview().subspan(en.e_off, nm) : span<const float>{};
-      ops<Space>::lowrank_project(e, g, res, m_.view().subspan(en.e_off, nm), en.rows, en.cols, q_next_cview(en),
-                                  en.r, p_view(en), opt_.products);
-    }
-    // 2. allreduce P (sum) and the dense part (sum, then the mean); check both.
-    if (!p_.empty()) comm_.allreduce(p_.view(), reduce_op::sum);
-    if (!dense_.empty()) comm_.allreduce(dense_.view(), reduce_op::sum);
-    ops<Space>::check_finite(e, p_.cview(), status_word(0));
-    ops<Space>::mean(e, dense_.view(), P, status_word(1));
-    // 3. orthonormalise P; Q = M^T P.
-    for (const auto& en : entries_) {
-      if (!en.compressed) continue;
-      ops<Space>::orthonormalize(e, p_view(en), en.rows, en.r);
-      ops<Space>::lowrank_back_project(e, m_.cview().subspan(en.e_off, en.rows * en.cols), en.rows, en.cols,
-                                       span<const float>(p_view(en)), en.r,
-                                       q_next_.view().subspan(en.q_off, en.cols * en.r), opt_.products);
-    }
-    // 4. allreduce Q (sum, then the mean; a non-finite Q is reported in word 2).
-    if (!q_next_.empty()) comm_.allreduce(q_next_.view(), reduce_op::sum);
-    ops<Space>::mean(e, q_next_.view(), P, status_word(2));
-    // 5. Only when every check passed: g = A = P Q^T and the candidate residual M - A
-    //    (in m_, one pass); the dense tensors get their mean.
-    for (const auto& en : entries_) {
-      const std::size_t nm = en.rows * en.cols;
-      const auto g = grad.subspan(en.offset, nm);
-      if (!en.compressed) {
-        ops<Space>::copy_if_clear(e, dense_.cview().subspan(en.d_off, nm), g, status_.cview());
-        continue;
-      }
-      ops<Space>::lowrank_approx_residual(e, g, m_.view().subspan(en.e_off, nm), en.rows, en.cols,
-                                          span<const float>(p_view(en)), q_next_cview(en), en.r, status_.cview(),
-                                          opt_.products);
-    }
-  }
-  span<float> p_view(const entry& en) { return p_.view().subspan(en.p_off, en.rows * en.r); }
-  span<const float> q_next_cview(const entry& en) const { return q_next_.cview().subspan(en.q_off, en.cols * en.r); }
 
   phase phase_;  // first: a move checks it before any other member has moved
   comm_type comm_;
@@ -505,22 +402,22 @@ class PowerCompressor {
   tensor_layout layout_;
   std::vector<entry> entries_;
   std::size_t total_ = 0, compressed_ = 0;
-  // p_, q_next_, dense_ and m_ (M, then the candidate residual) are the step's
-  // workspaces; q_ and residual_ the state, replaced by swapping at commit().
-  buffer<float> p_, q_, q_next_, dense_, residual_, m_, stage_;
+  // The factors' workspaces and the error feedback's candidate (M, then M - A) are the
+  // step's; Q and the residual the state, replaced by swapping at commit().
+  detail::power_factors<Space> factors_;
+  basic_error_feedback<Space> ef_;
   buffer<std::uint32_t> status_;
   pinned_t<Space, std::uint32_t> status_host_;  // status_words words, read after the fence
   detail::step_check<Space> step_check_;
   span<float> grad_{};
   outcome outcome_ = outcome::delivered;
   bool dense_step_ = false;
-  bool has_residual_ = false;
   bool q_ready_ = false;
   bool checked_ = false;
   std::int64_t layout_hash_ = 0;  // the state's (load_state compares it)
   std::int64_t agree_hash_ = 0;   // the ranks' (layout_hash_ and products)
   std::int64_t steps_ = 0, skipped_ = 0;
-  bool idle_step_ = false;  // this step's buffer did not fit the layout (queue_idle_step)
+  bool idle_step_ = false;  // this step's buffer did not fit the layout (power_factors::queue_idle)
 };
 
 }  // namespace commpact
