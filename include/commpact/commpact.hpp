@@ -36,7 +36,7 @@
 #include "compress/codecs/quantizers.hpp"
 #include "compress/codecs/randomk.hpp"
 #include "compress/codecs/sparse_options.hpp"
-#include "compress/codecs/sparse_wire.hpp"
+#include "wire/sparse_frame.hpp"
 #include "compress/codecs/sparsifiers.hpp"
 #include "compress/codecs/tensor_layout.hpp"
 #include "compress/codecs/topk_sign.hpp"
@@ -51,7 +51,7 @@
 #include "compress/compressors/power.hpp"
 #include "compress/compressors/topk.hpp"
 #include "compress/error_feedback.hpp"
-#include "compress/frame.hpp"
+#include "wire/codec_frame.hpp"
 #include "nonfinite.hpp"
 #include "compress/transaction.hpp"
 

@@ -53,7 +53,7 @@
 #include "codecs/casts.hpp"
 #include "codecs/quantizers.hpp"
 #include "codecs/topk_sign.hpp"
-#include "frame.hpp"
+#include "../wire/codec_frame.hpp"
 
 namespace commpact {
 

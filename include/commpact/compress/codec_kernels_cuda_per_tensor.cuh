@@ -50,7 +50,7 @@
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/per_tensor.hpp"
-#include "frame.hpp"
+#include "../wire/codec_frame.hpp"
 
 namespace commpact {
 

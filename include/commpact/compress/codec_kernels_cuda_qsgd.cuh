@@ -24,7 +24,7 @@
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/quantizers.hpp"
-#include "frame.hpp"
+#include "../wire/codec_frame.hpp"
 
 namespace commpact {
 

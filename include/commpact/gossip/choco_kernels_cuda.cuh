@@ -51,7 +51,7 @@
 #include "../compress/codec_kernels_cuda.cuh"
 #include "../compress/codecs/sparsifiers.hpp"
 #include "../compress/codecs/topk_sign.hpp"
-#include "../compress/frame.hpp"
+#include "../wire/codec_frame.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../kernels/cuda/codecs.cuh"

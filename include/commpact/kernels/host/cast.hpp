@@ -5,9 +5,9 @@
 //! cast with error feedback, the per-chunk add of the ring, and the decode of the sums
 //! into the mean. `Cast` is a 16-bit cast codec (fp16_codec, bf16_codec): static
 //! to_code, from_code, finite_code and add. The rows cast_encode, cast_add and
-//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For fp16_codec and
-//! bf16_codec the passes are half.hpp's (F16C where the CPU has it) and bf16.hpp's
-//! (vectorised), with the same bits.
+//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For a Cast of
+//! formulas/casts.hpp's fp16_format or bf16_format (fp16_codec, bf16_codec) the passes are
+//! half.hpp's (F16C where the CPU has it) and bf16.hpp's (vectorised), with the same bits.
 
 #include <cstddef>
 #include <cstdint>
@@ -50,9 +50,9 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
   const float* rp = r.empty() ? nullptr : r.data();
   float* cp = cand.empty() ? nullptr : cand.data();
   const std::size_t n = g.size();
-  if constexpr (std::is_same_v<Cast, fp16_codec>) {
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
     half::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
-  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
     bf16::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
   } else {
     for (std::size_t i = 0; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
@@ -63,9 +63,9 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
 //! ring's earlier ranks).
 template <class Cast>
 void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
-  if constexpr (std::is_same_v<Cast, fp16_codec>) {
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
     half::cast_add(in.data(), mine.data(), mine.size());
-  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
     bf16::cast_add(in.data(), mine.data(), mine.size());
   } else {
     for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
@@ -76,9 +76,9 @@ void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) 
 //! out is untouched and false.
 template <class Cast>
 bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
-  if constexpr (std::is_same_v<Cast, fp16_codec>) {
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
     return half::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
-  } else if constexpr (std::is_same_v<Cast, bf16_codec>) {
+  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
     return bf16::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
   } else {
     for (std::size_t i = 0; i < sums.size(); ++i)

@@ -21,7 +21,7 @@
 #include <limits>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
 #include "../mean.hpp"

@@ -19,7 +19,7 @@
 #include <optional>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../../error.hpp"
 #include "../../concepts/tree_schedule.hpp"
 #include "../status.hpp"

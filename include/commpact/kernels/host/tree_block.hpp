@@ -12,7 +12,7 @@
 #include <cstdint>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../../error.hpp"
 #include "../status.hpp"
 #include "sparse_tree.hpp"
