@@ -25,10 +25,10 @@
 #include "../error.hpp"
 #include "../kernels/cuda/codecs_natural.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/casts.hpp"
-#include "../wire/codec_frame.hpp"
 
 namespace commpact {
 

@@ -35,8 +35,8 @@
 #include "../../error.hpp"
 #include "../../kernels/exact.hpp"
 #include "../../kernels/fixed_sum.hpp"
-#include "../../kernels/formulas/quantizers.hpp"
 #include "../../kernels/formulas/bits.hpp"
+#include "../../kernels/formulas/quantizers.hpp"
 #include "casts.hpp"
 
 namespace commpact {

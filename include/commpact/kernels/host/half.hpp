@@ -24,8 +24,8 @@
 #include <cstdint>
 #include <span>
 
-#include "../formulas/casts.hpp"
 #include "../../error.hpp"
+#include "../formulas/casts.hpp"
 #include "../mean.hpp"
 #include "isa.hpp"
 

@@ -21,9 +21,9 @@
 #include <limits>
 #include <span>
 
-#include "../../wire/sparse_frame.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
 #include "topk.hpp"
