@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file sparse_frame.hpp
-//! The wire format of a sparse gradient set, as gTopK's tree, TreeMerge and OkTopK send
-//! it, and its validating decoder (namespace commpact::sparse_wire). It sits below the
-//! kernels, which write and check these frames on the host and the device.
+//! The wire format of a sparse gradient set, as gTopK's tree and TreeMerge send it and
+//! SparseReduceScatter's block holds it, and its validating decoder (namespace
+//! commpact::sparse_wire). It sits below the kernels, which write and check these frames
+//! on the host and the device.
 //!
 //! Layout (host byte order; all ranks of one job share it), 48-byte header then the body:
 //!
