@@ -43,7 +43,10 @@ if cuda and os.environ.get("COMMPACT_HOOKS_ARCH") and not os.environ.get("TORCH_
 cxx = ["-std=c++20", "-O2", "-g0", "-Wno-unused-parameter"]
 defines = []
 sources = ["python/commpact_hooks.cpp"]
-libdirs = cpp_extension.library_paths(cuda=cuda)
+try:  # PyTorch 2.x: library_paths(device_type=...); 1.13: library_paths(cuda=...)
+    libdirs = cpp_extension.library_paths(device_type="cuda" if cuda else "cpu")
+except TypeError:
+    libdirs = cpp_extension.library_paths(cuda=cuda)
 # The torch libraries are found at run time without `import torch` first (a pip torch
 # keeps them in site-packages/torch/lib, outside the loader's path).
 link = [f"-Wl,-rpath,{d}" for d in libdirs]

@@ -22,9 +22,15 @@
 // in commpact's CUDA space (commpact_hooks_cuda.cu) on PyTorch's current stream, over
 // the same group through a torch_group_link (ProcessGroupNCCL directly; another backend,
 // Gloo, staged through host memory), with device memory from PyTorch's caching
-// allocator; the hook waits on the host once, for the compressor's fence (its status
-// read), and returns a torch.futures.Future on the bucket's device, completed on the
-// stream (its value is ready for work queued on that stream after it).
+// allocator. gtopk_hook and powersgd_hook (with its dense warm-up) queue the step and
+// return at once a torch.futures.Future on the bucket's device completed on the stream,
+// as PyTorch's own hooks do: Future(devices=[d]) is a c10::ivalue::Future with that CUDA
+// device, and set_result (markCompleted) records an event on the current stream after
+// the queued step and records the bucket's storage on that stream (caching allocator), so
+// DDP's wait() only makes its stream wait and backward goes on while the step runs. The
+// step's status is read when the same bucket comes again (the next step's hook raises
+// its error, alike on every rank) or at state.synchronize(). topk_hook, efsign_hook and
+// qsgd_hook decode after the host read the frames' flags: they wait once per bucket.
 //
 // PowerSGD follows PyTorch's powerSGD_hook step for step (same rank clamping and
 // min_compression_rate rule, P and Q allreduced as sums, Q divided by the world size,
@@ -132,6 +138,20 @@ struct HookBase {
 #endif
     return b;
   }
+  //! CUDA buckets: finishes the steps still in flight (waits for them on the host) and
+  //! raises the first one's error, which aborts the state's communicators as a hook's does.
+  void synchronize() {
+#if defined(COMMPACT_HOOKS_CUDA)
+    if (!cuda) return;
+    py::gil_scoped_release nogil;
+    try {
+      cuda->settle();
+    } catch (const std::exception& e) {
+      abort(e.what());
+      throw;
+    }
+#endif
+  }
   void abort(const std::string& why) {
     comm.abort(why);
 #if defined(COMMPACT_HOOKS_CUDA)
@@ -146,9 +166,10 @@ std::span<float> float_span(const at::Tensor& t, const char* who) {
   return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel())};
 }
 
-// A CUDA bucket: f(cuda side, bucket) with the GIL released; an exception aborts the
-// state's communicators (the other ranks raise too) and is rethrown. Returns the
-// Future on the bucket's device, completed on the current stream.
+// A CUDA bucket: f(cuda side, bucket) with the GIL released (it queues the step on the
+// current stream; an earlier step's error raises here); an exception aborts the state's
+// communicators (the other ranks raise too) and is rethrown. Returns the Future on the
+// bucket's device, completed on the current stream after the queued step.
 template <class F>
 py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
 #if defined(COMMPACT_HOOKS_CUDA)
@@ -169,7 +190,9 @@ py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
   py::list devices;
   devices.append(py::cast(t).attr("device"));
   auto fut = py::module_::import("torch.futures").attr("Future")(py::arg("devices") = devices);
-  fut.attr("set_result")(t);  // records an event on the current stream: the value is ready after the step
+  // markCompleted: records an event on the current stream (the value is ready for work
+  // queued after it, no host wait) and the bucket's storage on that stream.
+  fut.attr("set_result")(t);
   return fut;
 #else
   throw commpact::invalid_argument(commpact::detail::cat(
@@ -321,7 +344,7 @@ struct PowerSGDState : HookBase {
   void reduce_cuda(commpact_hooks_cuda::state& cs, std::int64_t index, const commpact::tensor_layout& l,
                    const commpact_hooks_cuda::bucket& b, bool last) {
     if (iter < start_iter) {
-      cs.reduce_dense(b);
+      cs.reduce_dense(index, b);
     } else {
       if (cs.power_prepare(index, b, l)) {
         cuda_power_view v{cs, index};
@@ -491,6 +514,8 @@ PYBIND11_MODULE(commpact_hooks, m) {
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/gtopk")
+      .def("synchronize", &GTopKState::synchronize,
+           "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &GTopKState::bytes_sent, "bytes this rank sent through the hook (CountingComm)")
       .def("abort", &GTopKState::abort, py::arg("why"),
            "marks the hook's communicator failed: every other rank's hook raises instead of waiting");
@@ -498,6 +523,8 @@ PYBIND11_MODULE(commpact_hooks, m) {
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),
            py::arg("density") = 0.01, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/topk")
+      .def("synchronize", &TopKState::synchronize,
+           "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &TopKState::bytes_sent)
       .def("abort", &TopKState::abort, py::arg("why"));
   py::class_<PowerSGDState>(m, "PowerSGDState")
@@ -505,18 +532,24 @@ PYBIND11_MODULE(commpact_hooks, m) {
            py::arg("process_group") = py::none(), py::arg("matrix_approximation_rank") = 1,
            py::arg("start_powerSGD_iter") = 1000, py::arg("min_compression_rate") = 2.0, py::arg("random_seed") = 0,
            py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/powersgd")
+      .def("synchronize", &PowerSGDState::synchronize,
+           "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &PowerSGDState::bytes_sent)
       .def("abort", &PowerSGDState::abort, py::arg("why"))
       .def_readonly("iter", &PowerSGDState::iter);
   py::class_<EFSignState>(m, "EFSignState")
       .def(py::init(&make_efsign), py::arg("process_group") = py::none(), py::arg("momentum") = 0.f,
            py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/efsign")
+      .def("synchronize", &EFSignState::synchronize,
+           "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &EFSignState::bytes_sent)
       .def("abort", &EFSignState::abort, py::arg("why"));
   py::class_<QSGDState>(m, "QSGDState")
       .def(py::init(&make_qsgd), py::arg("process_group") = py::none(), py::arg("levels") = 256,
            py::arg("bucket") = 512, py::arg("seed") = 0, py::arg("momentum") = 0.f, py::arg("store") = py::none(),
            py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/qsgd")
+      .def("synchronize", &QSGDState::synchronize,
+           "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &QSGDState::bytes_sent)
       .def("abort", &QSGDState::abort, py::arg("why"));
   py::class_<ModelAverager>(m, "ModelAverager")

@@ -1,7 +1,15 @@
 // The CUDA side of commpact_hooks (commpact_hooks_cuda.hpp): the hooks' compressors in
 // commpact's CUDA space, over TorchCudaComm on the DDP group's link, on PyTorch's
 // current stream, with device memory from PyTorch's caching allocator (the executor's
-// stream-ordered allocator hook). Compiled by nvcc when the module is built against a
+// stream-ordered allocator hook).
+//
+// Overlap: gTop-k, PowerSGD and the dense warm-up queue their step (start) and return
+// without a host wait; the step's finish (one fence, its status read, errors raised alike
+// on every rank) and commit run when the same bucket index comes again (the next step's
+// hook), or at state::settle() (synchronize() in Python). That fence waits for the step's
+// own work (a cuda_fence_point at the event recorded after its start), not for the
+// backward queued after it. Top-k, EF-SignSGD and QSGD (CodecCompressor) decode in their
+// finish, after the host read the frames' flags: they stay blocking. Compiled by nvcc when the module is built against a
 // PyTorch with CUDA (setup.py); tests/torch/check_torch_cuda_objects.cmake compiles it to
 // an object without a GPU.
 #include "commpact_hooks_cuda.hpp"
@@ -20,9 +28,12 @@
 #include <commpact/space/cuda.hpp>
 #include <commpact/torch/torch_cuda_comm.hpp>
 
+#include <exception>
+#include <functional>
 #include <map>
 #include <optional>
 #include <utility>
+#include <vector>
 
 namespace commpact_hooks_cuda {
 
@@ -53,6 +64,15 @@ struct slot {
 };
 }  // namespace
 
+//! A step queued and not yet finished: its bucket, the point of the stream after its
+//! work, and how to finish + commit it or drop it.
+struct step_in_flight {
+  std::int64_t index = 0;
+  cp::cuda_event done;
+  std::function<void()> finish;
+  std::function<void()> cancel;
+};
+
 struct state::impl {
   std::shared_ptr<cp::torch_group_link> link;
   params prm;
@@ -60,12 +80,56 @@ struct state::impl {
   cp::cuda_allocator hook{};
   std::optional<cp::cuda_space::exec> exec;
   std::optional<Comm> comm;
-  std::optional<cp::Dense<Comm>> dense;
+  std::map<std::int64_t, slot<cp::Dense<Comm>>> dense;
   std::map<std::int64_t, slot<GTopK>> gtopk;
   std::map<std::int64_t, slot<TopK>> topk;
   std::map<std::int64_t, slot<Power>> power;
   std::map<std::int64_t, slot<EfSign>> efsign;
   std::map<std::int64_t, slot<Qsgd>> qsgd;
+  std::vector<step_in_flight> pending;  // in the order they were started
+
+  ~impl() {
+    for (auto& p : pending) p.cancel();  // noexcept: completes the queued work, drops the step
+  }
+
+  //! Finishes and commits every step in flight, in order (each fence waits for that step's
+  //! work only); the first error cancels the rest and is raised.
+  void settle() {
+    if (pending.empty()) return;
+    auto list = std::move(pending);
+    pending.clear();
+    std::exception_ptr err;
+    for (auto& p : list) {
+      if (err) {
+        p.cancel();
+        continue;
+      }
+      try {
+        cp::cuda_fence_point at(*exec, p.done);
+        p.finish();
+      } catch (...) {
+        err = std::current_exception();
+      }
+    }
+    if (err) std::rethrow_exception(err);
+  }
+  //! A bucket index that comes again while its previous step is in flight starts a new
+  //! DDP step: the previous step's buckets are finished first.
+  void settle_before(std::int64_t index) {
+    for (const auto& p : pending)
+      if (p.index == index) return settle();
+  }
+  //! Queues c's step on the bucket and leaves it in flight (finished by settle()).
+  template <class C>
+  void start(C& c, std::int64_t index, cp::cuda_span<float> g) {
+    c.start(g);
+    step_in_flight f{index, cp::cuda_space::record(*exec), [&c] {
+                  c.finish();
+                  c.commit();
+                },
+                [&c]() noexcept { c.cancel(); }};
+    pending.push_back(std::move(f));
+  }
 
   //! The communicator on the first bucket's stream; every bucket must come on it.
   Comm& comm_on(const bucket& b) {
@@ -73,7 +137,6 @@ struct state::impl {
     if (!exec) {
       exec = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
       comm.emplace(cp::TorchCudaComm{link, *exec});
-      dense.emplace(*comm);
     }
     cp::require(exec->stream() == s && exec->device() == b.device, "commpact_hooks: a CUDA bucket came on another "
                 "stream or device than the first (device ", b.device, "); run the backward of every step on one "
@@ -115,13 +178,15 @@ state::~state() = default;
 void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
   auto& I = *p_;
   Comm& c = I.comm_on(b);
+  I.settle_before(index);
   const auto g = impl::view(b);
   const auto& o = I.prm;
   switch (o.m) {
     case method::gtopk:
-      I.get(I.gtopk, index, b, nullptr, [&] {
-         return GTopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
-       }).reduce(g);
+      I.start(I.get(I.gtopk, index, b, nullptr, [&] {
+                return GTopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
+              }),
+              index, g);
       break;
     case method::topk:
       I.get(I.topk, index, b, nullptr, [&] {
@@ -129,7 +194,7 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
        }).reduce(g);
       break;
     case method::powersgd:
-      I.power_at(index).reduce(g);
+      I.start(I.power_at(index), index, g);
       break;
     case method::efsign:
       I.get(I.efsign, index, b, &layout, [&] {
@@ -144,14 +209,17 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
   }
 }
 
-void state::reduce_dense(const bucket& b) {
-  p_->comm_on(b);
-  p_->dense->reduce(impl::view(b));
+void state::reduce_dense(std::int64_t index, const bucket& b) {
+  auto& I = *p_;
+  Comm& c = I.comm_on(b);
+  I.settle_before(index);
+  I.start(I.get(I.dense, index, b, nullptr, [&] { return cp::Dense<Comm>{c}; }), index, impl::view(b));
 }
 
 bool state::power_prepare(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
   auto& I = *p_;
   Comm& c = I.comm_on(b);
+  I.settle_before(index);
   auto& s = I.power[index];
   if (s.c && s.n == b.n && s.layout == layout) return false;
   s.c.reset();
@@ -171,6 +239,9 @@ std::size_t state::rank_of(std::int64_t index, std::size_t tensor) const {
 void state::set_q_factor(std::int64_t index, std::size_t tensor, std::span<const float> q) {
   p_->power_at(index).set_q_factor(tensor, q);
 }
+
+void state::settle() { p_->settle(); }
+bool state::in_flight() const { return !p_->pending.empty(); }
 
 std::uint64_t state::bytes_sent() const { return p_->comm ? p_->comm->bytes_sent() : 0; }
 

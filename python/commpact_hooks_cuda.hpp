@@ -48,8 +48,12 @@ struct bucket {
 
 //! One hook state's CUDA side: a TorchCudaComm on the first bucket's stream (every later
 //! bucket must come on that stream) and one compressor per DDP bucket index, rebuilt when
-//! the bucket's size or layout changes. Each call queues its step on the stream and
-//! returns after the compressor's one fence (its status read).
+//! the bucket's size or layout changes. Each call queues its step on the stream.
+//! gtopk, powersgd and reduce_dense return at once, the step in flight: its finish (one
+//! fence for that step's own work, its status read, an error raised alike on every rank)
+//! and commit run when the same bucket index comes again (the next DDP step: every step in
+//! flight is finished then, in order) or at settle(). topk, efsign and qsgd decode in their
+//! finish and return after it (a host wait per bucket).
 class state {
  public:
   state(std::shared_ptr<commpact::torch_group_link> link, params p, allocator a);
@@ -61,7 +65,7 @@ class state {
   //! `layout`: the bucket's tensors (efsign: a scale per row; powersgd: the matrices).
   void reduce(std::int64_t index, const bucket& b, const commpact::tensor_layout& layout);
   //! Reduces the bucket in place to the plain mean (powersgd before start_powerSGD_iter).
-  void reduce_dense(const bucket& b);
+  void reduce_dense(std::int64_t index, const bucket& b);
   //! powersgd: makes bucket index's compressor for `layout` when it has none or another
   //! layout; true when it is new (then set its first Q factors).
   bool power_prepare(std::int64_t index, const bucket& b, const commpact::tensor_layout& layout);
@@ -69,6 +73,12 @@ class state {
   std::size_t rank_of(std::int64_t index, std::size_t tensor) const;
   //! Tensor `tensor`'s first Q (cols x r, column-major, host memory).
   void set_q_factor(std::int64_t index, std::size_t tensor, std::span<const float> q);
+
+  //! Finishes and commits every step in flight (waits for their work on the host, under
+  //! the deadline); raises the first one's error (the others are dropped).
+  void settle();
+  //! Whether a step is in flight.
+  bool in_flight() const;
 
   std::uint64_t bytes_sent() const;
   void abort(std::string_view why) noexcept;

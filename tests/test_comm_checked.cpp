@@ -118,7 +118,7 @@ TEST_CASE("CheckedComm<ThreadComm>: a bad argument on one rank raises invalid_ar
           "[comm][checked]") {
   const int P = GENERATE(2, 5);
   using C = CheckedComm<ThreadComm>;
-  // An invalid reduce_op value (issue 13, item 3).
+  // An invalid reduce_op value.
   REQUIRE(raised_everywhere<invalid_argument>(P, [](C& c) {
             std::vector<float> g(3, 1.f);
             c.allreduce(std::span<float>(g), c.rank() == 1 ? static_cast<reduce_op>(7) : reduce_op::sum);

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Grouped point-to-point (comm/known_size.hpp's `grouped` and `p2p_group`, issue 19): a
+// Grouped point-to-point (comm/known_size.hpp's `grouped` and `p2p_group`): a
 // host stand-in for NcclComm's ncclGroupStart/End. grouped_comm wraps a ThreadComm and
 // posts the known-size sends and receives of a group only when the outermost group ends
 // (every send, then every receive), so a receive's bytes are not there before the group

@@ -187,7 +187,7 @@ TEST_CASE("ThreadComm: point-to-point reuses message storage", "[comm][thread]")
   });
 }
 
-// ---- issue 13: a failed collective completes for every rank before the next starts ----
+// ---- a failed collective completes for every rank before the next starts ----
 
 namespace {
 // x_r[i] = 1000 r + i + round: small integers, so every float sum is exact in any order.

@@ -1,4 +1,4 @@
-// ThreadComm's nonblocking forms (issue 9 item 5): collectives in flight keep their
+// ThreadComm's nonblocking forms: collectives in flight keep their
 // order against blocking ones, errors reach every rank through the handles, known-size
 // receives match messages in the order they were started whatever order they are waited
 // in, a wrong size fails loudly, a receive nobody answers times out, an abort reaches a

@@ -1,4 +1,4 @@
-// CheckedComm doing its job inside compressors and the training driver (issue 9): two
+// CheckedComm doing its job inside compressors and the training driver: two
 // buckets (10000 and 10 floats) have agreed their lengths; then one rank reduces the
 // small bucket while the others reduce the large one. No compressor re-agrees on a length
 // it already agreed, so only the communicator can see the disagreement: under

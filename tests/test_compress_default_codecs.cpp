@@ -1,4 +1,4 @@
-// Compressors and mixers built without a codec argument (issue 20, item 11):
+// Compressors and mixers built without a codec argument:
 //  - CodecCompressor<K, Allgather<C>> c{comm}, LinearCompressor<randomk_codec, C> c{comm}
 //    and GossipMixer<Ring, K, C> m{comm, topo, layout} compile for every library codec,
 //    including those whose default constructor is explicit (qsgd, terngrad, natural,

@@ -15,7 +15,7 @@
 
 using namespace commpact;
 using namespace commpact_test;
-using GT = gTopK<TreeComm<checked_thread_comm>>;  // every collective checked (issue 9)
+using GT = gTopK<TreeComm<checked_thread_comm>>;  // every collective checked
 static_assert(Compressor<GT>);
 static_assert(Compressor<gTopK<TreeComm<CountingComm<ThreadComm>>>>);
 

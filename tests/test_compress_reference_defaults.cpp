@@ -1,5 +1,4 @@
-// Defaults that follow the reference implementations a user compares against (issue 20,
-// items 9 and 10; issue 18's one density -> k rule). Each case failed on d0cb695:
+// Defaults that follow the reference implementations a user compares against. Each case failed on d0cb695:
 //  - one density -> k rule: k = clamp(floor(density n), 1, n) (GRACE's max(1, int(n *
 //    ratio))) in sparse_options, TopK, random-k and the threshold codecs' caps, checked
 //    exactly with integer arithmetic for every density m/1000 (d0cb695 rounded: 1018 for

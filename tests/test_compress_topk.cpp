@@ -15,7 +15,7 @@
 
 using namespace commpact;
 using namespace commpact_test;
-using TK = TopK<checked_thread_comm>;  // every collective checked (issue 9)
+using TK = TopK<checked_thread_comm>;  // every collective checked
 static_assert(Compressor<TK>);
 
 namespace {

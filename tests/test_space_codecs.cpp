@@ -1,5 +1,5 @@
-// CodecCompressor (so TopK, every codec and the per-tensor codecs) over the deferred space
-// (issue 18): the same object code path as host_space, with every kernel and the
+// CodecCompressor (so TopK, every codec and the per-tensor codecs) over the deferred space:
+// the same object code path as host_space, with every kernel and the
 // allgather queued until finish()'s fences. Against host_space, for every codec: the
 // same output bits, residuals and velocities (with DGC momentum and clipping), the same
 // error on every rank for NaN on one rank and for a malformed block, nothing changed by

@@ -1,4 +1,4 @@
-// The execution spaces of v3 (issue 18): the deferred space (CI's stand-in for a GPU)
+// The execution spaces of v3: the deferred space (CI's stand-in for a GPU)
 // runs queued work only at the fence, so a host copy read before the fence is poison; the
 // same compressors run over host_space and deferred_space and give the same bits, keep
 // residuals exactly, raise the same errors on every rank, change nothing on a failed

@@ -1,4 +1,4 @@
-// GossipMixer over the deferred space (issue 18): D-PSGD, CHOCO-SGD and PowerGossip with
+// GossipMixer over the deferred space: D-PSGD, CHOCO-SGD and PowerGossip with
 // the model, the public copies, the shared factors and every message in deferred buffers, the exchange queued on
 // DeferredComm<ThreadComm> until mix()'s one fence. Against the same mixer over
 // ThreadComm (host_space), on Ring and Torus2D for P = 1 ... 5: the same model bits after

@@ -1,5 +1,5 @@
 // LinearCompressor<randomk_codec, C> (a LinearCodec + Allreduce<C>) and MajorityVote<C>
-// (sign_codec + Vote<C>) over the deferred space (issue 18, item 4): the same object code
+// (sign_codec + Vote<C>) over the deferred space: the same object code
 // path as host_space, every kernel and collective queued until finish()'s fences.
 // Against host_space: the same output bits, residuals and momenta over several steps at
 // P = 1, 2, 3, 5 (random-k scaled and unscaled; signSGD and Signum); NaN on one rank

@@ -1,5 +1,5 @@
 // CastAllreduce (fp16/bf16 summed in the 16-bit type by the ring) and OkTopK over the
-// deferred space (issue 18): DeferredComm<ThreadComm> against host_space, bit for bit
+// deferred space: DeferredComm<ThreadComm> against host_space, bit for bit
 // (results and residuals) over several steps at P = 1, 2, 3, 5; NaN on one rank raises
 // alike on every rank and changes nothing (grad, residual, counters); cancel then retry
 // equals a clean run; no allocation after the first step; the bytes on the wire are the

@@ -1,4 +1,4 @@
-// PowerCompressor (PowerSGD) over the deferred space (issue 18): the same step as
+// PowerCompressor (PowerSGD) over the deferred space: the same step as
 // host_space, with every product, the orthonormalisation, the Q draw, the means, the
 // checks and the three allreduces queued until finish()'s one fence. Against host_space:
 // the same output bits, residuals and Q factors over several steps at P = 1 ... 4 (a

@@ -1,4 +1,4 @@
-// DataParallel and Sgd over an execution space (issue 18): the training driver runs in
+// DataParallel and Sgd over an execution space: the training driver runs in
 // its compressor's space (parameters, gradients, the parameters at a period's start and
 // the averaged deltas are the space's buffers; the update is queued), so the same
 // training loop runs over host_space and deferred_space. Checked against host_space, bit

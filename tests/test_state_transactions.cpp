@@ -1,5 +1,5 @@
 // One state format for every saver (include/commpact/state.hpp), and steps that raise
-// change nothing (issue 13, items 5, 7 and 8):
+// change nothing:
 // - every corruption of a blob (truncation, trailing bytes, any flipped bit, another kind,
 //   another version, crafted out-of-range or non-finite values) raises a commpact::error
 //   and leaves the loading object exactly as it was;
@@ -165,7 +165,7 @@ TEST_CASE("every saver rejects corrupted, foreign and out-of-range states and ch
       f += "TopK-into-gTopK-loaded ";
     } catch (const invalid_argument&) {
     }
-    // Crafted out-of-range values with valid checksums (issue 13 item 7).
+    // Crafted out-of-range values with valid checksums.
     auto refuses = [&](auto& obj, const bytes& blob, const char* what) {
       const bytes before = saved(obj);
       try {
@@ -344,7 +344,7 @@ TEMPLATE_TEST_CASE("a compressor step that raises changes nothing (bad length on
 }
 
 TEST_CASE("gTopK: rank 2 passing n + 1 on the FIRST step leaves every rank able to continue", "[transactional]") {
-  // Issue 13 item 5: the residual used to be resized before the step failed.
+  // The residual must not be resized before the step is known to succeed.
   const int P = 3;
   std::vector<int> ok(P);
   run_threads(P, [&](ThreadComm& comm) {

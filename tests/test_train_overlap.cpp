@@ -1,4 +1,4 @@
-// Overlap of the gradient reduction with backward (issue 9 item 4): the bucket plan
+// Overlap of the gradient reduction with backward: the bucket plan
 // against a brute-force rule, Bucketed with begin/ready in random orders against
 // Bucketed without overlap and against each bucket's compressor run by hand (bit for
 // bit, for Dense, TopK, gTopK and PowerSGD at P = 1..4), DataParallel with

@@ -1,4 +1,4 @@
-// Steps and state (issue 20, items 1-5, 7, 8), each a defect found by a hostile run:
+// Steps and state, each a defect found by a hostile run:
 // 1. a user's update that raises leaves every compressor (and the driver) as before the
 //    step, plain and overlapped, so a retry equals a run that never saw the failure;
 // 2. a backward that raises after some grad_ready calls can be abandoned and begun again;
@@ -67,8 +67,8 @@ void sgd(std::span<float> p, std::span<const float> g, double lr) {
 }
 }  // namespace
 
-TEMPLATE_TEST_CASE("item 1: an update that raises leaves the compressor as before; the retry equals a clean run",
-                   "[transactional][item1]", Dense<ThreadComm>, TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>,
+TEMPLATE_TEST_CASE("an update that raises leaves the compressor as before; the retry equals a clean run",
+                   "[transactional]", Dense<ThreadComm>, TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>,
                    PowerCompressor<2>, (CodecCompressor<sign_codec, Allgather<ThreadComm>>)) {
   const int P = 3;
   const bool overlap = GENERATE(false, true);
@@ -119,8 +119,8 @@ TEMPLATE_TEST_CASE("item 1: an update that raises leaves the compressor as befor
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }
 
-TEST_CASE("item 2: a backward that raises after some grad_ready calls can be abandoned and begun again",
-          "[transactional][item2]") {
+TEST_CASE("a backward that raises after some grad_ready calls can be abandoned and begun again",
+          "[transactional]") {
   const int P = 3;
   std::vector<int> ok(P, 0);
   run_threads(P, [&](ThreadComm& comm) {
@@ -155,8 +155,8 @@ TEST_CASE("item 2: a backward that raises after some grad_ready calls can be aba
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }
 
-TEST_CASE("item 3: a crafted DataParallel<Dense, LocalSgd{4}> state with a valid checksum is rejected",
-          "[state][item3]") {
+TEST_CASE("a crafted DataParallel<Dense, LocalSgd{4}> state with a valid checksum is rejected",
+          "[state]") {
   run_threads(1, [&](ThreadComm& comm) {
     DataParallel dp{Dense<ThreadComm>{comm}, LocalSgd{4}, 16};
     std::vector<float> p(kN, 1.0f);
@@ -186,7 +186,7 @@ TEST_CASE("item 3: a crafted DataParallel<Dense, LocalSgd{4}> state with a valid
   });
 }
 
-TEMPLATE_TEST_CASE("item 4: counters near INT64_MAX in a loaded state are rejected", "[state][item4]", Dense<ThreadComm>,
+TEMPLATE_TEST_CASE("counters near INT64_MAX in a loaded state are rejected", "[state]", Dense<ThreadComm>,
                    TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>) {
   run_threads(1, [&](ThreadComm& comm) {
     auto c = make<TestType>(comm);
@@ -206,8 +206,8 @@ TEMPLATE_TEST_CASE("item 4: counters near INT64_MAX in a loaded state are reject
   });
 }
 
-TEMPLATE_TEST_CASE("item 5: finite inputs whose mean overflows raise numeric_error, or skip, in every compressor",
-                   "[nonfinite][item5]", Dense<ThreadComm>, TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>,
+TEMPLATE_TEST_CASE("finite inputs whose mean overflows raise numeric_error, or skip, in every compressor",
+                   "[nonfinite]", Dense<ThreadComm>, TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>,
                    (CodecCompressor<sign_codec, Allgather<ThreadComm>>),
                    (CodecCompressor<qsgd_codec, Allgather<ThreadComm>>),
                    (CodecCompressor<natural_codec, Allgather<ThreadComm>>)) {
@@ -266,8 +266,8 @@ TEMPLATE_TEST_CASE("item 5: finite inputs whose mean overflows raise numeric_err
   }
 }
 
-TEMPLATE_TEST_CASE("item 7: one rank changing its gradient length raises mismatch_error on every rank",
-                   "[errors][item7]", TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>, Dense<ThreadComm>,
+TEMPLATE_TEST_CASE("one rank changing its gradient length raises mismatch_error on every rank",
+                   "[errors]", TopK<ThreadComm>, gTopK<TreeComm<ThreadComm>>, Dense<ThreadComm>,
                    (CodecCompressor<sign_codec, Allgather<ThreadComm>>)) {
   const int P = 4;
   std::vector<int> ok(P, 0);
@@ -305,8 +305,8 @@ struct picky_codec {
 };
 }  // namespace
 
-TEST_CASE("item 8: a malformed block raises wire_error on every rank and leaves the gradient untouched",
-          "[errors][item8]") {
+TEST_CASE("a malformed block raises wire_error on every rank and leaves the gradient untouched",
+          "[errors]") {
   const int P = 3;
   std::vector<int> ok(P, 0);
   run_threads(P, [&](ThreadComm& comm) {

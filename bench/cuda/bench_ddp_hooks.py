@@ -122,6 +122,8 @@ def train(dev, data, hook=None, state=None, pg=None, lr=0.05):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+    if state is not None and hasattr(state, "synchronize"):
+        state.synchronize()  # commpact's CUDA hooks: the last step's status (an error raises here)
     return model, losses
 
 

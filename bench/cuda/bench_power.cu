@@ -10,18 +10,20 @@
 //                    per step); exact_ms repeats it under the column's name;
 //   blas_ms          the same step with power_options::products = power_products::blas
 //                    (P = M Q, Q = M^T P and A = P Q^T as cuBLAS SGEMMs, kernels/cuda/blas.cuh);
-//   cublas_local_ms  kernels/cuda/power.cuh's cuBLAS pieces for every compressed matrix
-//                    (M += e, P = M Q, orthonormalise, Q = M^T P, Q *= 1/ranks, M = P Q^T,
-//                    e = M_old - M): the arithmetic alone, no allreduce, no dense part.
+//   cublas_local_ms  the floor of the products: for every compressed matrix the three
+//                    SGEMMs a PowerSGD step must run (P = M Q, Q = M^T P, A = P Q^T),
+//                    called on cuBLAS directly, back to back on one stream: no error
+//                    feedback, orthonormalisation, allreduce or dense part.
 // Each time is the median of CUDA-event timings on the step's stream after a warm-up;
 // the input gradient is copied in before each timed step, outside the timing.
 // bench/cuda/bench_power_torch.py times torch's powerSGD_hook on the same shapes;
 // scripts/device-check prints the ratio.
 //
-// NOT YET RUN ON A GPU at the time of writing; scripts/device-check runs it. Output lines
-// start with "row" and carry key=value fields. Exits 77 without a device. Without NCCL
-// (built without COMMPACT_BENCH_NCCL) only the cuBLAS column is measured.
+// scripts/device-check runs it (docs/kernels.md's status table says where it has run).
+// Output lines start with "row" and carry key=value fields. Exits 77 without a device.
+// Without NCCL (built without COMMPACT_BENCH_NCCL) only the cuBLAS column is measured.
 
+#include <cublas_v2.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -34,7 +36,6 @@
 
 #include "bench_common.cuh"
 #include "commpact/compress/compressors/power_plan.hpp"
-#include "commpact/kernels/cuda/power.cuh"
 #include "../resnet18_shapes.hpp"
 
 #if __has_include(<nccl.h>) && defined(COMMPACT_BENCH_NCCL)
@@ -45,7 +46,6 @@
 #endif
 
 namespace cp = commpact;
-namespace ck = commpact::cuda_kernels;
 
 namespace {
 
@@ -92,30 +92,44 @@ float* upload(const std::vector<float>& h) {
   return p;
 }
 
-//! kernels/cuda/power.cuh's cuBLAS pieces over every compressed matrix of the plan.
+void blas_ok(cublasStatus_t st, const char* what) {
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "FAILED: %s: cuBLAS status %d\n", what, static_cast<int>(st));
+    std::exit(1);
+  }
+}
+
+//! The three SGEMMs of every compressed matrix of the plan, on cuBLAS directly (FP32,
+//! CUBLAS_DEFAULT_MATH, as power_products::blas). Layouts as PowerCompressor's: M row-major
+//! n x m (column-major M^T, ld m), P n x r and Q m x r column-major.
 double cublas_local_ms(const cp::detail::power_plan& plan, cudaStream_t s) {
   float* M = upload(randn(plan.e, 1));
   float* Q = upload(randn(plan.q, 2));
-  float *e = nullptr, *P = nullptr;
-  check(cudaMalloc(&e, 4 * std::max<std::size_t>(plan.e, 1)), "malloc");
+  float *P = nullptr, *Q2 = nullptr, *A = nullptr;  // Q2: the new Q, so every step starts from the same Q
+  std::size_t a_max = 1;
+  for (const auto& en : plan.entries)
+    if (en.compressed) a_max = std::max<std::size_t>(a_max, std::size_t(en.rows) * en.cols);
   check(cudaMalloc(&P, 4 * std::max<std::size_t>(plan.p, 1)), "malloc");
-  check(cudaMemset(e, 0, 4 * plan.e), "memset");
-  ck::power_handle h{s};
-  // M is updated in place: the next step's M + e equals this step's compensated M, so
-  // the values stay those of one gradient (no growth) without a copy per step.
+  check(cudaMalloc(&Q2, 4 * std::max<std::size_t>(plan.q, 1)), "malloc");
+  check(cudaMalloc(&A, 4 * a_max), "malloc");
+  cublasHandle_t h = nullptr;
+  blas_ok(cublasCreate(&h), "cublasCreate");
+  blas_ok(cublasSetStream(h, s), "cublasSetStream");
+  const float one = 1.0f, zero = 0.0f;
   const double ms = median_ms(s, [] {}, [&] {
     for (const auto& en : plan.entries) {
       if (!en.compressed) continue;
       const int n = static_cast<int>(en.rows), m = static_cast<int>(en.cols), r = static_cast<int>(en.r);
-      float *Me = M + en.e_off, *ee = e + en.e_off, *Pe = P + en.p_off, *Qe = Q + en.q_off;
-      ck::power_compensate_project(h, Me, ee, Qe, Pe, n, m, r);
-      ck::orthonormalize_columns(h, Pe, n, r);
-      ck::power_project_back(h, Me, Pe, Qe, n, m, r);
-      ck::scale(h, Qe, static_cast<std::size_t>(m) * r, 1.0f);  // the mean over one rank
-      ck::power_decompress(h, Me, ee, Pe, Qe, n, m, r);
+      const float* Me = M + en.e_off;
+      const float* Qe = Q + en.q_off;
+      float *Pe = P + en.p_off, *Q2e = Q2 + en.q_off;
+      blas_ok(cublasSgemm(h, CUBLAS_OP_T, CUBLAS_OP_N, n, r, m, &one, Me, m, Qe, m, &zero, Pe, n), "P = M Q");
+      blas_ok(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, m, r, n, &one, Me, m, Pe, n, &zero, Q2e, m), "Q = M^T P");
+      blas_ok(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_T, m, n, r, &one, Q2e, m, Pe, n, &zero, A, m), "A = P Q^T");
     }
   });
-  cudaFree(M), cudaFree(Q), cudaFree(e), cudaFree(P);
+  cublasDestroy(h);
+  cudaFree(M), cudaFree(Q), cudaFree(P), cudaFree(Q2), cudaFree(A);
   return ms;
 }
 

@@ -1,5 +1,5 @@
 #pragma once
-// The MPI suites' communicator (issue 9): CheckedComm over an MpiComm whose built-in
+// The MPI suites' communicator: CheckedComm over an MpiComm whose built-in
 // verification is off (mpi_options::verify_collectives = false), so every collective is
 // checked by the decorator, once, as in tests/common/checked_runs.hpp for ThreadComm.
 #include <commpact/comm/checked_comm.hpp>

@@ -1,5 +1,5 @@
 #pragma once
-// The suites run their multi-rank cases under CheckedComm (issue 9): every collective a
+// The suites run their multi-rank cases under CheckedComm: every collective a
 // compressor, mixer or driver issues is first checked to be the same call on every rank.
 // - Host suites: run_checked_threads(P, fn) gives each rank a CheckedComm<ThreadComm>.
 // - MPI suites: checked_mpi_world() (tests/common/checked_mpi.hpp) wraps an MpiComm whose

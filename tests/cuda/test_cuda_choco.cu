@@ -16,7 +16,7 @@
 //   n = 1 ... 5000): encode's message, q, diff and words, a flagged model's zeroed message,
 //   and the decode of three messages, one of them all 0xFF bytes (malformed: words[2]).
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

@@ -8,7 +8,7 @@
 // setting status_wire (and a NaN in the sum) where the host raises wire_error;
 // clear_delivered's residual and velocity.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include "codec_test_common.cuh"
 

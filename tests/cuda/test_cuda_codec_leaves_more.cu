@@ -14,7 +14,7 @@
 //   over one-tensor, mixed and split_rows layouts (300 tensors; 1e6 values): the same,
 //   with framing corruptions (lengths, trailing bytes) and K's own, and clear_delivered.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include "commpact/compress/codecs/per_tensor.hpp"
 #include "commpact/compress/codecs/sparsifiers.hpp"

@@ -7,7 +7,7 @@
 // corrupted on the device before the decode raising wire_error with grad and state
 // untouched; no allocation after step one. The leaf kernels: test_cuda_codec_leaves.cu.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include "commpact/comm/nccl_comm.hpp"
 #include "commpact/comm/thread_comm.hpp"

@@ -17,7 +17,7 @@
 //   wire_error; no reallocation after step one), and over CudaStagedComm<ThreadComm> at
 //   P = 2, 3 against ThreadComm's host compressor.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <mutex>
 

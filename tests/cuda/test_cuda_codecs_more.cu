@@ -10,7 +10,7 @@
 //   same compressor over ThreadComm, 4 steps, output and residual bit for bit.
 // The leaf kernels: test_cuda_codec_leaves_more.cu.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <mutex>
 

@@ -8,7 +8,7 @@
 // scatter and residual against the host's), with a corrupted frame and a NaN gradient.
 // Also checks cuda_space against the Space concept at compile time.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 // Built by CMake (tests/cuda) and by scripts/device-check with nvcc alone.
 
 #include <cuda_runtime.h>
@@ -239,7 +239,7 @@ void check_topk(std::mt19937_64& rng) {
     }
     for (auto k : ks) check_topk_one("denormal", x, k, ws);
   }
-  {  // n = 1e8 (issue 19's largest size): Gaussian and tied values, k = 1, 0.1 %, 1 % and n
+  {  // n = 1e8 (the largest size the benchmarks use): Gaussian and tied values, k = 1, 0.1 %, 1 % and n
     const std::size_t n = 100000000;
     std::normal_distribution<float> d;
     std::vector<float> x(n);

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // PowerSGD's products on cuBLAS (power_options::products = power_products::blas;
-// kernels/cuda/blas.cuh) against the host's exact order, within docs/kernels.md's bound:
+// kernels/cuda/blas.cuh) against the host's exact order, within docs/cuda.md's bound:
 // - the rows lowrank_project, lowrank_back_project and lowrank_approx_residual with blas
 //   against ops<host_space> on the same inputs (shapes with n = 1, m = 1, r = 1..4 and 9,
 //   a 2100 x 2100 matrix whose approximation takes two scratch tiles; +-0, denormals):
@@ -11,14 +11,14 @@
 //   CudaStagedComm<ThreadComm> (P = 2, 3) against PowerCompressor<1..4> on the host for 5
 //   steps: before each step the host compressor loads the device one's state, so each
 //   step starts from the same residual and Q, and every output (grad, residual, Q) is
-//   within the one-step bound propagated from the products' bound (docs/kernels.md),
+//   within the one-step bound propagated from the products' bound (docs/cuda.md),
 //   elementwise from the magnitudes; the dense tensors bit for bit; every rank's grad
 //   and Q bit-identical to every other rank's; a second run bit-identical to the first;
 //   no reallocation after step one and no cuBLAS handle or scratch made by a step.
 // The default (exact) path stays the host's bits: tests/cuda/test_cuda_rows_power.cu and
 // tests/cuda/test_cuda_staged_comm.cu.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 
@@ -60,7 +60,7 @@ constexpr double tiny = 0x1p-120;
 //! gamma_k = k u / (1 - k u) (Higham, Accuracy and Stability of Numerical Algorithms, 3.1).
 double gamma(std::size_t k) { return static_cast<double>(k) * u / (1.0 - static_cast<double>(k) * u); }
 //! The bound 2 gamma_k sum_l t(l) + tiny k on one element of a product whose k terms have
-//! the magnitudes t(0), ..., t(k - 1) (docs/kernels.md).
+//! the magnitudes t(0), ..., t(k - 1) (docs/cuda.md).
 template <class Terms>
 double product_bound(std::size_t k, Terms t) {
   double s = 0;
@@ -212,7 +212,7 @@ std::vector<double> eigenvalues(std::vector<double> a, std::size_t r) {
   return ev;
 }
 
-//! The bounds of one compressed matrix's step (docs/kernels.md): A (n x m row-major), Q
+//! The bounds of one compressed matrix's step (docs/cuda.md): A (n x m row-major), Q
 //! (m x r column-major), valid = false when P is too ill-conditioned for the first-order
 //! bound (eta >= 1/8).
 struct step_bound {

@@ -13,7 +13,7 @@
 // NaN: a NaN made by arithmetic is canonical on the GPU (x86 keeps the operand's payload
 // and sign), so NaN codes and NaN floats compare as "some NaN" (rows_cast_vote.cuh).
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

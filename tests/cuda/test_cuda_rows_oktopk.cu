@@ -16,7 +16,7 @@
 // CudaStagedComm<ThreadComm> fed through block() at P = 1, 2, 3 for five steps (one bad
 // block at step 2) against SparseReduceScatter<ThreadComm> fed the same blocks, bit for bit.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

@@ -12,7 +12,7 @@
 // ThreadComm for 5 steps (output, residual and Q bits), warm start on and off; and
 // PowerGossip's algorithm instantiated over NcclComm (compile check).
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

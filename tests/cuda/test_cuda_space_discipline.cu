@@ -15,11 +15,13 @@
 //   storage (its free is stream-ordered), while another executor allocates and writes;
 // - fence(exec, deadline) raises timeout_error at the deadline while the gate holds, and
 //   the executor works again once the gate is released;
+// - inside a cuda_fence_point scope, fence waits for the point only (returns while the gate
+//   holds the work queued after it), and for the whole stream again after the scope;
 // - two NcclComm::single on one executor: both hooks installed, a fence past its
 //   deadline aborts both, an aborted one raises peer_failure at the fence, and a
 //   destroyed one's hook is gone.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 
@@ -259,6 +261,39 @@ void check_fence_deadline(gate& g) {
   S::fence(e, clk::now() + std::chrono::seconds(20));  // works again once the gate opens
 }
 
+//! cuda_fence_point: inside its scope a fence waits for the marked work only (a deferred
+//! step's finish), not for the work queued after it (a gate that holds the stream); once
+//! the scope ends, fence waits for everything again.
+void check_fence_point(gate& g) {
+  const auto e = S::make_exec();
+  const std::size_t n = 1 << 16;
+  cp::cuda_buffer<float> d;
+  d.resize(n, e);
+  S::pinned<float> h;
+  h.resize(n);
+  iota(e, d.view(), 5.0f);
+  D::to_host(e, d.cview(), h.view());
+  const auto step = S::record(e);  // the step's end
+  g.hold(e.stream());              // the framework's later work, held
+  const auto t0 = clk::now();
+  {
+    cp::cuda_fence_point at(e, step);
+    S::fence(e, clk::now() + std::chrono::seconds(5));
+  }
+  const double took = seconds_since(t0);
+  EXPECT(took < 1.0, "the fence at the point waited %.3f s: it waited for the work queued after the point", took);
+  EXPECT(is_iota(h.cview(), 5.0f), "after the fence at the point, the step's copy to pinned memory is not there");
+  bool timed_out = false;
+  try {
+    S::fence(e, clk::now() + std::chrono::milliseconds(30));  // no point: the whole stream, still held
+  } catch (const cp::timeout_error&) {
+    timed_out = true;
+  }
+  EXPECT(timed_out, "a fence after the point's scope did not wait for the held stream");
+  g.open();
+  S::fence(e, clk::now() + std::chrono::seconds(20));
+}
+
 //! Two communicators on one executor: both hooks installed, both polled, both aborted.
 void check_two_comms(gate& g) {
   const auto e = S::make_exec();
@@ -317,6 +352,7 @@ int main() {
                                      check_growth(g);
                                      check_destroy_queued(g);
                                      check_fence_deadline(g);
+                                     check_fence_point(g);
                                      check_two_comms(g);
                                    });
 }

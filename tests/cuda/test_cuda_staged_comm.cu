@@ -11,7 +11,7 @@
 // - GossipMixer D-PSGD and PowerGossip<1> on a ring, 4 rounds, bit for bit (PowerGossip's
 //   Gaussian factors may differ in a float's last bit, about once in 2^28 values: ops.cuh).
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 
 #include <cuda_runtime.h>
 

@@ -6,7 +6,7 @@
 // step, NcclComm's collectives, point-to-point to itself and abort, and a fence that
 // stops at its deadline (timeout_error, the communicator aborted) while a kernel spins.
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 // NCCL cannot place two ranks of one communicator on one GPU, so the multi-rank tree on
 // the device is covered by test_cuda_ops.cu's simulated ranks.
 

@@ -10,7 +10,7 @@
 // - OkTopK<NcclComm> (SparseReduceScatter's groups, empty at one rank) against
 //   OkTopK<ThreadComm> on the host, 4 steps, bit for bit (outputs and residuals).
 //
-// Without a device it exits 77 (skipped); docs/kernels.md, "Status", says where it has run.
+// Without a device it exits 77 (skipped); docs/cuda.md, "Status", says where it has run.
 // NCCL cannot place two ranks of one communicator on one GPU, so the groups' multi-rank
 // path (OkTopK's all-to-all and ring at P > 1) waits for a machine with several GPUs; on
 // the host, tests/test_comm_p2p_group.cpp checks it against a communicator that posts a

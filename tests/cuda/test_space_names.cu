@@ -1,4 +1,4 @@
-// Issue 18: the CUDA kernels live in namespace commpact::cuda_kernels, so `cuda::std`
+// The CUDA kernels live in namespace commpact::cuda_kernels, so `cuda::std`
 // names inside namespace commpact resolve to libcu++ (a commpact::cuda namespace used to
 // shadow ::cuda and break this file's compilation). The v3 space headers and the
 // space-generic compressors also compile under nvcc (C++20). On a GPU, a kernel written
@@ -9,7 +9,6 @@
 
 #include "commpact/compress/compressors/dense.hpp"
 #include "commpact/compress/compressors/gtopk.hpp"
-#include "commpact/kernels/cuda/power.cuh"
 #include "commpact/kernels/cuda/topk.cuh"
 #include "commpact/kernels/deferred/ops.hpp"
 #include "commpact/kernels/mean.hpp"

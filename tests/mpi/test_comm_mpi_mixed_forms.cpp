@@ -1,6 +1,6 @@
 // MpiComm: one collective called in its blocking form on some ranks and its
 // nonblocking form (then wait or test) on others completes, with the bits every rank
-// gets when all call the blocking form, as on ThreadComm (issue 20, item 6). Sizes on
+// gets when all call the blocking form, as on ThreadComm. Sizes on
 // both sides of each path switch: the latency path (recursive doubling, tree, direct
 // exchange, up to 64 KiB) and the ring (allreduce above 64 KiB) or libnbc (allgather
 // and broadcast above 64 KiB). Several rings in flight, waited for in a different order

@@ -1,5 +1,5 @@
 // commpact-mpi-ranks: 1 2 3 4
-// The v3 spaces under mpiexec (issue 18): the compressors and the training driver over
+// The v3 spaces under mpiexec: the compressors and the training driver over
 // DeferredComm<MpiComm> (every kernel and collective queued until the fence) give, on
 // every rank, the bits they give over MpiComm in host_space, and the same bits on every
 // rank; a NaN on one rank raises numeric_error on every rank in both spaces.

@@ -1,5 +1,5 @@
 // commpact-mpi-ranks: 1 2 3 4
-// Overlap over MpiComm (issue 9 item 4): DataParallel with a Bucketed compressor whose
+// Overlap over MpiComm: DataParallel with a Bucketed compressor whose
 // buckets start during a simulated backward (on the reducer's thread; MPI at
 // MPI_THREAD_SERIALIZED) gives, bit for bit, the parameters of the plain step, for
 // Dense, gTopK and PowerSGD, and every rank holds the same parameters. A NaN on one rank

@@ -99,6 +99,7 @@ def worker(rank, path, failures):
             first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
             check(last < 0.8 * first, f"{name}: the loss did not fall enough ({first:.4f} -> {last:.4f})")
             check(state.bytes_sent() > 0, f"{name}: no bytes counted")
+            state.synchronize()  # CPU buckets: nothing in flight, returns at once
 
         # 2. commpact's PowerSGD against PyTorch's powerSGD_hook at the same rank and seed.
         for r in (1, 2):

@@ -5,6 +5,8 @@
 // gTopK's tree and TopK bit for bit against the brute-force reference
 // (tests/common/sparse_checks.hpp), bad input rejected alike on every rank, ranks that
 // disagree, and failures that raise within the deadline instead of hanging.
+#include <commpact/torch.hpp>  // the umbrella first: it compiles on its own
+
 #include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/known_size.hpp>
 #include <commpact/compress/compressors/dense.hpp>

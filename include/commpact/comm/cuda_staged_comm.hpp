@@ -29,7 +29,7 @@
 //! allocation after the first step. Bytes on the wire are C's, unchanged.
 //!
 //! Tests: tests/cuda/test_cuda_staged_comm.cu (every compressor's device path over it, against
-//! the host; docs/kernels.md, "Status", says where it has run).
+//! the host; docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/comm/cuda_staged_comm.hpp needs nvcc: include it from a .cu file only."

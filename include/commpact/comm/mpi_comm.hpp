@@ -18,9 +18,10 @@
 //!
 //! The implementation is split by concern under comm/mpi/: datatype.hpp (element types,
 //! MPI error text), failure.hpp (the failure-notice channel), point_to_point.hpp (the
-//! send pool and receives), small_collectives.hpp (the latency path), state.hpp
-//! (mpi_options, the shared state, the wait and the built-in signature check) and
-//! request.hpp (nonblocking handles).
+//! send pool and receives), small_collectives.hpp (the latency path), options.hpp
+//! (mpi_options), state.hpp (the shared state, the wait and the built-in signature check)
+//! and request.hpp (nonblocking handles). This file (over 450 lines on purpose) is the
+//! contract below and MpiComm itself: one class, its operations and their argument checks.
 //!
 //! - Isolation: the constructor duplicates the communicator twice (MPI_Comm_idup): one
 //!   duplicate carries commpact's traffic, the other only failure notices. Both use

@@ -6,7 +6,7 @@
 //!
 //! Tests: tests/cuda/test_gtopk_device.cu (one rank: NCCL puts no two ranks of a communicator
 //! on one GPU, so the multi-rank device path is checked by test_cuda_ops.cu's simulated ranks;
-//! docs/kernels.md, "Status", says where each has run).
+//! docs/cuda.md, "Status", says where each has run).
 //!
 //! \code
 //! ncclUniqueId id = commpact::NcclComm::unique_id();          // on rank 0; broadcast it
@@ -34,7 +34,9 @@
 //! variable-length send/recv of the PointToPoint concept): staged through pinned host
 //! memory and a device buffer, and fenced at once under the communicator's deadline;
 //! variable-length messages travel as an 8-byte length followed by the bytes (NCCL has no
-//! probe), so recv and sendrecv wait once for the length before the body.
+//! probe), so recv and sendrecv wait once for the length before the body. That control
+//! plane is cuda_host_plane.hpp's (shared with TorchCudaComm); NcclComm gives it its data
+//! plane, its fence and its checks.
 //!
 //! Errors. The communicator is created nonblocking (config.blocking = 0). Construction
 //! waits for the initialisation to complete (ncclCommGetAsyncError until it is no longer
@@ -80,6 +82,7 @@
 #include "../concepts.hpp"
 #include "../error.hpp"
 #include "../space/cuda.hpp"
+#include "cuda_host_plane.hpp"
 
 namespace commpact {
 
@@ -120,7 +123,8 @@ inline deadline nccl_deadline_after(std::chrono::milliseconds t) {
 }
 }  // namespace detail
 
-class NcclComm {
+class NcclComm : public cuda_host_plane<NcclComm> {
+  friend class cuda_host_plane<NcclComm>;
   struct state {
     ncclComm_t comm = nullptr;  // nullptr once aborted (ncclCommAbort frees it)
     bool owns = true;
@@ -130,8 +134,7 @@ class NcclComm {
     std::string why;
     int rank = 0, size = 1, device = 0;
     cuda_space::exec exec;
-    cuda_buffer<std::byte> stage;          // the control plane's device staging
-    cuda_pinned_buffer<std::byte> hstage;  // the control plane's pinned host staging
+    cuda_host_stage staging;  // the control plane's device and pinned host staging
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
     state() = default;
     state(const state&) = delete;
@@ -176,6 +179,11 @@ class NcclComm {
 
  public:
   using space_type = cuda_space;
+  static constexpr const char* comm_name = "NcclComm";
+  // The control plane on host memory (cuda_host_plane.hpp): staged, fenced at once.
+  using cuda_host_plane<NcclComm>::allreduce;
+  using cuda_host_plane<NcclComm>::allgather;
+  using cuda_host_plane<NcclComm>::broadcast;
   //! How long a host-side wait lasts unless set_timeout() says otherwise.
   static constexpr std::chrono::milliseconds default_timeout{std::chrono::minutes(5)};
   //! The most the destructor waits for ncclCommFinalize (then it aborts).
@@ -305,98 +313,6 @@ class NcclComm {
   //! Groups opened by group_begin() and not yet closed.
   int group_depth() const { return s_->group_depth; }
 
-  // ---- control plane on host memory: staged, fenced at once ---------------------------
-  template <class T>
-  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    no_group("allreduce (host memory)");
-    const std::size_t b = data.size_bytes();
-    stage(b);
-    up(0, data.data(), b);
-    allreduce(device_at<T>(0, data.size()), op);
-    down(0, b);
-    fence_now();
-    copy_out(data.data(), 0, b);
-  }
-  template <class T>
-  void allgather(std::span<const T> in, std::span<T> out) {
-    require(out.size() == in.size() * static_cast<std::size_t>(size()), "commpact::NcclComm::allgather: the output holds ",
-            out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
-    no_group("allgather (host memory)");
-    const std::size_t at = static_cast<std::size_t>(rank()) * in.size();
-    stage(out.size_bytes());
-    up(at * sizeof(T), in.data(), in.size_bytes());
-    const auto d = device_at<T>(0, out.size());
-    allgather(cuda_span<const T>(d.subspan(at, in.size())), d);  // in place: the rank's block of the output
-    down(0, out.size_bytes());
-    fence_now();
-    copy_out(out.data(), 0, out.size_bytes());
-  }
-  template <class T>
-  void broadcast(std::span<T> data, int root) {
-    no_group("broadcast (host memory)");
-    const std::size_t b = data.size_bytes();
-    stage(b);
-    up(0, data.data(), b);
-    broadcast(device_at<T>(0, data.size()), root);
-    down(0, b);
-    fence_now();
-    copy_out(data.data(), 0, b);
-  }
-  void barrier() {
-    std::int32_t one = 1;
-    allreduce(std::span<std::int32_t>(&one, 1));
-  }
-  void send(int peer, std::span<const std::byte> msg) {
-    no_group("send");
-    const std::uint64_t len = msg.size();
-    stage(8 + msg.size());
-    std::memcpy(host_at(0), &len, 8);
-    if (!msg.empty()) std::memcpy(host_at(8), msg.data(), msg.size());
-    queue_up(0, 8 + msg.size());
-    send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)));
-    if (!msg.empty()) send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(8, msg.size())));
-    fence_now();
-  }
-  void recv(int peer, std::vector<std::byte>& buf) {
-    no_group("recv");
-    std::uint64_t len = 0;
-    stage(8);
-    recv_known(peer, device_at<std::byte>(0, 8));
-    down(0, 8);
-    fence_now();
-    copy_out(&len, 0, 8);
-    buf.resize(len);
-    if (len == 0) return;
-    stage(len);
-    recv_known(peer, device_at<std::byte>(0, len));
-    down(0, len);
-    fence_now();
-    copy_out(buf.data(), 0, len);
-  }
-  void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
-    // Lengths first (both directions in one group), then the bodies (one group).
-    no_group("sendrecv");
-    const std::uint64_t len = msg.size();
-    stage(16);
-    up(0, &len, 8);
-    exchange(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)), device_at<std::byte>(8, 8));
-    down(8, 8);
-    fence_now();
-    std::uint64_t in_len = 0;
-    copy_out(&in_len, 8, 8);
-    const std::size_t at = aligned(msg.size());
-    stage(at + in_len);
-    if (!msg.empty()) up(0, msg.data(), msg.size());
-    live();
-    cuda_device_guard g(s_->device);
-    // A body of 0 bytes is not sent (the peer, knowing the length, posts no receive).
-    pair(peer, cuda_access::ptr(device_at<std::byte>(0, msg.size())), msg.size(), !msg.empty(),
-         cuda_access::ptr(device_at<std::byte>(at, in_len)), in_len, in_len != 0, "sendrecv");
-    buf.resize(in_len);
-    if (in_len) down(at, in_len);
-    fence_now();
-    if (in_len) copy_out(buf.data(), at, in_len);
-  }
   //! Aborts the communicator (ncclCommAbort): peers stop waiting and raise; every later
   //! call on this rank raises peer_failure naming why.
   void abort(std::string_view why) { do_abort(*s_, std::string(why).c_str()); }
@@ -541,44 +457,14 @@ class NcclComm {
   }
   void fence_now() { cuda_space::fence(s_->exec, until()); }
 
-  // ---- the control plane's staging: the same byte offsets on the device and in pinned
-  // memory; grown at the start of a call (the previous call fenced before it returned).
-  static std::size_t aligned(std::size_t b) { return (b + 255) / 256 * 256; }
-  void stage(std::size_t bytes) {
-    const std::size_t b = aligned(bytes == 0 ? 1 : bytes);
-    if (s_->stage.size() < b) s_->stage.resize(b, s_->exec);
-    if (s_->hstage.size() < b) s_->hstage.resize(b);
-  }
-  template <class T>
-  cuda_span<T> device_at(std::size_t byte_off, std::size_t n) {
-    return cuda_access::wrap(reinterpret_cast<T*>(cuda_access::ptr(s_->stage.view()) + byte_off), n);
-  }
-  std::byte* host_at(std::size_t byte_off) { return s_->hstage.view().data() + byte_off; }
-  //! Queues the copy of the pinned bytes [off, off + b) to the device bytes there.
-  void queue_up(std::size_t off, std::size_t b) {
-    if (b == 0) return;
+  cuda_host_stage& host_stage() { return s_->staging; }
+  //! sendrecv's bodies in one group; a body of 0 bytes is not sent (the peer, knowing the
+  //! length, posts no receive).
+  void exchange_bodies(int peer, cuda_span<const std::byte> out, cuda_span<std::byte> in) {
+    live();
     cuda_device_guard g(s_->device);
-    const cudaError_t e = cudaMemcpyAsync(cuda_access::ptr(s_->stage.view()) + off, host_at(off), b,
-                                          cudaMemcpyHostToDevice, stream());
-    require<device_error>(e == cudaSuccess, "commpact::NcclComm: staging to the device failed: ", cudaGetErrorString(e));
-  }
-  //! src's b bytes into pinned memory at off, then queued to the device there.
-  void up(std::size_t off, const void* src, std::size_t b) {
-    if (b == 0) return;
-    std::memcpy(host_at(off), src, b);
-    queue_up(off, b);
-  }
-  //! Queues the copy of the device bytes [off, off + b) to pinned memory there.
-  void down(std::size_t off, std::size_t b) {
-    if (b == 0) return;
-    cuda_device_guard g(s_->device);
-    const cudaError_t e = cudaMemcpyAsync(host_at(off), cuda_access::ptr(s_->stage.view()) + off, b,
-                                          cudaMemcpyDeviceToHost, stream());
-    require<device_error>(e == cudaSuccess, "commpact::NcclComm: staging to the host failed: ", cudaGetErrorString(e));
-  }
-  //! After the fence: the pinned bytes [off, off + b) into dst.
-  void copy_out(void* dst, std::size_t off, std::size_t b) {
-    if (b) std::memcpy(dst, host_at(off), b);
+    pair(peer, cuda_access::ptr(out), out.size(), !out.empty(), cuda_access::ptr(in), in.size(), !in.empty(),
+         "sendrecv");
   }
 
   std::shared_ptr<state> s_;

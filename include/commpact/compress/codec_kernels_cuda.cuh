@@ -7,7 +7,7 @@
 //! codec_compressor.hpp.
 //!
 //! Checked against the host codecs by tests/cuda/test_cuda_codec_leaves*.cu and
-//! test_cuda_codecs*.cu (docs/kernels.md, "Status", says where they have run).
+//! test_cuda_codecs*.cu (docs/cuda.md, "Status", says where they have run).
 //!
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|

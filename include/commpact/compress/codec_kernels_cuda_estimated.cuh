@@ -16,7 +16,7 @@
 //! The host codec's statistics (last_threshold, last_passed, last_adjustments) are not
 //! updated by the device.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

@@ -12,7 +12,7 @@
 //! where std::frexp's unspecified exponent used to give the host code 127; CodecCompressor
 //! never encodes a non-finite value (the frame is flagged instead), so no result changed.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

@@ -9,7 +9,7 @@
 //! double and the count in kernels/fixed_sum.hpp's shape (a block per node of 2048 values
 //! on the device, the same tree on the host).
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

@@ -29,7 +29,7 @@
 //! rank) is the executor's scratch slot "per_tensor_decode"; K's decode_sum has slots of
 //! its own.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

@@ -9,7 +9,7 @@
 //! whole grid).
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
-//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
+//! tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/compress/codec_kernels_cuda_qsgd.cuh needs nvcc: include it from a .cu file only."

@@ -6,7 +6,7 @@
 //! CudaStagedComm). Only nvcc compiles this file; include it from a .cu file after
 //! gossip_mixer.hpp (or choco.hpp).
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_choco.cu (docs/kernels.md, "Status", says
+//! Checked against its host twin by tests/cuda/test_cuda_choco.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
 //! Written once over codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh):

@@ -10,7 +10,7 @@
 //! - `blas`: on cuda_space, P = M Q, Q = M^T P and A = P Q^T are cuBLAS SGEMMs
 //!   (kernels/cuda/rows_power.cuh): faster, deterministic and bit-identical across ranks
 //!   that run the same GPU model and cuBLAS version, but not the host's bits; within the
-//!   bound of docs/kernels.md ("PowerSGD's products on cuBLAS"). host_space and
+//!   bound of docs/cuda.md ("PowerSGD's products on cuBLAS"). host_space and
 //!   deferred_space always run the exact order: there `blas` changes nothing.
 
 #include <cstdint>

@@ -33,8 +33,8 @@
 //! exchange does not wait on a receive queued behind its own send.
 //! Control plane (host spans: the agreement's allreduce, barrier, variable-length
 //! send / recv / sendrecv): staged through pinned host memory and a device buffer and
-//! fenced at once under the deadline, as NcclComm's; a message is an 8-byte length then
-//! the bytes.
+//! fenced at once under the deadline: NcclComm's, written once in
+//! comm/cuda_host_plane.hpp; a message is an 8-byte length then the bytes.
 //!
 //! Failures: TorchComm's semantics through the link. The communicator installs a hook
 //! on its executor: every fence calls the link's poll() (a Work that failed raises
@@ -69,6 +69,7 @@
 #include <utility>
 #include <vector>
 
+#include "../comm/cuda_host_plane.hpp"
 #include "../comm/known_size.hpp"
 #include "../comm/wire_model.hpp"
 #include "../space/cuda.hpp"
@@ -76,7 +77,8 @@
 
 namespace commpact {
 
-class TorchCudaComm {
+class TorchCudaComm : public cuda_host_plane<TorchCudaComm> {
+  friend class cuda_host_plane<TorchCudaComm>;
   struct state {
     std::shared_ptr<torch_group_link> link;
     cuda_space::exec exec;
@@ -85,8 +87,7 @@ class TorchCudaComm {
     std::uint64_t bytes_sent = 0;                      // wire_model.hpp's count of the data plane
     std::vector<std::function<void()>> held;           // the known-size calls of the open group, in order
     std::vector<int> held_peer, held_kind;            // their peer and kind (0 send, 1 receive)
-    cuda_buffer<std::byte> stage;                      // the control plane's device staging
-    cuda_pinned_buffer<std::byte> hstage;              // the control plane's pinned host staging
+    cuda_host_stage staging;                           // the control plane's device and pinned host staging
     state() = default;
     state(const state&) = delete;
     state& operator=(const state&) = delete;
@@ -95,6 +96,11 @@ class TorchCudaComm {
 
  public:
   using space_type = cuda_space;
+  static constexpr const char* comm_name = "TorchCudaComm";
+  // The control plane on host memory (cuda_host_plane.hpp): staged, fenced at once.
+  using cuda_host_plane<TorchCudaComm>::allreduce;
+  using cuda_host_plane<TorchCudaComm>::allgather;
+  using cuda_host_plane<TorchCudaComm>::broadcast;
 
   //! `link`: the group (its backend takes CUDA tensors on e's device: NCCL); `e`: the
   //! executor the data plane is queued on (PyTorch's current stream: make_exec(stream)).
@@ -208,94 +214,6 @@ class TorchCudaComm {
   }
   int group_depth() const { return s_->group_depth; }
 
-  // ---- control plane on host memory: staged, fenced at once ---------------------------
-  template <class T>
-  void allreduce(std::span<T> data, reduce_op op = reduce_op::sum) {
-    no_group("allreduce (host memory)");
-    const std::size_t b = data.size_bytes();
-    stage(b);
-    up(0, data.data(), b);
-    allreduce(device_at<T>(0, data.size()), op);
-    down(0, b);
-    fence_now();
-    copy_out(data.data(), 0, b);
-  }
-  template <class T>
-  void allgather(std::span<const T> in, std::span<T> out) {
-    require(out.size() == in.size() * static_cast<std::size_t>(size()), "commpact::TorchCudaComm::allgather: the "
-            "output holds ", out.size(), " values; it needs ", in.size(), " x ", size(), " ranks.");
-    no_group("allgather (host memory)");
-    const std::size_t at = static_cast<std::size_t>(rank()) * in.size();
-    stage(out.size_bytes());
-    up(at * sizeof(T), in.data(), in.size_bytes());
-    const auto d = device_at<T>(0, out.size());
-    allgather(cuda_span<const T>(d.subspan(at, in.size())), d);
-    down(0, out.size_bytes());
-    fence_now();
-    copy_out(out.data(), 0, out.size_bytes());
-  }
-  template <class T>
-  void broadcast(std::span<T> data, int root) {
-    no_group("broadcast (host memory)");
-    const std::size_t b = data.size_bytes();
-    stage(b);
-    up(0, data.data(), b);
-    broadcast(device_at<T>(0, data.size()), root);
-    down(0, b);
-    fence_now();
-    copy_out(data.data(), 0, b);
-  }
-  void barrier() {
-    std::int32_t one = 1;
-    allreduce(std::span<std::int32_t>(&one, 1));
-  }
-  void send(int peer, std::span<const std::byte> msg) {
-    no_group("send");
-    const std::uint64_t len = msg.size();
-    stage(8 + msg.size());
-    std::memcpy(host_at(0), &len, 8);
-    if (!msg.empty()) std::memcpy(host_at(8), msg.data(), msg.size());
-    queue_up(0, 8 + msg.size());
-    send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)));
-    if (!msg.empty()) send_known(peer, cuda_span<const std::byte>(device_at<std::byte>(8, msg.size())));
-    fence_now();
-  }
-  void recv(int peer, std::vector<std::byte>& buf) {
-    no_group("recv");
-    std::uint64_t len = 0;
-    stage(8);
-    recv_known(peer, device_at<std::byte>(0, 8));
-    down(0, 8);
-    fence_now();
-    copy_out(&len, 0, 8);
-    buf.resize(len);
-    if (len == 0) return;
-    stage(len);
-    recv_known(peer, device_at<std::byte>(0, len));
-    down(0, len);
-    fence_now();
-    copy_out(buf.data(), 0, len);
-  }
-  void sendrecv(int peer, std::span<const std::byte> msg, std::vector<std::byte>& buf) {
-    no_group("sendrecv");
-    const std::uint64_t len = msg.size();
-    stage(16);
-    up(0, &len, 8);
-    exchange(peer, cuda_span<const std::byte>(device_at<std::byte>(0, 8)), device_at<std::byte>(8, 8));
-    down(8, 8);
-    fence_now();
-    std::uint64_t in_len = 0;
-    copy_out(&in_len, 8, 8);
-    const std::size_t at = aligned(msg.size());
-    stage(at + in_len);
-    if (!msg.empty()) up(0, msg.data(), msg.size());
-    exchange(peer, cuda_span<const std::byte>(device_at<std::byte>(0, msg.size())), device_at<std::byte>(at, in_len));
-    buf.resize(in_len);
-    if (in_len) down(at, in_len);
-    fence_now();
-    if (in_len) copy_out(buf.data(), at, in_len);
-  }
-
   //! Marks the communicator failed here and leaves a notice in the store, so every other
   //! rank's next fence or call raises peer_failure. Never throws.
   void abort(std::string_view why) noexcept {
@@ -333,43 +251,9 @@ class TorchCudaComm {
             "device spans only: end the group first.");
   }
 
-  // ---- the control plane's staging: the same byte offsets on the device and in pinned
-  // memory; grown at the start of a call (the previous call fenced before it returned).
-  static std::size_t aligned(std::size_t b) { return (b + 255) / 256 * 256; }
-  void stage(std::size_t bytes) {
-    const std::size_t b = aligned(bytes == 0 ? 1 : bytes);
-    if (s_->stage.size() < b) s_->stage.resize(b, s_->exec);
-    if (s_->hstage.size() < b) s_->hstage.resize(b);
-  }
-  template <class T>
-  cuda_span<T> device_at(std::size_t byte_off, std::size_t n) {
-    return cuda_access::wrap(reinterpret_cast<T*>(cuda_access::ptr(s_->stage.view()) + byte_off), n);
-  }
-  std::byte* host_at(std::size_t byte_off) { return s_->hstage.view().data() + byte_off; }
-  void queue_up(std::size_t off, std::size_t b) {
-    if (b == 0) return;
-    cuda_device_guard g(s_->device);
-    const cudaError_t e = cudaMemcpyAsync(cuda_access::ptr(s_->stage.view()) + off, host_at(off), b,
-                                          cudaMemcpyHostToDevice, s_->exec.stream());
-    require<device_error>(e == cudaSuccess, "commpact::TorchCudaComm: staging to the device failed: ",
-                          cudaGetErrorString(e));
-  }
-  void up(std::size_t off, const void* src, std::size_t b) {
-    if (b == 0) return;
-    std::memcpy(host_at(off), src, b);
-    queue_up(off, b);
-  }
-  void down(std::size_t off, std::size_t b) {
-    if (b == 0) return;
-    cuda_device_guard g(s_->device);
-    const cudaError_t e = cudaMemcpyAsync(host_at(off), cuda_access::ptr(s_->stage.view()) + off, b,
-                                          cudaMemcpyDeviceToHost, s_->exec.stream());
-    require<device_error>(e == cudaSuccess, "commpact::TorchCudaComm: staging to the host failed: ",
-                          cudaGetErrorString(e));
-  }
-  void copy_out(void* dst, std::size_t off, std::size_t b) {
-    if (b) std::memcpy(dst, host_at(off), b);
-  }
+  cuda_host_stage& host_stage() { return s_->staging; }
+  //! sendrecv's bodies: an exchange (either may be empty).
+  void exchange_bodies(int peer, cuda_span<const std::byte> out, cuda_span<std::byte> in) { exchange(peer, out, in); }
 
   std::shared_ptr<state> s_;
 };

@@ -37,7 +37,7 @@ struct power_options {
   //! `exact` (the default) in the host's summation order in every space, so that a
   //! cuda_space compressor gives the host's bits; `blas` on cuda_space as cuBLAS SGEMMs
   //! (faster; deterministic and bit-identical across ranks on the same GPU model and
-  //! cuBLAS version; within docs/kernels.md's bound of the exact result). host_space and
+  //! cuBLAS version; within docs/cuda.md's bound of the exact result). host_space and
   //! deferred_space always run the exact order, whatever this says. Every rank must pass
   //! the same value (checked on the first step); it is not part of the saved state, so
   //! a state saved with one value loads into a compressor with the other.

@@ -28,7 +28,7 @@
 //! (here: one per executor) or its own workspace, so CUBLAS_WORKSPACE_CONFIG is not
 //! needed. So ranks agree bit for bit when they run the same GPU model and the same
 //! cuBLAS (a job mixing GPU models or cuBLAS versions must use power_products::exact).
-//! The error bound against the exact order is in docs/kernels.md.
+//! The error bound against the exact order is in docs/cuda.md.
 //!
 //! Only nvcc compiles this file; include it from .cu files.
 

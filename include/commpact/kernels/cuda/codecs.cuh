@@ -5,7 +5,7 @@
 //! compress/codec_kernels_cuda.cuh): the frame around a payload and top-k's sparse
 //! payload (k int32 indices strictly ascending, then k float32 values).
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says
+//! Checked against its host twin by tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
 //! | kernel | what it does | equal to the host |

@@ -18,7 +18,7 @@
 //! its decision, launched `rounds - 1` (Gaussian-k) or `iters` (DGC) times, a finished
 //! estimate making the later launches return at once. No host synchronisation.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_estimated.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

@@ -12,7 +12,7 @@
 //! | natural_pack | one thread per payload byte of the 9-bit fields (low bits first): every field that touches the byte; approx by the thread of the byte where the field starts | bytes |
 //! | natural_validate, natural_add | natural_codec::decode_add's checks (length, no code 255, no sign on code 0, zero padding); sum[i] = 0 + the non-zero codes' values in rank order (__fadd_rn) | bits |
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

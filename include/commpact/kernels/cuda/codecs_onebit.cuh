@@ -12,7 +12,7 @@
 //! | onebit_bits | detail::onebit_byte per payload byte, approx = the mean of the value's side | bytes |
 //! | onebit_validate, onebit_add | onebit_codec::decode_add's checks (length, detail::onebit_means_ok, no bit past n) per block; sum[i] = 0 + every block's value of bit i in rank order (__fadd_rn) | bits |
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

@@ -15,7 +15,7 @@
 //! | per_tensor_walk | per_tensor::decode_add's framing checks, one thread per rank walking its lengths in order (every length within the bytes left, no trailing bytes): each tensor's offset and length, or 0 after a failure | the same blocks rejected (with per_tensor_unpack's length bound) |
 //! | per_tensor_unpack | tensor t's message of every rank into a temp block of K's frame layout (header zero but word 2 = L_t); L_t above K's max_encoded_bytes sets status_wire (as the host) and leaves the block empty | bytes |
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_codecs_more.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

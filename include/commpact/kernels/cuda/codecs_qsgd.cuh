@@ -13,7 +13,7 @@
 //! | qsgd_validate, qsgd_add | qsgd_codec::decode_add's checks (length, norms finite and >= 0, levels <= s, no sign on level 0, zero padding); sum[i] = 0 + the non-zero levels' values in rank order | bits |
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
-//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
+//! tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_qsgd.cuh needs nvcc: include it from a .cu file only."

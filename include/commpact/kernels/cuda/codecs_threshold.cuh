@@ -10,7 +10,7 @@
 //! them), their count c left on the device for the frame header and clear_delivered.
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_codec_leaves.cu,
-//! tests/cuda/test_cuda_codecs.cu (docs/kernels.md, "Status", says where it has run).
+//! tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/codecs_threshold.cuh needs nvcc: include it from a .cu file only."

@@ -6,7 +6,7 @@
 //! COMMPACT_HOST_DEVICE functions (host::oktopk::entry_ok, selectable, rebalance_rank,
 //! mean_of's division as __fdiv_rn); the selections run on select.cuh's radix select.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/cuda.md, "Status",
 //! says where it has run).
 //!
 //! Frames and blocks are read and written byte-wise (memcpy), so no alignment is assumed.

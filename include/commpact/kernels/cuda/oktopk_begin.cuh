@@ -11,7 +11,7 @@
 //! body: status_rejected) and a grid kernel installs the entries and the unused slots
 //! (unused_index, +0), only when the frame was accepted: otherwise idx/val are untouched.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

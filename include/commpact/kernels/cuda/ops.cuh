@@ -7,7 +7,7 @@
 //! compiles this file.
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_ops.cu, tests/cuda/test_gtopk_device.cu
-//! (docs/kernels.md, "Status", says where it has run).
+//! (docs/cuda.md, "Status", says where it has run).
 //!
 //! | row | kernels | equal to the host |
 //! |---|---|---|
@@ -26,7 +26,7 @@
 //! | lowrank_project | 8 lanes per row of M, partial sums combined by shuffles in row_dots' order; M = g + res written | bits |
 //! | lowrank_back_project | lowrank.hpp's tree: a thread per (column, chunk of 128 rows), rows in order; then a thread per (output, group of 128 sums), a launch per level; the levels below the top in the executor's scratch (grown by lowrank_prepare) | bits |
 //! | lowrank_approx_residual | one thread per element, gated by the status words | bits |
-//! | lowrank_project, lowrank_back_project, lowrank_approx_residual with power_products::blas; lowrank_prepare (blas.cuh) | M = g + res kernel; cublasSgemm for P = M Q, Q = M^T P and A = P Q^T (tiles of the executor's scratch, then a status-gated kernel: g = A, M -= A); the executor's cuBLAS handle | M bits; P, Q, A within docs/kernels.md's bound; deterministic, equal on every rank |
+//! | lowrank_project, lowrank_back_project, lowrank_approx_residual with power_products::blas; lowrank_prepare (blas.cuh) | M = g + res kernel; cublasSgemm for P = M Q, Q = M^T P and A = P Q^T (tiles of the executor's scratch, then a status-gated kernel: g = A, M -= A); the executor's cuBLAS handle | M bits; P, Q, A within docs/cuda.md's bound; deterministic, equal on every rank |
 //! | orthonormalize, power_gossip_orthonormalize | one block: each dot product summed by the block in kernels/fixed_sum.hpp's shape (host::gs_dot_leaf, as the host), updates spread over it (host::gs_*), redraws in-kernel | bits (redraws as gaussian) |
 //! | gaussian, redraw_zero_columns | host::gaussian_pair per pair of values (one block per zero column) | bits except CUDA's double log/cos/sin: a value may differ in the float's last bit (~2^-28) |
 //! | power_gossip_update, power_gossip_vectors | difference kernel + element kernel (host::power_gossip::add_scaled / mix_term), gated by words | bits |
@@ -86,7 +86,9 @@ namespace cuda_kernels {
 //! Owns the device scratch of tree_absorb's merge (grow-only, from an allocator hook),
 //! stream-ordered on the executor's stream (cuda_workspace_bytes): growing frees the old
 //! scratch there after the work queued so far and allocates the new one there; nothing
-//! waits on the host.
+//! waits on the host. The layout is computed (CUB's size queries) and carved once per
+//! capacity and storage: a later absorb with the same kcap reuses it (every selection
+//! leaves the histogram zero, as carve() leaves it).
 class merge_workspace {
  public:
   merge_workspace() = default;
@@ -109,15 +111,18 @@ class merge_workspace {
 
  private:
   merge_scratch& carve(std::uint32_t kcap, cudaStream_t s) {
+    if (carved_ != nullptr && carved_ == mem_.data() && kcap == ms_.kcap) return ms_;
     std::size_t need = 0;
     detail::check(merge_scratch::bytes(kcap, need), "merge_scratch::bytes");
     if (mem_.grow(need)) ++allocations_;
     detail::check(ms_.carve(mem_.data(), kcap, s), "merge_scratch::carve");
+    carved_ = mem_.data();
     return ms_;
   }
   cuda_workspace_bytes mem_;
   std::size_t allocations_ = 0;
   merge_scratch ms_{};
+  const void* carved_ = nullptr;  // the storage ms_ is laid out in (null: none yet)
 };
 }  // namespace cuda_kernels
 

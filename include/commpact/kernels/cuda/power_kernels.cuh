@@ -22,7 +22,7 @@
 //!   (gs_sub / gs_scale, shared with the host loop).
 //! - gaussian: host::gaussian_pair per pair of values (shared with the host loop).
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

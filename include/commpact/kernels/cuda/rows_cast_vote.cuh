@@ -20,7 +20,7 @@
 //! which codecs those are). Any other LinearCodec fails to compile on cuda_space with a
 //! sentence naming it.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

@@ -12,7 +12,7 @@
 //! The status words live in device memory; the rows that change state read words[0] and
 //! words[2] on the device and do nothing unless both are 0.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

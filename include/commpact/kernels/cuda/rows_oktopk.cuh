@@ -9,7 +9,7 @@
 //! ties, frames and blocks byte for byte, status_wire and status[1] set where the host
 //! sets them. Kernels: kernels/cuda/oktopk.cuh, oktopk_begin.cuh.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_rows_oktopk.cu (docs/cuda.md, "Status",
 //! says where it has run).
 //!
 //! | row | kernels |

@@ -15,7 +15,7 @@
 //! as the host rows raise); data outcomes go to the status words, never an exception.
 //! That is products = power_products::exact (the default). products = blas runs the three
 //! products as cuBLAS SGEMMs instead (blas.cuh): not the host's bits, within the bound of
-//! docs/kernels.md, deterministic and the same on every rank of one GPU model and cuBLAS
+//! docs/cuda.md, deterministic and the same on every rank of one GPU model and cuBLAS
 //! version. The orthonormalisation is this file's one-block kernel either way: it is
 //! deterministic (a fixed order, no atomics) and exact to the host, and cuBLAS's dot, nrm2
 //! and axpy promise no summation order, while one r-column Gram-Schmidt on n x r costs
@@ -27,7 +27,7 @@
 //! orthonormalisation runs in one block, each dot product summed by the whole block in
 //! kernels/fixed_sum.hpp's shape (the host's order), the column updates spread over it.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/kernels.md, "Status",
+//! Checked against its host twin by tests/cuda/test_cuda_rows_power.cu (docs/cuda.md, "Status",
 //! says where it has run).
 
 #if !defined(__CUDACC__)

@@ -5,7 +5,7 @@
 //! a set by abs_key (ties: the smaller position), written in position order, bit-identical
 //! to commpact::host::topk_abs's order (kernels/host/topk.hpp). Only nvcc compiles this.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
 //! Method (radix select in the manner of AIR top-k, Zhang et al., SC'23). Each entry at

@@ -9,7 +9,7 @@
 //! the host's order, and recorded in the meta's flags and status bits: nothing
 //! synchronises the host and nothing throws.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
 //! Merge (host::sparse_merge_topk's specification), with CUB: cub::DeviceMerge merges the

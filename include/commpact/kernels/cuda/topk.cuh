@@ -7,7 +7,7 @@
 //! results are bit-identical.
 //!
 //! Checked against its host twin by tests/cuda/test_kernels_topk.cu, tests/cuda/test_cuda_ops.cu
-//! (docs/kernels.md, "Status", says where it has run).
+//! (docs/cuda.md, "Status", says where it has run).
 //!
 //! Method: the radix select of select.cuh (AIR top-k style: one histogram pass over x,
 //! one stable DeviceSelect of the candidates at or above the k-th bucket, then digit
@@ -116,13 +116,25 @@ class topk_workspace {
   //! topk_abs with this workspace's storage, queued on `stream` (as CUB's calls, 0 is the
   //! legacy default stream: commpact's rows pass the executor's); throws
   //! commpact::device_error on a CUDA error.
+  //! The layout (CUB's size query) is computed and carved once per n and storage; a later
+  //! call with the same n reuses it (every selection leaves the histogram zero).
   void run(const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx, float* d_val,
            cudaStream_t stream = 0) {
-    std::size_t need = 0;
-    detail::check(topk_abs(nullptr, need, d_x, n, k, d_idx, d_val, stream), "topk_abs (size query)");
-    reserve(need, stream);
-    std::size_t have = mem_.size();
-    detail::check(topk_abs(mem_.data(), have, d_x, n, k, d_idx, d_val, stream), "topk_abs");
+    detail::check_args(n, k);
+    const auto cap = static_cast<std::uint32_t>(n);
+    if (carved_ == nullptr || carved_ != mem_.data() || cap != sc_.cap) {
+      std::size_t need = 0;
+      detail::check(select_scratch::bytes(cap, need), "topk_abs (size query)");
+      reserve(need, stream);
+      detail::check(sc_.carve(mem_.data(), cap, stream), "topk_abs (scratch layout)");
+      carved_ = mem_.data();
+    } else {
+      mem_.use(stream);
+    }
+    if (k == 0) return;
+    detail::check(select_topk(sc_, detail::float_keys{d_x}, nullptr, static_cast<std::uint32_t>(k),
+                              detail::topk_emit{d_x, d_idx, d_val}, stream),
+                  "topk_abs");
   }
   //! Grows to at least `bytes`, stream-ordered on `stream`.
   void reserve(std::size_t bytes, cudaStream_t stream) {
@@ -152,6 +164,8 @@ class topk_workspace {
  private:
   cuda_workspace_bytes mem_;
   std::size_t allocations_ = 0;
+  select_scratch sc_{};
+  const void* carved_ = nullptr;  // the storage sc_ is laid out in (null: none yet)
 };
 
 }  // namespace commpact::cuda_kernels

@@ -12,7 +12,7 @@
 //! original and current set, all alive. A malformed block sets status_wire, wire_peer =
 //! self and flag_failed, exactly where the host's begin does.
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/kernels.md,
+//! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/cuda.md,
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)

@@ -14,7 +14,7 @@
 //! its sum of squares is added in double in kernels/fixed_sum.hpp's shape, which the host
 //! row uses as well (kernels/clip.hpp).
 //!
-//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/kernels.md, "Status", says
+//! Checked against its host twin by tests/cuda/test_cuda_ops.cu (docs/cuda.md, "Status", says
 //! where it has run).
 
 #if !defined(__CUDACC__)

@@ -119,52 +119,40 @@ struct decode_mean_kernel {
 
 }  // namespace detail
 
-//! host::cast_encode<bf16_codec> (cast.hpp): the same bits; a non-finite g + r sends
-//! nan_code and keeps r (0 without r) as its candidate. r and cand may be null.
-inline void cast_encode(const float* g, const float* r, std::uint16_t* codes, float* cand, std::size_t n,
-                        std::uint16_t nan_code) noexcept {
-  std::size_t i = 0;
-#if COMMPACT_HOST_SIMD
-  i = host::detail::dispatch<detail::encode_kernel>(g, r, codes, cand, n, nan_code);
-#endif
-  for (; i < n; ++i) {
-    const float a = r ? exact::add(g[i], r[i]) : g[i];
-    if (!exact::finite(a)) {
-      if (cand) cand[i] = r ? r[i] : 0.0f;
-      codes[i] = nan_code;
-      continue;
-    }
-    const std::uint16_t c = commpact::detail::to_bf16(a);
-    if (cand) cand[i] = exact::sub(a, commpact::detail::from_bf16(c));
-    codes[i] = c;
-  }
-}
+// CastAllreduce's bf16 passes (host::cast_encode, cast_add and cast_decode_mean in
+// cast.hpp) as vectorised prefixes: each returns how many leading entries it wrote (0
+// without the vector path), with the bits of cast.hpp's scalar loop, which does the rest.
 
-//! host::cast_add<bf16_codec>: mine[i] = to_bf16_ieee(from_bf16(in[i]) + from_bf16(mine[i])),
-//! the same bits but for the sign of the NaN that two NaNs sum to (see half.hpp).
-inline void cast_add(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) noexcept {
-  std::size_t i = 0;
+//! cast_encode<bf16_codec>'s prefix; a non-finite g + r sends nan_code and keeps r (0
+//! without r) as its candidate. r and cand may be null.
+inline std::size_t cast_encode_prefix(const float* g, const float* r, std::uint16_t* codes, float* cand,
+                                      std::size_t n, std::uint16_t nan_code) noexcept {
 #if COMMPACT_HOST_SIMD
-  i = host::detail::dispatch<detail::add_kernel>(in, mine, n);
-#endif
-  for (; i < n; ++i)
-    mine[i] = commpact::detail::to_bf16_ieee(
-        exact::add(commpact::detail::from_bf16(in[i]), commpact::detail::from_bf16(mine[i])));
-}
-
-//! host::cast_decode_mean<bf16_codec>: when every code is finite, out[i] =
-//! mean_of(from_bf16(sums[i]), P) and true; else out untouched and false.
-inline bool cast_decode_mean(const std::uint16_t* sums, float* out, std::size_t n, int P) noexcept {
-  std::size_t i = 0;
-#if COMMPACT_HOST_SIMD
-  i = host::detail::dispatch<detail::decode_mean_kernel>(sums, out, n, static_cast<float>(P));
-  if (i == n + 1) return false;
+  return host::detail::dispatch<detail::encode_kernel>(g, r, codes, cand, n, nan_code);
 #else
-  for (std::size_t j = 0; j < n; ++j)
-    if ((sums[j] & 0x7F80u) == 0x7F80u) return false;
+  return 0;
 #endif
-  for (; i < n; ++i) out[i] = mean_of(commpact::detail::from_bf16(sums[i]), P);
-  return true;
+}
+
+//! cast_add<bf16_codec>'s prefix: mine[i] = to_bf16_ieee(from_bf16(in[i]) + from_bf16(mine[i])),
+//! the same bits but for the sign of the NaN that two NaNs sum to (see half.hpp).
+inline std::size_t cast_add_prefix(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) noexcept {
+#if COMMPACT_HOST_SIMD
+  return host::detail::dispatch<detail::add_kernel>(in, mine, n);
+#else
+  return 0;
+#endif
+}
+
+//! cast_decode_mean<bf16_codec>'s prefix: n + 1 when a code is not finite (out untouched);
+//! else out[i] = mean_of(from_bf16(sums[i]), P) for the returned count of leading entries,
+//! every one of the n codes checked when that count is above 0.
+inline std::size_t cast_decode_mean_prefix(const std::uint16_t* sums, float* out, std::size_t n, int P) noexcept {
+#if COMMPACT_HOST_SIMD
+  return host::detail::dispatch<detail::decode_mean_kernel>(sums, out, n, static_cast<float>(P));
+#else
+  return 0;
+#endif
 }
 
 }  // namespace commpact::host::bf16

@@ -50,42 +50,42 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
   const float* rp = r.empty() ? nullptr : r.data();
   float* cp = cand.empty() ? nullptr : cand.data();
   const std::size_t n = g.size();
-  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
-    half::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
-  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
-    bf16::cast_encode(g.data(), rp, codes.data(), cp, n, cast_nan_code);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
-  }
+  std::size_t i = 0;
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
+    i = half::cast_encode_prefix(g.data(), rp, codes.data(), cp, n, cast_nan_code);
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
+    i = bf16::cast_encode_prefix(g.data(), rp, codes.data(), cp, n, cast_nan_code);
+  for (; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
 }
 
 //! The ring's combine of one chunk: mine[i] = Cast::add(in[i], mine[i]) (in from the
 //! ring's earlier ranks).
 template <class Cast>
 void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
-  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
-    half::cast_add(in.data(), mine.data(), mine.size());
-  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
-    bf16::cast_add(in.data(), mine.data(), mine.size());
-  } else {
-    for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
-  }
+  std::size_t i = 0;
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
+    i = half::cast_add_prefix(in.data(), mine.data(), mine.size());
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
+    i = bf16::cast_add_prefix(in.data(), mine.data(), mine.size());
+  for (; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
 }
 
 //! When every sums[i] is finite: out[i] = mean_of(from_code(sums[i]), P) and true; else
 //! out is untouched and false.
 template <class Cast>
 bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
-  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>) {
-    return half::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
-  } else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>) {
-    return bf16::cast_decode_mean(sums.data(), out.data(), sums.size(), P);
-  } else {
-    for (std::size_t i = 0; i < sums.size(); ++i)
-      if (!Cast::finite_code(sums[i])) return false;
-    for (std::size_t i = 0; i < sums.size(); ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);
-    return true;
-  }
+  const std::size_t n = sums.size();
+  std::size_t i = 0;
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
+    i = half::cast_decode_mean_prefix(sums.data(), out.data(), n, P);
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
+    i = bf16::cast_decode_mean_prefix(sums.data(), out.data(), n, P);
+  if (i > n) return false;
+  if (i == 0)  // no prefix ran, so no code was checked yet
+    for (std::size_t j = 0; j < n; ++j)
+      if (!Cast::finite_code(sums[j])) return false;
+  for (; i < n; ++i) out[i] = mean_of(Cast::from_code(sums[i]), P);
+  return true;
 }
 
 }  // namespace commpact::host

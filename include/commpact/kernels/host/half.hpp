@@ -193,55 +193,40 @@ inline void from_half(std::span<const std::uint16_t> h, std::span<float> x) {
   for (; i < h.size(); ++i) x[i] = commpact::detail::from_half(h[i]);
 }
 
-//! host::cast_encode<fp16_codec> (cast.hpp): the same bits; a non-finite g + r sends
-//! nan_code. r and cand may be null.
-inline void cast_encode(const float* g, const float* r, std::uint16_t* codes, float* cand, std::size_t n,
-                        std::uint16_t nan_code) noexcept {
-  std::size_t i = 0;
+// CastAllreduce's fp16 passes (host::cast_encode, cast_add and cast_decode_mean in
+// cast.hpp) as vectorised prefixes: each returns how many leading entries it wrote (0
+// without F16C), with the bits of cast.hpp's scalar loop, which does the rest.
+
+//! cast_encode<fp16_codec>'s prefix; a non-finite g + r sends nan_code. r and cand may be null.
+inline std::size_t cast_encode_prefix(const float* g, const float* r, std::uint16_t* codes, float* cand,
+                                      std::size_t n, std::uint16_t nan_code) noexcept {
 #if COMMPACT_ISA_DISPATCH
-  if (detail::use_f16c()) i = detail::encode_avx2(g, r, codes, cand, n, nan_code);
+  if (detail::use_f16c()) return detail::encode_avx2(g, r, codes, cand, n, nan_code);
 #endif
-  for (; i < n; ++i) {
-    const float a = r ? exact::add(g[i], r[i]) : g[i];
-    if (!exact::finite(a)) {
-      if (cand) cand[i] = r ? r[i] : 0.0f;
-      codes[i] = nan_code;
-      continue;
-    }
-    const std::uint16_t c = commpact::detail::to_half(a);
-    if (cand) cand[i] = exact::sub(a, commpact::detail::from_half(c));
-    codes[i] = c;
-  }
+  return 0;
 }
 
-//! host::cast_add<fp16_codec>: mine[i] = to_half_ieee(from_half(in[i]) + from_half(mine[i])),
+//! cast_add<fp16_codec>'s prefix: mine[i] = to_half_ieee(from_half(in[i]) + from_half(mine[i])),
 //! the same bits but for the sign of the NaN that two NaNs sum to (x86 returns the first
 //! operand's, and compilers may swap a float addition's operands, the scalar code's too).
-inline void cast_add(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) noexcept {
-  std::size_t i = 0;
+inline std::size_t cast_add_prefix(const std::uint16_t* in, std::uint16_t* mine, std::size_t n) noexcept {
 #if COMMPACT_ISA_DISPATCH
-  if (detail::use_f16c()) i = detail::add_avx2(in, mine, n);
+  if (detail::use_f16c()) return detail::add_avx2(in, mine, n);
 #endif
-  for (; i < n; ++i)
-    mine[i] = commpact::detail::to_half_ieee(
-        exact::add(commpact::detail::from_half(in[i]), commpact::detail::from_half(mine[i])));
+  return 0;
 }
 
-//! host::cast_decode_mean<fp16_codec>: when every code is finite, out[i] =
-//! mean_of(from_half(sums[i]), P) and true; else out untouched and false.
-inline bool cast_decode_mean(const std::uint16_t* sums, float* out, std::size_t n, int P) noexcept {
+//! cast_decode_mean<fp16_codec>'s prefix: n + 1 when a code is not finite (out untouched);
+//! else out[i] = mean_of(from_half(sums[i]), P) for the returned count of leading entries,
+//! every one of the n codes checked when that count is above 0.
+inline std::size_t cast_decode_mean_prefix(const std::uint16_t* sums, float* out, std::size_t n, int P) noexcept {
 #if COMMPACT_ISA_DISPATCH
   if (detail::use_f16c()) {
-    if (detail::any_nonfinite_avx2(sums, n)) return false;
-    std::size_t i = detail::decode_mean_avx2(sums, out, n, static_cast<float>(P));
-    for (; i < n; ++i) out[i] = mean_of(commpact::detail::from_half(sums[i]), P);
-    return true;
+    if (detail::any_nonfinite_avx2(sums, n)) return n + 1;
+    return detail::decode_mean_avx2(sums, out, n, static_cast<float>(P));
   }
 #endif
-  for (std::size_t i = 0; i < n; ++i)
-    if ((sums[i] & 0x7C00u) == 0x7C00u) return false;
-  for (std::size_t i = 0; i < n; ++i) out[i] = mean_of(commpact::detail::from_half(sums[i]), P);
-  return true;
+  return 0;
 }
 
 }  // namespace commpact::host::half

@@ -1,0 +1,226 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file deferred_check.hpp
+//! The deferred space's checker: the registry of every deferred buffer's storage and the
+//! queued items that use it, and queue_state, one executor's FIFO queue, which refuses
+//! work that touches another executor's queued work without a join. Part of
+//! deferred_space (include commpact/space/deferred.hpp).
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "../error.hpp"
+#include "deferred_span.hpp"
+
+namespace commpact {
+
+namespace detail::deferred_check {
+
+struct queue_state;
+
+//! One queued item's use of a buffer's storage, until the item runs or is dropped.
+struct access {
+  const queue_state* q;
+  std::uint64_t seq;
+  bool write;
+};
+
+//! What the checker knows of one buffer's storage: its address range and the queued
+//! items that use it. Held by the buffer and by every queued item that touches it, so
+//! storage destroyed with work queued lives on here (never freed under queued work).
+struct record {
+  const std::byte* lo = nullptr;
+  const std::byte* hi = nullptr;
+  const char* type = "";
+  std::vector<access> pending;
+  std::shared_ptr<void> orphan;  // the storage, once its buffer died with work queued
+};
+
+//! Every live buffer's storage by its first byte (all ranks' threads share it).
+struct registry {
+  std::mutex m;
+  std::map<const std::byte*, std::shared_ptr<record>> by_lo;
+};
+inline registry& reg() {
+  static registry r;
+  return r;
+}
+
+//! The record whose storage holds [p, p + bytes), or nullptr (memory no buffer owns,
+//! such as a host span wrapped by a communicator test). Caller holds reg().m.
+inline std::shared_ptr<record> find_locked(const void* p, std::size_t bytes) {
+  if (p == nullptr || bytes == 0) return nullptr;
+  auto& r = reg();
+  const auto* b = static_cast<const std::byte*>(p);
+  auto it = r.by_lo.upper_bound(b);
+  if (it == r.by_lo.begin()) return nullptr;
+  --it;
+  const auto& rec = it->second;
+  return b >= rec->lo && b + bytes <= rec->hi ? rec : nullptr;
+}
+
+//! Takes r's storage out of the registry (when it is still r's). Caller holds reg().m.
+inline void erase_locked(const std::shared_ptr<record>& r) {
+  auto& by = reg().by_lo;
+  auto it = by.find(r->lo);
+  if (it != by.end() && it->second == r) by.erase(it);
+}
+
+inline std::string describe(const record& r) {
+  return cat("a deferred_buffer<", r.type, "> of ", static_cast<std::size_t>(r.hi - r.lo), " bytes at ",
+             static_cast<const void*>(r.lo));
+}
+
+}  // namespace detail::deferred_check
+
+namespace detail::deferred_check {
+
+//! One queued operation: its order on the queue, its work, and the storage it touches.
+struct item {
+  std::uint64_t seq = 0;
+  std::function<void()> run;
+  std::vector<std::pair<std::shared_ptr<record>, bool>> touches;  // record, writes
+};
+
+//! The state of one deferred executor: its FIFO queue and what the checker needs.
+struct queue_state {
+  std::deque<item> work;
+  std::uint64_t enqueued = 0, fences = 0, ran = 0;
+  //! Another queue's work this one joined: accesses there with seq < bound are ordered
+  //! before everything queued here since the join (made when this queue's seq was at).
+  struct join_entry {
+    const queue_state* q;
+    std::uint64_t bound, at;
+  };
+  std::vector<join_entry> joined;
+  //! Set when a buffer used by this queue's work was destroyed: the next fence raises it.
+  std::string violation;
+
+  queue_state() = default;
+  queue_state(const queue_state&) = delete;
+  queue_state& operator=(const queue_state&) = delete;
+  ~queue_state() { drop(); }
+
+  std::uint64_t joined_bound(const queue_state* o) const {
+    for (const auto& j : joined)
+      if (j.q == o) return j.bound;
+    return 0;
+  }
+  void join_one(const queue_state* o, std::uint64_t bound) {
+    if (o == this) return;
+    for (auto& j : joined)
+      if (j.q == o) {
+        j.bound = std::max(j.bound, bound);
+        return;
+      }
+    joined.push_back({o, bound, enqueued});
+  }
+  //! Joins o's work before `bound`, and (transitively) whatever o had joined before it.
+  void join(const queue_state& o, std::uint64_t bound) {
+    join_one(&o, bound);
+    for (const auto& j : o.joined)
+      if (j.at < bound) join_one(j.q, j.bound);
+  }
+  //! Forgets an item's accesses (it ran, or it is dropped).
+  void release(item& it) noexcept {
+    if (it.touches.empty()) return;
+    std::lock_guard lk(reg().m);
+    for (auto& [r, w] : it.touches) {
+      auto& p = r->pending;
+      for (auto a = p.begin(); a != p.end(); ++a)
+        if (a->q == this && a->seq == it.seq && a->write == w) {
+          p.erase(a);
+          break;
+        }
+    }
+    it.touches.clear();
+  }
+  //! Drops every queued item without running it.
+  void drop() noexcept {
+    while (!work.empty()) {
+      release(work.front());
+      work.pop_front();
+    }
+  }
+  //! Runs the front item; its accesses are released once it has run (or raised).
+  void run_front() {
+    item it = std::move(work.front());
+    work.pop_front();
+    ++ran;
+    try {
+      it.run();
+    } catch (...) {
+      release(it);
+      throw;
+    }
+    release(it);
+  }
+  //! Runs this queue's items with seq < bound (a join from another executor's fence).
+  void run_until(std::uint64_t bound) {
+    try {
+      while (!work.empty() && work.front().seq < bound) {
+        if (!violation.empty()) raise_violation();
+        run_front();
+      }
+    } catch (...) {
+      drop();
+      throw;
+    }
+  }
+  [[noreturn]] void raise_violation() {
+    std::string why;
+    why.swap(violation);
+    drop();
+    throw usage_error(why);
+  }
+};
+
+//! The checker's view of one span an operation touches.
+struct touch {
+  const void* p;
+  std::size_t bytes;
+  bool write;
+};
+
+//! Registers an item's accesses, raising usage_error (and queueing nothing) when one
+//! conflicts with work queued on another executor that this one has not joined.
+inline void check_and_register(queue_state& q, item& it, std::span<const touch> ts) {
+  if (ts.empty()) return;
+  std::lock_guard lk(reg().m);
+  for (const auto& t : ts) {
+    auto r = find_locked(t.p, t.bytes);
+    if (!r) continue;
+    const record& rec = *r;
+    it.touches.emplace_back(std::move(r), t.write);  // registered below, once all are checked
+    for (const auto& a : rec.pending) {
+      if (a.q == &q || !(a.write || t.write)) continue;
+      if (a.seq < q.joined_bound(a.q)) continue;
+      throw usage_error(cat("commpact::deferred_space: an operation queued on one executor ",
+                            t.write ? "writes " : "reads ", describe(rec), " that an operation queued on another ",
+                            "executor ", a.write ? "writes" : "reads", " with no join between them; make this "
+                            "executor wait for the other (deferred_space::wait(exec, deferred_space::record(other))) "
+                            "before queueing (on a GPU the two streams would race)."));
+    }
+  }
+  for (auto& [r, w] : it.touches) r->pending.push_back({&q, it.seq, w});
+}
+
+template <class T>
+touch touch_of(deferred_span<T> s) {
+  return {s.address(), s.size_bytes(), !std::is_const_v<T>};
+}
+
+}  // namespace detail::deferred_check
+
+}  // namespace commpact
