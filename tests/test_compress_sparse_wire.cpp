@@ -4,7 +4,7 @@
 // (the receiver raises wire_error, every other rank an error; nobody hangs).
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
-#include <commpact/compress/codecs/sparse_wire.hpp>
+#include <commpact/wire/sparse_frame.hpp>
 
 #include <atomic>
 #include <chrono>

@@ -36,7 +36,6 @@
 #include "compress/codecs/quantizers.hpp"
 #include "compress/codecs/randomk.hpp"
 #include "compress/codecs/sparse_options.hpp"
-#include "compress/codecs/sparse_wire.hpp"
 #include "compress/codecs/sparsifiers.hpp"
 #include "compress/codecs/tensor_layout.hpp"
 #include "compress/codecs/topk_sign.hpp"
@@ -51,7 +50,6 @@
 #include "compress/compressors/power.hpp"
 #include "compress/compressors/topk.hpp"
 #include "compress/error_feedback.hpp"
-#include "compress/frame.hpp"
 #include "nonfinite.hpp"
 #include "compress/transaction.hpp"
 
@@ -71,3 +69,6 @@
 #include "train/cost_model.hpp"
 #include "train/data_parallel.hpp"
 #include "train/sgd.hpp"
+
+#include "wire/codec_frame.hpp"
+#include "wire/sparse_frame.hpp"

@@ -3,7 +3,7 @@
 // would write for it (a sparse_wire frame, zero-padded).
 #pragma once
 
-#include <commpact/compress/codecs/sparse_wire.hpp>
+#include <commpact/wire/sparse_frame.hpp>
 
 #include <algorithm>
 #include <cstdint>

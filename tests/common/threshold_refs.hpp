@@ -12,7 +12,7 @@
 //    ceil(ratio m) of m sampled |v| give t; up to 10 times, t *= 0.8 while fewer than 0.8k
 //    pass (|v| >= t); at most k sent (commpact: the largest k whenever more pass).
 // The selection under a cap: stable sort by |v| descending, so ties go to the smaller index.
-#include <commpact/compress/codecs/bits.hpp>
+#include <commpact/kernels/formulas/bits.hpp>
 #include <commpact/compress/codecs/sparsifiers.hpp>
 
 #include <algorithm>

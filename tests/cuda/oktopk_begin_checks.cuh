@@ -19,7 +19,7 @@
 #include "commpact/comm/cuda_staged_comm.hpp"
 #include "commpact/comm/thread_comm.hpp"
 #include "commpact/compress/aggregations/sparse_reduce_scatter.hpp"
-#include "commpact/compress/codecs/sparse_wire.hpp"
+#include "commpact/wire/sparse_frame.hpp"
 
 #include "common/sparse_sets.hpp"
 #include "oktopk_rows_test_common.cuh"

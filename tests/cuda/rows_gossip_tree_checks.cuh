@@ -12,7 +12,7 @@
 #include <span>
 #include <vector>
 
-#include "commpact/compress/codecs/sparse_wire.hpp"
+#include "commpact/wire/sparse_frame.hpp"
 #include "rows_test_util.cuh"
 
 void check_gossip_rows(std::mt19937_64& rng) {

@@ -1,4 +1,4 @@
-// libFuzzer harness for the sparse wire decoder (compress/codecs/sparse_wire.hpp).
+// libFuzzer harness for the sparse wire decoder (wire/sparse_frame.hpp).
 //
 // Input: one control byte, then the message. Control bit 0 set: the harness writes the
 // valid magic and version itself and the rest of the input starts at the flags, so the
@@ -11,7 +11,7 @@
 // escapes and is reported as a crash); what it accepts satisfies the format's rules
 // (indices strictly increasing in [0, n), finite values, mask bits in range); and
 // encoding what it decoded gives back the exact input bytes.
-#include <commpact/compress/codecs/sparse_wire.hpp>
+#include <commpact/wire/sparse_frame.hpp>
 
 #include <cmath>
 #include <cstddef>

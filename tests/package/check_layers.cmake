@@ -1,7 +1,7 @@
 # Fails naming file:line for every #include in the public headers (include/commpact/,
 # .hpp and .cuh) that points up the library's layers, lowest first:
 #   0  config.hpp, error.hpp, state.hpp, detail/
-#   1  space/
+#   1  space/, wire/ (the frame formats on the wire: bytes, no space)
 #   2  concepts.hpp, concepts/ (they name host_space as the default space)
 #   3  kernels/
 #   4  comm/, topology/, nonfinite.hpp (the policy and its scan, over kernels/)
@@ -28,7 +28,7 @@ function(commpact_layer rel out_var)
   set(r -1)
   if(rel MATCHES "^(config|error|state)\\.hpp$" OR rel MATCHES "^detail/")
     set(r 0)
-  elseif(rel MATCHES "^space/")
+  elseif(rel MATCHES "^(space|wire)/")
     set(r 1)
   elseif(rel STREQUAL "concepts.hpp" OR rel MATCHES "^concepts/")
     set(r 2)
@@ -148,6 +148,7 @@ if(DEFINED SELF_TEST)
   file(WRITE "${t}/comm/tree.hpp" "#include \"../compress/frame.hpp\"\n")
   file(WRITE "${t}/commpact.hpp" "#include \"comm/tree.hpp\"\n")
   file(WRITE "${t}/extra/y.hpp" "\n")
+  file(WRITE "${t}/wire/f.hpp" "#include \"../space/host.hpp\"\n#include \"../kernels/ops.hpp\"\n")
   file(WRITE "${SELF_TEST}/allowed.txt" "# planted\ncomm/tree.hpp -> compress/frame.hpp  # allowed for the test\nkernels/ops.hpp -> gossip/gone.hpp  # gone\n")
   commpact_check("${t}" "${SELF_TEST}/allowed.txt" bad)
   set(expect
@@ -155,6 +156,7 @@ if(DEFINED SELF_TEST)
     "include/commpact/kernels/cuda/x.cuh:2: includes comm/tree.hpp (layer 4) from layer 3"
     "include/commpact/kernels/ops.hpp:2: includes compress/frame.hpp (layer 5) from layer 3"
     "include/commpact/space/host.hpp:2: includes kernels/ops.hpp (layer 3) from layer 1"
+    "include/commpact/wire/f.hpp:2: includes kernels/ops.hpp (layer 3) from layer 1"
     "layers_allowed.txt lists 'kernels/ops.hpp -> gossip/gone.hpp', which no longer exists: remove the line")
   if(NOT bad STREQUAL expect)
     string(REPLACE ";" "\n  " b "${bad}")

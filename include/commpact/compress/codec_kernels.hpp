@@ -6,7 +6,7 @@
 //!
 //! | operation | specification |
 //! |---|---|
-//! | `encode_frame(e, codec, acc, block, h, approx, status)` | when status holds no bit and h.flags is 0: the codec encodes acc into block's payload (after the 48-byte frame header, frame.hpp), h.payload = its length (above the block: status_wire); then the rest of the payload is zeroed and h written as block's header, with flag nonfinite_input when status holds status_nonfinite. The length stays in the space: the host never waits for it. |
+//! | `encode_frame(e, codec, acc, block, h, approx, status)` | when status holds no bit and h.flags is 0: the codec encodes acc into block's payload (after the 48-byte frame header, wire/codec_frame.hpp), h.payload = its length (above the block: status_wire); then the rest of the payload is zeroed and h written as block's header, with flag nonfinite_input when status holds status_nonfinite. The length stays in the space: the host never waits for it. |
 //! | `decode_sum(e, codec, blocks, block_floats, sum, status)` | sum = 0, then decode_add of each block's payload in rank order (the headers were validated by the host). A malformed payload sets status_wire and a NaN in sum (so that the mean leaves out untouched) in every space, one code path (on the host: the decoder's error is caught; a call without a status word gets it) |
 //! | `clear_delivered(e, codec, r, u)` | a sparse codec's delivered indices leave the residual (and velocity) |
 //!
@@ -35,7 +35,7 @@
 #include "../kernels/status.hpp"
 #include "../space/deferred.hpp"
 #include "../space/host.hpp"
-#include "frame.hpp"
+#include "../wire/codec_frame.hpp"
 
 namespace commpact {
 

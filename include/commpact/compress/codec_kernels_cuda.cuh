@@ -49,11 +49,11 @@
 #include "../kernels/cuda/ops.cuh"
 #include "../kernels/status.hpp"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codecs/casts.hpp"
 #include "codecs/quantizers.hpp"
 #include "codecs/topk_sign.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

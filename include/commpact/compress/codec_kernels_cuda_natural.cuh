@@ -3,7 +3,7 @@
 //! \file codec_kernels_cuda_natural.cuh
 //! codec_kernels<natural_codec, cuda_space> (included by codec_kernels_cuda.cuh): natural
 //! compression on the device, its kernels in kernels/cuda/codecs_natural.cuh. Stateless:
-//! each field is detail::natural_field (casts.hpp, on the float's bits, shared with the
+//! each field is detail::natural_field (kernels/formulas/casts.hpp, on the float's bits, shared with the
 //! host) of its value and random_stream::uniform(i) of the codec's stream (counter-based,
 //! so the device draws element i's number without the ones before it).
 //!
@@ -25,10 +25,10 @@
 #include "../error.hpp"
 #include "../kernels/cuda/codecs_natural.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/casts.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

@@ -24,10 +24,10 @@
 #include "../kernels/cuda/codecs_onebit.cuh"
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/quantizers.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

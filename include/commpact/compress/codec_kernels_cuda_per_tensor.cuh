@@ -47,10 +47,10 @@
 #include "../kernels/cuda/codecs_per_tensor.cuh"
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/per_tensor.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

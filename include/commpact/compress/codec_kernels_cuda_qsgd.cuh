@@ -21,10 +21,10 @@
 #include "../error.hpp"
 #include "../kernels/cuda/codecs_qsgd.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/quantizers.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

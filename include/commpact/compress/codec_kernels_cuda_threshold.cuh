@@ -21,10 +21,10 @@
 #include "../kernels/cuda/codecs_threshold.cuh"
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
+#include "../wire/codec_frame.hpp"
 #include "codec_kernels.hpp"
 #include "codec_kernels_cuda.cuh"
 #include "codecs/sparsifiers.hpp"
-#include "frame.hpp"
 
 namespace commpact {
 

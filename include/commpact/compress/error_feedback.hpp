@@ -43,7 +43,7 @@
 #include "../error.hpp"
 #include "../kernels/host/ops.hpp"
 #include "../kernels/status.hpp"
-#include "../space/copies.hpp"
+#include "../kernels/copies.hpp"
 #include "../space/host.hpp"
 #include "../state.hpp"
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file frame_headers.hpp
-//! Every rank's frame header (frame.hpp) on the host, for the compressors that check
+//! Every rank's frame header (wire/codec_frame.hpp) on the host, for the compressors that check
 //! them alike on every rank (CodecCompressor, MajorityVote): queue() copies the 48-byte
 //! header of each received block into pinned host memory after the exchange (the payloads stay in
 //! the space); after the fence, check() is frame::check_headers on them.
@@ -16,7 +16,7 @@
 #include "../error.hpp"
 #include "../kernels/ops.hpp"
 #include "../space/host.hpp"
-#include "frame.hpp"
+#include "../wire/codec_frame.hpp"
 
 namespace commpact::frame {
 

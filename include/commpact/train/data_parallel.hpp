@@ -88,7 +88,7 @@
 #include "../comm/agree.hpp"
 #include "../comm/mean_allreduce.hpp"
 #include "../nonfinite.hpp"
-#include "../space/copies.hpp"
+#include "../kernels/copies.hpp"
 #include "../compress/transaction.hpp"
 #include "../concepts.hpp"
 #include "../error.hpp"

@@ -3,7 +3,7 @@
 //! \file allgather.hpp
 //! The allgather aggregation: one fixed-capacity block per rank moved to every rank (the
 //! ring allgather of C). `CodecCompressor<Codec, Allgather<C>>` (compressors/codec_compressor.hpp)
-//! composes it with any Codec and error feedback; the blocks carry the frame of frame.hpp.
+//! composes it with any Codec and error feedback; the blocks carry the frame of wire/codec_frame.hpp.
 //!
 //! combine(codec, out, status) decodes every block's payload in rank order into a zeroed
 //! sum (the same float additions on every rank) and writes the mean into out when every

@@ -24,7 +24,7 @@
 //! - `local_set()`: k index and value slots that a fused local phase fills (the ops row
 //!   oktopk_local, OkTopK's path): the local top-k, index-sorted;
 //! - `block(capacity)` (the Aggregation concept): float storage for a sparse_wire frame
-//!   (codecs/sparse_wire.hpp) of at most k entries with n_min = n_max = n, k_min = k_max
+//!   (wire/sparse_frame.hpp) of at most k entries with n_min = n_max = n, k_min = k_max
 //!   = k, no mask, zero padding to capacity (48 + 8k bytes or more); exchange() reads it
 //!   (ops row oktopk_begin). A flagged frame (flag_nonfinite, flag_failed) contributes
 //!   nothing and flags the step; a malformed one counts as rejected input on every rank.
@@ -70,7 +70,7 @@
 #include "../../kernels/host/oktopk.hpp"
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
-#include "../codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 
 namespace commpact {
 

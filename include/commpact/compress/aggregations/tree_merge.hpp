@@ -10,7 +10,7 @@
 //!
 //! This rank's contribution enters in one of two ways, each once per step:
 //! - `block(capacity)` (the Aggregation concept): float storage of `capacity` bytes in
-//!   which a codec writes a sparse_wire frame (codecs/sparse_wire.hpp) of its set:
+//!   which a codec writes a sparse_wire frame (wire/sparse_frame.hpp) of its set:
 //!   the 48-byte header with magic, version, mask_bits = 0, count = the entries,
 //!   n_min = n_max = n (the dense length), k_min = k_max = k (the same k on every rank),
 //!   flags = 0; then count indices (int32, strictly increasing, in [0, n)), then their

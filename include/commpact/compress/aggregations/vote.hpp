@@ -2,7 +2,7 @@
 #pragma once
 //! \file vote.hpp
 //! The majority-vote aggregation (signSGD with majority vote, Bernstein et al. 2018):
-//! every rank's block is a frame (frame.hpp: the 48-byte header, then sign_codec's
+//! every rank's block is a frame (wire/codec_frame.hpp: the 48-byte header, then sign_codec's
 //! payload: a float32 scale and ceil(n / 8) sign bits), all-gathered as Allgather<C>
 //! moves them; combine(codec, out, status) (ops row sign_vote) writes out[i] = s
 //! sign(sum_r sign_r[i]) (a tie gives 0), s the mean of the ranks' scales when `scaled`,

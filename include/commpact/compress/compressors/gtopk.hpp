@@ -73,7 +73,7 @@
 #include <vector>
 
 #include "../../comm/agree.hpp"
-#include "../../space/copies.hpp"
+#include "../../kernels/copies.hpp"
 #include "../../comm/known_size.hpp"
 #include "../../comm/tree_comm.hpp"
 #include "../../concepts.hpp"
@@ -83,7 +83,7 @@
 #include "../../state.hpp"
 #include "../aggregations/tree_merge.hpp"
 #include "../codecs/sparse_options.hpp"
-#include "../codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../error_feedback.hpp"
 #include "../step_phase.hpp"
 

@@ -52,7 +52,7 @@
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
 #include "../../nonfinite.hpp"
-#include "../../space/copies.hpp"
+#include "../../kernels/copies.hpp"
 #include "../../state.hpp"
 #include "../aggregations/allreduce.hpp"
 #include "../codecs/randomk.hpp"

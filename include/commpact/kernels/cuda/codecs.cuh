@@ -34,10 +34,10 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/bits.hpp"
-#include "../../compress/codecs/casts.hpp"
-#include "../../compress/codecs/quantizers.hpp"
-#include "../../compress/codecs/topk_sign.hpp"
+#include "../formulas/bits.hpp"
+#include "../formulas/casts.hpp"
+#include "../formulas/quantizers.hpp"
+#include "../formulas/sign.hpp"
 #include "../status.hpp"
 #include "fixed_sum.cuh"
 #include "grid.cuh"

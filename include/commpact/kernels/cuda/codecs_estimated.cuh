@@ -30,8 +30,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/bits.hpp"
-#include "../../compress/codecs/sparsifiers.hpp"
+#include "../formulas/bits.hpp"
+#include "../formulas/thresholds.hpp"
 #include "codecs.cuh"
 #include "codecs_threshold.cuh"
 #include "fixed_sum.cuh"

@@ -3,7 +3,7 @@
 //! \file codecs_natural.cuh
 //! Device kernels of natural_codec (codec_kernels<natural_codec, cuda_space>,
 //! compress/codec_kernels_cuda_natural.cuh), with the host's per-element arithmetic
-//! (detail::natural_field, natural_value, natural_field_ok in casts.hpp, on the float's
+//! (detail::natural_field, natural_value, natural_field_ok in formulas/casts.hpp, on the float's
 //! bits) and its random numbers (random_stream, counter-based: uniform(i) for element i,
 //! replayed here; no sequential state, so one thread per byte draws what the host draws).
 //!
@@ -24,8 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/bits.hpp"
-#include "../../compress/codecs/casts.hpp"
+#include "../formulas/bits.hpp"
+#include "../formulas/casts.hpp"
 #include "codecs.cuh"
 #include "grid.cuh"
 

@@ -24,8 +24,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/quantizers.hpp"
-#include "../../compress/codecs/topk_sign.hpp"
+#include "../formulas/quantizers.hpp"
+#include "../formulas/sign.hpp"
 #include "codecs.cuh"
 #include "fixed_sum.cuh"
 #include "grid.cuh"

@@ -24,7 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/quantizers.hpp"
+#include "../formulas/quantizers.hpp"
 #include "codecs.cuh"
 #include "fixed_sum.cuh"
 #include "grid.cuh"

@@ -24,7 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/sparsifiers.hpp"
+#include "../formulas/thresholds.hpp"
 #include "codecs.cuh"
 #include "grid.cuh"
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file frame_check.cuh
-//! The device checks of a received sparse_wire frame (compress/codecs/sparse_wire.hpp), as
+//! The device checks of a received sparse frame (wire/sparse_frame.hpp), as
 //! sparse_wire::decode_header(frame, true) and sparse_wire::decode make them on the host,
 //! split so that each consumer decides in its host twin's order: a header check in a
 //! decision kernel (frame_head_dev; grid.cuh's decision_launch) and a grid check of the zero padding and the body (frame_scan_dev).
@@ -18,7 +18,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "vector.cuh"
 
 namespace commpact::cuda_kernels {

@@ -23,7 +23,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../host/oktopk.hpp"
 #include "../status.hpp"
 #include "frame_check.cuh"

@@ -8,15 +8,17 @@
 //!
 //! Bits. Every per-element formula is the host's own COMMPACT_HOST_DEVICE function
 //! (host/cast.hpp's cast_encode_value and the codecs' to_code/from_code/add in
-//! codecs/casts.hpp; host/linear_vote.hpp's signum_value, vote_block_valid, vote_value;
+//! formulas/casts.hpp; host/linear_vote.hpp's signum_value, vote_block_valid, vote_value;
 //! mean.hpp's mean_of), written in kernels/exact.hpp's uncontracted operations, so the
 //! device computes what the host computes. sign_vote sums the scales in double in rank
 //! order, as the host does (each block of the vote kernel repeats that short sum).
 //!
 //! Linear codecs: compress/decompress_add are host code, so the device rows run the
-//! LinearCodecs commpact ships: randomk_codec (its indices are drawn on the host, as the
-//! host rows do, and copied into the executor's scratch for the gather and the scatter).
-//! Any other LinearCodec fails to compile on cuda_space with a sentence naming it.
+//! LinearCodecs commpact ships: randomk_codec (its indices are drawn on the host by
+//! kernels/formulas/randomk.hpp's randomk_draw, as the host rows do, and copied into the
+//! executor's scratch for the gather and the scatter; detail::gathers_randomk_draw<K> says
+//! which codecs those are). Any other LinearCodec fails to compile on cuda_space with a
+//! sentence naming it.
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_rows_cast_vote.cu (docs/cuda.md,
 //! "Status", says where it has run).
@@ -31,9 +33,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "../../compress/codecs/randomk.hpp"
 #include "../../error.hpp"
 #include "../../space/cuda.hpp"
+#include "../formulas/randomk.hpp"
 #include "../host/cast.hpp"
 #include "../host/linear_vote.hpp"
 #include "../mean.hpp"
@@ -177,7 +179,7 @@ inline unsigned vote_grid(std::size_t n) {
 }
 
 template <class K>
-inline constexpr bool device_linear_codec = std::is_same_v<std::remove_cvref_t<K>, randomk_codec>;
+inline constexpr bool device_linear_codec = commpact::detail::gathers_randomk_draw<std::remove_cvref_t<K>>;
 
 }  // namespace cuda_kernels::cast_vote_detail
 
@@ -283,24 +285,23 @@ struct cast_vote {
   }
 
  private:
-  static void randomk_encode(const exec& e, randomk_codec& codec, span<const float> acc, span<float> block,
-                            span<const std::uint32_t> status) {
+  static void randomk_encode(const exec& e, commpact::detail::randomk_draw& codec, span<const float> acc,
+                             span<float> block, span<const std::uint32_t> status) {
     namespace kd = cuda_kernels::cast_vote_detail;
     require(!block.empty(), "commpact::ops::linear_encode: the block is empty; it holds m values and the flag.");
     const std::size_t m = block.size() - 1, n = acc.size();
     const auto ix = codec.indices(n);
     require(ix.size() == m, "commpact::ops::linear_encode: random-k keeps ", ix.size(), " of ", n,
             " values, but the block holds ", m, "; pass a block of codec.size(n) + 1 floats.");
-    // randomk_codec::compress's factor, computed as it does.
-    const float s =
-        codec.scaled() ? static_cast<float>(static_cast<double>(n) / static_cast<double>(ix.size())) : 1.0f;
+    // randomk_codec::compress's factor: the draw's.
+    const float s = codec.factor(n, ix.size());
     const std::int32_t* idx = upload_indices(e, ix);
     kd::randomk_encode_kernel<<<kd::vec_grid(m + 1), kd::vec_block, 0, e.stream()>>>(
         cuda_access::ptr(acc), idx, m, s, cuda_access::ptr(block), cuda_access::ptr(status));
     ck(cudaGetLastError(), "linear_encode");
   }
-  static void randomk_decode(const exec& e, const randomk_codec& codec, span<float> block, span<float> out, int P,
-                            span<std::uint32_t> status) {
+  static void randomk_decode(const exec& e, const commpact::detail::randomk_draw& codec, span<float> block,
+                             span<float> out, int P, span<std::uint32_t> status) {
     namespace kd = cuda_kernels::cast_vote_detail;
     require(!block.empty(), "commpact::ops::linear_decode: the block is empty; it holds m values and the flag.");
     const std::size_t m = block.size() - 1, n = out.size();
@@ -317,7 +318,7 @@ struct cast_vote {
                                                                         cuda_access::ptr(status));
     ck(cudaGetLastError(), "linear_decode");
   }
-  static void randomk_feedback(const exec& e, const randomk_codec& codec, span<float> acc) {
+  static void randomk_feedback(const exec& e, const commpact::detail::randomk_draw& codec, span<float> acc) {
     // random-k has delivered(): B A is the projection onto those indices, zeroed here.
     const auto ix = codec.delivered();
     if (ix.empty()) return;

@@ -47,7 +47,7 @@
 #include <thrust/iterator/transform_output_iterator.h>
 
 #include "../../concepts/tree_schedule.hpp"
-#include "../../compress/codecs/sparse_wire.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../host/sparse_tree.hpp"
 #include "../status.hpp"
 #include "frame_check.cuh"

@@ -2,7 +2,7 @@
 #pragma once
 //! \file bf16.hpp
 //! CastAllreduce's bfloat16 passes over spans, vectorised, with the bits of the scalar
-//! conversions in compress/codecs/casts.hpp (detail::to_bf16, to_bf16_ieee, from_bf16):
+//! conversions in kernels/formulas/casts.hpp (detail::to_bf16, to_bf16_ieee, from_bf16):
 //! round to nearest even on the float's bits, finite values saturated by to_bf16, a NaN
 //! sent as its top half with the quiet bit set. The conversions are integer operations
 //! on the bits, so they run at the vector width of isa::active() (vector_ops.hpp's
@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "../../compress/codecs/casts.hpp"
+#include "../formulas/casts.hpp"
 #include "../mean.hpp"
 #include "simd.hpp"
 #include "vector_ops.hpp"

@@ -5,9 +5,9 @@
 //! cast with error feedback, the per-chunk add of the ring, and the decode of the sums
 //! into the mean. `Cast` is a 16-bit cast codec (fp16_codec, bf16_codec): static
 //! to_code, from_code, finite_code and add. The rows cast_encode, cast_add and
-//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For fp16_codec and
-//! bf16_codec the passes are half.hpp's (F16C where the CPU has it) and bf16.hpp's
-//! (vectorised), with the same bits.
+//! cast_decode_mean of ops<Space> (kernels/ops.hpp) call them. For a Cast of
+//! formulas/casts.hpp's fp16_format or bf16_format (fp16_codec, bf16_codec) the passes are
+//! half.hpp's (F16C where the CPU has it) and bf16.hpp's (vectorised), with the same bits.
 
 #include <cstddef>
 #include <cstdint>
@@ -51,9 +51,9 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
   float* cp = cand.empty() ? nullptr : cand.data();
   const std::size_t n = g.size();
   std::size_t i = 0;
-  if constexpr (std::is_same_v<Cast, fp16_codec>)
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
     i = half::cast_encode_prefix(g.data(), rp, codes.data(), cp, n, cast_nan_code);
-  else if constexpr (std::is_same_v<Cast, bf16_codec>)
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
     i = bf16::cast_encode_prefix(g.data(), rp, codes.data(), cp, n, cast_nan_code);
   for (; i < n; ++i) codes[i] = cast_encode_value<Cast>(g[i], rp, i, cp);
 }
@@ -63,9 +63,9 @@ void cast_encode(std::span<const float> g, std::span<const float> r, std::span<s
 template <class Cast>
 void cast_add(std::span<const std::uint16_t> in, std::span<std::uint16_t> mine) {
   std::size_t i = 0;
-  if constexpr (std::is_same_v<Cast, fp16_codec>)
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
     i = half::cast_add_prefix(in.data(), mine.data(), mine.size());
-  else if constexpr (std::is_same_v<Cast, bf16_codec>)
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
     i = bf16::cast_add_prefix(in.data(), mine.data(), mine.size());
   for (; i < mine.size(); ++i) mine[i] = Cast::add(in[i], mine[i]);
 }
@@ -76,9 +76,9 @@ template <class Cast>
 bool cast_decode_mean(std::span<const std::uint16_t> sums, std::span<float> out, int P) {
   const std::size_t n = sums.size();
   std::size_t i = 0;
-  if constexpr (std::is_same_v<Cast, fp16_codec>)
+  if constexpr (std::is_base_of_v<commpact::detail::fp16_format, Cast>)
     i = half::cast_decode_mean_prefix(sums.data(), out.data(), n, P);
-  else if constexpr (std::is_same_v<Cast, bf16_codec>)
+  else if constexpr (std::is_base_of_v<commpact::detail::bf16_format, Cast>)
     i = bf16::cast_decode_mean_prefix(sums.data(), out.data(), n, P);
   if (i > n) return false;
   if (i == 0)  // no prefix ran, so no code was checked yet

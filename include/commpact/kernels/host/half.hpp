@@ -2,7 +2,7 @@
 #pragma once
 //! \file half.hpp
 //! IEEE binary16 conversions over spans, and CastAllreduce's fp16 passes, with the bits of
-//! the scalar conversions in compress/codecs/casts.hpp (detail::to_half, to_half_ieee,
+//! the scalar conversions in kernels/formulas/casts.hpp (detail::to_half, to_half_ieee,
 //! from_half): round to nearest even, subnormals kept, finite values saturated at
 //! +-65504 by to_half, every NaN sent as the quiet NaN sign | 0x7E00, a half NaN read as
 //! sign | 0x7F800000 | mantissa << 13 (no quieting).
@@ -24,8 +24,8 @@
 #include <cstdint>
 #include <span>
 
-#include "../../compress/codecs/casts.hpp"
 #include "../../error.hpp"
+#include "../formulas/casts.hpp"
 #include "../mean.hpp"
 #include "isa.hpp"
 

@@ -8,7 +8,7 @@
 //!
 //! A linear block is m + 1 floats: A v (m floats, the LinearCodec's compress) and one
 //! flag float, 1 when this rank's input was not finite (the allreduce sums the flags, so
-//! every rank sees whether some rank had one). A vote block is the frame of frame.hpp
+//! every rank sees whether some rank had one). A vote block is the frame of wire/codec_frame.hpp
 //! (48-byte header) and sign_codec's payload: a float32 scale and ceil(n / 8) sign bytes.
 
 #include <algorithm>

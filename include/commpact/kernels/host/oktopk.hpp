@@ -21,9 +21,9 @@
 #include <limits>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
 #include "../../config.hpp"
 #include "../../error.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../mean.hpp"
 #include "../status.hpp"
 #include "topk.hpp"

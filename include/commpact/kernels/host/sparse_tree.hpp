@@ -19,9 +19,9 @@
 #include <optional>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
 #include "../../error.hpp"
 #include "../../concepts/tree_schedule.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../status.hpp"
 #include "commit.hpp"
 #include "sparse_merge.hpp"

@@ -12,8 +12,8 @@
 #include <cstdint>
 #include <span>
 
-#include "../../compress/codecs/sparse_wire.hpp"
 #include "../../error.hpp"
+#include "../../wire/sparse_frame.hpp"
 #include "../status.hpp"
 #include "sparse_tree.hpp"
 

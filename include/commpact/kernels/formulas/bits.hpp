@@ -43,6 +43,18 @@ struct random_stream {
 
 namespace detail {
 
+//! Byte j of the bits Set(v[i]) of v[0, n): bit t for v[8j + t], least significant first,
+//! zero past n (the sign bytes of sign_codec and onebit_codec, host and device).
+template <bool (*Set)(float)>
+COMMPACT_HOST_DEVICE inline unsigned char bit_byte(const float* v, std::size_t n, std::size_t j) {
+  unsigned m = 0;
+  for (unsigned t = 0; t < 8; ++t) {
+    const std::size_t i = 8 * j + t;
+    if (i < n && Set(v[i])) m |= 1u << t;
+  }
+  return static_cast<unsigned char>(m);
+}
+
 //! Bytes of `count` fields of `width` bits.
 constexpr std::size_t packed_bytes(std::size_t count, unsigned width) { return (count * width + 7) / 8; }
 

@@ -14,9 +14,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "../kernels/deferred/ops.hpp"
-#include "../kernels/host/ops.hpp"
-#include "host.hpp"
+#include "deferred/ops.hpp"
+#include "host/ops.hpp"
+#include "../space/host.hpp"
 
 namespace commpact {
 

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file frame.hpp
+//! \file codec_frame.hpp
 //! The one frame protocol of the codec compressors (CodecCompressor over any
-//! aggregation, MajorityVote): every rank's message starts with this 48-byte header.
+//! aggregation, MajorityVote): every rank's message starts with this 48-byte header
+//! (namespace commpact::frame). It sits below the kernels, which write it in the space.
 //!
 //! Frame header (48 bytes): u32 magic 0x47415043 ("CPAG"), u16 version 1, u16 flags
 //! (bit 0 non-finite input, bit 1 input rejected), u32 payload bytes, u32 0, then i64
@@ -11,9 +12,9 @@
 //! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
 //! the same error (or skips the step) without an extra message.
 //!
-//! Why a second 48-byte header exists beside sparse_wire's ("CPSW"): this frame carries
+//! Why a second 48-byte header exists beside sparse_frame.hpp's ("CPSW"): this frame carries
 //! single values (n, the agreement value, the step) because every rank reads every
-//! rank's header and compares them; sparse_wire's sets are merged along a tree, where a
+//! rank's header and compares them; sparse_frame.hpp's sets are merged along a tree, where a
 //! rank sees only its partners' merged subtrees, so that header carries ranges (min/max
 //! of n and k) and a survival mask instead. The magics differ, so neither decoder accepts
 //! the other's message.
