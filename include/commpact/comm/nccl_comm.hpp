@@ -3,6 +3,9 @@
 //! \file nccl_comm.hpp
 //! NcclComm: a communicator of the CUDA space (space/cuda.hpp) over an ncclComm_t. Only
 //! nvcc compiles it (with nccl.h; CMake's `nccl` component links libnccl).
+//! One file on purpose: a third of it is this contract, the rest one class whose data
+//! plane, creation and failure handling share its handle (the control plane is
+//! cuda_host_plane.hpp's).
 //!
 //! Tests: tests/cuda/test_gtopk_device.cu (one rank: NCCL puts no two ranks of a communicator
 //! on one GPU, so the multi-rank device path is checked by test_cuda_ops.cu's simulated ranks;
