@@ -64,6 +64,10 @@ inline std::vector<float> make_input(int kind, std::size_t n, std::mt19937_64& r
 struct frames {
   std::vector<float> host, dev;                // the blocks
   std::vector<float> host_approx, dev_approx;  // approx (empty when approx_n is 0)
+  // The device block the kernels encoded into. A sparse codec's clear_delivered reads its
+  // indices there (codec_kernels_cuda*.cuh: the block of the last encode_frame, untouched
+  // until then), so the block lives as long as the frames, not just for encode_both.
+  cp::cuda_buffer<float> dev_block;
 };
 
 //! encode_frame of v with header h and status word `status` by the host (hc) and by the device (dk, dc): the host's
@@ -78,7 +82,8 @@ frames encode_both(DK& dk, Codec& hc, Codec& dc, const std::vector<float>& v, co
   std::vector<std::uint32_t> hs{status};
   SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(f.host), h,
                    approx_n ? std::span<float>(f.host_approx) : std::span<float>{}, std::span<const std::uint32_t>(hs));
-  cp::cuda_buffer<float> dv, db, da;
+  cp::cuda_buffer<float> dv, da;
+  cp::cuda_buffer<float>& db = f.dev_block;  // kept: clear_delivered_same reads its indices
   cp::cuda_buffer<std::uint32_t> ds;
   upload(dv, v), upload(ds, hs), upload(da, std::vector<float>(approx_n, -7.0f));
   db.resize(cap / 4);  // poisoned (0xFF)
@@ -89,7 +94,8 @@ frames encode_both(DK& dk, Codec& hc, Codec& dc, const std::vector<float>& v, co
 }
 
 //! clear_delivered on a random residual and velocity (N(0, 1) from rng) by the host (hc) and by the device (dk, dc):
-//! true when both sides leave the same bits.
+//! true when both sides leave the same bits. The frames of the encode_both before it must still live (the device's
+//! indices are in its dev_block).
 template <class Codec, class DK>
 bool clear_delivered_same(DK& dk, Codec& hc, Codec& dc, std::size_t n, std::mt19937_64& rng) {
   using SH = cp::codec_kernels<Codec, cp::host_space>;

@@ -71,7 +71,7 @@ void check_encode(const char* who, const Codec& proto, std::size_t n, int kind, 
 }
 
 //! decode_sum over P blocks the host encoded (rank r from input kind r % 6), block P - 1
-//! corrupted by `corrupt(kind, words, payload bytes, capacity bytes)` (false: the kind does
+//! corrupted by `corrupt(kind, words, payload bytes, capacity bytes, n)` (false: the kind does
 //! not apply). status_wire and sum[0] NaN exactly where the host raises; else the sum's bits.
 //! Returns whether the host raised.
 template <class Codec, class Corrupt>
@@ -86,7 +86,7 @@ bool check_decode(const char* who, const Codec& proto, std::size_t n, int kind, 
   };
   auto all = host_frames(hc, n, P, cap, input, [](Codec& c, int r) { prepare(c, r, 1); });
   auto* w = reinterpret_cast<std::uint32_t*>(all.data()) + static_cast<std::size_t>(P - 1) * bf;
-  if (kind != 0 && !corrupt(kind, w, w[2], cap)) return false;
+  if (kind != 0 && !corrupt(kind, w, w[2], cap, n)) return false;
   const auto [host_raised, stw, sum, hsum] = decode_both(hc, all, bf, n);
   EXPECT(((stw & cp::status_wire) != 0) == host_raised, "%s kind %d n=%zu P=%d: status %u, host raised %d", who, kind,
          n, P, stw, int(host_raised));
@@ -97,7 +97,7 @@ bool check_decode(const char* who, const Codec& proto, std::size_t n, int kind, 
 }
 
 // natural: 1 length; 2 code 255 in the last field; 3 a sign on code 0; 4 a padding bit.
-bool natural_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t n) {
+bool natural_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t, std::size_t n) {
   auto* p = reinterpret_cast<unsigned char*>(w + 12);
   auto set_field = [&](std::size_t i, std::uint32_t f) {
     for (unsigned k = 0; k < 9; ++k) {
@@ -117,7 +117,7 @@ bool natural_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t n) {
 }
 
 // 1-bit: 1 length (one byte short); 2 NaN first mean; 3 first mean -1; 4 second mean +1; 5 second mean -Inf; 6 a padding bit.
-bool onebit_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t n) {
+bool onebit_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t, std::size_t n) {
   switch (kind) {
     case 1: w[2] -= 1; return true;
     case 2: w[12] = 0x7FC00000u; return true;
@@ -135,7 +135,7 @@ bool onebit_corrupt(int kind, std::uint32_t* w, std::size_t, std::size_t n) {
 // length + 1; 4 the first word of tensor 0's message a NaN (K's own check, where it has
 // one); 5 a trailing zero byte; 6 the last byte of the message flipped (K's padding or
 // values: the host decides).
-bool per_tensor_corrupt(int kind, std::uint32_t* w, std::size_t payload, std::size_t cap) {
+bool per_tensor_corrupt(int kind, std::uint32_t* w, std::size_t payload, std::size_t cap, std::size_t) {
   auto* p = reinterpret_cast<unsigned char*>(w + 12);
   std::uint32_t l0;
   std::memcpy(&l0, p, 4);

@@ -126,11 +126,19 @@ COMMPACT_HOST_DEVICE inline float onebit_finite(double x) {
   constexpr double big = 0x1.fffffep127;
   return static_cast<float>(big < x ? big : x);
 }
+//! f, or the quiet NaN 0x7FC00000 when f is a NaN. The bits of a NaN out of the sums
+//! differ between the host and the device (x86 keeps an operand's NaN and makes Inf - Inf
+//! negative; the GPU's NaN is its own), so a NaN mean is written as this one NaN on both.
+COMMPACT_HOST_DEVICE inline float onebit_canonical(float f) {
+  return (exact::bits(f) & 0x7FFFFFFFu) > 0x7F800000u ? exact::from_bits(0x7FC00000u) : f;
+}
 //! The two reconstruction values from the sums over all n values: the mean of the
-//! non-negative side (0 when empty) and of the negative side (0 when empty).
+//! non-negative side (0 when empty) and of the negative side (0 when empty); a NaN (a NaN
+//! among the values: the compressor flags that input, the frame is never decoded) as
+//! onebit_canonical's, so that host and device write the same bits.
 COMMPACT_HOST_DEVICE inline void onebit_means(const onebit_sums& s, std::size_t n, float* a, float* b) {
-  *a = s.np ? onebit_finite(s.sp / static_cast<double>(s.np)) : 0.0f;
-  *b = s.np < n ? -onebit_finite(-s.sn / static_cast<double>(n - s.np)) : 0.0f;
+  *a = onebit_canonical(s.np ? onebit_finite(s.sp / static_cast<double>(s.np)) : 0.0f);
+  *b = onebit_canonical(s.np < n ? -onebit_finite(-s.sn / static_cast<double>(n - s.np)) : 0.0f);
 }
 //! Received reconstruction values are finite, the first >= 0 and the second <= 0.
 COMMPACT_HOST_DEVICE inline bool onebit_means_ok(float a, float b) {
