@@ -85,9 +85,10 @@ inline bool make_case(int kd, i64 n, i64 k, begin_case& c) {
     case flag_failed: flags = sw::flag_failed; break;
     case bad_magic: put(p, u32(sw::magic ^ (1u << below(32)))); break;
     case bad_version: version = std::uint16_t(rng() & 1 ? 0 : sw::version + 1 + below(100)); break;
-    // Bits 2 to 7 only: bits 8-15 are sparse_wire's step bits (known_flags), which
-    // decode_header accepts, so with bit 0 set such a frame is flagged non-finite.
-    case unknown_flag: flags = std::uint16_t((rng() & 3) | (4u << below(6))); break;
+    // Bits 2 and 3 only (reserved): bits 4-15 are the sparse frame's step bits
+    // (known_flags), which decode_header accepts, so with bit 0 set such a frame is
+    // flagged non-finite rather than rejected.
+    case unknown_flag: flags = std::uint16_t((rng() & 3) | (4u << below(2))); break;
     case count_past_frame: count = rng() & 1 ? 0xffffffffu : static_cast<u32>(uk + 3 + below(4)); break;
     case index_high: put(p + sw::header_bytes + 4 * (cnt - 1), i32(rng() & 1 ? n + i64(below(3)) : INT32_MAX)); break;
     case index_negative: put(p + sw::header_bytes, i32(rng() & 1 ? -1 - i64(below(3)) : INT32_MIN)); break;
