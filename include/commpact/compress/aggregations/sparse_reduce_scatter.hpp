@@ -355,10 +355,7 @@ class SparseReduceScatter {
       const auto h = host::oktopk::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
       if (h.magic != host::oktopk::magic || h.flags > 3u)
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
-      // A rank that rejected its gradient of another length still sends that length: the
-      // same mismatch_error on every rank.
-      const bool other_length = h.n > 0 && n_ > 0 && h.n != static_cast<std::int64_t>(n_);
-      if (h.flags && !other_length) {
+      if (h.flags) {
         all |= h.flags;
         continue;
       }
