@@ -1,5 +1,5 @@
 // One rank's differing argument, over every compressor the library ships (host memory
-// and the deferred space; add a new compressor to `every_compressor` and it is held to
+// and the deferred space; add a new compressor to `every_compressor` (tests/common/every_compressor.hpp) and it is held to
 // the same rule): a gradient of another length on one rank (at the first step, or after
 // one), or one rank built with another option (density, approximation rank, layout,
 // levels, momentum, bucket cap), raises the same error class on every rank, each rank's
@@ -32,6 +32,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "common/every_compressor.hpp"
 #include "common/random.hpp"
 #include "common/space_copies.hpp"
 
@@ -116,13 +117,7 @@ struct maker<Bucketed<C>> {
   }
 };
 
-using every_compressor =
-    std::tuple<Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
-               CodecCompressor<sign_codec, Allgather<TC>>, Fp16Allreduce<TC>, Bf16Allreduce<TC>,
-               LinearCompressor<randomk_codec, TC>, MajorityVote<TC>, OkTopK<TC>, Bucketed<Dense<TC>>,
-               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, gTopK<TreeComm<DC>>, PowerCompressor<2, deferred_space>,
-               CodecCompressor<qsgd_codec, Allgather<DC>>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>,
-               MajorityVote<DC>, OkTopK<DC>, Bucketed<TopK<DC>>>;
+using every_compressor = commpact_test::every_compressor<TC, DC>;
 
 //! One step of c on a host vector g (copied to and from the deferred space where c runs).
 template <class C>

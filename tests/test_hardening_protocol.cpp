@@ -1,5 +1,5 @@
 // The step protocol of every compressor the library ships, checked over one type list
-// (add a new compressor to `every_compressor` and it is held to the same rules):
+// (add a new compressor to `every_compressor` (tests/common/every_compressor.hpp) and it is held to the same rules):
 // - ranks that disagree on commit and cancel, or a rank that retries a step the others
 //   kept, raise the same error class on every rank at the next step;
 // - a step that raises changes no state, and the retry equals a twin that never saw it;
@@ -43,6 +43,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "common/every_compressor.hpp"
 #include "common/random.hpp"
 #include "common/space_copies.hpp"
 #include "common/state_blobs.hpp"
@@ -132,15 +133,7 @@ struct maker<LinearCompressor<randomk_codec, DC>> {
   }
 };
 
-//! Every compressor commpact ships, on host memory (ThreadComm) and on the deferred
-//! space where it runs there.
-using every_compressor =
-    std::tuple<Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, PowerCompressor<2>, CodecCompressor<qsgd_codec, Allgather<TC>>,
-               CodecCompressor<sign_codec, Allgather<TC>>, Fp16Allreduce<TC>, Bf16Allreduce<TC>,
-               LinearCompressor<randomk_codec, TC>, MajorityVote<TC>, OkTopK<TC>, Bucketed<Dense<TC>>,
-               Bucketed<TopK<TC>>, Dense<DC>, TopK<DC>, gTopK<TreeComm<DC>>, PowerCompressor<2, deferred_space>,
-               CodecCompressor<qsgd_codec, Allgather<DC>>, Fp16Allreduce<DC>, LinearCompressor<randomk_codec, DC>,
-               MajorityVote<DC>, OkTopK<DC>, Bucketed<TopK<DC>>>;
+using every_compressor = commpact_test::every_compressor<TC, DC>;
 
 //! A gradient in C's space: a host vector, or a deferred buffer and its span.
 template <class C, bool = std::is_same_v<space_of_t<C>, deferred_space>>
