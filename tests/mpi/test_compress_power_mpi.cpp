@@ -69,6 +69,10 @@ TEST_CASE("MPI: one rank passes a buffer that does not fit the layout: every ran
   } catch (const invalid_argument& e) {
     // P = 1: the one rank is the odd one, so the ranks agree on a length that does not fit.
     ok = P == 1 && std::string(e.what()).find(std::to_string(numel(kPowerLayout) - 1)) != std::string::npos;
+  } catch (const std::exception& e) {
+    // Any other error fails the check here, so that every rank still reaches the count below.
+    UNSCOPED_INFO("rank " << r << " raised: " << e.what());
+    ok = 0;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   CHECK(s < 5.0);

@@ -213,7 +213,20 @@ class mpi_state {
       if (!active_.empty()) progress_rings();
       if (done()) return;
       if ((spin & 15) != 0) continue;
-      throw_if_told(what);
+      if (!failed_) poll_notice();
+      if (failed_) {
+        // A peer failed, perhaps just after it finished its part of this operation (a
+        // rank that raises after an agreement): this rank's part may be one message from
+        // done. A short grace lets it complete, so every rank whose operation completes
+        // returns its result and raises its own error, the same class as the others',
+        // rather than the failure notice; the notice raises at the next operation.
+        const auto grace_end = std::chrono::steady_clock::now() + failure_grace;
+        while (std::chrono::steady_clock::now() < grace_end) {
+          if (done()) return;
+          std::this_thread::yield();
+        }
+        throw_if_told(what);
+      }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         const auto ms = opt_.timeout.count();
@@ -227,6 +240,9 @@ class mpi_state {
       else if (waited >= std::chrono::milliseconds(10)) std::this_thread::yield();
     }
   }
+
+  //! How long an operation in flight may still complete after a peer's failure notice.
+  static constexpr std::chrono::milliseconds failure_grace{100};
 
   //! Tests the failure channel; raises peer_failure when the group failed.
   void throw_if_told(const char* what) {
