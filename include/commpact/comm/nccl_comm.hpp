@@ -53,7 +53,9 @@
 //! timeout_error. The communicator installs its hooks on the executor (keyed by itself,
 //! so several communicators may share one executor): every fence on it polls this
 //! communicator's asynchronous error (a peer that failed raises peer_failure at the next
-//! fence) and a fence whose deadline passes aborts it. abort(why) aborts the communicator;
+//! fence) and a fence whose deadline passes aborts it (ncclCommAbort on a thread of its
+//! own, joined when the communicator goes: it waits for the device's running kernels,
+//! and the fence returns at its deadline). abort(why) aborts the communicator;
 //! every later call raises peer_failure naming why.
 //!
 //! Destruction (the last copy of the handle) is bounded: ncclCommFinalize, then polling
@@ -139,11 +141,14 @@ class NcclComm : public cuda_host_plane<NcclComm> {
     cuda_space::exec exec;
     cuda_host_stage staging;  // the control plane's device and pinned host staging
     std::chrono::milliseconds timeout{std::chrono::minutes(5)};
+    //! The ncclCommAbort a fence's deadline started (see abort_later); joined here.
+    std::thread aborter;
     state() = default;
     state(const state&) = delete;
     state& operator=(const state&) = delete;
     ~state() {
       exec.remove_hook(this);
+      if (aborter.joinable()) aborter.join();
       if (!owns || !comm || aborted) return;
       cuda_device_guard g(device, std::nothrow);
       const auto until = detail::nccl_deadline_after(std::min(timeout, finalize_limit));
@@ -355,7 +360,7 @@ class NcclComm : public cuda_host_plane<NcclComm> {
                          if (auto st = w.lock()) poll(*st);
                        },
                        [w](const char* what) {
-                         if (auto st = w.lock()) do_abort(*st, what);
+                         if (auto st = w.lock()) abort_later(*st, what);
                        }});
   }
 
@@ -372,6 +377,30 @@ class NcclComm : public cuda_host_plane<NcclComm> {
     for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
     if (st.comm) (void)ncclCommAbort(st.comm);
     st.comm = nullptr;
+  }
+  //! A fence's deadline passed: the communicator is marked aborted now (every later call
+  //! raises peer_failure) and ncclCommAbort runs on a thread of its own, joined by the
+  //! state's destructor. ncclCommAbort frees device memory and so waits for the kernels
+  //! still running on the device (a 1 s kernel made a 20 ms fence wait 1 s); the fence
+  //! must return at its deadline. Open groups are closed here, on the calling thread
+  //! (NCCL's group state is per thread). Without a thread the abort runs here.
+  static void abort_later(state& st, const char* why) {
+    if (st.aborted) return;
+    st.aborted = true;
+    st.why = why ? why : "";
+    cuda_device_guard g(st.device, std::nothrow);
+    for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
+    const ncclComm_t c = st.comm;
+    st.comm = nullptr;
+    if (!c) return;
+    try {
+      st.aborter = std::thread([c, dev = st.device] {
+        (void)cudaSetDevice(dev);
+        (void)ncclCommAbort(c);
+      });
+    } catch (...) {
+      (void)ncclCommAbort(c);
+    }
   }
   //! The exception for an NCCL error r with message msg.
   [[noreturn]] static void raise(ncclResult_t r, const std::string& msg) {
