@@ -367,31 +367,33 @@ class NcclComm : public cuda_host_plane<NcclComm> {
   cudaStream_t stream() const { return s_->exec.stream(); }
   deadline until() const { return detail::nccl_deadline_after(s_->timeout); }
 
-  static void do_abort(state& st, const char* why) {
-    if (st.aborted) return;
-    st.aborted = true;
-    st.why = why ? why : "";
-    cuda_device_guard g(st.device, std::nothrow);
-    // Open groups are closed first (what they hold is then aborted with the rest), so that
-    // NCCL's per-thread group state does not outlive the communicator.
-    for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
-    if (st.comm) (void)ncclCommAbort(st.comm);
-    st.comm = nullptr;
-  }
-  //! A fence's deadline passed: the communicator is marked aborted now (every later call
-  //! raises peer_failure) and ncclCommAbort runs on a thread of its own, joined by the
-  //! state's destructor. ncclCommAbort frees device memory and so waits for the kernels
-  //! still running on the device (a 1 s kernel made a 20 ms fence wait 1 s); the fence
-  //! must return at its deadline. Open groups are closed here, on the calling thread
-  //! (NCCL's group state is per thread). Without a thread the abort runs here.
-  static void abort_later(state& st, const char* why) {
-    if (st.aborted) return;
+  //! Marks the communicator aborted (every later call raises peer_failure naming why) and
+  //! takes its handle for the caller to abort; nullptr when it was aborted already. Open
+  //! groups are closed first, on the calling thread (NCCL's group state is per thread;
+  //! what they hold is then aborted with the rest).
+  static ncclComm_t detach(state& st, const char* why) {
+    if (st.aborted) return nullptr;
     st.aborted = true;
     st.why = why ? why : "";
     cuda_device_guard g(st.device, std::nothrow);
     for (; st.group_depth > 0; --st.group_depth) (void)ncclGroupEnd();
     const ncclComm_t c = st.comm;
     st.comm = nullptr;
+    return c;
+  }
+  static void do_abort(state& st, const char* why) {
+    const ncclComm_t c = detach(st, why);
+    if (!c) return;
+    cuda_device_guard g(st.device, std::nothrow);
+    (void)ncclCommAbort(c);
+  }
+  //! A fence's deadline passed: the communicator is marked aborted now (detach) and
+  //! ncclCommAbort runs on a thread of its own, joined by the state's destructor.
+  //! ncclCommAbort frees device memory and so waits for the kernels still running on the
+  //! device (a 1 s kernel made a 20 ms fence wait 1 s); the fence must return at its
+  //! deadline. Without a thread the abort runs here.
+  static void abort_later(state& st, const char* why) {
+    const ncclComm_t c = detach(st, why);
     if (!c) return;
     try {
       st.aborter = std::thread([c, dev = st.device] {
@@ -399,6 +401,7 @@ class NcclComm : public cuda_host_plane<NcclComm> {
         (void)ncclCommAbort(c);
       });
     } catch (...) {
+      cuda_device_guard g(st.device, std::nothrow);
       (void)ncclCommAbort(c);
     }
   }
