@@ -225,6 +225,52 @@ TEST_CASE("quantising codecs equal their brute-force references; lengths equal t
   }
 }
 
+TEST_CASE("a NaN among the values: scales, norms and means are the one quiet NaN, levels 0", "[codec][quant]") {
+  // The compressor flags such an input (the frame is never decoded), but the sender's own
+  // frame and approximation must not depend on which NaN arithmetic made: x86 keeps an
+  // operand's payload (here a negative NaN first), a GPU makes its own, so both write
+  // 0x7FC00000 (the CUDA kernels share these formulas, tests/cuda/test_cuda_codec_leaves_more.cu).
+  const float inf = std::numeric_limits<float>::infinity();
+  const float neg_nan = std::bit_cast<float>(0xFFC00000u), payload_nan = std::bit_cast<float>(0x7FA00001u);
+  const vec v = {neg_nan, inf, -inf, payload_nan, 1.5f, -2.0f, 0.0f, -0.0f, 0x1.0p127f, -3.0f};
+  const std::uint32_t quiet = 0x7FC00000u;
+  auto word = [](const std::vector<std::byte>& m, std::size_t at) {
+    std::uint32_t w;
+    std::memcpy(&w, m.data() + at, 4);
+    return w;
+  };
+  auto bits = [](float f) { return std::bit_cast<std::uint32_t>(f); };
+  SECTION("sign: the scale; approx is +-that NaN by the sign bit of each value") {
+    sign_codec k;
+    std::vector<std::byte> m(k.max_encoded_bytes(v.size()));
+    vec approx(v.size());
+    k.encode(v, m, approx);
+    CHECK(word(m, 0) == quiet);
+    for (std::size_t i = 0; i < v.size(); ++i)
+      CHECK(bits(approx[i]) == (quiet | (detail::sign_negative(v[i]) ? 0x80000000u : 0u)));
+  }
+  SECTION("QSGD: every bucket's norm with a NaN, and level 0 (Inf included) under it") {
+    qsgd_codec k{256, 3, 4};  // buckets {NaN, Inf, -Inf, NaN}, {1.5, -2, 0, -0}, {2^127, -3}
+    std::vector<std::byte> m(k.max_encoded_bytes(v.size()));
+    vec approx(v.size());
+    k.encode(v, m, approx);
+    CHECK(word(m, 0) == quiet);
+    CHECK(std::isfinite(std::bit_cast<float>(word(m, 4))));
+    detail::bit_reader r(m.data() + 12);
+    for (std::size_t i = 0; i < 4; ++i) {
+      CHECK(r.get(10) == 0u);  // level and sign of the values under the NaN norm
+      CHECK(bits(approx[i]) == quiet);
+    }
+  }
+  SECTION("1-bit: the mean of the side that holds the NaNs; the other saturates") {
+    onebit_codec k;
+    std::vector<std::byte> m(k.max_encoded_bytes(v.size()));
+    k.encode(v, m, {});
+    CHECK(word(m, 0) == quiet);
+    CHECK(word(m, 4) == bits(-std::numeric_limits<float>::max()));  // -Inf, -2, -3
+  }
+}
+
 TEST_CASE("QSGD, TernGrad and natural compression are unbiased; a biased rounding fails the same bound",
           "[codec][quant][unbiased]") {
   const std::size_t n = 64;

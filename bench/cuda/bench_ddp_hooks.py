@@ -30,7 +30,7 @@ module), to check this script on a machine without a GPU:
   PYTHONPATH=build/python OMP_NUM_THREADS=1 python3 bench/cuda/bench_ddp_hooks.py --device cpu --installed
 Exits 77 when torch or a CUDA device is missing, 1 when a check fails.
 
-NOT YET RUN ON A GPU at the time of writing.
+Where it has run, and its results: docs/cuda.md, "Status".
 """
 import argparse
 import datetime

@@ -14,7 +14,7 @@ idle stream and ends with a synchronisation). Prints the median as "row power_to
 rank=R ... torch_ms=..." for scripts/device-check. Exits 77 when torch, its distributed
 package or a CUDA device is missing.
 
-NOT YET RUN ON A GPU at the time of writing.
+Where it has run, and its results: docs/cuda.md, "Status".
 """
 import importlib.util
 import os

@@ -19,7 +19,7 @@
 // (gTopK<TreeComm<NcclComm>>::reduce: accumulate, select, scatter, residual; it
 // synchronises once per step) against ncclAllReduce of the same tensor.
 //
-// NOT YET RUN ON A GPU at the time of writing; scripts/device-check runs it. Output lines
+// scripts/device-check runs it (results: docs/cuda.md). Output lines
 // start with "row" and carry key=value fields so that the script can pick them out and
 // compute its ratios. Exits 77 without a device; 1 (after printing every row) when a
 // baseline's result differs from ours.

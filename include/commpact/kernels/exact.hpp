@@ -40,4 +40,17 @@ COMMPACT_HOST_DEVICE inline float from_bits(std::uint32_t b) { return std::bit_c
 //! False for +-Inf and NaN (an exponent of all ones).
 COMMPACT_HOST_DEVICE inline bool finite(float f) { return (bits(f) & 0x7F800000u) != 0x7F800000u; }
 
+//! f, or the quiet NaN 0x7FC00000 when f is a NaN. The bits of a NaN that arithmetic
+//! makes differ between the host and a GPU (x86 keeps an operand's payload and makes
+//! Inf - Inf negative; the GPU's NaN is its own, 0x7FFFFFFF), so a formula whose result a
+//! frame carries writes every NaN as this one on both.
+COMMPACT_HOST_DEVICE inline float canonical_nan(float f) {
+  return (bits(f) & 0x7FFFFFFFu) > 0x7F800000u ? from_bits(0x7FC00000u) : f;
+}
+//! -x when neg, else x, on the sign bit (a NaN's payload is kept: a GPU's negation may
+//! give another NaN).
+COMMPACT_HOST_DEVICE inline float negate_if(bool neg, float x) {
+  return from_bits(bits(x) ^ (neg ? 0x80000000u : 0u));
+}
+
 }  // namespace commpact::exact

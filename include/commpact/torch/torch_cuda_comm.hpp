@@ -8,8 +8,8 @@
 //! the NCCL communicator the program already has, not a second one. Only nvcc compiles
 //! it; it includes no LibTorch header.
 //!
-//! NOT YET RUN ON A GPU: compiled to objects by nvcc 13 (tests/torch/check_torch_cuda_objects.cmake);
-//! scripts/device-check runs it.
+//! Compiled to objects by nvcc 13 in CI (tests/torch/check_torch_cuda_objects.cmake);
+//! where it has run: docs/cuda.md, "Status".
 //!
 //! \code
 //! // C++ (host compiler): auto link = commpact::make_torch_group_link(pg, store, {.timeout = 60s});

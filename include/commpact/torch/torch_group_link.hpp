@@ -6,8 +6,8 @@
 //! (TorchCudaComm). Compiled by the host compiler with LibTorch's headers and its CUDA
 //! headers (c10/cuda); not by nvcc.
 //!
-//! NOT YET RUN ON A GPU: compiled to objects against Debian's LibTorch 1.13 headers
-//! (tests/torch/check_torch_cuda_objects.cmake); scripts/device-check runs it.
+//! Compiled to objects against Debian's LibTorch 1.13 headers in CI
+//! (tests/torch/check_torch_cuda_objects.cmake); where it has run: docs/cuda.md, "Status".
 //!
 //! - Device plane: each call wraps the device pointer in a CUDA tensor (at::from_blob: no
 //!   copy, no allocation, no deleter), makes the given stream PyTorch's current stream for

@@ -37,7 +37,9 @@ struct qsgd_sq_leaf {
     return fixed_sum::exact_product(d, d);
   }
 };
-//! A bucket's norm from its sum of squares: sqrt, saturated at the largest float (finite_scale).
+//! A bucket's norm from its sum of squares: sqrt, saturated at the largest float
+//! (finite_scale); a NaN (a NaN in the bucket: the compressor flags that input) as
+//! exact::canonical_nan's, so that host and device write the same bits.
 COMMPACT_HOST_DEVICE inline float qsgd_norm(double ss) {
 #if defined(__CUDA_ARCH__)
   const double r = ::sqrt(ss);
@@ -45,16 +47,19 @@ COMMPACT_HOST_DEVICE inline float qsgd_norm(double ss) {
   const double r = std::sqrt(ss);
 #endif
   constexpr double big = 0x1.fffffep127;  // std::numeric_limits<float>::max()
-  return static_cast<float>(big < r ? big : r);
+  return exact::canonical_nan(static_cast<float>(big < r ? big : r));
 }
 //! s / norm (0 for a zero norm).
 COMMPACT_HOST_DEVICE inline double qsgd_scale(float norm, std::uint32_t s) {
   return norm > 0.0f ? static_cast<double>(s) / static_cast<double>(norm) : 0.0;
 }
 //! The level of x: floor(r) or floor(r) + 1 with probability r - floor(r) (u uniform),
-//! r = |x| scale, at most s.
+//! r = |x| scale, at most s. A NaN r (x NaN, or Inf under the zero scale of a bucket
+//! whose norm is NaN) gives level 0, on the host and the device alike (converting a NaN
+//! to an integer is undefined, and a GPU's min may return the other operand).
 COMMPACT_HOST_DEVICE inline std::uint32_t qsgd_level(float x, double scale, std::uint32_t s, double u) {
   const double r = qsgd_mul(static_cast<double>(x < 0.0f ? -x : x), scale);
+  if (!(r >= 0.0)) return 0;
 #if defined(__CUDA_ARCH__)
   const double f = ::floor(r);
 #else
@@ -64,9 +69,11 @@ COMMPACT_HOST_DEVICE inline std::uint32_t qsgd_level(float x, double scale, std:
   if (l < s && u < r - l) ++l;
   return l;
 }
-//! The value a receiver decodes for level l (sign apart) under norm `norm`.
+//! The value a receiver decodes for level l (sign apart) under norm `norm` (a NaN norm,
+//! which only the sender's approximation sees, gives exact::canonical_nan's NaN).
 COMMPACT_HOST_DEVICE inline float qsgd_value(float norm, std::uint32_t l, std::uint32_t s) {
-  return static_cast<float>(qsgd_mul(static_cast<double>(norm), static_cast<double>(l)) / static_cast<double>(s));
+  return exact::canonical_nan(
+      static_cast<float>(qsgd_mul(static_cast<double>(norm), static_cast<double>(l)) / static_cast<double>(s)));
 }
 }  // namespace detail
 
@@ -126,19 +133,13 @@ COMMPACT_HOST_DEVICE inline float onebit_finite(double x) {
   constexpr double big = 0x1.fffffep127;
   return static_cast<float>(big < x ? big : x);
 }
-//! f, or the quiet NaN 0x7FC00000 when f is a NaN. The bits of a NaN out of the sums
-//! differ between the host and the device (x86 keeps an operand's NaN and makes Inf - Inf
-//! negative; the GPU's NaN is its own), so a NaN mean is written as this one NaN on both.
-COMMPACT_HOST_DEVICE inline float onebit_canonical(float f) {
-  return (exact::bits(f) & 0x7FFFFFFFu) > 0x7F800000u ? exact::from_bits(0x7FC00000u) : f;
-}
 //! The two reconstruction values from the sums over all n values: the mean of the
 //! non-negative side (0 when empty) and of the negative side (0 when empty); a NaN (a NaN
 //! among the values: the compressor flags that input, the frame is never decoded) as
-//! onebit_canonical's, so that host and device write the same bits.
+//! exact::canonical_nan's, so that host and device write the same bits.
 COMMPACT_HOST_DEVICE inline void onebit_means(const onebit_sums& s, std::size_t n, float* a, float* b) {
-  *a = onebit_canonical(s.np ? onebit_finite(s.sp / static_cast<double>(s.np)) : 0.0f);
-  *b = onebit_canonical(s.np < n ? -onebit_finite(-s.sn / static_cast<double>(n - s.np)) : 0.0f);
+  *a = exact::canonical_nan(s.np ? onebit_finite(s.sp / static_cast<double>(s.np)) : 0.0f);
+  *b = exact::canonical_nan(s.np < n ? -onebit_finite(-s.sn / static_cast<double>(n - s.np)) : 0.0f);
 }
 //! Received reconstruction values are finite, the first >= 0 and the second <= 0.
 COMMPACT_HOST_DEVICE inline bool onebit_means_ok(float a, float b) {

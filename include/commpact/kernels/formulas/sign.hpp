@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "../../config.hpp"
+#include "../exact.hpp"
 #include "bits.hpp"
 
 namespace commpact {
@@ -38,9 +39,10 @@ struct sign_l1_leaf {
   const float* v;
   COMMPACT_HOST_DEVICE double operator()(std::size_t i) const { return abs_as_double(v[i]); }
 };
-//! The scale ||v||_1 / n, rounded to float (0 for n = 0).
+//! The scale ||v||_1 / n, rounded to float (0 for n = 0; a NaN, from a NaN among the
+//! values, which the compressor flags, as exact::canonical_nan's on host and device).
 COMMPACT_HOST_DEVICE inline float sign_scale(double l1, std::size_t n) {
-  return n ? static_cast<float>(l1 / static_cast<double>(n)) : 0.0f;
+  return n ? exact::canonical_nan(static_cast<float>(l1 / static_cast<double>(n))) : 0.0f;
 }
 //! The sign bit sent for x: set for x < 0 and for a NaN with its sign bit, not for -0.
 COMMPACT_HOST_DEVICE inline bool sign_negative(float x) {
@@ -52,8 +54,9 @@ COMMPACT_HOST_DEVICE inline bool sign_negative(float x) {
 COMMPACT_HOST_DEVICE inline unsigned char sign_byte(const float* v, std::size_t n, std::size_t b) {
   return bit_byte<sign_negative>(v, n, b);
 }
-//! The value a sign bit decodes to.
-COMMPACT_HOST_DEVICE inline float sign_value(bool neg, float scale) { return neg ? -scale : scale; }
+//! The value a sign bit decodes to: scale with the sign bit flipped when set (a NaN scale
+//! keeps its payload on the host and the device).
+COMMPACT_HOST_DEVICE inline float sign_value(bool neg, float scale) { return exact::negate_if(neg, scale); }
 //! A received scale is finite and >= 0.
 COMMPACT_HOST_DEVICE inline bool sign_scale_ok(float s) { return finite_bits(s) && s >= 0.0f; }
 //! The last byte of a message for n values sets no bit past the n-th.
