@@ -170,14 +170,21 @@ std::span<float> float_span(const at::Tensor& t, const char* who) {
 // current stream; an earlier step's error raises here); an exception aborts the state's
 // communicators (the other ranks raise too) and is rethrown. Returns the Future on the
 // bucket's device, completed on the current stream after the queued step.
+#if defined(COMMPACT_HOOKS_CUDA)
+// The CUDA side's view of a contiguous float32 CUDA tensor on PyTorch's current stream.
+commpact_hooks_cuda::bucket bucket_of(const at::Tensor& t, const char* who) {
+  commpact::require(t.is_cuda() && t.scalar_type() == at::kFloat && t.is_contiguous(), who,
+                    ": the bucket must be a contiguous float32 CUDA tensor (got ", t.toString(), ").");
+  const int dev = static_cast<int>(t.get_device());
+  return {t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), dev,
+          static_cast<void*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream())};
+}
+#endif
+
 template <class F>
 py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
 #if defined(COMMPACT_HOOKS_CUDA)
-  commpact::require(t.scalar_type() == at::kFloat && t.is_contiguous(), who,
-                    ": the bucket must be a contiguous float32 tensor (got ", t.toString(), ").");
-  const int dev = static_cast<int>(t.get_device());
-  const commpact_hooks_cuda::bucket b{t.data_ptr<float>(), static_cast<std::size_t>(t.numel()), dev,
-                                      static_cast<void*>(c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(dev)).stream())};
+  const commpact_hooks_cuda::bucket b = bucket_of(t, who);
   {
     py::gil_scoped_release nogil;
     try {
@@ -451,17 +458,18 @@ py::object codec_hook(S& st, py::object bucket) {
 }
 
 // ---- Local SGD / QSR model averaging -------------------------------------------------
-struct ModelAverager {
+// Parameters in host memory are averaged by Dense over TorchComm; CUDA parameters on the
+// device, by the CUDA side's Dense over the group (TorchCudaComm: ProcessGroupNCCL takes the
+// device buffer; Gloo is staged), on PyTorch's current stream, waited for before step() returns.
+struct ModelAverager : HookBase {
   ModelAverager(py::object pg, std::int64_t period, double qsr_alpha, std::int64_t warmup, py::object store,
                 double timeout_s, std::string name)
-      : comm(commpact::TorchComm{group_or_default(pg), store_or_default(store), torch_opts(timeout_s, name)}),
-        dense(comm) {
+      : HookBase(pg, store, timeout_s, name), dense(comm) {
     commpact::require(period >= 1, "commpact_hooks.ModelAverager: period is ", period, "; it must be >= 1.");
     commpact::require(qsr_alpha >= 0, "commpact_hooks.ModelAverager: qsr_alpha must be >= 0 (0: Local SGD).");
     if (qsr_alpha > 0) policy.emplace<commpact::QSRPolicy>(qsr_alpha, period, warmup);
     else policy.emplace<commpact::LocalSgd>(period);
   }
-  Comm comm;
   commpact::Dense<Comm> dense;
   std::variant<commpact::LocalSgd, commpact::QSRPolicy> policy{commpact::LocalSgd{1}};
   std::int64_t step_ = 0, next_ = -1, rounds_ = 0;
@@ -474,12 +482,21 @@ struct ModelAverager {
     if (next_ < 0) next_ = step_ + period_at(step_, lr);
     ++step_;
     if (step_ < next_) return false;
+    if (!params.empty() && params.front().is_cuda()) average_on_device(params);
+    else average_on_host(params);
+    ++rounds_;
+    next_ = step_ + period_at(step_, lr);
+    return true;
+  }
+  void average_on_host(const std::vector<at::Tensor>& params) {
     std::size_t n = 0;
     for (const auto& p : params) n += static_cast<std::size_t>(p.numel());
     flat.resize(n);
     std::size_t off = 0;
-    for (const auto& p : params) {  // CUDA parameters go through host memory
-      auto c = p.detach().to(at::kCPU, at::kFloat).contiguous();
+    for (const auto& p : params) {
+      commpact::require(!p.is_cuda(), "commpact_hooks.ModelAverager: the parameters are on different devices "
+                        "(the first is in host memory, another is ", p.device().str(), "); pass one device's.");
+      auto c = p.detach().to(at::kFloat).contiguous();
       std::memcpy(flat.data() + off, c.data_ptr<float>(), static_cast<std::size_t>(c.numel()) * sizeof(float));
       off += static_cast<std::size_t>(c.numel());
     }
@@ -494,9 +511,42 @@ struct ModelAverager {
       p.detach().copy_(src);
       off += static_cast<std::size_t>(p.numel());
     }
-    ++rounds_;
-    next_ = step_ + period_at(step_, lr);
-    return true;
+  }
+  //! The parameters flattened into one float32 CUDA tensor on the current stream, its mean
+  //! over the ranks in place (the CUDA side's Dense, then a wait for it), copied back.
+  void average_on_device(const std::vector<at::Tensor>& params) {
+#if defined(COMMPACT_HOOKS_CUDA)
+    at::NoGradGuard ng;
+    std::vector<at::Tensor> parts;
+    for (const auto& p : params) {
+      commpact::require(p.device() == params.front().device(), "commpact_hooks.ModelAverager: the parameters are on "
+                        "different devices (", params.front().device().str(), " and ", p.device().str(),
+                        "); pass one device's.");
+      parts.push_back(p.detach().reshape(-1).to(at::kFloat));
+    }
+    at::Tensor flat = at::cat(parts);
+    const auto b = bucket_of(flat, "commpact_hooks.ModelAverager");
+    {
+      py::gil_scoped_release nogil;
+      try {
+        auto& cs = cuda_state();
+        cs.reduce_dense(0, b);
+        cs.settle();
+      } catch (const std::exception& e) {
+        abort(e.what());
+        throw;
+      }
+    }
+    std::int64_t off = 0;
+    for (const auto& p : params) {
+      p.detach().copy_(flat.narrow(0, off, p.numel()).view_as(p));
+      off += p.numel();
+    }
+#else
+    throw commpact::invalid_argument(commpact::detail::cat(
+        "commpact_hooks.ModelAverager: the parameters are on ", params.front().device().str(), " but this "
+        "commpact_hooks was built without CUDA; reinstall it with pip against a PyTorch with CUDA."));
+#endif
   }
   std::int64_t period_at(std::int64_t s, double lr) const {
     const auto plan = std::visit([&](const auto& p) { return p.plan(s, lr); }, policy);
@@ -559,8 +609,8 @@ PYBIND11_MODULE(commpact_hooks, m) {
            py::arg("name") = "commpact_hooks/averager")
       .def("step", &ModelAverager::step, py::arg("params"), py::arg("lr"))
       .def_readonly("rounds", &ModelAverager::rounds_)
-      .def("bytes_sent", [](const ModelAverager& a) { return a.comm.stats().bytes_sent; })
-      .def("abort", [](ModelAverager& a, const std::string& why) { a.comm.abort(why); }, py::arg("why"));
+      .def("bytes_sent", &ModelAverager::bytes_sent)
+      .def("abort", &ModelAverager::abort, py::arg("why"));
 
   m.def("_gtopk_hook", &sparse_hook<GTopKState>);
   m.def("_topk_hook", &sparse_hook<TopKState>);

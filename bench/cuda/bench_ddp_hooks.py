@@ -229,6 +229,17 @@ def two_ranks(rank, path, dev_type, steps, out):
             first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
             res.append((name, torch.equal(parts[0], parts[1]), first, last, st.bytes_sent(), cst.bytes_sent(),
                         (p - flat(c)).abs().max().item()))
+        # ModelAverager on the device's parameters: every rank ends with the two ranks' mean.
+        g = torch.Generator().manual_seed(40 + rank)
+        params = [torch.randn(s, generator=g).to(dev) for s in ((3, 5), (7,), (2, 2, 2))]
+        mine = torch.cat([q.reshape(-1).cpu() for q in params])
+        both = [torch.empty_like(mine) for _ in range(2)]
+        dist.all_gather(both, mine)
+        avg = ch.ModelAverager(period=1, name="two/avg")
+        did = avg.step(params, 0.1)
+        got = torch.cat([q.reshape(-1).cpu() for q in params])
+        res.append(("ModelAverager", did and params[0].device == dev,
+                    ((both[0] + both[1]) / 2 - got).abs().max().item(), avg.bytes_sent()))
         dist.destroy_process_group()
         out.put((rank, res))
     except Exception:
@@ -256,7 +267,13 @@ def two_process(args, failures):
           "; ".join(v if isinstance(v, str) else "ok" for v in got.values()), failures)
     for r, res in got.items():
         if isinstance(res, list) and r == 0:
-            for name, same, first, last, b, cb, err in res:
+            for entry in res:
+                if entry[0] == "ModelAverager":
+                    _, ok, err, b = entry
+                    check(ok and err <= 1e-6, f"ModelAverager on {args.device} parameters over Gloo: averaged in "
+                          f"place to the two ranks' mean (max |diff| {err:.2e}, {b} bytes sent)", failures)
+                    continue
+                name, same, first, last, b, cb, err = entry
                 check(same, f"{name}: replicas identical over Gloo with {args.device} buckets", failures)
                 check(b == cb, f"{name}: bytes sent with {args.device} buckets {b} = {cb} with CPU buckets", failures)
                 print(f"row ddp_hooks_gloo device={args.device} hook={name} bytes={b} max_diff_vs_cpu={err:.3e}")
