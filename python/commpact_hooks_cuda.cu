@@ -3,15 +3,15 @@
 // current stream, with device memory from PyTorch's caching allocator (the executor's
 // stream-ordered allocator hook).
 //
-// Overlap: gTop-k, PowerSGD and the dense warm-up queue their step (start) and return
-// without a host wait; the step's finish (one fence, its status read, errors raised alike
-// on every rank) and commit run when the same bucket index comes again (the next step's
-// hook), or at state::settle() (synchronize() in Python). That fence waits for the step's
-// own work (a cuda_fence_point at the event recorded after its start), not for the
-// backward queued after it. Top-k, EF-SignSGD and QSGD (CodecCompressor) decode in their
-// finish, after the host read the frames' flags: they stay blocking. Compiled by nvcc when the module is built against a
-// PyTorch with CUDA (setup.py); tests/torch/check_torch_cuda_objects.cmake compiles it to
-// an object without a GPU.
+// Overlap: every hook queues its step (start: for Top-k, EF-SignSGD and QSGD the
+// CodecCompressor decode and the gated write of the mean included) and returns without a
+// host wait; the step's finish (one fence, the headers and status read, errors raised
+// alike on every rank) and commit run when the same bucket index comes again (the next
+// step's hook), or at state::settle() (synchronize() in Python). That fence waits for the
+// step's own work (a cuda_fence_point at the event recorded after its start), not for the
+// backward queued after it. Compiled by nvcc when the module is built against a PyTorch
+// with CUDA (setup.py); tests/torch/check_torch_cuda_objects.cmake compiles it to an
+// object without a GPU.
 #include "commpact_hooks_cuda.hpp"
 
 #include <commpact/comm/tree_comm.hpp>
@@ -189,22 +189,27 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
               index, g);
       break;
     case method::topk:
-      I.get(I.topk, index, b, nullptr, [&] {
-         return TopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
-       }).reduce(g);
+      I.start(I.get(I.topk, index, b, nullptr, [&] {
+                return TopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
+              }),
+              index, g);
       break;
     case method::powersgd:
       I.start(I.power_at(index), index, g);
       break;
     case method::efsign:
-      I.get(I.efsign, index, b, &layout, [&] {
-         return EfSign{c, SignK{cp::split_rows(layout), cp::sign_codec{}}, cp::codec_options{.momentum = o.momentum}};
-       }).reduce(g);
+      I.start(I.get(I.efsign, index, b, &layout, [&] {
+                return EfSign{c, SignK{cp::split_rows(layout), cp::sign_codec{}},
+                              cp::codec_options{.momentum = o.momentum}};
+              }),
+              index, g);
       break;
     case method::qsgd:
-      I.get(I.qsgd, index, b, nullptr, [&] {
-         return Qsgd{c, cp::qsgd_codec{o.levels, o.seed, o.qsgd_bucket}, cp::codec_options{.momentum = o.momentum}};
-       }).reduce(g);
+      I.start(I.get(I.qsgd, index, b, nullptr, [&] {
+                return Qsgd{c, cp::qsgd_codec{o.levels, o.seed, o.qsgd_bucket},
+                            cp::codec_options{.momentum = o.momentum}};
+              }),
+              index, g);
       break;
   }
 }

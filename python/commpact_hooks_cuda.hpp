@@ -49,11 +49,10 @@ struct bucket {
 //! One hook state's CUDA side: a TorchCudaComm on the first bucket's stream (every later
 //! bucket must come on that stream) and one compressor per DDP bucket index, rebuilt when
 //! the bucket's size or layout changes. Each call queues its step on the stream.
-//! gtopk, powersgd and reduce_dense return at once, the step in flight: its finish (one
+//! Every method and reduce_dense return at once, the step in flight: its finish (one
 //! fence for that step's own work, its status read, an error raised alike on every rank)
 //! and commit run when the same bucket index comes again (the next DDP step: every step in
-//! flight is finished then, in order) or at settle(). topk, efsign and qsgd decode in their
-//! finish and return after it (a host wait per bucket).
+//! flight is finished then, in order) or at settle().
 class state {
  public:
   state(std::shared_ptr<commpact::torch_group_link> link, params p, allocator a);

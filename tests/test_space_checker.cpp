@@ -15,7 +15,9 @@
 #include <commpact/compress/compressors/oktopk.hpp>
 #include <commpact/compress/compressors/power.hpp>
 #include <commpact/compress/compressors/topk.hpp>
+#include <commpact/compress/codecs/per_tensor.hpp>
 #include <commpact/compress/codecs/quantizers.hpp>
+#include <commpact/compress/codecs/topk_sign.hpp>
 #include <commpact/compress/step_status.hpp>
 #include <commpact/kernels/deferred/ops.hpp>
 
@@ -178,7 +180,7 @@ namespace {
 template <class C>
 struct start_probe {
   bool queued_only = false;
-  std::uint64_t fences_in_start = 0;
+  std::uint64_t fences_in_start = 0, fences_in_finish = 0;
 };
 
 template <class C, class Grad>
@@ -188,7 +190,9 @@ start_probe<C> probe_start(C& c, const deferred_space::exec& e, Grad grad) {
   c.start(grad);
   p.fences_in_start = e.q->fences - fences;
   p.queued_only = e.q->ran == ran && e.pending() > 0;
+  const auto before_finish = e.q->fences;
   c.finish();
+  p.fences_in_finish = e.q->fences - before_finish;
   c.commit();
   return p;
 }
@@ -246,6 +250,38 @@ TEST_CASE("every compressor over the deferred space: start() only queues", "[spa
   }
   SECTION("OkTopK: its regions' sizes are read on the host mid-step, in two documented waits") {
     check_start_queues(P, 800, [](DC c) { return OkTopK<DC>{c, {.density = 0.02}}; }, 2);
+  }
+}
+
+TEST_CASE("the compressors a DDP hook leaves in flight: start() queues the whole step, finish() fences once",
+          "[space][checker][async]") {
+  // finish() may then run a step later (commpact_hooks' CUDA hooks): everything that writes
+  // grad is queued by start(), and finish() only waits and reads the status.
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  auto once = [&](std::size_t n, auto make) {
+    std::vector<int> ok(static_cast<std::size_t>(P), 0);
+    run_threads(P, [&](ThreadComm& comm) {
+      DC dc{comm};
+      auto c = make(dc);
+      const auto e = dc.exec();
+      auto g = device_copy(e, normal(100 + comm.rank(), n));
+      c.reduce(g.view());
+      auto g2 = device_copy(e, normal(200 + comm.rank(), n));
+      const auto p = probe_start(c, e, g2.view());
+      ok[static_cast<std::size_t>(comm.rank())] = p.queued_only && p.fences_in_start == 0 && p.fences_in_finish == 1;
+    });
+    for (int r : ok) CHECK(r == 1);
+  };
+  SECTION("gTopK") { once(600, [](DC c) { return gTopK<TreeComm<DC>>{c, {.density = 0.05}}; }); }
+  SECTION("TopK") { once(600, [](DC c) { return TopK<DC>{c, {.density = 0.05}}; }); }
+  SECTION("QSGD through CodecCompressor") {
+    once(500, [](DC c) { return CodecCompressor<qsgd_codec, Allgather<DC>>{c, qsgd_codec{}}; });
+  }
+  SECTION("EF-SignSGD per row (per_tensor<sign_codec>) through CodecCompressor") {
+    once(kN, [](DC c) {
+      return CodecCompressor<per_tensor<sign_codec>, Allgather<DC>>{c, per_tensor<sign_codec>{split_rows(kLayout)}};
+    });
   }
 }
 

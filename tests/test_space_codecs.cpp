@@ -1,6 +1,6 @@
 // CodecCompressor (so TopK, every codec and the per-tensor codecs) over the deferred space:
 // the same object code path as host_space, with every kernel and the
-// allgather queued until finish()'s fences. Against host_space, for every codec: the
+// allgather queued until finish()'s fence. Against host_space, for every codec: the
 // same output bits, residuals and velocities (with DGC momentum and clipping), the same
 // error on every rank for NaN on one rank and for a malformed block, nothing changed by
 // a failed step, and no allocation after the first step.
@@ -15,9 +15,12 @@
 #include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/compress/compressors/topk.hpp>
 
+#include <cmath>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "common/space_copies.hpp"
@@ -201,6 +204,93 @@ TEST_CASE("CodecCompressor over the deferred space: NaN on one rank and a malfor
     ok[comm.rank()] = good;
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+}
+
+TEST_CASE("frame_gate: a step's mean is written only when every frame header is clean", "[space][codec][gate]") {
+  // P blocks of 16 words with clean headers; then each way a header can be unclean.
+  const std::size_t P = 3, bw = 16;
+  auto blocks = [&] {
+    std::vector<float> b(P * bw, 0.0f);
+    for (std::size_t r = 0; r < P; ++r)
+      frame::write(std::as_writable_bytes(std::span<float>(b).subspan(r * bw, 12)),
+                   frame::header{.payload = 8, .n = 40, .agreement = 3, .step = 7, .capacity = 64});
+    return b;
+  };
+  auto set = [](std::vector<float>& b, std::size_t word, std::uint32_t v) { std::memcpy(&b[word], &v, 4); };
+  auto gate = [&](const std::vector<float>& b) {
+    std::vector<float> sum(5, 1.0f);
+    std::vector<std::uint32_t> st(1, 0u);
+    ops<host_space>::frame_gate({}, std::span<const float>(b), bw, std::span<float>(sum), std::span<std::uint32_t>(st));
+    const bool passed = st[0] == 0u && sum[0] == 1.0f;
+    CHECK((passed || (st[0] == status_wire && std::isnan(sum[0]))));
+    return passed;
+  };
+  CHECK(gate(blocks()));
+  for (std::size_t r = 0; r < P; ++r) {
+    CAPTURE(r);
+    auto b = blocks();
+    set(b, r * bw + 1, 1u | (std::uint32_t{frame::nonfinite_input} << 16));  // a flag
+    CHECK_FALSE(gate(b));
+    b = blocks(), set(b, r * bw + 1, 1u | (std::uint32_t{frame::rejected_input} << 16));
+    CHECK_FALSE(gate(b));
+    b = blocks(), set(b, r * bw, 0x12345678u);  // magic
+    CHECK_FALSE(gate(b));
+    b = blocks(), set(b, r * bw + 3, 1u);  // the zero word
+    CHECK_FALSE(gate(b));
+    b = blocks(), set(b, r * bw + 2, 4 * bw - 48 + 1);  // payload past the block
+    CHECK_FALSE(gate(b));
+    b = blocks(), set(b, r * bw + 2, 4 * bw - 48);  // payload filling the block: clean
+    CHECK(gate(b));
+    for (std::size_t w = 4; w < 12; ++w) {  // n, agreement, step, capacity: one rank differs
+      CAPTURE(w);
+      b = blocks();
+      set(b, r * bw + w, 99u);
+      CHECK_FALSE(gate(b));
+    }
+  }
+  CHECK_FALSE(gate(std::vector<float>(P * 8, 0.0f)));  // blocks too small for a header
+}
+
+TEMPLATE_TEST_CASE("CodecCompressor: ranks out of step raise mismatch_error alike with grad untouched", "[space][codec][gate]",
+                   ThreadComm, DC) {
+  // Rank 0 cancels a finished step the others commit: the next step's payloads decode, but
+  // the headers disagree on the step, so every rank raises and no rank's grad changes
+  // (the mean is queued before the host reads the headers; the space's gate keeps it out).
+  const int P = 3;
+  const std::size_t n = 400;
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    CodecCompressor<qsgd_codec, Allgather<TestType>> c{TestType{comm}, qsgd_codec{16, 5}};
+    auto read = [&](auto& buf) {
+      if constexpr (std::is_same_v<TestType, DC>) return host_copy(c.comm().exec(), buf.cview());
+      else return buf;
+    };
+    auto make = [&](const std::vector<float>& h) {
+      if constexpr (std::is_same_v<TestType, DC>) return device_copy(c.comm().exec(), h);
+      else return h;
+    };
+    auto view = [](auto& buf) {
+      if constexpr (std::is_same_v<TestType, DC>) return buf.view();
+      else return std::span<float>(buf);
+    };
+    auto g1 = make(normal(10 + comm.rank(), n));
+    c.reduce(view(g1));
+    auto g2 = make(normal(20 + comm.rank(), n));
+    c.start(view(g2));
+    c.finish();
+    if (comm.rank() == 0) c.cancel();
+    else c.commit();
+    const auto in = normal(30 + comm.rank(), n);
+    auto g3 = make(in);
+    bool raised = false;
+    try {
+      c.reduce(view(g3));
+    } catch (const mismatch_error&) {
+      raised = true;
+    }
+    ok[static_cast<std::size_t>(comm.rank())] = raised && same_bits(read(g3), in);
+  });
+  for (int r = 0; r < P; ++r) CHECK(ok[static_cast<std::size_t>(r)] == 1);
 }
 
 TEST_CASE("CodecCompressor over the deferred space allocates nothing after the first step", "[space][codec][alloc]") {

@@ -180,6 +180,36 @@ void check_mean(std::mt19937_64& rng) {
 }
 
 // Sizes on both sides of each level of kernels/fixed_sum.hpp's shape (1, 2 and 3 levels).
+//! frame_gate against the host row: clean headers, then one word of one rank's header
+//! changed at random (a flag, the magic, the payload, n, the step...), many times.
+void check_frame_gate(std::mt19937_64& rng) {
+  const std::size_t bw = 20;
+  for (int trial = 0; trial < 200; ++trial) {
+    const std::size_t P = 1 + rng() % 6;
+    std::vector<float> b(P * bw, 0.0f);
+    for (std::size_t r = 0; r < P; ++r)
+      cp::frame::write(std::as_writable_bytes(std::span<float>(b).subspan(r * bw, 12)),
+                       cp::frame::header{.payload = 16, .n = 64, .agreement = 5, .step = 3, .capacity = 80});
+    if (trial % 4 != 0) {
+      const std::size_t at = (rng() % P) * bw + rng() % 12;
+      const std::uint32_t v = trial % 3 ? 1u : static_cast<std::uint32_t>(rng());
+      std::uint32_t w;
+      std::memcpy(&w, &b[at], 4);
+      w ^= v ? v : 1u;
+      std::memcpy(&b[at], &w, 4);
+    }
+    std::vector<float> sum(7, 2.0f);
+    std::vector<std::uint32_t> hs(1, 0u);
+    H::frame_gate({}, std::span<const float>(b), bw, std::span<float>(sum), std::span<std::uint32_t>(hs));
+    cp::cuda_buffer<float> db, ds;
+    cp::cuda_buffer<std::uint32_t> st;
+    upload(db, b), upload(ds, std::vector<float>(7, 2.0f)), upload(st, std::vector<std::uint32_t>(1, 0u));
+    D::frame_gate(E, db.cview(), bw, ds.view(), st.view());
+    EXPECT(download(st)[0] == hs[0], "frame_gate trial %d: status %u vs host %u", trial, download(st)[0], hs[0]);
+    EXPECT(count_diff_nan(download(ds), sum) == 0, "frame_gate trial %d: sum differs from the host", trial);
+  }
+}
+
 void check_clip(std::mt19937_64& rng) {
   for (std::size_t n : {std::size_t{1}, std::size_t{2048}, std::size_t{2049}, std::size_t{1} << 18,
                         (std::size_t{1} << 22) + 3})
@@ -550,6 +580,7 @@ int main() {
     check_basic(rng);
     check_mean(rng);
     check_clip(rng);
+    check_frame_gate(rng);
     check_table_ef(rng);
     check_topk(rng);
     check_scatter(rng);

@@ -15,6 +15,7 @@
 //! | `to_host(e, src, host)` / `from_host(e, host, dst)` | copies between the space and host memory; the host side is read or written when the work runs (after the fence) |
 //! | `mean(e, v, P, status)` | v[i] = mean_of(v[i], P) (kernels/mean.hpp); status \|= nonfinite when a result is not finite |
 //! | `mean_into(e, src, dst, P, status)` | when every src[i] is finite: dst[i] = mean_of(src[i], P); else status \|= nonfinite and dst is untouched |
+//! | `frame_gate(e, blocks, block_floats, sum, status)` | unless the codec frame headers at the start of the blocks are clean (wire/codec_frame.hpp's headers_clean: well formed, no flag, one n, agreement value, step and capacity): status \|= wire and sum[0] = NaN, so that a mean_into after it leaves its output untouched (CodecCompressor decodes before the host reads the headers) |
 //! | `ef_accumulate(e, acc, u_next, u, r, g, m, scale, status)` | error feedback's accumulate: g' = scale[0] g (g when scale is empty); with momentum m > 0, u_next = (m u) + g' and acc = r + u_next, else acc = r + g'; status \|= nonfinite when an acc value is not finite |
 //! | `sub(e, y, x)` | y[i] -= x[i] |
 //! | `clip_scale(e, g, clip_norm, P, scale)` | scale[0] = DGC's clipping factor of g (1 when no clipping applies); ||g||^2 summed in double in kernels/fixed_sum.hpp's shape (kernels/clip.hpp) |

@@ -27,6 +27,7 @@
 #include <span>
 #include <string_view>
 
+#include "../config.hpp"
 #include "../error.hpp"
 
 namespace commpact {
@@ -82,6 +83,28 @@ inline header read_header(std::span<const std::byte> b, std::size_t block_bytes,
                       "'s header announces ", h.payload, " payload bytes in a block of ", block_bytes,
                       "; the block is corrupt.");
   return h;
+}
+
+//! The device-side gate of a step whose decode is queued before the host reads the
+//! headers: true when the P headers at the start of P blocks of `block_words` 32-bit words
+//! (word(i): the i-th word of the blocks, in rank order) are well formed (magic, version,
+//! the zero word, payload within the block), carry no flag, and agree on n, the codec's
+//! agreement value, the step and the capacity: what check_headers accepts with no flag
+//! and read_header without raising. Anything else is an error or a skipped step that the
+//! host raises from the headers after the fence (check_headers), so the gate's only job is
+//! to keep the step from writing its result.
+template <class Word>
+COMMPACT_HOST_DEVICE bool headers_clean(Word word, std::size_t block_words, std::size_t P) {
+  if (block_words < header_bytes / 4) return false;
+  for (std::size_t r = 0; r < P; ++r) {
+    const std::size_t b = r * block_words;
+    // word 1 is the version in its low 16 bits and the flags in its high 16 bits
+    if (word(b) != magic || word(b + 1) != version || word(b + 3) != 0u) return false;
+    if (word(b + 2) > block_words * 4 - header_bytes) return false;
+    for (std::size_t j = 4; j < header_bytes / 4; ++j)
+      if (word(b + j) != word(j)) return false;
+  }
+  return true;
 }
 
 //! Reads and checks a whole block's header (read_header over the block).

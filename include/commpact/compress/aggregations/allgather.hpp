@@ -7,10 +7,13 @@
 //!
 //! combine(codec, out, status) decodes every block's payload in rank order into a zeroed
 //! sum (the same float additions on every rank) and writes the mean into out when every
-//! sum value is finite (else status_nonfinite, out untouched). The headers are the
-//! compressor's to check first (frame::check_headers on received()); a payload the
-//! codec finds malformed raises wire_error from the codec's decode_add (out of the
-//! fence on the deferred space), before out changes.
+//! frame header is clean (ops' frame_gate: well formed, no flag, one n, agreement value,
+//! step and capacity) and every sum value is finite; else it sets status_wire or
+//! status_nonfinite and leaves out untouched. The headers are the compressor's to check on
+//! the host too (frame::check_headers on received(), after the fence), which names what
+//! was wrong; a payload the codec finds malformed sets status_wire (the decoders never
+//! throw on data). So combine can be queued before the host has seen a header, and the
+//! step needs one fence.
 //!
 //! Bytes per rank per step: (P - 1) * capacity, capacity = 48 + max_encoded_bytes(n)
 //! rounded up to 4. For top-k: (P - 1) * (48 + 8k).
@@ -59,13 +62,15 @@ class Allgather : public detail::comm_aggregation<C> {
     return all_.view().subspan(static_cast<std::size_t>(r) * b, b);
   }
   //! After exchange(): out = mean over the sources of the codec's decode of their
-  //! payloads (decoded in rank order into a zeroed sum); status_nonfinite and out
-  //! untouched when the sum is not finite (it overflowed).
+  //! payloads (decoded in rank order into a zeroed sum); out untouched, with status_wire
+  //! when a header is not clean or a payload malformed, status_nonfinite when the sum is
+  //! not finite (it overflowed).
   template <class K>
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     const auto e = comm_exec(comm_);
     sum_.resize(out.size(), e);
     codec_kernels<K, S>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
+    ops<S>::frame_gate(e, all_.cview(), mine_.size(), sum_.view(), status);
     ops<S>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }
 

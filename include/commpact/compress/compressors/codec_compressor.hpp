@@ -68,10 +68,11 @@ struct codec_options {
 
 //! Codec + aggregation + error feedback = a Compressor. `Codec` is any type modelling
 //! the Codec concept; `Aggregation` any type modelling BlockAggregation (Allgather<C>:
-//! every rank's frame header is read through received(); combine decodes). The
-//! step runs in the aggregation's space (that of its communicator): host_space runs it
-//! at once, deferred_space queues it until the fences of finish() (two: after the
-//! exchange, for the headers; after the decode, for the status).
+//! every rank's frame header is read through received(); combine decodes, and leaves
+//! its output untouched unless every header is clean). The step runs in the
+//! aggregation's space (that of its communicator): host_space runs it at once; other
+//! spaces queue all of it in start() (the decode and the write of grad included) until the
+//! one fence of finish(), after which the host reads the headers and the status.
 template <class Codec, class Aggregation>
 class CodecCompressor {
   static_assert(diagnose_codec<Codec>());
@@ -102,9 +103,10 @@ class CodecCompressor {
   //! state kept). A step that raises changes nothing, grad included.
   bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
-  //! Queues the encoding of this rank's gradient (with its residual) and the exchange of
-  //! the blocks (host_space: runs them). grad must stay alive until finish(), which
-  //! writes it.
+  //! Queues the whole step (host_space: runs it): the encoding of this rank's gradient
+  //! (with its residual), the exchange of the blocks, and the decode of every rank's block
+  //! into the mean, written into grad only when every header is clean and the sum finite.
+  //! grad must stay alive until finish().
   void start(span<float> grad) {
     phase_.require_idle(name_);
     const auto e = exec();
@@ -139,20 +141,23 @@ class CodecCompressor {
     kern_.encode_frame(e, codec_, std::as_const(ef_).candidate(), block, h, approx_.view(), status_.cview());
     agg_.exchange();
     headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
+    // The decode is queued now: combine writes grad only when every header is clean and
+    // the sum finite (a gate in the space), so finish() decides after one fence and a step
+    // that raises leaves grad untouched. Every rank decodes the same blocks into the same sum.
+    agg_.combine(codec_, grad, status_.view());
+    status_.fetch(e);
     grad_ = grad;
     phase_ = phase::started;
   }
 
-  //! Fences, reads every rank's header (the same on every rank, so every rank takes the
-  //! same decision), decodes the blocks in rank order into a sum and writes the mean
-  //! into grad. Raises alike on every rank, in this order: ranks that disagree
-  //! (mismatch_error), a rejected input (invalid_argument on its rank, peer_failure on
-  //! the others), a malformed block (wire_error), a non-finite input or mean
-  //! (numeric_error; under skip_step grad is zeroed and false returned). grad is
-  //! untouched when it raises.
+  //! Fences (once), then reads every rank's header (the same on every rank, so every
+  //! rank takes the same decision) and the step's status. Raises alike on every rank, in
+  //! this order: ranks that disagree (mismatch_error), a rejected input (invalid_argument
+  //! on its rank, peer_failure on the others), a malformed block (wire_error), a
+  //! non-finite input or mean (numeric_error; under skip_step grad is zeroed and false
+  //! returned). grad is untouched when it raises; else it holds the mean.
   bool finish() {
     phase_.take_started(name_);
-    const auto e = exec();
     fence();
     // A rank that rejected its input sends agreement -1: the lengths are compared first,
     // the rest only among ranks that did not reject.
@@ -160,13 +165,9 @@ class CodecCompressor {
         headers_.check(agg_.sources(), cap_, name_);
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
-    // The aggregation decodes the blocks in rank order into a sum and writes the mean:
-    // every rank decoded the same blocks into the same sum, so every rank decides alike;
-    // a sum of finite values that overflowed is caught there (dividing by P keeps the
-    // rest finite), before grad is written.
-    agg_.combine(codec_, grad_, status_.view());
-    status_.fetch(e);
-    fence();
+    // Clean headers: every rank decoded the same blocks into the same sum, so every rank
+    // decides alike; a sum of finite values that overflowed was caught before grad was
+    // written (dividing by P keeps the rest finite).
     if (status_.bits() & status_wire)  // a space whose decode cannot raise (CUDA) reports it here
       throw wire_error(detail::cat("commpact::", name_, "::reduce: a rank's payload at step ", steps_,
                                    " is malformed (the codec's decoder rejects it); every rank received the same "

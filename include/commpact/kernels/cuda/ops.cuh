@@ -71,6 +71,7 @@
 #include "../ops.hpp"
 #include "../status.hpp"
 #include "check.cuh"
+#include "frame_gate.cuh"
 #include "rows_cast_vote.cuh"
 #include "rows_gossip.cuh"
 #include "rows_oktopk.cuh"
@@ -181,6 +182,15 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     ck(cuda_kernels::mean_into(cuda_access::ptr(src), cuda_access::ptr(dst), src.size(), P,
                                status.empty() ? nullptr : cuda_access::ptr(status), flag, e.stream()),
        "mean_into");
+  }
+  static void frame_gate(const exec& e, span<const float> blocks, std::size_t block_floats, span<float> sum,
+                         span<std::uint32_t> status) {
+    require(!status.empty(), "commpact::ops::frame_gate: pass the step status (one word).");
+    const std::size_t P = block_floats ? blocks.size() / block_floats : 0;
+    cuda_kernels::decision_launch(cuda_kernels::frame_gate_kernel,
+                                  e.stream(), reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(blocks)),
+                                  block_floats, P, cuda_access::ptr(sum), sum.size(), cuda_access::ptr(status));
+    ck(cudaGetLastError(), "frame_gate");
   }
   static void ef_accumulate(const exec& e, span<float> acc, span<float> u_next, span<const float> u,
                             span<const float> r, span<const float> g, float m, span<const float> scale,

@@ -126,6 +126,7 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(from_host)
   COMMPACT_DEFERRED_OP(mean)
   COMMPACT_DEFERRED_OP(mean_into)
+  COMMPACT_DEFERRED_OP(frame_gate)
   COMMPACT_DEFERRED_OP(ef_accumulate)
   COMMPACT_DEFERRED_OP(sub)
   COMMPACT_DEFERRED_OP(clip_scale)

@@ -8,11 +8,14 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <type_traits>
 
 #include "../../error.hpp"
 #include "../../space/host.hpp"
+#include "../../wire/codec_frame.hpp"
 #include "../clip.hpp"
 #include "../ops.hpp"
 #include "../power_products.hpp"
@@ -67,6 +70,18 @@ struct ops<host_space> {
   static void mean_into(exec, span<const float> src, span<float> dst, int P, span<std::uint32_t> status) {
     if (host::first_nonfinite(src) != src.size()) status[0] |= status_nonfinite;
     else (void)host::mean_checked(src, dst, P);
+  }
+  static void frame_gate(exec, span<const float> blocks, std::size_t block_floats, span<float> sum,
+                         span<std::uint32_t> status) {
+    const std::size_t P = block_floats ? blocks.size() / block_floats : 0;
+    const auto word = [&](std::size_t i) {
+      std::uint32_t w;
+      std::memcpy(&w, blocks.data() + i, 4);
+      return w;
+    };
+    if (frame::headers_clean(word, block_floats, P)) return;
+    status[0] |= status_wire;
+    if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
   }
   static void ef_accumulate(exec, span<float> acc, span<float> u_next, span<const float> u, span<const float> r,
                             span<const float> g, float m, span<const float> scale, span<std::uint32_t> status) {
