@@ -253,7 +253,7 @@ TEST_CASE("every compressor over the deferred space: start() only queues", "[spa
   }
 }
 
-TEST_CASE("the compressors a DDP hook leaves in flight: start() queues the whole step, finish() fences once",
+TEST_CASE("the compressors whose finish() may run a step later: start() queues the whole step, finish() fences once",
           "[space][checker][async]") {
   // finish() may then run a step later (commpact_hooks' CUDA hooks): everything that writes
   // grad is queued by start(), and finish() only waits and reads the status.
@@ -278,6 +278,7 @@ TEST_CASE("the compressors a DDP hook leaves in flight: start() queues the whole
   SECTION("QSGD through CodecCompressor") {
     once(500, [](DC c) { return CodecCompressor<qsgd_codec, Allgather<DC>>{c, qsgd_codec{}}; });
   }
+  SECTION("MajorityVote (Signum)") { once(500, [](DC c) { return MajorityVote<DC>{c, {.momentum = 0.9f}}; }); }
   SECTION("EF-SignSGD per row (per_tensor<sign_codec>) through CodecCompressor") {
     once(kN, [](DC c) {
       return CodecCompressor<per_tensor<sign_codec>, Allgather<DC>>{c, per_tensor<sign_codec>{split_rows(kLayout)}};

@@ -6,8 +6,11 @@
 //! payload: a float32 scale and ceil(n / 8) sign bits), all-gathered as Allgather<C>
 //! moves them; combine(codec, out, status) (ops row sign_vote) writes out[i] = s
 //! sign(sum_r sign_r[i]) (a tie gives 0), s the mean of the ranks' scales when `scaled`,
-//! else 1. A malformed payload (length, scale, bits past n) sets status_wire and leaves
-//! out untouched. `MajorityVote<C>` (compressors/majority.hpp) composes it with
+//! else 1. The vote is cast into a buffer of its own and copied into out only when the
+//! step's status is clear: a frame header that is not clean (ops' frame_gate: well formed,
+//! no flag, one n, step and capacity) or a malformed payload (length, scale, bits past n)
+//! sets status_wire and leaves out untouched, so the vote can be queued before the host
+//! has read a header. `MajorityVote<C>` (compressors/majority.hpp) composes it with
 //! sign_codec.
 //!
 //! Bytes per rank per step: (P - 1) (48 + 4 + ceil(n / 8) rounded up to 4).
@@ -43,12 +46,19 @@ class Vote {
   void exchange() { ag_.exchange(); }
   span<const float> received() const { return ag_.received(); }
   span<const float> received(int r) const { return ag_.received(r); }
-  //! After exchange() (headers checked by the caller): the vote into out, or
-  //! status_wire and out untouched for a malformed payload.
+  //! After exchange(): the vote into out when the status is clear (every header clean,
+  //! every payload well formed, no bit set earlier in the step); else status_wire (or the
+  //! bit already set) and out untouched. The caller still reads the headers on the host,
+  //! which name what was wrong.
   template <class K>
   void combine(const K&, span<float> out, span<std::uint32_t> status) {
     static_assert(std::is_same_v<K, sign_codec>, "commpact::Vote counts sign_codec's sign bits; encode with sign_codec.");
-    ops<space_type>::sign_vote(comm_exec(ag_.comm()), ag_.received(), ag_.received(0).size(), scaled_, out, status);
+    const auto e = comm_exec(ag_.comm());
+    const std::size_t bw = ag_.received(0).size();
+    vote_.resize(out.size(), e);
+    ops<space_type>::sign_vote(e, ag_.received(), bw, scaled_, vote_.view(), status);
+    ops<space_type>::frame_gate(e, ag_.received(), bw, vote_.view(), status);
+    ops<space_type>::copy_if_clear(e, vote_.cview(), out, span<const std::uint32_t>(status));
   }
   int sources() const { return ag_.sources(); }
   bool scaled() const { return scaled_; }
@@ -58,12 +68,14 @@ class Vote {
   template <class Out>
   void add_signature(Out& s) const {
     ag_.add_signature(s);
+    s.emplace_back(static_cast<const void*>(vote_.data()), vote_.capacity());
   }
   void reserve(std::size_t capacity) { ag_.reserve(capacity); }
 
  private:
   Allgather<C> ag_;
   bool scaled_;
+  typename space_type::template buffer<float> vote_;  // the vote, copied into out when the status is clear
 };
 
 }  // namespace commpact

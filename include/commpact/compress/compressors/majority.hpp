@@ -25,9 +25,10 @@
 //! by codec_kernels' encode_frame) composed with the aggregation Vote<C>
 //! (aggregations/vote.hpp), run in the communicator's space through the ops rows
 //! signum_update and sign_vote (host_space: at once; deferred_space: queued). Two-phase:
-//! `start(grad)` queues the step; `finish()` fences, checks every rank's header alike
-//! (frame.hpp), queues the vote and fences again for the status; `commit()` installs
-//! Signum's momentum; `cancel()` drops the step; `reduce` = start + finish + commit.
+//! `start(grad)` queues the whole step (the vote into grad included, written only when
+//! every header is clean: Vote's combine); `finish()` fences once, checks every rank's
+//! header alike (wire/codec_frame.hpp) and the status; `commit()` installs Signum's
+//! momentum; `cancel()` drops the step; `reduce` = start + finish + commit.
 
 #include <algorithm>
 #include <bit>
@@ -94,8 +95,8 @@ class MajorityVote {
   bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
   //! Queues Signum's momentum (signSGD: the gradient itself), its encoding behind the
-  //! frame header and the exchange (host_space: runs them). grad must stay alive until
-  //! finish(), which writes it.
+  //! frame header, the exchange and the vote into grad, written only when every header is
+  //! clean (host_space: runs them). grad must stay alive until finish().
   void start(span<float> grad) {
     phase_.require_idle("MajorityVote");
     const auto e = exec();
@@ -130,14 +131,16 @@ class MajorityVote {
                                                         status_.cview());
     agg_.exchange();
     headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
+    agg_.combine(codec_, grad, status_.view());  // grad written only from clean headers and payloads
+    status_.fetch(e);
     grad_ = grad;
     phase_ = phase::started;
   }
 
-  //! Fences, checks every rank's header alike (mismatch_error, a rejected input, a
-  //! non-finite input: numeric_error or, under skip_step, grad zeroed and false), then
-  //! votes into grad; a malformed vote raises wire_error on every rank. grad is
-  //! untouched when it raises.
+  //! Fences once, then checks every rank's header alike (mismatch_error, a rejected
+  //! input, a non-finite input: numeric_error or, under skip_step, grad zeroed and false)
+  //! and the status: a malformed vote raises wire_error on every rank. grad is untouched
+  //! when it raises; else it holds the vote.
   bool finish() {
     phase_.take_started("MajorityVote");
     const auto e = exec();
@@ -156,9 +159,6 @@ class MajorityVote {
       phase_ = phase::finished;
       return false;
     }
-    agg_.combine(codec_, grad_, status_.view());
-    status_.fetch(e);
-    fence();
     if (status_.bits() & status_wire)
       throw wire_error(detail::cat("commpact::MajorityVote::reduce: a rank's vote at step ", steps_, " is malformed "
                                    "(a payload that is not 4 + ceil(n / 8) = ", payload_bytes(grad_.size()),
