@@ -197,8 +197,9 @@ start_probe<C> probe_start(C& c, const deferred_space::exec& e, Grad grad) {
   return p;
 }
 
-template <class Make>
-void check_start_queues(int P, std::size_t n, Make make, std::uint64_t allowed_fences = 0) {
+//! On P ranks: a first step of make(comm), then a probed second step; pass(probe) on every rank.
+template <class Make, class Pass>
+void check_second_step(int P, std::size_t n, Make make, Pass pass) {
   std::vector<int> ok(static_cast<std::size_t>(P), 0);
   run_threads(P, [&](ThreadComm& comm) {
     DC dc{comm};
@@ -207,11 +208,16 @@ void check_start_queues(int P, std::size_t n, Make make, std::uint64_t allowed_f
     auto g = device_copy(e, normal(100 + comm.rank(), n));
     c.reduce(g.view());  // the first step agrees on sizes (a control-plane wait)
     auto g2 = device_copy(e, normal(200 + comm.rank(), n));
-    const auto p = probe_start(c, e, g2.view());
-    ok[static_cast<std::size_t>(comm.rank())] =
-        (allowed_fences == 0 ? p.queued_only && p.fences_in_start == 0 : p.fences_in_start <= allowed_fences) ? 1 : 0;
+    ok[static_cast<std::size_t>(comm.rank())] = pass(probe_start(c, e, g2.view())) ? 1 : 0;
   });
   for (int r : ok) CHECK(r == 1);
+}
+
+template <class Make>
+void check_start_queues(int P, std::size_t n, Make make, std::uint64_t allowed_fences = 0) {
+  check_second_step(P, n, make, [&](const auto& p) {
+    return allowed_fences == 0 ? p.queued_only && p.fences_in_start == 0 : p.fences_in_start <= allowed_fences;
+  });
 }
 
 const tensor_layout kLayout = {{24, 18}, {18}, {30, 40}, {9}};
@@ -260,18 +266,9 @@ TEST_CASE("the compressors whose finish() may run a step later: start() queues t
   const int P = GENERATE(2, 3);
   CAPTURE(P);
   auto once = [&](std::size_t n, auto make) {
-    std::vector<int> ok(static_cast<std::size_t>(P), 0);
-    run_threads(P, [&](ThreadComm& comm) {
-      DC dc{comm};
-      auto c = make(dc);
-      const auto e = dc.exec();
-      auto g = device_copy(e, normal(100 + comm.rank(), n));
-      c.reduce(g.view());
-      auto g2 = device_copy(e, normal(200 + comm.rank(), n));
-      const auto p = probe_start(c, e, g2.view());
-      ok[static_cast<std::size_t>(comm.rank())] = p.queued_only && p.fences_in_start == 0 && p.fences_in_finish == 1;
+    check_second_step(P, n, make, [](const auto& p) {
+      return p.queued_only && p.fences_in_start == 0 && p.fences_in_finish == 1;
     });
-    for (int r : ok) CHECK(r == 1);
   };
   SECTION("gTopK") { once(600, [](DC c) { return gTopK<TreeComm<DC>>{c, {.density = 0.05}}; }); }
   SECTION("TopK") { once(600, [](DC c) { return TopK<DC>{c, {.density = 0.05}}; }); }
