@@ -65,6 +65,8 @@
 #include <commpact/torch/torch_comm.hpp>
 
 #include <chrono>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -556,9 +558,46 @@ struct ModelAverager : HookBase {
 
 }  // namespace
 
+#if defined(__GLIBC__)
+#include <execinfo.h>
+#include <unistd.h>
+namespace {
+// COMMPACT_HOOKS_BACKTRACE=1 (bench/cuda/bench_ddp_hooks.py sets it): a fatal signal prints
+// the native frames (the libraries and exported functions) to stderr, then goes to the
+// handler that was there before (Python's faulthandler prints its stack) and the process
+// dies as it would have, so that a crash in a one-shot GPU run names where it happened.
+constexpr int fatal_signals[] = {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT};
+struct sigaction previous_action[32];
+void print_native_frames(int sig) {
+  void* frames[64];
+  const int n = backtrace(frames, 64);
+  const char head[] = "commpact_hooks: fatal signal; native frames:\n";
+  (void)!write(2, head, sizeof(head) - 1);
+  backtrace_symbols_fd(frames, n, 2);
+  sigaction(sig, &previous_action[sig], nullptr);
+  raise(sig);
+}
+void install_native_frames() {
+  const char* on = std::getenv("COMMPACT_HOOKS_BACKTRACE");
+  if (!on || std::string(on) != "1") return;
+  void* warm[1];
+  (void)backtrace(warm, 1);  // loads libgcc now, not in the handler
+  struct sigaction a {};
+  a.sa_handler = print_native_frames;
+  sigemptyset(&a.sa_mask);
+  for (int sig : fatal_signals) sigaction(sig, &a, &previous_action[sig]);
+}
+}  // namespace
+#else
+namespace {
+void install_native_frames() {}
+}  // namespace
+#endif
+
 PYBIND11_MODULE(commpact_hooks, m) {
   m.doc() = "PyTorch DDP communication hooks and a model averager backed by commpact (TorchComm over the group)";
   py::module_::import("torch.distributed");  // registers ProcessGroup and Store with pybind11
+  install_native_frames();
 
   py::class_<GTopKState>(m, "GTopKState")
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),

@@ -7,7 +7,9 @@ when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
     <temporary folder> <repository>` (COMMPACT_HOOKS_CUDA=1, the GPU's architecture, all
     cores), then runs the checks below again with that folder first on PYTHONPATH;
  1. DDP with one process on NCCL, the LeNet-like CNN of examples/libtorch_cnn on
-    synthetic data: every commpact hook (gTop-k and Top-k at density 0.01, PowerSGD
+    synthetic data, each hook in a process of its own (a crash ends only that hook's
+    check, prints the Python stack (faulthandler) and the native frames
+    (COMMPACT_HOOKS_BACKTRACE=1), and the other hooks go on): every commpact hook (gTop-k and Top-k at density 0.01, PowerSGD
     rank 1 and 2, EF-SignSGD, QSGD) against the same hook on the CPU over a Gloo group
     (same start, same batches): parameters within float tolerance after a few steps;
     commpact's powersgd_hook against PyTorch's powerSGD_hook at the same rank and seed
@@ -135,24 +137,29 @@ def check(cond, what, failures):
         failures.append(what)
 
 
-def single_process(args, failures):
-    """Checks 1 and 3 in this process (one rank)."""
-    import commpact_hooks as ch
-    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
-    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-    gpu = args.device == "cuda"
-    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+HOOK_NAMES = ("gtopk", "topk", "powersgd1", "powersgd2", "efsign", "qsgd")
+
+
+def one_process_group(gpu):
+    """A one-rank group (NCCL on the GPU, else Gloo) and a Gloo group beside it; returns a folder to remove."""
     tmp = tempfile.mkdtemp()
     dist.init_process_group("nccl" if gpu else "gloo", init_method="file://" + os.path.join(tmp, "rdzv"), rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=60))
-    cpu_pg = dist.new_group(backend="gloo")
-    if gpu:
-        check(ch.has_cuda, "the installed commpact_hooks has the CUDA variant", failures)
+    return tmp, dist.new_group(backend="gloo")
+
+
+def one_hook(args):
+    """Check 1 for the hook args.hook alone (run in a process of its own: a crash ends only it)."""
+    import commpact_hooks as ch
+    failures = []
+    gpu = args.device == "cuda"
+    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    tmp, cpu_pg = one_process_group(gpu)
     steps = args.check_steps
     data, cdata = batches(0, steps, dev), batches(0, steps, torch.device("cpu"))
-    # 1. Each hook on the device against the same hook on the CPU.
     for (name, hook, st), (_, chook, cst) in zip(hooks(ch, None, "dev"), hooks(ch, cpu_pg, "cpu")):
-        print(f"run     {name} on {dev.type}", flush=True)  # the last such line names a crash's hook
+        if name != args.hook:
+            continue
         t0 = time.monotonic()
         m, losses = train(dev, data, hook, st)
         c, _ = train(torch.device("cpu"), cdata, chook, cst, pg=cpu_pg)
@@ -160,7 +167,53 @@ def single_process(args, failures):
         check(all(map(lambda v: v == v, losses)), f"{name}: finite losses on {dev.type}", failures)
         check(err <= 1e-3, f"{name}: parameters on {dev.type} within 1e-3 of the CPU's after {steps} steps "
               f"(max |diff| {err:.2e}, {time.monotonic() - t0:.1f} s)", failures)
+    dist.destroy_process_group()
+    shutil.rmtree(tmp, ignore_errors=True)
+    return 1 if failures else 0
+
+
+def single_process(args, failures):
+    """Check 1 (each hook in a process of its own, so that a crash in one hook leaves the
+    others' results), then checks 1b and 3 in this process (one rank) for the hooks that passed."""
+    import commpact_hooks as ch
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks as dh
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+    gpu = args.device == "cuda"
+    dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
+    if gpu:
+        check(ch.has_cuda, "the installed commpact_hooks has the CUDA variant", failures)
+    # 1. Each hook on the device against the same hook on the CPU, in a process of its own.
+    good = set()
+    for name in HOOK_NAMES:
+        if time_left() < 20:
+            print(f"SKIPPED check 1 of {name} and the rest: {time_left():.0f} s of the budget left", flush=True)
+            break
+        print(f"run     {name} on {dev.type}", flush=True)
+        cmd = [sys.executable, os.path.abspath(__file__), "--installed", "--device", args.device, "--hook", name,
+               "--check-steps", str(args.check_steps)]
+        env = dict(os.environ, COMMPACT_HOOKS_BACKTRACE="1")  # a crash prints its native frames too
+        try:
+            r = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+                               timeout=max(5.0, time_left() - 10))
+            out, rc = r.stdout, r.returncode
+        except subprocess.TimeoutExpired as e:
+            out, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), None
+        sys.stdout.write(out)
+        if rc is None:
+            check(False, f"{name}: check 1 did not end within the budget", failures)
+        elif rc < 0:
+            check(False, f"{name}: check 1 was killed by signal {-rc} (the output above ends where it died)", failures)
+        elif rc != 0:
+            failures.append(f"{name}: check 1")  # its own lines above say which check failed
+        else:
+            good.add(name)
+    tmp, _ = one_process_group(gpu)
+    steps = args.check_steps
+    data = batches(0, steps, dev)
     for r in (1, 2):
+        if f"powersgd{r}" not in good:
+            print(f"SKIPPED powersgd rank {r} against powerSGD_hook: its check 1 failed", flush=True)
+            continue
         ref_st = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
                                     random_seed=0)
         a, _ = train(dev, data, psgd.powerSGD_hook, ref_st)
@@ -176,7 +229,7 @@ def single_process(args, failures):
         runs.append((f"powerSGD_hook{r}", psgd.powerSGD_hook,
                      psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
                                         random_seed=0)))
-    runs += [(n, h, s) for n, h, s in hooks(ch, None, "time")]
+    runs += [(n, h, s) for n, h, s in hooks(ch, None, "time") if n in good]
     from torch.nn.parallel import DistributedDataParallel as DDP
     models = []
     for name, hook, st in runs:
@@ -305,7 +358,10 @@ def main():
     ap.add_argument("--two-steps", type=int, default=30)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--time-steps", type=int, default=20)
+    ap.add_argument("--hook", choices=HOOK_NAMES, help="(internal) check 1 of this hook alone, then exit")
     args = ap.parse_args()
+    if args.hook:
+        return one_hook(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         print("no CUDA device for torch: skipped")
         return 77
