@@ -102,28 +102,14 @@ struct codec_kernels<Codec, deferred_space> {
 
   static void encode_frame(const exec& e, Codec& codec, span<const float> acc, span<float> block, frame::header h,
                            span<float> approx, span<const std::uint32_t> status) {
-    e.enqueue(
-        [c = &codec, acc, block, h, approx, status] {
-          H::encode_frame({}, *c, deferred_access::host(acc), deferred_access::host(block), h,
-                          deferred_access::host(approx), deferred_access::host(status));
-        },
-        acc, block, approx, status);
+    deferred_row(e, [](auto&&... x) { H::encode_frame({}, x...); }, codec, acc, block, h, approx, status);
   }
   static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status = {}) {
-    e.enqueue(
-        [c = &codec, blocks, block_floats, sum, status] {
-          H::decode_sum({}, *c, deferred_access::host(blocks), block_floats, deferred_access::host(sum),
-                        deferred_access::host(status));
-        },
-        blocks, sum, status);
+    deferred_row(e, [](auto&&... x) { H::decode_sum({}, x...); }, codec, blocks, block_floats, sum, status);
   }
   static void clear_delivered(const exec& e, const Codec& codec, span<float> residual, span<float> velocity) {
-    e.enqueue(
-        [c = &codec, residual, velocity] {
-          H::clear_delivered({}, *c, deferred_access::host(residual), deferred_access::host(velocity));
-        },
-        residual, velocity);
+    deferred_row(e, [](auto&&... x) { H::clear_delivered({}, x...); }, codec, residual, velocity);
   }
 };
 

@@ -26,6 +26,7 @@
 #include <type_traits>
 
 #include "../error.hpp"
+#include "../kernels/deferred/ops.hpp"
 #include "../kernels/host/gossip.hpp"
 #include "../space/deferred.hpp"
 #include "../space/host.hpp"
@@ -112,17 +113,11 @@ struct choco_kernels<Codec, deferred_space> {
 
   static void encode(const exec& e, Codec& codec, span<const float> x, span<const float> hat, span<float> diff,
                      span<std::byte> msg, span<float> q, span<std::int64_t> words, bool framed) {
-    e.enqueue([c = &codec, x, hat, diff, msg, q, words, framed] {
-      H::encode({}, *c, deferred_access::host(x), deferred_access::host(hat), deferred_access::host(diff),
-                deferred_access::host(msg), deferred_access::host(q), deferred_access::host(words), framed);
-    }, x, hat, diff, msg, q, words);
+    deferred_row(e, [](auto&&... a) { H::encode({}, a...); }, codec, x, hat, diff, msg, q, words, framed);
   }
   static void decode(const exec& e, const Codec& codec, span<const std::byte> recv, std::size_t msg_bytes, bool framed,
                      span<float> q_nb, span<std::int64_t> words, std::string& why) {
-    e.enqueue([c = &codec, recv, msg_bytes, framed, q_nb, words, w = &why] {
-      H::decode({}, *c, deferred_access::host(recv), msg_bytes, framed, deferred_access::host(q_nb),
-                deferred_access::host(words), *w);
-    }, recv, q_nb, words);
+    deferred_row(e, [](auto&&... a) { H::decode({}, a...); }, codec, recv, msg_bytes, framed, q_nb, words, why);
   }
 };
 
