@@ -48,68 +48,27 @@ struct codec_kernels {
                 "clear_delivered, or run the compressor over a host communicator.");
 };
 
-template <class Codec>
-struct codec_kernels<Codec, host_space> {
-  using exec = host_space::exec;
-
-  static void encode_frame(exec, Codec& codec, std::span<const float> acc, std::span<float> block, frame::header h,
-                           std::span<float> approx, std::span<const std::uint32_t> status) {
-    const auto b = std::as_writable_bytes(block);
-    const auto payload = b.subspan(frame::header_bytes);
-    h.payload = 0;
-    if (status[0] & status_nonfinite) h.flags = static_cast<std::uint16_t>(h.flags | frame::nonfinite_input);
-    if (h.flags == 0) {
-      const std::size_t len = codec.encode(acc, payload, approx);
-      require(len <= payload.size(), "commpact::CodecCompressor: the codec wrote ", len,
-              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
-      h.payload = static_cast<std::uint32_t>(len);
-    }
-    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
-    frame::write(b, h);
-  }
-
-  static void decode_sum(exec, const Codec& codec, std::span<const float> blocks, std::size_t block_floats,
-                         std::span<float> sum, std::span<std::uint32_t> status = {}) {
-    std::fill(sum.begin(), sum.end(), 0.0f);
-    const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
-    try {
-      for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
-        const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
-        std::uint32_t len;
-        std::memcpy(&len, b.data() + 8, 4);
-        codec.decode_add(b.subspan(frame::header_bytes, len), sum);
-      }
-    } catch (const error&) {
-      if (status.empty()) throw;  // a caller without a status word gets the decoder's error
-      // As on the CUDA space: the status says it, and a NaN in the sum keeps the mean
-      // from writing the caller's output.
-      status[0] |= status_wire;
-      if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
-    }
-  }
-
-  static void clear_delivered(exec, const Codec& codec, std::span<float> residual, std::span<float> velocity) {
-    if constexpr (req::codec_has_delivered<Codec>) host::zero_delivered(residual, velocity, codec.delivered(), {});
-  }
-};
-
-template <class Codec>
-struct codec_kernels<Codec, deferred_space> {
-  using exec = deferred_space::exec;
-  using H = codec_kernels<Codec, host_space>;
+//! The host spaces: the rows of ops<Space> (kernels/ops.hpp), which hold no state there.
+template <class Codec, class Space>
+  requires(std::is_same_v<Space, host_space> || std::is_same_v<Space, deferred_space>)
+struct codec_kernels<Codec, Space> {
+  using exec = typename Space::exec;
   template <class T>
-  using span = deferred_span<T>;
+  using span = typename ops<Space>::template span<T>;
+  using ws = typename ops<Space>::template codec_workspace<Codec>;
 
   static void encode_frame(const exec& e, Codec& codec, span<const float> acc, span<float> block, frame::header h,
                            span<float> approx, span<const std::uint32_t> status) {
-    deferred_row(e, [](auto&&... x) { H::encode_frame({}, x...); }, codec, acc, block, h, approx, status);
+    static ws w;  // empty: nothing to keep
+    ops<Space>::template codec_encode_frame<Codec>(e, w, codec, acc, block, h, approx, status);
   }
   static void decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status = {}) {
-    deferred_row(e, [](auto&&... x) { H::decode_sum({}, x...); }, codec, blocks, block_floats, sum, status);
+    ops<Space>::template codec_decode_sum<Codec>(e, codec, blocks, block_floats, sum, status);
   }
   static void clear_delivered(const exec& e, const Codec& codec, span<float> residual, span<float> velocity) {
-    deferred_row(e, [](auto&&... x) { H::clear_delivered({}, x...); }, codec, residual, velocity);
+    static const ws w;
+    ops<Space>::template codec_clear_delivered<Codec>(e, w, codec, residual, velocity);
   }
 };
 

@@ -40,7 +40,7 @@
 //! | oktopk_mags, oktopk_theta | radix select + cub::DeviceRadixSort descending; sort, then the k-th | bits (theta: either zero when +0 and -0 tie at the k-th) |
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
 //! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
-//! | codec_kernels<topk, threshold, sign, fp16, bf16, terngrad, qsgd codec, cuda_space> (compress/codec_kernels_cuda*.cuh; not ops rows) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
+//! | codec_encode_frame, codec_decode_sum, codec_clear_delivered: device_codec<Codec> (kernels/device_codec.hpp; every codec of compress/codecs/ in compress/device_codecs*.cuh) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
 //! | oktopk_begin (SparseReduceScatter's block path; oktopk_begin.cuh) | frame_check.cuh's checks (tree_begin's) with the caller's n, a decision in the host's order (decision_launch), install gated by it | bits (idx, val, status; untouched when flagged or malformed) |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
@@ -67,6 +67,8 @@
 
 #include "../../error.hpp"
 #include "../../space/cuda.hpp"
+#include "../../wire/codec_frame.hpp"
+#include "../device_codec.hpp"
 #include "../host/sparse_tree.hpp"
 #include "../ops.hpp"
 #include "../status.hpp"
@@ -136,6 +138,9 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
   using tree_views = sparse_tree_views<cuda_span>;
   using topk_workspace = cuda_kernels::topk_workspace;
   using merge_workspace = cuda_kernels::merge_workspace;
+  //! The codec rows' workspace: the codec's device_codec object (kernels/device_codec.hpp).
+  template <class Codec>
+  using codec_workspace = device_codec<Codec>;
 
   template <class T>
   static void fill(const exec& e, span<T> v, T x) {
@@ -370,6 +375,25 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     cuda_kernels::decision_launch(cuda_kernels::detail::tree_status_kernel, e.stream(), cuda_access::ptr(m),
                                   cuda_access::ptr(status));
     ck(cudaGetLastError(), "tree_status");
+  }
+
+  // ---- a Codec's frame: device_codec<Codec> (kernels/device_codec.hpp, specialised in
+  // compress/device_codecs*.cuh or by a user's codec)
+  template <class Codec>
+  static void codec_encode_frame(const exec& e, codec_workspace<Codec>& ws, Codec& codec, span<const float> acc,
+                                 span<float> block, frame::header h, span<float> approx,
+                                 span<const std::uint32_t> status) {
+    ws.encode_frame(e, codec, acc, block, h, approx, status);
+  }
+  template <class Codec>
+  static void codec_decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
+                               span<float> sum, span<std::uint32_t> status) {
+    device_codec<Codec>::decode_sum(e, codec, blocks, block_floats, sum, status);
+  }
+  template <class Codec>
+  static void codec_clear_delivered(const exec& e, const codec_workspace<Codec>& ws, const Codec& codec,
+                                    span<float> residual, span<float> velocity) {
+    ws.clear_delivered(e, codec, residual, velocity);
   }
 
  private:

@@ -121,6 +121,8 @@ struct ops<deferred_space> {
   using H = ops<host_space>;
   using topk_workspace = host::topk_workspace;
   using merge_workspace = host::merge_workspace;
+  template <class Codec>
+  using codec_workspace = H::codec_workspace<Codec>;
 
 #define COMMPACT_DEFERRED_OP(name)                                                               \
   template <class... A>                                                                          \
@@ -199,6 +201,9 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP_T(cast_encode)       // CastAllreduce
   COMMPACT_DEFERRED_OP_T(cast_add)          // CastAllreduce
   COMMPACT_DEFERRED_OP_T(cast_decode_mean)  // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(codec_encode_frame)     // CodecCompressor, MajorityVote
+  COMMPACT_DEFERRED_OP_T(codec_decode_sum)       // Allgather<C>
+  COMMPACT_DEFERRED_OP_T(codec_clear_delivered)  // CodecCompressor
 #undef COMMPACT_DEFERRED_OP_T
 };
 

@@ -8,11 +8,15 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
+#include <limits>
 #include <span>
 #include <type_traits>
 
+#include "../../concepts/codec.hpp"
 #include "../../error.hpp"
 #include "../../space/host.hpp"
+#include "../../wire/codec_frame.hpp"
 #include "../clip.hpp"
 #include "../ops.hpp"
 #include "../power_products.hpp"
@@ -41,6 +45,10 @@ struct ops<host_space> {
   using tree_views = host_tree_views;
   using topk_workspace = host::topk_workspace;
   using merge_workspace = host::merge_workspace;
+  //! What the codec rows keep between calls: nothing on the host (the codec itself knows
+  //! where its last encode put its indices).
+  template <class Codec>
+  struct codec_workspace {};
 
   template <class T>
   static void fill(exec, span<T> v, T x) {
@@ -261,6 +269,50 @@ struct ops<host_space> {
   static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
                         span<std::uint32_t> status) {
     host::sign_vote(blocks, block_floats, scaled, out, status);
+  }
+
+  // ---- a Codec's frame (CodecCompressor, MajorityVote, Allgather<C>; wire/codec_frame.hpp) ----
+  template <class Codec>
+  static void codec_encode_frame(exec, codec_workspace<Codec>&, Codec& codec, span<const float> acc,
+                                 span<float> block, frame::header h, span<float> approx,
+                                 span<const std::uint32_t> status) {
+    const auto b = std::as_writable_bytes(block);
+    const auto payload = b.subspan(frame::header_bytes);
+    h.payload = 0;
+    if (status[0] & status_nonfinite) h.flags = static_cast<std::uint16_t>(h.flags | frame::nonfinite_input);
+    if (h.flags == 0) {
+      const std::size_t len = codec.encode(acc, payload, approx);
+      require(len <= payload.size(), "commpact::CodecCompressor: the codec wrote ", len,
+              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
+      h.payload = static_cast<std::uint32_t>(len);
+    }
+    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
+    frame::write(b, h);
+  }
+  template <class Codec>
+  static void codec_decode_sum(exec, const Codec& codec, span<const float> blocks, std::size_t block_floats,
+                               span<float> sum, span<std::uint32_t> status = {}) {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
+    try {
+      for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+        const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
+        std::uint32_t len;
+        std::memcpy(&len, b.data() + 8, 4);
+        codec.decode_add(b.subspan(frame::header_bytes, len), sum);
+      }
+    } catch (const error&) {
+      if (status.empty()) throw;  // a caller without a status word gets the decoder's error
+      // As on the CUDA space: the status says it, and a NaN in the sum keeps the mean
+      // from writing the caller's output.
+      status[0] |= status_wire;
+      if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  template <class Codec>
+  static void codec_clear_delivered(exec, const codec_workspace<Codec>&, const Codec& codec, span<float> residual,
+                                    span<float> velocity) {
+    if constexpr (req::codec_has_delivered<Codec>) host::zero_delivered(residual, velocity, codec.delivered(), {});
   }
 
   // ---- PowerGossip (kernels/host/power_gossip.hpp); words: the round's 3 status words ----
