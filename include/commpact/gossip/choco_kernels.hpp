@@ -2,7 +2,7 @@
 #pragma once
 //! \file choco_kernels.hpp
 //! choco_kernels<Codec, Space>: where CHOCO-SGD's codec runs (gossip/choco.hpp), as
-//! codec_kernels does for CodecCompressor: host_space calls the codec at once,
+//! ops<Space>'s codec rows do for CodecCompressor: host_space calls the codec at once,
 //! deferred_space queues the same host calls until the fence, cuda_space runs the codec's
 //! device kernels (choco_kernels_cuda.cuh, nvcc only). CHOCO keeps one object per mixer
 //! (the CUDA space's holds scratch); the host spaces' are stateless.

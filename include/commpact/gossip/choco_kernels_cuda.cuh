@@ -9,7 +9,7 @@
 //! Checked against its host twin by tests/cuda/test_cuda_choco.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
-//! Written once over codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh):
+//! Written once over device_codec<Codec> (compress/device_codecs.cuh):
 //! every codec with device kernels there runs here, no second copy of its encoder or
 //! decoder. Those kernels work on frame blocks (the 48-byte header, word 2 the payload's
 //! length, then the payload); CHOCO's message is the bare payload (behind a u32 length when
@@ -18,10 +18,10 @@
 //! | step | kernels | equal to the host |
 //! |---|---|---|
 //! | diff | choco::diff: diff = exact::sub(x, hat) when words[0] is 0, else 0 (a zero vector encodes to a valid message, then dropped) | bits |
-//! | encode | codec_kernels' encode_frame of diff into this object's block (no status: the flag is read on the device) | the codec's bytes |
+//! | encode | device_codec's encode_frame of diff into this object's block (no status: the flag is read on the device) | the codec's bytes |
 //! | q | dense codecs: encode_frame's approx; topk_codec and the threshold codecs (their kernels write no approx): q = 0, then choco::scatter of the block's entries, q[idx] = val | bits (the host's approx: assignments, -0 kept) |
 //! | message | choco::message: msg = [u32 length when framed] payload, the rest zero; all zero when words[0] is not 0. choco::short_message: unframed, a length other than msg.size() sets words[0] = 2 | bytes |
-//! | decode | choco::frames: neighbour k's message as a frame block (framed: its u32 length, above the capacity: malformed); codec_kernels' decode_sum of that one block into q_nb[k] with status word k; choco::first_malformed: words[2] = 1 + the first k whose status holds status_wire, when words[0] = words[2] = 0 | bits of q_nb; the same messages rejected |
+//! | decode | choco::frames: neighbour k's message as a frame block (framed: its u32 length, above the capacity: malformed); device_codec's decode_sum of that one block into q_nb[k] with status word k; choco::first_malformed: words[2] = 1 + the first k whose status holds status_wire, when words[0] = words[2] = 0 | bits of q_nb; the same messages rejected |
 //!
 //! Differences from the host: the host's `why` is the codec's own wire_error sentence; the
 //! device cannot say which check failed, so `why` is a fixed sentence naming the codec
@@ -30,9 +30,9 @@
 //! The scratch (this rank's frame block, the neighbours' blocks, one status word per
 //! neighbour, and the codec kernels' own workspaces) grows at the first round only.
 //!
-//! Codecs: every codec that codec_kernels<Codec, cuda_space> runs (topk, threshold, sign,
+//! Codecs: every codec that device_codec<Codec> runs (topk, threshold, sign,
 //! fp16, bf16, TernGrad and QSGD today). One without device kernels fails to compile with
-//! codec_kernels' sentence; a codec that delivers indices (delivered()) in another format
+//! device_codec's sentence (kernels/device_codec.hpp); a codec that delivers indices (delivered()) in another format
 //! than topk_codec's (per_tensor of a sparse codec) fails with this file's sentence.
 
 #if !defined(__CUDACC__)
@@ -48,7 +48,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "../compress/codec_kernels_cuda.cuh"
+#include "../compress/device_codecs.cuh"
 #include "../compress/codecs/sparsifiers.hpp"
 #include "../compress/codecs/topk_sign.hpp"
 #include "../concepts.hpp"
@@ -263,7 +263,7 @@ struct choco_kernels<Codec, cuda_space> {
   }
 
  private:
-  codec_kernels<Codec, cuda_space> ck_;  // the codec's device kernels (topk's and threshold's workspaces)
+  device_codec<Codec> ck_;  // the codec's device kernels (topk's and threshold's workspaces)
   cuda_buffer<float> block_, frames_;    // this rank's frame block; the neighbours' messages as frame blocks
   cuda_buffer<std::uint32_t> st_;        // one status word per neighbour
 };
