@@ -157,6 +157,7 @@ inline void cuda_sparse_decode_sum(const cuda_space::exec& e, const char* who, s
 //! rank's block, untouched until the next encode).
 template <>
 struct device_codec<topk_codec> {
+  static constexpr bool payload_entries = true;  // k int32 indices, then k float32 values; approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;

@@ -45,6 +45,7 @@ namespace detail {
 //! kernels), decode_sum and clear_delivered. Every buffer grow-only.
 template <class Codec>
 struct cuda_estimated_kernels {
+  static constexpr bool payload_entries = true;  // topk_codec's entries (count on the device); approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;

@@ -32,6 +32,7 @@ namespace commpact {
 //! count, all grow-only.
 template <>
 struct device_codec<threshold_codec> {
+  static constexpr bool payload_entries = true;  // topk_codec's entries (count on the device); approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;

@@ -33,6 +33,7 @@
 //! | cast_encode, cast_add, cast_decode_mean (rows_cast_vote.cuh) | host/cast.hpp's cast_encode_value and the casts' host-device to_code/from_code/add; finiteness flag, then mean_of | bits (NaN codes: any NaN code) |
 //! | linear_encode, linear_decode, linear_feedback (randomk_codec only) | indices drawn on the host, copied to the executor's scratch; gather; mean + zero + scatter; zero_delivered | bits; other LinearCodecs: static_assert |
 //! | signum_update, sign_vote | signum_value; per-block check and rank-order double scale sum in every block, one sign byte per thread | bits |
+//! | choco_encode, choco_decode (rows_choco.cuh; choco_workspace<Codec> holds device_codec<Codec> and the staging blocks) | choco::diff, the codec's encode_frame into a frame block, choco::scatter (sparse codecs) and choco::message; choco::frames, the codec's decode_sum per neighbour, choco::first_malformed | bits of q, q_nb; messages byte for byte; the same messages rejected |
 //! | gossip_check, gossip_pack, gossip_mix, choco_update (rows_gossip.cuh) | atomicMin of the first bad index; memcpy; one thread per entry, k ascending (host/gossip.hpp's mix_term/choco_term) | bits |
 //! | oktopk_local (rows_oktopk.cuh) | select.cuh's radix select; k gated to 0 on the device by the status | bits |
 //! | oktopk_frames | one block: region ends + 40-byte headers; payload scatter | bits (frames byte for byte) |
@@ -74,6 +75,7 @@
 #include "../status.hpp"
 #include "check.cuh"
 #include "rows_cast_vote.cuh"
+#include "rows_choco.cuh"
 #include "rows_gossip.cuh"
 #include "rows_oktopk.cuh"
 #include "rows_power.cuh"
@@ -129,9 +131,11 @@ class merge_workspace {
 }  // namespace cuda_kernels
 
 //! The rows of PowerCompressor, PowerGossip, CastAllreduce, LinearCompressor, MajorityVote,
-//! GossipMixer and OkTopK live in rows_*.cuh (one file per consumer) and are inherited.
+//! GossipMixer (CHOCO's codec rows included) and OkTopK live in rows_*.cuh (one file per
+//! consumer) and are inherited.
 template <>
-struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::gossip, cuda_rows::oktopk {
+struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::gossip, cuda_rows::choco,
+                         cuda_rows::oktopk {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;

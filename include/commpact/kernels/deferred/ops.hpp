@@ -123,6 +123,8 @@ struct ops<deferred_space> {
   using merge_workspace = host::merge_workspace;
   template <class Codec>
   using codec_workspace = H::codec_workspace<Codec>;
+  template <class Codec>
+  using choco_workspace = H::choco_workspace<Codec>;
 
 #define COMMPACT_DEFERRED_OP(name)                                                               \
   template <class... A>                                                                          \
@@ -204,6 +206,8 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP_T(codec_encode_frame)     // CodecCompressor, MajorityVote
   COMMPACT_DEFERRED_OP_T(codec_decode_sum)       // Allgather<C>
   COMMPACT_DEFERRED_OP_T(codec_clear_delivered)  // CodecCompressor
+  COMMPACT_DEFERRED_OP_T(choco_encode)           // GossipMixer (CHOCO)
+  COMMPACT_DEFERRED_OP_T(choco_decode)           // GossipMixer (CHOCO)
 #undef COMMPACT_DEFERRED_OP_T
 };
 

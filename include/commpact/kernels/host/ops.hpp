@@ -11,6 +11,7 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 
 #include "../../concepts/codec.hpp"
@@ -22,6 +23,7 @@
 #include "../power_products.hpp"
 #include "../status.hpp"
 #include "cast.hpp"
+#include "choco.hpp"
 #include "commit.hpp"
 #include "sgd.hpp"
 #include "lowrank.hpp"
@@ -49,6 +51,9 @@ struct ops<host_space> {
   //! where its last encode put its indices).
   template <class Codec>
   struct codec_workspace {};
+  //! What CHOCO's codec rows keep between calls: nothing on the host.
+  template <class Codec>
+  struct choco_workspace {};
 
   template <class T>
   static void fill(exec, span<T> v, T x) {
@@ -313,6 +318,20 @@ struct ops<host_space> {
   static void codec_clear_delivered(exec, const codec_workspace<Codec>&, const Codec& codec, span<float> residual,
                                     span<float> velocity) {
     if constexpr (req::codec_has_delivered<Codec>) host::zero_delivered(residual, velocity, codec.delivered(), {});
+  }
+
+  // ---- CHOCO-SGD's codec (GossipMixer; kernels/host/choco.hpp) ------------------------
+  template <class Codec>
+  static void choco_encode(exec, choco_workspace<Codec>&, Codec& codec, span<const float> x, span<const float> hat,
+                           span<float> diff, span<std::byte> msg, span<float> q, span<std::int64_t> words,
+                           bool framed) {
+    host::choco::encode(codec, x, hat, diff, msg, q, words, framed);
+  }
+  template <class Codec>
+  static void choco_decode(exec, choco_workspace<Codec>&, const Codec& codec, span<const std::byte> recv,
+                           std::size_t msg_bytes, bool framed, span<float> q_nb, span<std::int64_t> words,
+                           std::string& why) {
+    host::choco::decode(codec, recv, msg_bytes, framed, q_nb, words, why);
   }
 
   // ---- PowerGossip (kernels/host/power_gossip.hpp); words: the round's 3 status words ----
