@@ -23,7 +23,7 @@
 #include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/compress/compressors/power.hpp>
 #include <commpact/compress/compressors/topk.hpp>
-#include <commpact/compress/codec_kernels_cuda.cuh>
+#include <commpact/compress/device_codecs.cuh>
 #include <commpact/kernels/cuda/ops.cuh>
 #include <commpact/space/cuda.hpp>
 #include <commpact/torch/torch_cuda_comm.hpp>

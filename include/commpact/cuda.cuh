@@ -3,8 +3,8 @@
 //! \file cuda.cuh
 //! Everything commpact offers a CUDA program, in one include for a .cu file: the host and
 //! deferred library (commpact.hpp), the CUDA space (space/cuda.hpp), the device rows of
-//! every compressor, codec and mixer (kernels/cuda/ops.cuh, compress/codec_kernels_cuda.cuh,
-//! gossip/choco_kernels_cuda.cuh), CudaStagedComm (any host communicator over pinned
+//! every compressor, codec and mixer (kernels/cuda/ops.cuh, compress/device_codecs.cuh),
+//! CudaStagedComm (any host communicator over pinned
 //! staging) and, when nccl.h is on the include path, NcclComm. Define COMMPACT_NO_NCCL to
 //! leave NcclComm out where nccl.h is present but not linked. Link commpact::cuda (and
 //! commpact::nccl for NcclComm) from CMake.
@@ -23,8 +23,7 @@
 
 #include "commpact.hpp"
 #include "comm/cuda_staged_comm.hpp"
-#include "compress/codec_kernels_cuda.cuh"
-#include "gossip/choco_kernels_cuda.cuh"
+#include "compress/device_codecs.cuh"
 #include "kernels/cuda/ops.cuh"
 #include "space/cuda.hpp"
 

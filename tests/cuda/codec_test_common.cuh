@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "commpact/comm/thread_comm.hpp"
-#include "commpact/compress/codec_kernels_cuda.cuh"
+#include "commpact/compress/device_codecs.cuh"
 #include "commpact/compress/codecs/casts.hpp"
 #include "commpact/compress/codecs/quantizers.hpp"
 #include "commpact/compress/compressors/topk.hpp"
@@ -65,48 +65,52 @@ struct frames {
   std::vector<float> host, dev;                // the blocks
   std::vector<float> host_approx, dev_approx;  // approx (empty when approx_n is 0)
   // The device block the kernels encoded into. A sparse codec's clear_delivered reads its
-  // indices there (codec_kernels_cuda*.cuh: the block of the last encode_frame, untouched
+  // indices there (compress/device_codecs*.cuh: the block of the last encode_frame, untouched
   // until then), so the block lives as long as the frames, not just for encode_both.
   cp::cuda_buffer<float> dev_block;
 };
 
-//! encode_frame of v with header h and status word `status` by the host (hc) and by the device (dk, dc): the host's
+//! encode_frame of v with header h and status word `status` by the host (hc) and by the device (dk, dc; dk: ops<cuda_space>::codec_workspace<Codec>): the host's
 //! block starts as NaNs, the device's poisoned (0xFF); approx, of approx_n values (0: none), starts as -7 on both.
 template <class Codec, class DK>
 frames encode_both(DK& dk, Codec& hc, Codec& dc, const std::vector<float>& v, const cp::frame::header& h,
                    std::size_t cap, std::uint32_t status, std::size_t approx_n) {
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
+  using SH = cp::ops<cp::host_space>;
+  typename SH::template codec_workspace<Codec> hws;
   frames f;
   f.host.assign(cap / 4, std::numeric_limits<float>::quiet_NaN());
   f.host_approx.assign(approx_n, -7.0f);
   std::vector<std::uint32_t> hs{status};
-  SH::encode_frame({}, hc, std::span<const float>(v), std::span<float>(f.host), h,
-                   approx_n ? std::span<float>(f.host_approx) : std::span<float>{}, std::span<const std::uint32_t>(hs));
+  SH::codec_encode_frame<Codec>({}, hws, hc, std::span<const float>(v), std::span<float>(f.host), h,
+                                approx_n ? std::span<float>(f.host_approx) : std::span<float>{},
+                                std::span<const std::uint32_t>(hs));
   cp::cuda_buffer<float> dv, da;
   cp::cuda_buffer<float>& db = f.dev_block;  // kept: clear_delivered_same reads its indices
   cp::cuda_buffer<std::uint32_t> ds;
   upload(dv, v), upload(ds, hs), upload(da, std::vector<float>(approx_n, -7.0f));
   db.resize(cap / 4);  // poisoned (0xFF)
-  dk.encode_frame(E, dc, dv.cview(), db.view(), h, approx_n ? da.view() : cp::cuda_span<float>{}, ds.cview());
+  cp::ops<cp::cuda_space>::codec_encode_frame<Codec>(E, dk, dc, dv.cview(), db.view(), h,
+                                                     approx_n ? da.view() : cp::cuda_span<float>{}, ds.cview());
   f.dev = download(E, db.cview());
   if (approx_n) f.dev_approx = download(E, da.cview());
   return f;
 }
 
-//! clear_delivered on a random residual and velocity (N(0, 1) from rng) by the host (hc) and by the device (dk, dc):
+//! clear_delivered on a random residual and velocity (N(0, 1) from rng) by the host (hc) and by the device (dk, dc; dk: ops<cuda_space>::codec_workspace<Codec>):
 //! true when both sides leave the same bits. The frames of the encode_both before it must still live (the device's
 //! indices are in its dev_block).
 template <class Codec, class DK>
 bool clear_delivered_same(DK& dk, Codec& hc, Codec& dc, std::size_t n, std::mt19937_64& rng) {
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
+  using SH = cp::ops<cp::host_space>;
+  const typename SH::template codec_workspace<Codec> hws;
   std::normal_distribution<float> d;
   std::vector<float> r(n), u(n);
   for (auto& x : r) x = d(rng);
   for (auto& x : u) x = d(rng);
   cp::cuda_buffer<float> dr, du;
   upload(dr, r), upload(du, u);
-  SH::clear_delivered({}, hc, std::span<float>(r), std::span<float>(u));
-  dk.clear_delivered(E, dc, dr.view(), du.view());
+  SH::codec_clear_delivered<Codec>({}, hws, hc, std::span<float>(r), std::span<float>(u));
+  cp::ops<cp::cuda_space>::codec_clear_delivered<Codec>(E, dk, dc, dr.view(), du.view());
   return diff(download(E, dr.cview()), r) == 0 && diff(download(E, du.cview()), u) == 0;
 }
 
@@ -116,7 +120,8 @@ inline constexpr auto no_prep = [](auto&, int) {};
 //! P frames of cap bytes, rank r's the host's encoding of input(r) by codec after prep(codec, r).
 template <class Codec, class Input, class Prep>
 std::vector<float> host_frames(Codec& codec, std::size_t n, int P, std::size_t cap, Input input, Prep prep) {
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
+  using SH = cp::ops<cp::host_space>;
+  typename SH::template codec_workspace<Codec> hws;
   const std::size_t bf = cap / 4;
   std::vector<float> all(bf * static_cast<std::size_t>(P));
   for (int r = 0; r < P; ++r) {
@@ -125,8 +130,8 @@ std::vector<float> host_frames(Codec& codec, std::size_t n, int P, std::size_t c
     cp::frame::header h;
     h.n = static_cast<std::int64_t>(n), h.capacity = static_cast<std::int64_t>(cap);
     std::vector<std::uint32_t> hs{0};
-    SH::encode_frame({}, codec, std::span<const float>(v), std::span<float>(all).subspan(r * bf, bf), h, {},
-                     std::span<const std::uint32_t>(hs));
+    SH::codec_encode_frame<Codec>({}, hws, codec, std::span<const float>(v), std::span<float>(all).subspan(r * bf, bf),
+                                  h, {}, std::span<const std::uint32_t>(hs));
   }
   return all;
 }
@@ -141,12 +146,12 @@ struct decoded {
 //! decode_sum of the blocks `all` (bf floats each) into n values, by the host and by the device.
 template <class Codec>
 decoded decode_both(const Codec& codec, const std::vector<float>& all, std::size_t bf, std::size_t n) {
-  using SD = cp::codec_kernels<Codec, cp::cuda_space>;
-  using SH = cp::codec_kernels<Codec, cp::host_space>;
+  using SD = cp::ops<cp::cuda_space>;
+  using SH = cp::ops<cp::host_space>;
   decoded o;
   o.host_sum.resize(n);
   try {
-    SH::decode_sum({}, codec, std::span<const float>(all), bf, std::span<float>(o.host_sum));
+    SH::codec_decode_sum<Codec>({}, codec, std::span<const float>(all), bf, std::span<float>(o.host_sum));
   } catch (const cp::wire_error&) {
     o.host_raised = true;
   }
@@ -154,7 +159,7 @@ decoded decode_both(const Codec& codec, const std::vector<float>& all, std::size
   cp::cuda_buffer<std::uint32_t> ds;
   upload(dall, all), upload(ds, std::vector<std::uint32_t>{0});
   dsum.resize(n);
-  SD::decode_sum(E, codec, dall.cview(), bf, dsum.view(), ds.view());
+  SD::codec_decode_sum<Codec>(E, codec, dall.cview(), bf, dsum.view(), ds.view());
   o.status = download(E, ds.cview())[0];
   o.sum = download(E, dsum.cview());
   return o;

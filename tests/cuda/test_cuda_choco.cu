@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// CHOCO-SGD's codec on the CUDA space (gossip/choco_kernels_cuda.cuh): GossipMixer with
+// CHOCO-SGD's codec on the CUDA space (ops<cuda_space>'s choco_encode and choco_decode,
+// kernels/cuda/rows_choco.cuh, over compress/device_codecs.cuh): GossipMixer with
 // choco_gossip<Q> over CudaStagedComm<ThreadComm> against the same mixer over ThreadComm on
 // the host, on a ring at P = 2, 3 and 5, for topk_codec, sign_codec, qsgd_codec (several
 // buckets, stochastic rounding) and threshold_codec (framed: a 4-byte length in front; lambda
@@ -12,7 +13,7 @@
 //   public copy overflows to -Inf): each round's outcome alike on both sides on every rank
 //   (mixed, or wire_error naming rank 1 on its ring neighbours, which the host raises for
 //   topk, sign and threshold; QSGD's message stays valid), the models alike (NaN for NaN);
-// - choco_kernels<Q, cuda_space> against choco_kernels<Q, host_space> directly (also fp16,
+// - ops<cuda_space>'s choco rows against ops<host_space>'s directly (also fp16,
 //   n = 1 ... 5000): encode's message, q, diff and words, a flagged model's zeroed message,
 //   and the decode of three messages, one of them all 0xFF bytes (malformed: words[2]).
 //
@@ -38,7 +39,7 @@
 #include "commpact/compress/codecs/sparsifiers.hpp"
 #include "commpact/compress/codecs/topk_sign.hpp"
 #include "commpact/gossip/gossip_mixer.hpp"
-#include "commpact/gossip/choco_kernels_cuda.cuh"
+#include "commpact/compress/device_codecs.cuh"
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/space/cuda.hpp"
 #include "commpact/topology/ring.hpp"
@@ -163,14 +164,15 @@ void check_choco(const char* name, int P, Q codec, bool hostile_raises) {
   });
 }
 
-//! choco_kernels<Q, cuda_space> against choco_kernels<Q, host_space> directly, one rank, n
+//! ops<cuda_space>'s choco rows against ops<host_space>'s directly, one rank, n
 //! values (a -0 in x and in hat): encode with words[0] = 0 (msg, q, words bits) and 1 (msg
 //! zeroed), then decode of 3 messages, the middle one valid or all 0xFF bytes (malformed
 //! for every codec here: an index -1, a NaN scale or norm, a length above the capacity).
 template <class Q>
 void check_direct(const char* name, Q codec, std::size_t n) {
-  using HK = cp::choco_kernels<Q, cp::host_space>;
-  cp::choco_kernels<Q, cp::cuda_space> dk;
+  using HK = cp::ops<cp::host_space>;
+  HK::choco_workspace<Q> hk;
+  D::choco_workspace<Q> dk;
   const bool framed = cp::variable_length_codec<Q>::value;
   const auto e = cp::cuda_space::make_exec();
   Q hc = codec, dc = codec;
@@ -192,9 +194,9 @@ void check_direct(const char* name, Q codec, std::size_t n) {
     cp::cuda_buffer<std::int64_t> wd;
     wd.resize(3);
     D::from_host(e, std::span<const std::int64_t>(words), wd.view());
-    HK::encode({}, hc, std::span<const float>(x), std::span<const float>(hat), std::span<float>(diff),
-               std::span<std::byte>(msg), std::span<float>(q), std::span<std::int64_t>(words), framed);
-    dk.encode(e, dc, xd.cview(), hd.cview(), dd.view(), md.view(), qd.view(), wd.view(), framed);
+    HK::choco_encode<Q>({}, hk, hc, std::span<const float>(x), std::span<const float>(hat), std::span<float>(diff),
+                        std::span<std::byte>(msg), std::span<float>(q), std::span<std::int64_t>(words), framed);
+    D::choco_encode<Q>(e, dk, dc, xd.cview(), hd.cview(), dd.view(), md.view(), qd.view(), wd.view(), framed);
     std::vector<std::byte> mh(mb);
     std::vector<std::int64_t> wh(3);
     D::to_host(e, md.cview(), std::span<std::byte>(mh));
@@ -226,9 +228,9 @@ void check_direct(const char* name, Q codec, std::size_t n) {
     cp::cuda_buffer<std::int64_t> wd;
     wd.resize(3);
     D::from_host(e, std::span<const std::int64_t>(words), wd.view());
-    HK::decode({}, hc, std::span<const std::byte>(recv), mb, framed, std::span<float>(qn),
-               std::span<std::int64_t>(words), hwhy);
-    dk.decode(e, dc, rd.cview(), mb, framed, qd.view(), wd.view(), dwhy);
+    HK::choco_decode<Q>({}, hk, hc, std::span<const std::byte>(recv), mb, framed, std::span<float>(qn),
+                        std::span<std::int64_t>(words), hwhy);
+    D::choco_decode<Q>(e, dk, dc, rd.cview(), mb, framed, qd.view(), wd.view(), dwhy);
     std::vector<std::int64_t> wh(3);
     D::to_host(e, wd.cview(), std::span<std::int64_t>(wh));
     const auto qh = download(e, qd.cview());

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// The leaf kernels of codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh)
+// The leaf kernels of device_codec<Codec> (compress/device_codecs.cuh)
 // against the host codecs, for topk_codec, threshold_codec, sign_codec, fp16/bf16,
 // TernGrad and QSGD:
 // encode_frame's frame (and approx) byte for byte on Gaussian, tied, all-equal, +-0,
@@ -29,7 +29,7 @@ void check_sparse_encode(const char* who, Codec proto, std::size_t n, int kind, 
     h.n = static_cast<std::int64_t>(n), h.agreement = hc.agreement(n), h.step = 3;
     h.capacity = static_cast<std::int64_t>(cap);
     if (st == 2) h.flags = cp::frame::rejected_input;
-    cp::codec_kernels<Codec, cp::cuda_space> dk;
+    cp::ops<cp::cuda_space>::codec_workspace<Codec> dk;
     const auto f = encode_both(dk, hc, dc, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, 0);
     EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n, kind, st,
            diff(f.dev, f.host));
@@ -128,7 +128,7 @@ void check_decode(std::mt19937_64& rng) {
 //! where the host raises wire_error).
 void check_sign_leaves(std::mt19937_64& rng) {
   cp::sign_codec codec;
-  cp::codec_kernels<cp::sign_codec, cp::cuda_space> dk;
+  cp::ops<cp::cuda_space>::codec_workspace<cp::sign_codec> dk;
   for (std::size_t n : {1, 7, 8, 9, 2047, 2048, 2049, 3 * 2048 + 17, 100003, (1 << 22) + 3})
     for (int kind = 0; kind < 5; ++kind)
       for (int st = 0; st < 3; ++st) {
@@ -178,7 +178,7 @@ void check_sign_leaves(std::mt19937_64& rng) {
 //! wire_error).
 template <class Codec, class Corrupt>
 void check_dense_leaves(const char* who, Codec codec, int kinds, Corrupt corrupt, std::mt19937_64& rng) {
-  cp::codec_kernels<Codec, cp::cuda_space> dk;
+  cp::ops<cp::cuda_space>::codec_workspace<Codec> dk;
   for (std::size_t n : {1, 2, 3, 1000, 100003})
     for (int kind = 0; kind < 6; ++kind) {
       auto v = make_input(kind % 5, n, rng);

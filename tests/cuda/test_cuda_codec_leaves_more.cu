@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The leaves of codec_kernels<Codec, cuda_space> for natural_codec, onebit_codec and
-// per_tensor<K> (compress/codec_kernels_cuda_natural.cuh, _onebit.cuh, _per_tensor.cuh)
+// The leaves of device_codec<Codec> for natural_codec, onebit_codec and
+// per_tensor<K> (compress/device_codecs_natural.cuh, _onebit.cuh, _per_tensor.cuh)
 // against the host codecs, on fresh random inputs (the seed is printed):
 // - encode_frame into a poisoned block: the frame byte for byte and approx bit for bit,
 //   n from 1 to about 4e6 (around the levels of 1-bit's sums, nodes of 2048), every input kind of
@@ -58,7 +58,7 @@ void check_encode(const char* who, const Codec& proto, std::size_t n, int kind, 
     h.n = static_cast<std::int64_t>(n), h.step = 7, h.capacity = static_cast<std::int64_t>(cap);
     if (st == 2) h.flags = cp::frame::rejected_input;
     const bool dense = !cp::req::codec_has_delivered<Codec>;
-    cp::codec_kernels<Codec, cp::cuda_space> dk;
+    cp::ops<cp::cuda_space>::codec_workspace<Codec> dk;
     const auto f =
         encode_both(dk, hc, dc, v, h, cap, st == 1 ? std::uint32_t{cp::status_nonfinite} : 0u, dense ? n : 0);
     EXPECT(diff(f.dev, f.host) == 0, "%s encode_frame n=%zu kind=%d st=%d: %zu words differ", who, n, kind, st,

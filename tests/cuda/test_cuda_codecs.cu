@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// CodecCompressor over the CUDA space (compress/codec_kernels_cuda.cuh): TopK and
+// CodecCompressor over the CUDA space (compress/device_codecs.cuh): TopK and
 // CodecCompressor<threshold, sign, fp16, bf16, TernGrad, QSGD codec> over a one-rank
 // NcclComm on device spans against the same compressor over a one-rank ThreadComm on the
 // host, 4 steps with error feedback (momentum too): the output, residual and velocity bit

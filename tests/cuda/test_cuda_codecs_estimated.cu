@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// codec_kernels<gaussiank_codec, cuda_space> and codec_kernels<dgc_codec, cuda_space>
-// (compress/codec_kernels_cuda_estimated.cuh) against the host codecs:
+// device_codec<gaussiank_codec> and device_codec<dgc_codec>
+// (compress/device_codecs_estimated.cuh) against the host codecs:
 // - encode_frame's frame byte for byte (poisoned blocks; a clean status, status_nonfinite,
 //   a rejected input) at n = 1, 2, 17, 1000, 65537, 2^20 + 7 on Gaussian, tied (+-0),
 //   all-equal, denormal, +-0, all-negative (Gaussian-k's threshold below 0: every entry
@@ -52,7 +52,7 @@ std::vector<float> input(int kind, std::size_t n, std::mt19937_64& rng) {
 //! host's, then clear_delivered. `prep` sets the codec's step and rank.
 template <class Codec, class Prep>
 void check_encode(const char* who, Codec proto, Prep prep, std::size_t n, std::mt19937_64& rng) {
-  cp::codec_kernels<Codec, cp::cuda_space> dk;
+  cp::ops<cp::cuda_space>::codec_workspace<Codec> dk;
   Codec hc = proto, dc = proto;
   int round = 0;
   for (int kind = 0; kind < 8; ++kind)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // CodecCompressor over the CUDA space for natural_codec, onebit_codec and per_tensor<K>
-// (compress/codec_kernels_cuda_natural.cuh, _onebit.cuh, _per_tensor.cuh):
+// (compress/device_codecs_natural.cuh, _onebit.cuh, _per_tensor.cuh):
 // - over a one-rank NcclComm on device spans against the same compressor over a one-rank
 //   ThreadComm on the host, 4 steps with error feedback (momentum too): the output,
 //   residual and velocity bit for bit; a NaN gradient reported alike (numeric_error, or a

@@ -7,7 +7,7 @@
 // float and half denormals, values that saturate or overflow to Inf in the 16-bit add,
 // Inf/NaN codes, ties in the vote, malformed vote blocks and tree blocks. Then
 // CastAllreduce<fp16/bf16>, LinearCompressor<randomk> (and MajorityVote when the codec
-// kernels of compress/codec_kernels_cuda.cuh exist) over NcclComm::single() against the
+// kernels of compress/device_codecs.cuh exist) over NcclComm::single() against the
 // same compressor over a one-rank ThreadComm for 3 steps, bit for bit.
 //
 // NaN: a NaN made by arithmetic is canonical on the GPU (x86 keeps the operand's payload
@@ -32,8 +32,8 @@
 #include "commpact/compress/compressors/linear.hpp"
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/kernels/host/ops.hpp"
-#if __has_include("commpact/compress/codec_kernels_cuda.cuh")
-#include "commpact/compress/codec_kernels_cuda.cuh"
+#if __has_include("commpact/compress/device_codecs.cuh")
+#include "commpact/compress/device_codecs.cuh"
 #include "commpact/compress/compressors/majority.hpp"
 #define COMMPACT_TEST_MAJORITY 1
 #endif

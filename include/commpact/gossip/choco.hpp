@@ -10,9 +10,10 @@
 //! sign_codec). Keeps degree + 1 model copies.
 //!
 //! Runs in the communicator's space: the public copies and every scratch vector are the
-//! space's buffers, the codec runs through choco_kernels (encode before the exchange,
-//! decode of every message after it; one object per mixer, which may hold scratch) and
-//! the update through ops::choco_update, which changes nothing when the round failed.
+//! space's buffers, the codec runs through the rows choco_encode (before the exchange) and
+//! choco_decode (every message after it) with one choco_workspace per mixer (the CUDA
+//! space's scratch), and the update through ops::choco_update, which changes nothing
+//! when the round failed.
 //! Messages have a known size: the codec's max_encoded_bytes(n) (4 more for a
 //! variable_length_codec, which sends its length).
 
@@ -29,7 +30,9 @@
 #include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
-#include "choco_kernels.hpp"
+#include "../kernels/deferred/ops.hpp"
+#include "../kernels/host/ops.hpp"
+#include "variable_length_codec.hpp"
 #include "exchange.hpp"
 
 namespace commpact {
@@ -89,11 +92,12 @@ class choco_algorithm {
   //! copies and of x (nothing when the round failed).
   void queue(span<float> x, neighbor_exchange<Comm>& ex, const gossip_options& opt) {
     const auto e = exec_;
-    kern_.encode(e, codec_, span<const float>(x), hat_self_.cview(), diff_.view(), ex.message(), q_self_.view(),
-                 ex.words(), framed);
+    ops<space_type>::template choco_encode<Q>(e, choco_ws_, codec_, span<const float>(x), hat_self_.cview(),
+                                              diff_.view(), ex.message(), q_self_.view(), ex.words(), framed);
     ex.agree_flag(opt);
     ex.exchange_same_known(span<const std::byte>(ex.message()));
-    kern_.decode(e, codec_, ex.received_all(), ex.message_bytes(), framed, q_nb_.view(), ex.words(), why_);
+    ops<space_type>::template choco_decode<Q>(e, choco_ws_, codec_, ex.received_all(), ex.message_bytes(), framed,
+                                              q_nb_.view(), ex.words(), why_);
     ops<space_type>::choco_update(e, x, hat_self_.view(), q_self_.cview(), hat_nb_.view(), q_nb_.cview(), ex.weights(),
                                   gamma_, acc_.view(), span<const std::int64_t>(ex.words()));
   }
@@ -146,11 +150,11 @@ class choco_algorithm {
   void add_signature(Out& s) const {
     for (const auto* b : {&hat_self_, &hat_nb_, &q_nb_, &diff_, &q_self_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(acc_.data(), acc_.capacity());
-    if constexpr (requires { kern_.add_signature(s); }) kern_.add_signature(s);  // the CUDA space's scratch
+    if constexpr (requires { choco_ws_.add_signature(s); }) choco_ws_.add_signature(s);  // the CUDA space's scratch
   }
 
  private:
-  using kernels = choco_kernels<Q, space_type>;
+  using choco_workspace = typename ops<space_type>::template choco_workspace<Q>;
   static constexpr bool framed = variable_length_codec<Q>::value;
 
   std::vector<float> to_host(const buffer<float>& b) const {
@@ -162,7 +166,7 @@ class choco_algorithm {
   }
 
   Q codec_;
-  kernels kern_;  // stateless on the host spaces; the CUDA space's scratch (choco_kernels_cuda.cuh)
+  choco_workspace choco_ws_;  // empty on the host spaces; the CUDA space's scratch (kernels/cuda/rows_choco.cuh)
   double gamma_;
   std::size_t n_, deg_;
   typename space_type::exec exec_;

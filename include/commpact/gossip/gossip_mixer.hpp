@@ -39,7 +39,7 @@
 //! `mix` takes its span, a deferred_span<float> over DeferredComm<C>): the round is
 //! queued (non-finite check, CHOCO's encode or PowerGossip's projections, the 8-byte
 //! agreement, the known-size exchange, decode, mix; kernels/host/gossip.hpp,
-//! gossip/choco_kernels.hpp, kernels/host/power_gossip.hpp) and fenced once, with the
+//! kernels/host/choco.hpp, kernels/host/power_gossip.hpp) and fenced once, with the
 //! same bits as over a host communicator.
 
 #include <algorithm>

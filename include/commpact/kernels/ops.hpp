@@ -60,10 +60,24 @@
 //! | `power_gossip_vectors(e, x, recv, stride, offset, w, w_self, acc, words)` | PowerGossip: when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the floats at byte offset of recv's k-th block of stride bytes, k ascending |
 //! | `tree_begin(e, m, block, self, b)` | TreeMerge: starts the tree merge from this rank's block (a sparse_wire frame): the state tree_local leaves; a malformed block sets status_wire with wire_peer = self (kernels/host/tree_block.hpp) |
 //! | `tree_status(e, m, status)` | TreeMerge: status \|= wire (malformed frame), nonfinite (flagged or non-finite sum), rejected (a rank rejected its input, or n or k differ): 0 exactly when tree_scatter wrote |
+//! | `codec_encode_frame<Codec>(e, ws, codec, acc, block, h, approx, status)` | CodecCompressor, MajorityVote: h.payload = 0, h.flags \|= nonfinite_input when status holds nonfinite; when h.flags is 0, the codec encodes acc into block's payload (after the 48-byte header, wire/codec_frame.hpp; approx as the codec's encode) and h.payload = its length (above the block: an error); the rest of the payload is zeroed and h written as block's header. The length stays in the space |
+//! | `codec_decode_sum<Codec>(e, codec, blocks, block_floats, sum, status = {})` | Allgather<C>: sum = 0, then decode_add of each block's payload in rank order (the headers were checked by the caller); a malformed payload sets status_wire and a NaN in sum[0] (a call without a status word gets the decoder's wire_error) |
+//! | `codec_clear_delivered<Codec>(e, ws, codec, r, u)` | CodecCompressor: a sparse codec's delivered indices (those of the last codec_encode_frame with ws) leave the residual r (and velocity u) |
+//! | `choco_encode<Codec>(e, ws, codec, x, hat, diff, msg, q, words, framed)` | GossipMixer (CHOCO): when words[0] is 0: diff = x - hat; the codec encodes diff into msg (after a u32 length when framed) and writes q (what the receivers decode); unframed, a length other than msg.size() sets words[0] = 2. The rest of msg is zeroed (all of it when words[0] is not 0) (kernels/host/choco.hpp) |
+//! | `choco_decode<Codec>(e, ws, codec, recv, msg_bytes, framed, q_nb, words, why)` | GossipMixer (CHOCO): when words[0] = words[2] = 0: q_nb[k] = 0, then decode_add of neighbour k's message (the k-th msg_bytes of recv), k ascending; a malformed one sets words[2] = 1 + k and why = a sentence naming the codec (host memory, read after the fence) |
+//!
+//! The codec rows take the codec as a template argument, as linear_encode takes a
+//! LinearCodec and cast_encode a Cast. Their state is the caller's: ws is a
+//! `typename ops<Space>::template codec_workspace<Codec>` (codec rows) or
+//! `choco_workspace<Codec>` (CHOCO's rows), owned by the compressor or mixer: empty on
+//! the host spaces; on cuda_space the codec's device_codec<Codec> (kernels/device_codec.hpp,
+//! the customisation point a codec's device kernels specialise), plus CHOCO's staging
+//! blocks in choco_workspace.
 //!
 //! Models: ops<host_space> (kernels/host/ops.hpp) runs the host kernels at once;
 //! ops<deferred_space> (kernels/deferred/ops.hpp) queues the same host kernels until the
-//! fence; ops<cuda_space> (the CUDA-space issue) implements each row with CUB/cuBLAS.
+//! fence (each row one deferred_row call); ops<cuda_space> (kernels/cuda/ops.cuh)
+//! implements each row with CUB/cuBLAS and the codecs' device_codec.
 
 namespace commpact {
 

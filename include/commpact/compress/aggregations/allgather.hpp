@@ -29,7 +29,6 @@
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
 #include "base.hpp"
-#include "../codec_kernels.hpp"
 
 namespace commpact {
 
@@ -69,7 +68,7 @@ class Allgather : public detail::comm_aggregation<C> {
   void combine(const K& codec, span<float> out, span<std::uint32_t> status) {
     const auto e = comm_exec(comm_);
     sum_.resize(out.size(), e);
-    codec_kernels<K, S>::decode_sum(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
+    ops<S>::template codec_decode_sum<K>(e, codec, all_.cview(), mine_.size(), sum_.view(), status);
     ops<S>::frame_gate(e, all_.cview(), mine_.size(), sum_.view(), status);
     ops<S>::mean_into(e, sum_.cview(), out, comm_.size(), status);
   }

@@ -46,7 +46,6 @@
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/status.hpp"
-#include "../codec_kernels.hpp"
 #include "../error_feedback.hpp"
 #include "../../wire/codec_frame.hpp"
 #include "../frame_headers.hpp"
@@ -138,7 +137,8 @@ class CodecCompressor {
       ef_.accumulate(e, span<const float>(grad), opt_.momentum, scale, status_.view());
       approx_.resize(req::codec_has_delivered<Codec> ? 0 : N, e);
     }
-    kern_.encode_frame(e, codec_, std::as_const(ef_).candidate(), block, h, approx_.view(), status_.cview());
+    ops<space_type>::template codec_encode_frame<Codec>(e, codec_ws_, codec_, std::as_const(ef_).candidate(), block, h,
+                                                        approx_.view(), status_.cview());
     agg_.exchange();
     headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
     // The decode is queued now: combine writes grad only when every header is clean and
@@ -189,7 +189,8 @@ class CodecCompressor {
     const auto e = exec();
     if constexpr (!req::codec_has_delivered<Codec>) ef_.subtract(e, approx_.cview());
     ef_.commit();
-    kern_.clear_delivered(e, codec_, ef_.installed_residual(), ef_.installed_velocity());
+    ops<space_type>::template codec_clear_delivered<Codec>(e, codec_ws_, codec_, ef_.installed_residual(),
+                                                           ef_.installed_velocity());
     ++steps_;
   }
 
@@ -240,7 +241,7 @@ class CodecCompressor {
     std::vector<std::pair<const void*, std::size_t>> s;
     if constexpr (requires { agg_.add_signature(s); }) agg_.add_signature(s);
     if constexpr (requires { codec_.add_signature(s); }) codec_.add_signature(s);
-    if constexpr (requires { kern_.add_signature(s); }) kern_.add_signature(s);
+    if constexpr (requires { codec_ws_.add_signature(s); }) codec_ws_.add_signature(s);
     ef_.add_signature(s);
     for (const auto* b : {&approx_, &scale_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(status_.data(), status_.capacity());
@@ -253,7 +254,7 @@ class CodecCompressor {
   std::string kind() const { return "commpact." + name_; }
 
  private:
-  using kernels = codec_kernels<Codec, space_type>;
+  using codec_workspace = typename ops<space_type>::template codec_workspace<Codec>;
 
   auto exec() const { return comm_exec(const_cast<Aggregation&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.
@@ -302,7 +303,7 @@ class CodecCompressor {
   phase phase_;  // first: a move checks it before any other member has moved
   Aggregation agg_;
   Codec codec_;
-  [[no_unique_address]] kernels kern_;  // the codec's kernels in the space (state on the CUDA space)
+  [[no_unique_address]] codec_workspace codec_ws_;  // the codec rows' workspace (empty on the host spaces)
   options opt_;
   std::string name_;
   basic_error_feedback<space_type> ef_;  // the residual, the velocity and their candidates

@@ -22,7 +22,7 @@
 //! sign, for a learning rate sized to it). No error feedback: the vote is the method.
 //!
 //! Space (v3): sign_codec (the scale and the sign bits, encoded behind the frame header
-//! by codec_kernels' encode_frame) composed with the aggregation Vote<C>
+//! by the ops row codec_encode_frame) composed with the aggregation Vote<C>
 //! (aggregations/vote.hpp), run in the communicator's space through the ops rows
 //! signum_update and sign_vote (host_space: at once; deferred_space: queued). Two-phase:
 //! `start(grad)` queues the whole step (the vote into grad included, written only when
@@ -49,7 +49,6 @@
 #include "../../kernels/copies.hpp"
 #include "../../state.hpp"
 #include "../aggregations/vote.hpp"
-#include "../codec_kernels.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../codecs/topk_sign.hpp"
 #include "../../wire/codec_frame.hpp"
@@ -127,8 +126,8 @@ class MajorityVote {
       const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
       ops<space_type>::signum_update(e, next_.view(), m, span<const float>(grad), opt_.momentum, status_.view());
     }
-    codec_kernels<sign_codec, space_type>::encode_frame(e, codec_, next_.cview(), block, h, span<float>{},
-                                                        status_.cview());
+    ops<space_type>::template codec_encode_frame<sign_codec>(e, sign_ws_, codec_, next_.cview(), block, h,
+                                                             span<float>{}, status_.cview());
     agg_.exchange();
     headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
     agg_.combine(codec_, grad, status_.view());  // grad written only from clean headers and payloads
@@ -236,6 +235,7 @@ class MajorityVote {
   aggregation_type agg_;
   majority_options opt_;
   sign_codec codec_;
+  [[no_unique_address]] typename ops<space_type>::template codec_workspace<sign_codec> sign_ws_;  // empty in every space
   buffer<float> m_, next_;
   std::size_t m_n_ = 0;
   // the frame protocol: the agreed block capacity, every rank's header, this rank's rejection

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs.cuh
-//! Device kernels of the codecs (codec_kernels<Codec, cuda_space>,
-//! compress/codec_kernels_cuda.cuh): the frame around a payload and top-k's sparse
+//! Device kernels of the codecs (device_codec<Codec>,
+//! compress/device_codecs.cuh): the frame around a payload and top-k's sparse
 //! payload (k int32 indices strictly ascending, then k float32 values).
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says
@@ -10,7 +10,7 @@
 //!
 //! | kernel | what it does | equal to the host |
 //! |---|---|---|
-//! | frame_finish | writes the 48-byte header chosen by the status (nonfinite: flag set, payload 0) and zeroes the block after the payload | bytes (codec_kernels<C, host_space>::encode_frame) |
+//! | frame_finish | writes the 48-byte header chosen by the status (nonfinite: flag set, payload 0) and zeroes the block after the payload | bytes (ops<host_space>::codec_encode_frame) |
 //! | topk_validate | every entry of every block checked as topk_codec::decode_add does (length a multiple of 8, at most k entries, detail::sparse_index_ok, detail::finite_bits); a failure sets status_wire | the same blocks rejected |
 //! | topk_add | sum[j] = __fadd_rn(sum[j], v) for one block, skipped once status_wire is set | bits (indices within a block are distinct, blocks run in rank order) |
 //! | poison_on_wire | sum[0] = NaN when status_wire is set, so that mean_into leaves out untouched | - |

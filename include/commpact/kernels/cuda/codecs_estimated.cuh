@@ -2,7 +2,7 @@
 #pragma once
 //! \file codecs_estimated.cuh
 //! Device kernels of the threshold sparsifiers whose threshold is estimated from the
-//! gradient, gaussiank_codec and dgc_codec (compress/codec_kernels_cuda_estimated.cuh). The
+//! gradient, gaussiank_codec and dgc_codec (compress/device_codecs_estimated.cuh). The
 //! estimate lives on the device in an `estimate_state`; the selection under the cap is
 //! threshold_codec's (codecs_threshold.cuh's compaction) with the threshold read there.
 //!

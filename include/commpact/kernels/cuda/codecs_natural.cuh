@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs_natural.cuh
-//! Device kernels of natural_codec (codec_kernels<natural_codec, cuda_space>,
-//! compress/codec_kernels_cuda_natural.cuh), with the host's per-element arithmetic
+//! Device kernels of natural_codec (device_codec<natural_codec>,
+//! compress/device_codecs_natural.cuh), with the host's per-element arithmetic
 //! (detail::natural_field, natural_value, natural_field_ok in formulas/casts.hpp, on the float's
 //! bits) and its random numbers (random_stream, counter-based: uniform(i) for element i,
 //! replayed here; no sequential state, so one thread per byte draws what the host draws).

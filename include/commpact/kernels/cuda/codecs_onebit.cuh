@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs_onebit.cuh
-//! Device kernels of onebit_codec (codec_kernels<onebit_codec, cuda_space>,
-//! compress/codec_kernels_cuda_onebit.cuh), with the host's arithmetic (detail::
+//! Device kernels of onebit_codec (device_codec<onebit_codec>,
+//! compress/device_codecs_onebit.cuh), with the host's arithmetic (detail::
 //! onebit_negative, onebit_leaf, onebit_add, onebit_means, onebit_means_ok, onebit_byte in
 //! quantizers.hpp).
 //!

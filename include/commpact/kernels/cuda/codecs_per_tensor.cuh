@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs_per_tensor.cuh
-//! Device kernels of per_tensor<K> (codec_kernels<per_tensor<K>, cuda_space>,
-//! compress/codec_kernels_cuda_per_tensor.cuh): the framing of per_tensor's message (for
+//! Device kernels of per_tensor<K> (device_codec<per_tensor<K>>,
+//! compress/device_codecs_per_tensor.cuh): the framing of per_tensor's message (for
 //! each tensor t a u32 length L_t, then its L_t bytes, no padding) around the frames K's
 //! own kernels write. Tensor t's frame ("temp block": 48-byte header, word 2 the payload
 //! length, then the payload) sits at word tb_off[t] of a workspace; these kernels move the

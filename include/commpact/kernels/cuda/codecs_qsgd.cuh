@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs_qsgd.cuh
-//! Device kernels of qsgd_codec (codec_kernels<qsgd_codec, cuda_space>,
-//! compress/codec_kernels_cuda.cuh), with the host's per-element arithmetic
+//! Device kernels of qsgd_codec (device_codec<qsgd_codec>,
+//! compress/device_codecs.cuh), with the host's per-element arithmetic
 //! (detail::qsgd_sq_leaf, qsgd_norm, qsgd_scale, qsgd_level, qsgd_value in quantizers.hpp)
 //! and its random numbers (random_stream, counter-based, replayed here).
 //!

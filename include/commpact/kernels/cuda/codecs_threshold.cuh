@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file codecs_threshold.cuh
-//! Device kernels of threshold_codec (codec_kernels<threshold_codec, cuda_space>,
-//! compress/codec_kernels_cuda_threshold.cuh). The host sends every entry with
+//! Device kernels of threshold_codec (device_codec<threshold_codec>,
+//! compress/device_codecs_threshold.cuh). The host sends every entry with
 //! |v_i| >= lambda, at most cap of them (the cap's largest, host::topk_abs's order). On
 //! the device, without the count on the host: w = v where it passes (else +0), the top
 //! cap of w by topk_abs (every candidate outranks a zero: lambda > 0), then the entries

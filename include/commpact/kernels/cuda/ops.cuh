@@ -33,6 +33,7 @@
 //! | cast_encode, cast_add, cast_decode_mean (rows_cast_vote.cuh) | host/cast.hpp's cast_encode_value and the casts' host-device to_code/from_code/add; finiteness flag, then mean_of | bits (NaN codes: any NaN code) |
 //! | linear_encode, linear_decode, linear_feedback (randomk_codec only) | indices drawn on the host, copied to the executor's scratch; gather; mean + zero + scatter; zero_delivered | bits; other LinearCodecs: static_assert |
 //! | signum_update, sign_vote | signum_value; per-block check and rank-order double scale sum in every block, one sign byte per thread | bits |
+//! | choco_encode, choco_decode (rows_choco.cuh; choco_workspace<Codec> holds device_codec<Codec> and the staging blocks) | choco::diff, the codec's encode_frame into a frame block, choco::scatter (sparse codecs) and choco::message; choco::frames, the codec's decode_sum per neighbour, choco::first_malformed | bits of q, q_nb; messages byte for byte; the same messages rejected |
 //! | gossip_check, gossip_pack, gossip_mix, choco_update (rows_gossip.cuh) | atomicMin of the first bad index; memcpy; one thread per entry, k ascending (host/gossip.hpp's mix_term/choco_term) | bits |
 //! | oktopk_local (rows_oktopk.cuh) | select.cuh's radix select; k gated to 0 on the device by the status | bits |
 //! | oktopk_frames | one block: region ends + 40-byte headers; payload scatter | bits (frames byte for byte) |
@@ -40,7 +41,7 @@
 //! | oktopk_mags, oktopk_theta | radix select + cub::DeviceRadixSort descending; sort, then the k-th | bits (theta: either zero when +0 and -0 tie at the k-th) |
 //! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) | bits (block byte for byte) |
 //! | oktopk_output, oktopk_clear_selected | checks, zero, scatter of __fdiv_rn(sum, P); running counts + rebalance (one block), binary search of the selected indices | bits |
-//! | codec_kernels<topk, threshold, sign, fp16, bf16, terngrad, qsgd codec, cuda_space> (compress/codec_kernels_cuda*.cuh; not ops rows) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
+//! | codec_encode_frame, codec_decode_sum, codec_clear_delivered: device_codec<Codec> (kernels/device_codec.hpp; every codec of compress/codecs/ in compress/device_codecs*.cuh) | kernels/cuda/codecs*.cuh: encode into the block's payload + frame_finish; validate, add in rank order (__fadd_rn), poison_on_wire | frames byte for byte; sums bits; a malformed payload sets status_wire (the host raises wire_error) |
 //! | oktopk_begin (SparseReduceScatter's block path; oktopk_begin.cuh) | frame_check.cuh's checks (tree_begin's) with the caller's n, a decision in the host's order (decision_launch), install gated by it | bits (idx, val, status; untouched when flagged or malformed) |
 //!
 //! NaN: "bits" means the same bits for every value that is not a NaN. GPU arithmetic
@@ -67,12 +68,15 @@
 
 #include "../../error.hpp"
 #include "../../space/cuda.hpp"
+#include "../../wire/codec_frame.hpp"
+#include "../device_codec.hpp"
 #include "../host/sparse_tree.hpp"
 #include "../ops.hpp"
 #include "../status.hpp"
 #include "check.cuh"
 #include "frame_gate.cuh"
 #include "rows_cast_vote.cuh"
+#include "rows_choco.cuh"
 #include "rows_gossip.cuh"
 #include "rows_oktopk.cuh"
 #include "rows_power.cuh"
@@ -128,15 +132,20 @@ class merge_workspace {
 }  // namespace cuda_kernels
 
 //! The rows of PowerCompressor, PowerGossip, CastAllreduce, LinearCompressor, MajorityVote,
-//! GossipMixer and OkTopK live in rows_*.cuh (one file per consumer) and are inherited.
+//! GossipMixer (CHOCO's codec rows included) and OkTopK live in rows_*.cuh (one file per
+//! consumer) and are inherited.
 template <>
-struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::gossip, cuda_rows::oktopk {
+struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::gossip, cuda_rows::choco,
+                         cuda_rows::oktopk {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
   using tree_views = sparse_tree_views<cuda_span>;
   using topk_workspace = cuda_kernels::topk_workspace;
   using merge_workspace = cuda_kernels::merge_workspace;
+  //! The codec rows' workspace: the codec's device_codec object (kernels/device_codec.hpp).
+  template <class Codec>
+  using codec_workspace = device_codec<Codec>;
 
   template <class T>
   static void fill(const exec& e, span<T> v, T x) {
@@ -380,6 +389,25 @@ struct ops<cuda_space> : cuda_rows::power, cuda_rows::cast_vote, cuda_rows::goss
     cuda_kernels::decision_launch(cuda_kernels::detail::tree_status_kernel, e.stream(), cuda_access::ptr(m),
                                   cuda_access::ptr(status));
     ck(cudaGetLastError(), "tree_status");
+  }
+
+  // ---- a Codec's frame: device_codec<Codec> (kernels/device_codec.hpp, specialised in
+  // compress/device_codecs*.cuh or by a user's codec)
+  template <class Codec>
+  static void codec_encode_frame(const exec& e, codec_workspace<Codec>& ws, Codec& codec, span<const float> acc,
+                                 span<float> block, frame::header h, span<float> approx,
+                                 span<const std::uint32_t> status) {
+    ws.encode_frame(e, codec, acc, block, h, approx, status);
+  }
+  template <class Codec>
+  static void codec_decode_sum(const exec& e, const Codec& codec, span<const float> blocks, std::size_t block_floats,
+                               span<float> sum, span<std::uint32_t> status) {
+    device_codec<Codec>::decode_sum(e, codec, blocks, block_floats, sum, status);
+  }
+  template <class Codec>
+  static void codec_clear_delivered(const exec& e, const codec_workspace<Codec>& ws, const Codec& codec,
+                                    span<float> residual, span<float> velocity) {
+    ws.clear_delivered(e, codec, residual, velocity);
   }
 
  private:

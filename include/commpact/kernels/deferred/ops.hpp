@@ -16,13 +16,20 @@
 #include <type_traits>
 
 #include "../../space/deferred.hpp"
+#include "../../wire/codec_frame.hpp"
 #include "../host/ops.hpp"
 
 namespace commpact {
 
 namespace detail::deferred {
-// What a queued kernel captures: spans and scalars by value, workspaces by reference
-// (they outlive the fence, as device workspaces do), views as views.
+// What a queued kernel captures: spans, scalars and frame headers by value; codecs,
+// workspaces and other objects by reference (they outlive the fence, as device
+// workspaces do); views as views.
+template <class T>
+inline constexpr bool by_value = std::is_arithmetic_v<T> || std::is_enum_v<T>;
+template <>
+inline constexpr bool by_value<frame::header> = true;
+
 template <class T>
 deferred_span<T> cap(deferred_span<T> s) {
   return s;
@@ -32,13 +39,13 @@ std::span<T> cap(std::span<T> s) {
   return s;
 }
 template <class T>
-  requires(std::is_arithmetic_v<T> || std::is_enum_v<T>)
+  requires by_value<T>
 T cap(T v) {
   return v;
 }
 inline sparse_tree_views<deferred_span> cap(const sparse_tree_views<deferred_span>& v) { return v; }
 template <class T>
-  requires(!std::is_arithmetic_v<T> && !std::is_enum_v<T> &&
+  requires(!by_value<std::remove_const_t<T>> &&
            !std::is_same_v<std::remove_const_t<T>, sparse_tree_views<deferred_span>>)
 std::reference_wrapper<T> cap(T& v) {
   return std::ref(v);
@@ -79,14 +86,6 @@ inline void touches(std::vector<deferred_check::touch>& ts, const sparse_tree_vi
 template <class T>
 void touches(std::vector<deferred_check::touch>&, const T&) {}
 
-//! Queues f(host storage of args...) on e, telling the checker what it touches.
-template <class F, class... A>
-void queue(const deferred_space::exec& e, F f, A&&... a) {
-  std::vector<deferred_check::touch> ts;
-  (touches(ts, a), ...);
-  e.enqueue_touching([f, ... c = cap(a)]() mutable { f(un(c)...); }, ts);
-}
-
 //! What a host copy holds until the fence that covers it: NaN for floats, 0xFF bytes
 //! otherwise (so a status word reads status_unfenced, kernels/status.hpp).
 template <class T>
@@ -99,6 +98,20 @@ void poison_host(std::span<T> h) {
 }
 }  // namespace detail::deferred
 
+//! Queues host_row(host storage of args...) on e, to run at the next fence, and tells the
+//! checker (space/deferred.hpp) what it touches: every deferred span (a const one is
+//! read, any other written) and every span of a tree's views. Spans, scalars and frame
+//! headers are captured by value, anything else (a codec, a workspace, a string the row
+//! writes) by reference: it must outlive the fence. A row of ops<deferred_space> is
+//! `deferred_row(e, [](auto&&... x) { H::row({}, x...); }, args...)`, H = ops<host_space>.
+template <class F, class... A>
+void deferred_row(const deferred_space::exec& e, F host_row, A&&... a) {
+  std::vector<detail::deferred_check::touch> ts;
+  (detail::deferred::touches(ts, a), ...);
+  e.enqueue_touching([host_row, ... c = detail::deferred::cap(a)]() mutable { host_row(detail::deferred::un(c)...); },
+                     ts);
+}
+
 template <>
 struct ops<deferred_space> {
   using exec = deferred_space::exec;
@@ -108,11 +121,15 @@ struct ops<deferred_space> {
   using H = ops<host_space>;
   using topk_workspace = host::topk_workspace;
   using merge_workspace = host::merge_workspace;
+  template <class Codec>
+  using codec_workspace = H::codec_workspace<Codec>;
+  template <class Codec>
+  using choco_workspace = H::choco_workspace<Codec>;
 
 #define COMMPACT_DEFERRED_OP(name)                                                               \
   template <class... A>                                                                          \
   static void name(const exec& e, A&&... a) {                                                    \
-    detail::deferred::queue(e, [](auto&&... x) { H::name({}, x...); }, std::forward<A>(a)...);   \
+    deferred_row(e, [](auto&&... x) { H::name({}, x...); }, std::forward<A>(a)...);              \
   }
   COMMPACT_DEFERRED_OP(fill)
   COMMPACT_DEFERRED_OP(copy)
@@ -120,7 +137,7 @@ struct ops<deferred_space> {
   //! that covers the copy sees poison, never stale or final data.
   template <class Src, class T>
   static void to_host(const exec& e, Src src, std::span<T> host) {
-    detail::deferred::queue(e, [](auto&&... x) { H::to_host({}, x...); }, src, host);
+    deferred_row(e, [](auto&&... x) { H::to_host({}, x...); }, src, host);
     detail::deferred::poison_host(host);
   }
   COMMPACT_DEFERRED_OP(from_host)
@@ -182,11 +199,16 @@ struct ops<deferred_space> {
 #define COMMPACT_DEFERRED_OP_T(name)                                                                       \
   template <class K, class... A>                                                                           \
   static void name(const exec& e, A&&... a) {                                                              \
-    detail::deferred::queue(e, [](auto&&... x) { H::template name<K>({}, x...); }, std::forward<A>(a)...); \
+    deferred_row(e, [](auto&&... x) { H::template name<K>({}, x...); }, std::forward<A>(a)...);            \
   }
   COMMPACT_DEFERRED_OP_T(cast_encode)       // CastAllreduce
   COMMPACT_DEFERRED_OP_T(cast_add)          // CastAllreduce
   COMMPACT_DEFERRED_OP_T(cast_decode_mean)  // CastAllreduce
+  COMMPACT_DEFERRED_OP_T(codec_encode_frame)     // CodecCompressor, MajorityVote
+  COMMPACT_DEFERRED_OP_T(codec_decode_sum)       // Allgather<C>
+  COMMPACT_DEFERRED_OP_T(codec_clear_delivered)  // CodecCompressor
+  COMMPACT_DEFERRED_OP_T(choco_encode)           // GossipMixer (CHOCO)
+  COMMPACT_DEFERRED_OP_T(choco_decode)           // GossipMixer (CHOCO)
 #undef COMMPACT_DEFERRED_OP_T
 };
 

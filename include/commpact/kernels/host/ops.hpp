@@ -11,8 +11,10 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <type_traits>
 
+#include "../../concepts/codec.hpp"
 #include "../../error.hpp"
 #include "../../space/host.hpp"
 #include "../../wire/codec_frame.hpp"
@@ -21,6 +23,7 @@
 #include "../power_products.hpp"
 #include "../status.hpp"
 #include "cast.hpp"
+#include "choco.hpp"
 #include "commit.hpp"
 #include "sgd.hpp"
 #include "lowrank.hpp"
@@ -44,6 +47,13 @@ struct ops<host_space> {
   using tree_views = host_tree_views;
   using topk_workspace = host::topk_workspace;
   using merge_workspace = host::merge_workspace;
+  //! What the codec rows keep between calls: nothing on the host (the codec itself knows
+  //! where its last encode put its indices).
+  template <class Codec>
+  struct codec_workspace {};
+  //! What CHOCO's codec rows keep between calls: nothing on the host.
+  template <class Codec>
+  struct choco_workspace {};
 
   template <class T>
   static void fill(exec, span<T> v, T x) {
@@ -276,6 +286,64 @@ struct ops<host_space> {
   static void sign_vote(exec, span<const float> blocks, std::size_t block_floats, bool scaled, span<float> out,
                         span<std::uint32_t> status) {
     host::sign_vote(blocks, block_floats, scaled, out, status);
+  }
+
+  // ---- a Codec's frame (CodecCompressor, MajorityVote, Allgather<C>; wire/codec_frame.hpp) ----
+  template <class Codec>
+  static void codec_encode_frame(exec, codec_workspace<Codec>&, Codec& codec, span<const float> acc,
+                                 span<float> block, frame::header h, span<float> approx,
+                                 span<const std::uint32_t> status) {
+    const auto b = std::as_writable_bytes(block);
+    const auto payload = b.subspan(frame::header_bytes);
+    h.payload = 0;
+    if (status[0] & status_nonfinite) h.flags = static_cast<std::uint16_t>(h.flags | frame::nonfinite_input);
+    if (h.flags == 0) {
+      const std::size_t len = codec.encode(acc, payload, approx);
+      require(len <= payload.size(), "commpact::CodecCompressor: the codec wrote ", len,
+              " bytes, above its max_encoded_bytes; fix the codec's max_encoded_bytes().");
+      h.payload = static_cast<std::uint32_t>(len);
+    }
+    std::fill(payload.begin() + h.payload, payload.end(), std::byte{0});
+    frame::write(b, h);
+  }
+  template <class Codec>
+  static void codec_decode_sum(exec, const Codec& codec, span<const float> blocks, std::size_t block_floats,
+                               span<float> sum, span<std::uint32_t> status = {}) {
+    std::fill(sum.begin(), sum.end(), 0.0f);
+    const std::size_t P = block_floats == 0 ? 0 : blocks.size() / block_floats;
+    try {
+      for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
+        const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
+        std::uint32_t len;
+        std::memcpy(&len, b.data() + 8, 4);
+        codec.decode_add(b.subspan(frame::header_bytes, len), sum);
+      }
+    } catch (const error&) {
+      if (status.empty()) throw;  // a caller without a status word gets the decoder's error
+      // As on the CUDA space: the status says it, and a NaN in the sum keeps the mean
+      // from writing the caller's output.
+      status[0] |= status_wire;
+      if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+  }
+  template <class Codec>
+  static void codec_clear_delivered(exec, const codec_workspace<Codec>&, const Codec& codec, span<float> residual,
+                                    span<float> velocity) {
+    if constexpr (req::codec_has_delivered<Codec>) host::zero_delivered(residual, velocity, codec.delivered(), {});
+  }
+
+  // ---- CHOCO-SGD's codec (GossipMixer; kernels/host/choco.hpp) ------------------------
+  template <class Codec>
+  static void choco_encode(exec, choco_workspace<Codec>&, Codec& codec, span<const float> x, span<const float> hat,
+                           span<float> diff, span<std::byte> msg, span<float> q, span<std::int64_t> words,
+                           bool framed) {
+    host::choco::encode(codec, x, hat, diff, msg, q, words, framed);
+  }
+  template <class Codec>
+  static void choco_decode(exec, choco_workspace<Codec>&, const Codec& codec, span<const std::byte> recv,
+                           std::size_t msg_bytes, bool framed, span<float> q_nb, span<std::int64_t> words,
+                           std::string& why) {
+    host::choco::decode(codec, recv, msg_bytes, framed, q_nb, words, why);
   }
 
   // ---- PowerGossip (kernels/host/power_gossip.hpp); words: the round's 3 status words ----

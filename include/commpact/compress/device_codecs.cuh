@@ -1,10 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda.cuh
-//! codec_kernels<Codec, cuda_space> (codec_kernels.hpp's table on a CUDA stream), so that
-//! CodecCompressor and TopK run over a communicator of the CUDA space (NcclComm). Only
-//! nvcc compiles this file; include it from a .cu file after (or instead of)
-//! codec_compressor.hpp.
+//! \file device_codecs.cuh
+//! device_codec<Codec> (kernels/device_codec.hpp) for every codec of compress/codecs/:
+//! the kernels behind ops<cuda_space>'s codec rows (codec_encode_frame, codec_decode_sum,
+//! codec_clear_delivered), so that CodecCompressor and TopK run over a communicator of
+//! the CUDA space (NcclComm). Only nvcc compiles this file; include it from a .cu file
+//! after (or instead of) codec_compressor.hpp.
 //!
 //! Checked against the host codecs by tests/cuda/test_cuda_codec_leaves*.cu and
 //! test_cuda_codecs*.cu (docs/cuda.md, "Status", says where they have run).
@@ -12,30 +13,32 @@
 //! | codec | encode_frame | decode_sum | clear_delivered | equal to the host |
 //! |---|---|---|---|---|
 //! | topk_codec | ops<cuda_space>::topk_abs's radix select written straight into the payload, then frame_finish | topk_validate, topk_add per rank in rank order, poison_on_wire | zero_delivered at the payload's indices | frames byte for byte; sum, mean and residual bits |
-//! | threshold_codec | codec_kernels_cuda_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
+//! | threshold_codec | device_codecs_threshold.cuh: mask, topk_abs of the cap, compaction (count on the device), frame_finish with the device's length | as topk_codec (cap = capacity(n)) | the delivered count's indices | frames byte for byte; sum, mean and residual bits |
 //! | fp16_codec, bf16_codec | cast16_encode (detail::to_half / to_bf16), frame_finish | cast16_validate, cast16_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | terngrad_codec | terngrad_absmax (atomicMax on the bits), terngrad_encode (random_stream replayed), frame_finish | terngrad_validate, terngrad_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | qsgd_codec | codec_kernels_cuda_qsgd.cuh: qsgd_norms (each bucket's sum of squares in kernels/fixed_sum.hpp's shape, a block per node), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | qsgd_codec | device_codecs_qsgd.cuh: qsgd_norms (each bucket's sum of squares in kernels/fixed_sum.hpp's shape, a block per node), qsgd_pack (random_stream replayed), frame_finish | qsgd_validate, qsgd_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
 //! | sign_codec | sign_l1 (||v||_1 in double in kernels/fixed_sum.hpp's shape, as the host), sign_bits, frame_finish | sign_validate, sign_add (every rank's value per element, in rank order), poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | natural_codec | codec_kernels_cuda_natural.cuh: one thread per payload byte of the 9-bit fields (detail::natural_field, random_stream replayed), frame_finish | natural_validate, natural_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | onebit_codec | codec_kernels_cuda_onebit.cuh: the two sums by chunks of 4096 (the host's order), the side bits, frame_finish | onebit_validate, onebit_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
-//! | gaussiank_codec, dgc_codec | codec_kernels_cuda_estimated.cuh: the threshold estimated on the device with the host's arithmetic (Gaussian-k: the moments in kernels/fixed_sum.hpp's shape, as the host; DGC: the sample replayed), counts and decisions on the device, then threshold_codec's selection | as threshold_codec | as threshold_codec | frames byte for byte; sum, mean and residual bits |
-//! | per_tensor<K> (any K above) | codec_kernels_cuda_per_tensor.cuh: K's kernels per tensor into aligned temp frames, a scan of the lengths and a byte-packing kernel | the framing walked per rank, K's decode_sum per tensor | K's per tensor | frames byte for byte; sum bits |
+//! | natural_codec | device_codecs_natural.cuh: one thread per payload byte of the 9-bit fields (detail::natural_field, random_stream replayed), frame_finish | natural_validate, natural_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | onebit_codec | device_codecs_onebit.cuh: the two sums by chunks of 4096 (the host's order), the side bits, frame_finish | onebit_validate, onebit_add, poison_on_wire | nothing (approx) | frames byte for byte; sum bits |
+//! | gaussiank_codec, dgc_codec | device_codecs_estimated.cuh: the threshold estimated on the device with the host's arithmetic (Gaussian-k: the moments in kernels/fixed_sum.hpp's shape, as the host; DGC: the sample replayed), counts and decisions on the device, then threshold_codec's selection | as threshold_codec | as threshold_codec | frames byte for byte; sum, mean and residual bits |
+//! | per_tensor<K> (any K above) | device_codecs_per_tensor.cuh: K's kernels per tensor into aligned temp frames, a scan of the lengths and a byte-packing kernel | the framing walked per rank, K's decode_sum per tensor | K's per tensor | frames byte for byte; sum bits |
 //!
 //! Differences from the host kernels: a malformed payload sets status_wire (and NaN in
 //! sum[0], so that the mean leaves out untouched) where the host raises wire_error;
 //! CodecCompressor::finish reads the status after its fence and raises the same
 //! wire_error. The kernels of topk_codec and threshold_codec hold state (workspaces, where
-//! the delivered indices are): CodecCompressor keeps one codec_kernels object per
-//! compressor. The dense codecs' kernels are static (MajorityVote calls sign_codec's).
+//! the delivered indices are): the device_codec object is the rows' workspace
+//! (ops<cuda_space>::codec_workspace<Codec>), one per compressor. The dense codecs'
+//! objects are empty.
 //!
 //! Every codec of compress/codecs/ has device kernels. A user's codec without them fails
-//! to compile on the CUDA space with a sentence (the primary template below; the
-//! compiler's note on the instantiation names the codec). random-k is no Codec of this
-//! table (LinearCompressor's linear_encode / linear_decode rows).
+//! to compile on the CUDA space with a sentence (device_codec's primary template,
+//! kernels/device_codec.hpp; the compiler's note on the instantiation names the codec).
+//! random-k is no Codec of this table (LinearCompressor's linear_encode / linear_decode
+//! rows).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <algorithm>
@@ -50,7 +53,6 @@
 #include "../kernels/status.hpp"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
 #include "codecs/casts.hpp"
 #include "codecs/quantizers.hpp"
 #include "codecs/topk_sign.hpp"
@@ -60,7 +62,7 @@ namespace commpact {
 namespace detail {
 
 inline void cuda_codec_check(cudaError_t err, const char* what) {
-  cuda_kernels::detail::check(err, what, "commpact::codec_kernels<cuda_space>");
+  cuda_kernels::detail::check(err, what, "commpact::device_codec");
 }
 
 //! The header h as 12 words (frame::write's bytes).
@@ -106,9 +108,9 @@ inline void cuda_dense_decode_sum(const cuda_space::exec& e, const char* who, cu
                                   void (*add)(const std::uint32_t*, std::size_t, std::size_t, std::size_t, float*,
                                               const std::uint32_t*)) {
   namespace kc = cuda_kernels::codec;
-  require(status.size() >= 1, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: pass the step status (one "
+  require(status.size() >= 1, "commpact::device_codec<", who, ">::decode_sum: pass the step status (one "
           "word); the device reports a malformed block there.");
-  require(block_floats >= kc::header_words, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: blocks of ",
+  require(block_floats >= kc::header_words, "commpact::device_codec<", who, ">::decode_sum: blocks of ",
           block_floats, " floats cannot hold the frame header.");
   const std::size_t n = sum.size(), P = blocks.size() / block_floats;
   const cudaStream_t s = e.stream();
@@ -128,9 +130,9 @@ inline void cuda_sparse_decode_sum(const cuda_space::exec& e, const char* who, s
                                    cuda_span<const float> blocks, std::size_t block_floats, cuda_span<float> sum,
                                    cuda_span<std::uint32_t> status) {
   namespace kc = cuda_kernels::codec;
-  require(status.size() >= 1, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: pass the step status "
+  require(status.size() >= 1, "commpact::device_codec<", who, ">::decode_sum: pass the step status "
                               "(one word); the device reports a malformed block there.");
-  require(block_floats >= kc::header_words, "commpact::codec_kernels<", who, ", cuda_space>::decode_sum: blocks of ",
+  require(block_floats >= kc::header_words, "commpact::device_codec<", who, ">::decode_sum: blocks of ",
           block_floats, " floats cannot hold the frame header.");
   const std::size_t n = sum.size(), P = blocks.size() / block_floats, cmax = (block_floats - kc::header_words) / 2;
   const cudaStream_t s = e.stream();
@@ -150,22 +152,12 @@ inline void cuda_sparse_decode_sum(const cuda_space::exec& e, const char* who, s
 
 }  // namespace detail
 
-//! Every codec without device kernels: fails to compile with this sentence (the
-//! compiler's note on this instantiation names the codec).
-template <class Codec>
-struct codec_kernels<Codec, cuda_space> {
-  static_assert(sizeof(Codec) == 0,
-                "commpact: this codec has no kernels in this execution space: on cuda_space CodecCompressor runs "
-                "every codec of compress/codecs/ (topk, threshold, Gaussian-k, DGC, sign, 1-bit, TernGrad, QSGD, "
-                "natural, fp16, bf16 and per_tensor of those), not this one (the instantiation below names it): run "
-                "it over a host communicator, or specialise commpact::codec_kernels<YourCodec, commpact::cuda_space>.");
-};
-
 //! topk_codec on the CUDA space (see the file comment). One object per compressor: it
 //! owns the top-k workspace and remembers where the last encode put its indices (this
 //! rank's block, untouched until the next encode).
 template <>
-struct codec_kernels<topk_codec, cuda_space> {
+struct device_codec<topk_codec> {
+  static constexpr bool payload_entries = true;  // k int32 indices, then k float32 values; approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -216,7 +208,7 @@ struct codec_kernels<topk_codec, cuda_space> {
 //! sign_codec on the CUDA space (EF-SignSGD; MajorityVote's encode): stateless, the
 //! scratch of its scale's sum (above 2048 values) from the executor's.
 template <>
-struct codec_kernels<sign_codec, cuda_space> {
+struct device_codec<sign_codec> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -225,7 +217,7 @@ struct codec_kernels<sign_codec, cuda_space> {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<sign_codec, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<sign_codec>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::sign_codec: a block of ", block.size() * 4,
@@ -272,7 +264,7 @@ struct cuda_cast16_kernels {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<", codec.who, ", cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<", codec.who, ">: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0 && n) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::", codec.who, ": a block of ", block.size() * 4,
@@ -298,15 +290,15 @@ struct cuda_cast16_kernels {
 
 //! fp16_codec on the CUDA space (detail::to_half / from_half, shared with the host).
 template <>
-struct codec_kernels<fp16_codec, cuda_space> : detail::cuda_cast16_kernels<fp16_codec, false> {};
+struct device_codec<fp16_codec> : detail::cuda_cast16_kernels<fp16_codec, false> {};
 //! bf16_codec on the CUDA space (detail::to_bf16 / from_bf16, shared with the host).
 template <>
-struct codec_kernels<bf16_codec, cuda_space> : detail::cuda_cast16_kernels<bf16_codec, true> {};
+struct device_codec<bf16_codec> : detail::cuda_cast16_kernels<bf16_codec, true> {};
 
 //! terngrad_codec on the CUDA space: the scale by an atomic maximum (the executor's scratch),
 //! the fields from random_stream replayed on the device.
 template <>
-struct codec_kernels<terngrad_codec, cuda_space> {
+struct device_codec<terngrad_codec> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -315,7 +307,7 @@ struct codec_kernels<terngrad_codec, cuda_space> {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<terngrad_codec, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<terngrad_codec>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::terngrad_codec: a block of ",
@@ -345,9 +337,9 @@ struct codec_kernels<terngrad_codec, cuda_space> {
 
 }  // namespace commpact
 
-#include "codec_kernels_cuda_qsgd.cuh"
-#include "codec_kernels_cuda_threshold.cuh"
-#include "codec_kernels_cuda_estimated.cuh"
-#include "codec_kernels_cuda_natural.cuh"
-#include "codec_kernels_cuda_onebit.cuh"
-#include "codec_kernels_cuda_per_tensor.cuh"
+#include "device_codecs_qsgd.cuh"
+#include "device_codecs_threshold.cuh"
+#include "device_codecs_estimated.cuh"
+#include "device_codecs_natural.cuh"
+#include "device_codecs_onebit.cuh"
+#include "device_codecs_per_tensor.cuh"

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_natural.cuh
-//! codec_kernels<natural_codec, cuda_space> (included by codec_kernels_cuda.cuh): natural
+//! \file device_codecs_natural.cuh
+//! device_codec<natural_codec> (included by device_codecs.cuh): natural
 //! compression on the device, its kernels in kernels/cuda/codecs_natural.cuh. Stateless:
 //! each field is detail::natural_field (kernels/formulas/casts.hpp, on the float's bits, shared with the
 //! host) of its value and random_stream::uniform(i) of the codec's stream (counter-based,
@@ -16,7 +16,7 @@
 //! says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_natural.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_natural.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <cstddef>
@@ -26,15 +26,14 @@
 #include "../kernels/cuda/codecs_natural.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/casts.hpp"
 
 namespace commpact {
 
 //! natural_codec on the CUDA space (see the file comment).
 template <>
-struct codec_kernels<natural_codec, cuda_space> {
+struct device_codec<natural_codec> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -43,7 +42,7 @@ struct codec_kernels<natural_codec, cuda_space> {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<natural_codec, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<natural_codec>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0 && n) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::natural_codec: a block of ", block.size() * 4,

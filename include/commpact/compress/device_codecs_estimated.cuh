@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_estimated.cuh
-//! codec_kernels<gaussiank_codec, cuda_space> and codec_kernels<dgc_codec, cuda_space>
-//! (included by codec_kernels_cuda.cuh): threshold sparsifiers whose threshold is estimated
+//! \file device_codecs_estimated.cuh
+//! device_codec<gaussiank_codec> and device_codec<dgc_codec>
+//! (included by device_codecs.cuh): threshold sparsifiers whose threshold is estimated
 //! on the device, kernels in kernels/cuda/codecs_estimated.cuh. The estimate and its
 //! adjustments stay on the device (an estimate_state); then threshold_codec's selection
 //! with that threshold: mask, topk_abs of the cap, compaction with the count on the device,
@@ -20,7 +20,7 @@
 //! "Status", says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_estimated.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_estimated.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <cstddef>
@@ -33,8 +33,7 @@
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/sparsifiers.hpp"
 
 namespace commpact {
@@ -46,6 +45,7 @@ namespace detail {
 //! kernels), decode_sum and clear_delivered. Every buffer grow-only.
 template <class Codec>
 struct cuda_estimated_kernels {
+  static constexpr bool payload_entries = true;  // topk_codec's entries (count on the device); approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -169,7 +169,7 @@ struct cuda_estimated_kernels {
 
 //! gaussiank_codec on the CUDA space (see the file comment). One object per compressor.
 template <>
-struct codec_kernels<gaussiank_codec, cuda_space> : detail::cuda_estimated_kernels<gaussiank_codec> {
+struct device_codec<gaussiank_codec> : detail::cuda_estimated_kernels<gaussiank_codec> {
   void encode_frame(const exec& e, gaussiank_codec& codec, span<const float> acc, span<float> block, frame::header h,
                     span<float> /*approx: the codec delivers indices*/, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
@@ -187,7 +187,7 @@ struct codec_kernels<gaussiank_codec, cuda_space> : detail::cuda_estimated_kerne
 
 //! dgc_codec on the CUDA space (see the file comment). One object per compressor.
 template <>
-struct codec_kernels<dgc_codec, cuda_space> : detail::cuda_estimated_kernels<dgc_codec> {
+struct device_codec<dgc_codec> : detail::cuda_estimated_kernels<dgc_codec> {
   void encode_frame(const exec& e, dgc_codec& codec, span<const float> acc, span<float> block, frame::header h,
                     span<float> /*approx: the codec delivers indices*/, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_onebit.cuh
-//! codec_kernels<onebit_codec, cuda_space> (included by codec_kernels_cuda.cuh): 1-bit SGD
+//! \file device_codecs_onebit.cuh
+//! device_codec<onebit_codec> (included by device_codecs.cuh): 1-bit SGD
 //! on the device, its kernels in kernels/cuda/codecs_onebit.cuh. Stateless: the scratch
 //! of its sums (above 2048 values) is the executor's.
 //!
@@ -13,7 +13,7 @@
 //! says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_onebit.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_onebit.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <algorithm>
@@ -25,15 +25,14 @@
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/quantizers.hpp"
 
 namespace commpact {
 
 //! onebit_codec on the CUDA space (see the file comment).
 template <>
-struct codec_kernels<onebit_codec, cuda_space> {
+struct device_codec<onebit_codec> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -42,7 +41,7 @@ struct codec_kernels<onebit_codec, cuda_space> {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<onebit_codec, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<onebit_codec>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::onebit_codec: a block of ", block.size() * 4,

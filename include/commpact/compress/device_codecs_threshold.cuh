@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_threshold.cuh
-//! codec_kernels<threshold_codec, cuda_space> (included by codec_kernels_cuda.cuh): the hard
+//! \file device_codecs_threshold.cuh
+//! device_codec<threshold_codec> (included by device_codecs.cuh): the hard
 //! threshold on the device, its kernels in kernels/cuda/codecs_threshold.cuh. The number of
 //! entries sent is known on the device only: the frame header's payload length is written
 //! there, and clear_delivered reads the count there. The host codec's statistics
@@ -11,7 +11,7 @@
 //! tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_threshold.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_threshold.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <cstddef>
@@ -22,8 +22,7 @@
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/sparsifiers.hpp"
 
 namespace commpact {
@@ -32,7 +31,8 @@ namespace commpact {
 //! it): the masked copy, the selection of the cap, the scan and its CUB storage, the
 //! count, all grow-only.
 template <>
-struct codec_kernels<threshold_codec, cuda_space> {
+struct device_codec<threshold_codec> {
+  static constexpr bool payload_entries = true;  // topk_codec's entries (count on the device); approx unwritten
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;

@@ -1,15 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file choco_kernels_cuda.cuh
-//! choco_kernels<Codec, cuda_space> (choco_kernels.hpp's table on a CUDA stream), so that
-//! GossipMixer runs CHOCO-SGD over a communicator of the CUDA space (NcclComm,
-//! CudaStagedComm). Only nvcc compiles this file; include it from a .cu file after
-//! gossip_mixer.hpp (or choco.hpp).
+//! \file rows_choco.cuh
+//! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: CHOCO-SGD's codec rows
+//! choco_encode and choco_decode (kernels/ops.hpp), so that GossipMixer runs CHOCO-SGD over
+//! a communicator of the CUDA space (NcclComm, CudaStagedComm). Their workspace,
+//! ops<cuda_space>::choco_workspace<Codec>, holds the codec's device_codec object and the
+//! staging blocks; the mixer owns it.
 //!
 //! Checked against its host twin by tests/cuda/test_cuda_choco.cu (docs/cuda.md, "Status", says
 //! where it has run).
 //!
-//! Written once over codec_kernels<Codec, cuda_space> (compress/codec_kernels_cuda.cuh):
+//! Written once over device_codec<Codec> (kernels/device_codec.hpp; the codecs' in
+//! compress/device_codecs.cuh):
 //! every codec with device kernels there runs here, no second copy of its encoder or
 //! decoder. Those kernels work on frame blocks (the 48-byte header, word 2 the payload's
 //! length, then the payload); CHOCO's message is the bare payload (behind a u32 length when
@@ -18,10 +20,10 @@
 //! | step | kernels | equal to the host |
 //! |---|---|---|
 //! | diff | choco::diff: diff = exact::sub(x, hat) when words[0] is 0, else 0 (a zero vector encodes to a valid message, then dropped) | bits |
-//! | encode | codec_kernels' encode_frame of diff into this object's block (no status: the flag is read on the device) | the codec's bytes |
+//! | encode | device_codec's encode_frame of diff into the workspace's block (no status: the flag is read on the device) | the codec's bytes |
 //! | q | dense codecs: encode_frame's approx; topk_codec and the threshold codecs (their kernels write no approx): q = 0, then choco::scatter of the block's entries, q[idx] = val | bits (the host's approx: assignments, -0 kept) |
 //! | message | choco::message: msg = [u32 length when framed] payload, the rest zero; all zero when words[0] is not 0. choco::short_message: unframed, a length other than msg.size() sets words[0] = 2 | bytes |
-//! | decode | choco::frames: neighbour k's message as a frame block (framed: its u32 length, above the capacity: malformed); codec_kernels' decode_sum of that one block into q_nb[k] with status word k; choco::first_malformed: words[2] = 1 + the first k whose status holds status_wire, when words[0] = words[2] = 0 | bits of q_nb; the same messages rejected |
+//! | decode | choco::frames: neighbour k's message as a frame block (framed: its u32 length, above the capacity: malformed); device_codec's decode_sum of that one block into q_nb[k] with status word k; choco::first_malformed: words[2] = 1 + the first k whose status holds status_wire, when words[0] = words[2] = 0 | bits of q_nb; the same messages rejected |
 //!
 //! Differences from the host: the host's `why` is the codec's own wire_error sentence; the
 //! device cannot say which check failed, so `why` is a fixed sentence naming the codec
@@ -30,13 +32,14 @@
 //! The scratch (this rank's frame block, the neighbours' blocks, one status word per
 //! neighbour, and the codec kernels' own workspaces) grows at the first round only.
 //!
-//! Codecs: every codec that codec_kernels<Codec, cuda_space> runs (topk, threshold, sign,
-//! fp16, bf16, TernGrad and QSGD today). One without device kernels fails to compile with
-//! codec_kernels' sentence; a codec that delivers indices (delivered()) in another format
-//! than topk_codec's (per_tensor of a sparse codec) fails with this file's sentence.
+//! Codecs: every codec with a device_codec (compress/device_codecs.cuh: topk, threshold,
+//! sign, fp16, bf16, TernGrad and QSGD among them). One without device kernels fails to
+//! compile with device_codec's sentence (kernels/device_codec.hpp); a codec that delivers
+//! indices (delivered()) in another format than topk_codec's (its device_codec does not
+//! say `payload_entries`: per_tensor of a sparse codec) fails with this file's sentence.
 
 #if !defined(__CUDACC__)
-#error "commpact/gossip/choco_kernels_cuda.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/kernels/cuda/rows_choco.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <cuda_runtime.h>
@@ -46,20 +49,17 @@
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 
-#include "../compress/codec_kernels_cuda.cuh"
-#include "../compress/codecs/sparsifiers.hpp"
-#include "../compress/codecs/topk_sign.hpp"
-#include "../concepts.hpp"
-#include "../error.hpp"
-#include "../kernels/cuda/codecs.cuh"
-#include "../kernels/exact.hpp"
-#include "../kernels/status.hpp"
-#include "../space/cuda.hpp"
-#include "../wire/codec_frame.hpp"
-#include "choco_kernels.hpp"
-#include "../kernels/cuda/grid.cuh"
+#include "../../concepts/codec.hpp"
+#include "../../error.hpp"
+#include "../../space/cuda.hpp"
+#include "../../wire/codec_frame.hpp"
+#include "../device_codec.hpp"
+#include "../exact.hpp"
+#include "../status.hpp"
+#include "check.cuh"
+#include "codecs.cuh"
+#include "grid.cuh"
 
 namespace commpact {
 
@@ -150,19 +150,9 @@ __global__ void first_malformed(const std::uint32_t* st, std::size_t deg, std::i
   }
 }
 
-
-}  // namespace cuda_kernels::choco
-
-namespace detail {
-
-//! Codecs whose device kernels leave approx unwritten and send topk_codec's entries (k int32
-//! indices, then k float32 values): CHOCO's q is scattered from the message.
-template <class Q>
-inline constexpr bool choco_cuda_entries = std::is_same_v<Q, topk_codec> || std::is_base_of_v<threshold_base, Q>;
-
 //! "topk_codec" for commpact::topk_codec (the compiler's spelling of Q, namespace dropped).
 template <class Q>
-std::string choco_codec_name() {
+std::string codec_name() {
   std::string_view p = __PRETTY_FUNCTION__;  // "... [with Q = commpact::topk_codec; ...]"
   const auto a = p.find("Q = ");
   if (a == std::string_view::npos) return "the codec";
@@ -172,100 +162,121 @@ std::string choco_codec_name() {
   return std::string(p);
 }
 
-}  // namespace detail
+}  // namespace cuda_kernels::choco
 
-//! CHOCO-SGD's codec on the CUDA space (see the file comment). One object per mixer: it
-//! holds the codec's device kernels (their workspaces) and the staging blocks.
+namespace cuda_rows {
+
+//! Codecs whose device kernels leave approx unwritten and send topk_codec's entries (k int32
+//! indices, then k float32 values; their device_codec says `payload_entries`): CHOCO's q is
+//! scattered from the message.
 template <class Codec>
-struct choco_kernels<Codec, cuda_space> {
-  static_assert(!req::codec_has_delivered<Codec> || detail::choco_cuda_entries<Codec>,
-                "commpact: CHOCO-SGD on cuda_space takes q (what the neighbours decode) from the device encoder's "
-                "approx, or for topk_codec and the threshold codecs from the message's int32 indices and float32 "
-                "values; this codec delivers indices (delivered()) in another message format (per_tensor of a sparse "
-                "codec). Specialise commpact::choco_kernels<YourCodec, commpact::cuda_space>, or run the mixer over a "
-                "host communicator.");
+inline constexpr bool choco_entries = requires { requires device_codec<Codec>::payload_entries; };
+
+struct choco {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
 
-  void encode(const exec& e, Codec& codec, span<const float> x, span<const float> hat, span<float> diff,
-              span<std::byte> msg, span<float> q, span<std::int64_t> words, bool framed) {
+  //! CHOCO's codec rows' workspace: the codec's device kernels (topk's and threshold's
+  //! workspaces) and the staging blocks, grown at the first round only.
+  template <class Codec>
+  struct choco_workspace {
+    static_assert(!req::codec_has_delivered<Codec> || choco_entries<Codec>,
+                  "commpact: CHOCO-SGD on cuda_space takes q (what the neighbours decode) from the device encoder's "
+                  "approx, or for topk_codec and the threshold codecs from the message's int32 indices and float32 "
+                  "values; this codec delivers indices (delivered()) in another message format (per_tensor of a sparse "
+                  "codec). Give its commpact::device_codec a `static constexpr bool payload_entries = true` when its "
+                  "payload is topk_codec's, or run the mixer over a host communicator.");
+    device_codec<Codec> codec;  // the codec's device kernels
+    cuda_buffer<float> block, frames;  // this rank's frame block; the neighbours' messages as frame blocks
+    cuda_buffer<std::uint32_t> st;     // one status word per neighbour
+
+    //! Every device buffer (allocation checks: grown at the first round only).
+    template <class Out>
+    void add_signature(Out& s) const {
+      s.emplace_back(block.data(), block.capacity());
+      s.emplace_back(frames.data(), frames.capacity());
+      s.emplace_back(st.data(), st.capacity());
+      if constexpr (requires { codec.add_signature(s); }) codec.add_signature(s);
+    }
+  };
+
+  template <class Codec>
+  static void choco_encode(const exec& e, choco_workspace<Codec>& ws, Codec& codec, span<const float> x,
+                           span<const float> hat, span<float> diff, span<std::byte> msg, span<float> q,
+                           span<std::int64_t> words, bool framed) {
     namespace kc = cuda_kernels::codec;
     namespace ch = cuda_kernels::choco;
     const std::size_t n = x.size(), off = framed ? 4 : 0;
     require(hat.size() == n && diff.size() == n && q.size() == n && msg.size() >= off && words.size() >= 3,
-            "commpact::choco_kernels<cuda_space>::encode: x holds ", n, " values, hat ", hat.size(), ", diff ",
+            "commpact::ops<cuda_space>::choco_encode: x holds ", n, " values, hat ", hat.size(), ", diff ",
             diff.size(), ", q ", q.size(), "; msg ", msg.size(), " bytes; words ", words.size(), " (3 needed).");
     const std::size_t cap = msg.size() - off;
-    block_.resize(kc::header_words + (cap + 3) / 4, e);
+    ws.block.resize(kc::header_words + (cap + 3) / 4, e);
     const cudaStream_t s = e.stream();
     if (n)
       ch::diff<<<kc::grid_for(n), kc::block_threads, 0, s>>>(cuda_access::ptr(x), cuda_access::ptr(hat),
                                                           cuda_access::ptr(diff), n, cuda_access::ptr(words));
-    detail::cuda_codec_check(cudaGetLastError(), "choco diff");
+    ck(cudaGetLastError(), "choco diff");
     frame::header h{};
     h.n = static_cast<std::int64_t>(n);
     h.capacity = static_cast<std::int64_t>(cap);
-    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(block_.cview()));
-    if constexpr (detail::choco_cuda_entries<Codec>) {
-      ck_.encode_frame(e, codec, span<const float>(diff), block_.view(), h, span<float>{}, span<const std::uint32_t>{});
+    const auto* b = reinterpret_cast<const std::uint32_t*>(cuda_access::ptr(ws.block.cview()));
+    if constexpr (choco_entries<Codec>) {
+      ws.codec.encode_frame(e, codec, span<const float>(diff), ws.block.view(), h, span<float>{},
+                            span<const std::uint32_t>{});
       if (n) {
-        detail::cuda_codec_check(cudaMemsetAsync(cuda_access::ptr(q), 0, n * sizeof(float), s), "choco q (zero)");
+        ck(cudaMemsetAsync(cuda_access::ptr(q), 0, n * sizeof(float), s), "choco q (zero)");
         ch::scatter<<<kc::grid_for(cap / 8), kc::block_threads, 0, s>>>(b, cap / 8, cuda_access::ptr(q), n);
       }
     } else {
-      ck_.encode_frame(e, codec, span<const float>(diff), block_.view(), h, q, span<const std::uint32_t>{});
+      ws.codec.encode_frame(e, codec, span<const float>(diff), ws.block.view(), h, q, span<const std::uint32_t>{});
     }
     if (!msg.empty())
       ch::message<<<kc::grid_for(msg.size()), kc::block_threads, 0, s>>>(
           b, cap, reinterpret_cast<unsigned char*>(cuda_access::ptr(msg)), msg.size(), framed, cuda_access::ptr(words));
     if (!framed) cuda_kernels::decision_launch(ch::short_message, s, b, cap, cuda_access::ptr(words));
-    detail::cuda_codec_check(cudaGetLastError(), "choco message");
+    ck(cudaGetLastError(), "choco message");
   }
 
-  void decode(const exec& e, const Codec& codec, span<const std::byte> recv, std::size_t msg_bytes, bool framed,
-              span<float> q_nb, span<std::int64_t> words, std::string& why) {
+  template <class Codec>
+  static void choco_decode(const exec& e, choco_workspace<Codec>& ws, const Codec& codec, span<const std::byte> recv,
+                           std::size_t msg_bytes, bool framed, span<float> q_nb, span<std::int64_t> words,
+                           std::string& why) {
     namespace kc = cuda_kernels::codec;
     namespace ch = cuda_kernels::choco;
     const std::size_t off = framed ? 4 : 0, deg = msg_bytes == 0 ? 0 : recv.size() / msg_bytes,
                       n = deg == 0 ? 0 : q_nb.size() / deg;
-    require(msg_bytes >= off && words.size() >= 3, "commpact::choco_kernels<cuda_space>::decode: messages of ",
+    require(msg_bytes >= off && words.size() >= 3, "commpact::ops<cuda_space>::choco_decode: messages of ",
             msg_bytes, " bytes (", off, " at least), words ", words.size(), " (3 needed).");
     if (why.empty())  // read after the fence when a message was malformed (the neighbour's rank is named there)
-      why = detail::cat("its ", detail::choco_codec_name<Codec>(), " message failed that codec's checks on the CUDA "
+      why = detail::cat("its ", ch::codec_name<Codec>(), " message failed that codec's checks on the CUDA "
                         "space (its length, an index or a value: the device does not say which; the same message "
                         "decoded over a host communicator names the check).");
     const cudaStream_t s = e.stream();
     if (deg) {
       const std::size_t bw = kc::header_words + (msg_bytes - off + 3) / 4;
-      frames_.resize(deg * bw, e);
-      st_.resize(deg, e);
-      auto* fb = reinterpret_cast<std::uint32_t*>(cuda_access::ptr(frames_.view()));
+      ws.frames.resize(deg * bw, e);
+      ws.st.resize(deg, e);
+      auto* fb = reinterpret_cast<std::uint32_t*>(cuda_access::ptr(ws.frames.view()));
       ch::frames<<<kc::grid_for(deg * bw), kc::block_threads, 0, s>>>(
           reinterpret_cast<const unsigned char*>(cuda_access::ptr(recv)), msg_bytes, deg, framed, fb, bw,
-          cuda_access::ptr(st_.view()));
-      detail::cuda_codec_check(cudaGetLastError(), "choco frames");
+          cuda_access::ptr(ws.st.view()));
+      ck(cudaGetLastError(), "choco frames");
       for (std::size_t k = 0; k < deg; ++k)  // k ascending; q_nb[k] = 0 + neighbour k's message
-        ck_.decode_sum(e, codec, frames_.cview().subspan(k * bw, bw), bw, q_nb.subspan(k * n, n),
-                       st_.view().subspan(k, 1));
+        ws.codec.decode_sum(e, codec, ws.frames.cview().subspan(k * bw, bw), bw, q_nb.subspan(k * n, n),
+                            ws.st.view().subspan(k, 1));
     }
-    ch::first_malformed<<<1, 32, 0, s>>>(deg ? cuda_access::ptr(st_.cview()) : nullptr, deg, cuda_access::ptr(words));
-    detail::cuda_codec_check(cudaGetLastError(), "choco first_malformed");
-  }
-
-  //! Every device buffer (allocation checks: grown at the first round only).
-  template <class Out>
-  void add_signature(Out& s) const {
-    s.emplace_back(block_.data(), block_.capacity());
-    s.emplace_back(frames_.data(), frames_.capacity());
-    s.emplace_back(st_.data(), st_.capacity());
-    if constexpr (requires { ck_.add_signature(s); }) ck_.add_signature(s);
+    ch::first_malformed<<<1, 32, 0, s>>>(deg ? cuda_access::ptr(ws.st.cview()) : nullptr, deg, cuda_access::ptr(words));
+    ck(cudaGetLastError(), "choco first_malformed");
   }
 
  private:
-  codec_kernels<Codec, cuda_space> ck_;  // the codec's device kernels (topk's and threshold's workspaces)
-  cuda_buffer<float> block_, frames_;    // this rank's frame block; the neighbours' messages as frame blocks
-  cuda_buffer<std::uint32_t> st_;        // one status word per neighbour
+  static void ck(cudaError_t err, const char* what) {
+    cuda_kernels::detail::check(err, what, "commpact::ops<cuda_space> (CHOCO)");
+  }
 };
+
+}  // namespace cuda_rows
 
 }  // namespace commpact

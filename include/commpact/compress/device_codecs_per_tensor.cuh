@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_per_tensor.cuh
-//! codec_kernels<per_tensor<K>, cuda_space> (included by codec_kernels_cuda.cuh): any K
-//! with device kernels (codec_kernels<K, cuda_space>), tensor by tensor, inside the one
+//! \file device_codecs_per_tensor.cuh
+//! device_codec<per_tensor<K>> (included by device_codecs.cuh): any K
+//! with device kernels (device_codec<K>), tensor by tensor, inside the one
 //! message of per_tensor.hpp (for each tensor a u32 length, then K's message of its
 //! segment: byte-packed, so K's word-aligned frames are assembled by the kernels of
 //! kernels/cuda/codecs_per_tensor.cuh).
@@ -21,7 +21,7 @@
 //! clear_delivered: K's, per tensor, on the tensor's segment of the residual and velocity.
 //!
 //! Frames byte for byte and sums bit for bit with the host (whatever K's kernels give:
-//! bit-identical for every K of codec_kernels_cuda.cuh). Costs: K's kernels run once per
+//! bit-identical for every K of device_codecs.cuh). Costs: K's kernels run once per
 //! tensor (launches grow with the layout: split_rows layouts of thousands of rows are
 //! launch-bound), and the framing check walks each rank's lengths one after the other on
 //! one thread (a dependent load per tensor). decode_sum is static (the CodecCompressor
@@ -33,7 +33,7 @@
 //! says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_per_tensor.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_per_tensor.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <algorithm>
@@ -48,8 +48,7 @@
 #include "../kernels/cuda/ops.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/per_tensor.hpp"
 
 namespace commpact {
@@ -58,11 +57,11 @@ namespace commpact {
 //! kernels objects (one per tensor: top-k's workspaces and delivered indices), the temp
 //! blocks and the scan's offsets, grown at the first step only.
 template <class K>
-struct codec_kernels<per_tensor<K>, cuda_space> {
+struct device_codec<per_tensor<K>> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
-  using inner = codec_kernels<K, cuda_space>;
+  using inner = device_codec<K>;
 
   //! Words of tensor t's temp block: a frame of K's largest message.
   static std::size_t temp_words(const per_tensor<K>& c, std::size_t t) {
@@ -73,9 +72,9 @@ struct codec_kernels<per_tensor<K>, cuda_space> {
                     span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), T = codec.tensors();
-    require(h.flags != 0 || n == codec.size(), "commpact::codec_kernels<per_tensor, cuda_space>: the vector has ", n,
+    require(h.flags != 0 || n == codec.size(), "commpact::device_codec<per_tensor>: the vector has ", n,
             " values but the layout holds ", codec.size(), "; pass the layout of this gradient.");
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<per_tensor, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<per_tensor>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags != 0) {
       detail::cuda_finish_frame(e, block, h, 0, status);
@@ -111,11 +110,11 @@ struct codec_kernels<per_tensor<K>, cuda_space> {
   static void decode_sum(const exec& e, const per_tensor<K>& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<per_tensor, cuda_space>::decode_sum: pass the step status "
+    require(status.size() >= 1, "commpact::device_codec<per_tensor>::decode_sum: pass the step status "
                                 "(one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<per_tensor, cuda_space>::decode_sum: blocks "
+    require(block_floats >= kc::header_words, "commpact::device_codec<per_tensor>::decode_sum: blocks "
             "of ", block_floats, " floats cannot hold the frame header.");
-    require(sum.size() == codec.size(), "commpact::codec_kernels<per_tensor, cuda_space>::decode_sum: the sum has ",
+    require(sum.size() == codec.size(), "commpact::device_codec<per_tensor>::decode_sum: the sum has ",
             sum.size(), " values but the layout holds ", codec.size(), ".");
     const std::size_t n = sum.size(), T = codec.tensors(), P = blocks.size() / block_floats;
     const cudaStream_t s = e.stream();

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-//! \file codec_kernels_cuda_qsgd.cuh
-//! codec_kernels<qsgd_codec, cuda_space> (included by codec_kernels_cuda.cuh): QSGD on the
+//! \file device_codecs_qsgd.cuh
+//! device_codec<qsgd_codec> (included by device_codecs.cuh): QSGD on the
 //! device, its kernels in kernels/cuda/codecs_qsgd.cuh. Stateless: the bucket norms are
 //! written into the payload, where the packing reads them. Each bucket's squares are
 //! summed in kernels/fixed_sum.hpp's shape, as the host sums them: a block per bucket up
@@ -12,7 +12,7 @@
 //! tests/cuda/test_cuda_codecs.cu (docs/cuda.md, "Status", says where it has run).
 
 #if !defined(__CUDACC__)
-#error "commpact/compress/codec_kernels_cuda_qsgd.cuh needs nvcc: include it from a .cu file only."
+#error "commpact/compress/device_codecs_qsgd.cuh needs nvcc: include it from a .cu file only."
 #endif
 
 #include <cstddef>
@@ -22,15 +22,14 @@
 #include "../kernels/cuda/codecs_qsgd.cuh"
 #include "../space/cuda.hpp"
 #include "../wire/codec_frame.hpp"
-#include "codec_kernels.hpp"
-#include "codec_kernels_cuda.cuh"
+#include "device_codecs.cuh"
 #include "codecs/quantizers.hpp"
 
 namespace commpact {
 
 //! qsgd_codec on the CUDA space (see the file comment).
 template <>
-struct codec_kernels<qsgd_codec, cuda_space> {
+struct device_codec<qsgd_codec> {
   using exec = cuda_space::exec;
   template <class T>
   using span = cuda_span<T>;
@@ -43,7 +42,7 @@ struct codec_kernels<qsgd_codec, cuda_space> {
                            frame::header h, span<float> approx, span<const std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
     const std::size_t n = acc.size(), len = h.flags == 0 ? codec.max_encoded_bytes(n) : 0;
-    require(approx.empty() || approx.size() == n, "commpact::codec_kernels<qsgd_codec, cuda_space>: approx holds ",
+    require(approx.empty() || approx.size() == n, "commpact::device_codec<qsgd_codec>: approx holds ",
             approx.size(), " values for ", n, "; pass n values or none.");
     if (h.flags == 0 && n) {
       require(block.size() * 4 >= frame::header_bytes + len, "commpact::qsgd_codec: a block of ", block.size() * 4,
@@ -69,9 +68,9 @@ struct codec_kernels<qsgd_codec, cuda_space> {
   static void decode_sum(const exec& e, const qsgd_codec& codec, span<const float> blocks, std::size_t block_floats,
                          span<float> sum, span<std::uint32_t> status) {
     namespace kc = cuda_kernels::codec;
-    require(status.size() >= 1, "commpact::codec_kernels<qsgd_codec, cuda_space>::decode_sum: pass the step status "
+    require(status.size() >= 1, "commpact::device_codec<qsgd_codec>::decode_sum: pass the step status "
                                 "(one word); the device reports a malformed block there.");
-    require(block_floats >= kc::header_words, "commpact::codec_kernels<qsgd_codec, cuda_space>::decode_sum: blocks "
+    require(block_floats >= kc::header_words, "commpact::device_codec<qsgd_codec>::decode_sum: blocks "
             "of ", block_floats, " floats cannot hold the frame header.");
     const std::size_t n = sum.size(), P = blocks.size() / block_floats;
     const auto q = shape(codec, n);
