@@ -215,3 +215,47 @@ TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_e
     if (kind != 2) CHECK(o.next_result == out[0].next_result);  // the next step agrees across the ranks
   }
 }
+
+// The same through Bucketed's overlap path: begin() agrees at the first step, and at a
+// later step the worker runs bucket 0 on the odd rank's longer workspace.
+TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of another length raises "
+                   "mismatch_error on every rank",
+                   "[hardening][mismatch]", Bucketed<Dense<TC>>, Bucketed<TopK<TC>>) {
+  const int kind = GENERATE(0, 1);  // at the first step, or after a good one
+  const int delta = GENERATE(1, -1, -7);
+  CAPTURE(kind, delta);
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = maker<TestType>::make(comm, false);
+    outcome& o = out[static_cast<std::size_t>(r)];
+    auto overlapped = [&](std::vector<float>& g) {
+      c.begin(std::span<float>(g));
+      for (std::size_t l = kLayers.size(); l-- > 0;) c.ready(l);  // backward: the last layer first
+      c.reduce(std::span<float>(g));
+    };
+    if (kind == 1) {
+      std::vector<float> g = normal(10 + r, kN);
+      run_into(o, [&] { overlapped(g); });
+      if (o.cls != "none") return;
+    }
+    const auto before = saved(c);
+    std::vector<float> g = normal(20 + r, r == 1 ? static_cast<std::size_t>(static_cast<int>(kN) + delta) : kN);
+    run_into(o, [&] { overlapped(g); });
+    o.same_state = saved(c) == before;
+    outcome n;
+    std::vector<float> g2 = normal(30 + r, kN);
+    run_into(n, [&] { overlapped(g2); });
+    o.next = n.cls == "none" ? "ok" : n.what;
+    o.next_result = g2;
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK((names_rank(o.what, r) || names_rank(o.what, 1)));
+    CHECK(o.same_state);
+    CHECK(o.next == "ok");
+    CHECK(o.next_result == out[0].next_result);
+  }
+}
