@@ -44,17 +44,17 @@
 //!   buckets, `finish()` waits for them, `commit()` keeps every bucket's step, `cancel()`
 //!   drops them all; `reduce` = start + finish + commit. DataParallel commits only after
 //!   the user's update has returned.
-//! - Lengths agreed (`agree_length`): a rank's
-//!   gradient of another length, or its other cap, raises mismatch_error on every rank
-//!   before any bucket has changed, and the next step with the right length works. The
-//!   first step (of this object) agrees on the gradient length, the cap and the number of
-//!   buckets in one allreduce of 7 int64 (comm/agree.hpp; 56 bytes per rank, once); a
-//!   later step adds nothing: a rank whose gradient length differs from the layers' sum
-//!   runs bucket 0 on a zeroed workspace of one float more than that bucket, so that
-//!   bucket 0's compressor's own per-step check (its frame headers or step check, as for
-//!   a length change of that compressor alone) raises mismatch_error on every rank, and
-//!   no later bucket runs. That check is the buckets' compressors': where one does not see
-//!   a later length change (Dense over a plain MpiComm), neither does Bucketed.
+//! - Lengths agreed (`agree_length`): a rank's gradient of another length, or its other
+//!   cap, raises mismatch_error on every rank, no bucket's state changes, and the next
+//!   step with the right length works. The first step (of this object) agrees on the
+//!   gradient length, the cap and the number of buckets in one allreduce of 7 int64
+//!   (comm/agree.hpp; 56 bytes per rank, once); a later step adds nothing: a rank whose
+//!   gradient length differs from the layers' sum runs bucket 0 on a zeroed workspace of
+//!   one float more than that bucket, so that bucket 0's compressor's own per-step check
+//!   (its frame headers or step check, as for a length change of that compressor alone)
+//!   raises mismatch_error on every rank, and no later bucket runs. That check is the
+//!   buckets' compressors': where one does not see a later length change (Dense over a
+//!   plain MpiComm), neither does Bucketed.
 //! - Space (v3): grad is a span of the compressor's space (`space_type`, space_of_t<C>),
 //!   each bucket a subspan of it, so Bucketed<TopK<DeferredComm<C>>> runs its buckets'
 //!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).
