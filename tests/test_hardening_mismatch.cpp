@@ -1,10 +1,10 @@
 // One rank's differing argument, over every compressor the library ships (host memory
 // and the deferred space; add a new compressor to `every_compressor` (tests/common/every_compressor.hpp) and it is held to
-// the same rule): a gradient of another length on one rank (at the first step, or after
-// one), or one rank built with another option (density, approximation rank, layout,
+// the same rule): a gradient of another length on one rank, longer or shorter (at the
+// first step, or after one), or one rank built with another option (density, approximation rank, layout,
 // levels, momentum, bucket cap), raises the same error class on every rank, each rank's
 // message naming it; every rank's state is unchanged and, after a differing length, the
-// next step with the right length works on every rank.
+// next step with the right length works on every rank, with the same result on every rank.
 #include <catch2/catch.hpp>
 #include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
@@ -142,6 +142,7 @@ struct outcome {
   std::string cls = "none", what;
   bool same_state = false;
   std::string next = "not run";
+  std::vector<float> next_result;  // grad after the next step
 };
 template <class F>
 void run_into(outcome& o, F&& f) {
@@ -155,21 +156,6 @@ void run_into(outcome& o, F&& f) {
   }
 }
 
-//! Bucketed checks the length on each rank before its buckets' collectives: the odd rank
-//! raises invalid_argument, the others wait for it until the deadline (a known gap,
-//! docs/architecture.md).
-template <class C>
-constexpr bool known_length_gap = false;
-template <class C>
-constexpr bool known_length_gap<Bucketed<C>> = true;
-//! OkTopK: a rank whose gradient length changes after a good step flags its input
-//! rejected; it raises mismatch_error, the others see only the flag and raise
-//! peer_failure (a known gap, docs/architecture.md; the first step is agreed alike).
-template <class C>
-constexpr bool known_later_length_gap = false;
-template <class C>
-constexpr bool known_later_length_gap<OkTopK<C>> = true;
-
 //! True when `what` names rank r ("rank r" not followed by a digit).
 bool names_rank(const std::string& what, int r) {
   const std::string key = commpact::detail::cat("rank ", r);
@@ -180,10 +166,11 @@ bool names_rank(const std::string& what, int r) {
   return false;
 }
 
-//! kind 0: rank 1's gradient is one float longer at the first step; 1: the same after a
-//! good step; 2: rank 1 (and for PowerCompressor rank 2) built with another option.
+//! kind 0: rank 1's gradient is `delta` floats longer (shorter, for a negative delta) at
+//! the first step; 1: the same after a good step; 2: rank 1 (and for PowerCompressor
+//! rank 2) built with another option.
 template <class C>
-std::vector<outcome> differing(int kind) {
+std::vector<outcome> differing(int kind, int delta = 1) {
   std::vector<outcome> out(kP);
   run_threads(kP, [&](TC& comm) {
     const int r = comm.rank();
@@ -195,7 +182,8 @@ std::vector<outcome> differing(int kind) {
       if (o.cls != "none") return;
     }
     const auto before = saved(c);
-    std::vector<float> g = normal(20 + r, kind != 2 && r == 1 ? kN + 1 : kN);
+    const auto odd = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(kN) + delta);
+    std::vector<float> g = normal(20 + r, kind != 2 && r == 1 ? odd : kN);
     run_into(o, [&] { step(c, g); });
     o.same_state = saved(c) == before;
     if (kind != 2) {
@@ -203,6 +191,7 @@ std::vector<outcome> differing(int kind) {
       std::vector<float> g2 = normal(30 + r, kN);
       run_into(n, [&] { step(c, g2); });
       o.next = n.cls == "none" ? "ok" : n.what;
+      o.next_result = g2;
     }
   });
   return out;
@@ -212,11 +201,10 @@ std::vector<outcome> differing(int kind) {
 TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_error on every rank, naming it",
                         "[hardening][mismatch]", every_compressor) {
   const int kind = GENERATE(0, 1, 2);
-  if (kind == 2 && !maker<TestType>::has_option) return;
-  if (kind != 2 && known_length_gap<TestType>) return;  // below
-  if (kind == 1 && known_later_length_gap<TestType>) return;  // below
-  CAPTURE(kind);
-  const auto out = differing<TestType>(kind);
+  const int delta = GENERATE(1, -1, -7);  // rank 1's gradient longer or shorter (kinds 0 and 1)
+  if (kind == 2 && (!maker<TestType>::has_option || delta != 1)) return;
+  CAPTURE(kind, delta);
+  const auto out = differing<TestType>(kind, delta);
   for (int r = 0; r < kP; ++r) {
     const auto& o = out[static_cast<std::size_t>(r)];
     CAPTURE(r, o.what);
@@ -224,18 +212,65 @@ TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_e
     CHECK((names_rank(o.what, r) || names_rank(o.what, 1)));  // itself (and its value), or the odd rank
     CHECK(o.same_state);
     if (kind != 2) CHECK(o.next == "ok");
+    if (kind != 2) CHECK(o.next_result == out[0].next_result);  // the next step agrees across the ranks
   }
 }
 
-TEST_CASE("Bucketed: one rank's gradient of another length raises mismatch_error on every rank (known gap)",
-          "[hardening][mismatch][!shouldfail]") {
-  const auto out = differing<Bucketed<Dense<TC>>>(0);
-  for (int r = 0; r < kP; ++r) CHECK(out[static_cast<std::size_t>(r)].cls == typeid(mismatch_error).name());
-}
-
-TEST_CASE("OkTopK: one rank's gradient length changing after a good step raises mismatch_error on every rank "
-          "(known gap)",
-          "[hardening][mismatch][!shouldfail]") {
-  const auto out = differing<OkTopK<TC>>(1);
-  for (int r = 0; r < kP; ++r) CHECK(out[static_cast<std::size_t>(r)].cls == typeid(mismatch_error).name());
+// The same through Bucketed's overlap path: begin() agrees at the first step, and at a
+// later step the worker runs bucket 0 on the odd rank's longer workspace, whose length
+// bucket 0's compressor checks (over every kind of bucket compressor but
+// PowerCompressor, whose layout is per bucket).
+TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of another length raises "
+                   "mismatch_error on every rank",
+                   "[hardening][mismatch]", Bucketed<Dense<TC>>, Bucketed<TopK<TC>>, Bucketed<gTopK<TreeComm<TC>>>,
+                   Bucketed<OkTopK<TC>>, Bucketed<MajorityVote<TC>>, Bucketed<Fp16Allreduce<TC>>,
+                   (Bucketed<LinearCompressor<randomk_codec, TC>>),
+                   (Bucketed<CodecCompressor<qsgd_codec, Allgather<TC>>>), Bucketed<TopK<DC>>, Bucketed<OkTopK<DC>>) {
+  const int kind = GENERATE(0, 1);  // at the first step, or after a good one
+  const int delta = GENERATE(1, -1, -7);
+  CAPTURE(kind, delta);
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = maker<TestType>::make(comm, false);
+    outcome& o = out[static_cast<std::size_t>(r)];
+    auto overlapped = [&](std::vector<float>& g) {
+      auto run = [&](auto grad) {
+        c.begin(grad);
+        for (std::size_t l = kLayers.size(); l-- > 0;) c.ready(l);  // backward: the last layer first
+        c.reduce(grad);
+      };
+      if constexpr (std::is_same_v<space_of_t<TestType>, deferred_space>) {
+        const auto e = comm_exec(c.comm());
+        auto d = commpact_test::device_copy(e, g);
+        run(d.view());
+        g = commpact_test::host_copy(e, d.cview());
+      } else {
+        run(std::span<float>(g));
+      }
+    };
+    if (kind == 1) {
+      std::vector<float> g = normal(10 + r, kN);
+      run_into(o, [&] { overlapped(g); });
+      if (o.cls != "none") return;
+    }
+    const auto before = saved(c);
+    std::vector<float> g = normal(20 + r, r == 1 ? static_cast<std::size_t>(static_cast<int>(kN) + delta) : kN);
+    run_into(o, [&] { overlapped(g); });
+    o.same_state = saved(c) == before;
+    outcome n;
+    std::vector<float> g2 = normal(30 + r, kN);
+    run_into(n, [&] { overlapped(g2); });
+    o.next = n.cls == "none" ? "ok" : n.what;
+    o.next_result = g2;
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK((names_rank(o.what, r) || names_rank(o.what, 1)));
+    CHECK(o.same_state);
+    CHECK(o.next == "ok");
+    CHECK(o.next_result == out[0].next_result);
+  }
 }

@@ -455,6 +455,23 @@ TEST_CASE("(c) PowerGossip: a model whose mix would overflow raises numeric_erro
     }
 }
 
+namespace {
+//! After one rank's buffer of another length: every rank raised mismatch_error naming
+//! itself with its length, its state unchanged; rank 1's message holds `rank1_has` (its
+//! length, such as "has 182").
+void check_length_mismatch(const std::vector<std::string>& cls, const std::vector<std::string>& what,
+                           const std::vector<int>& same, const std::string& rank1_has) {
+  for (int r = 0; r < kP; ++r) {
+    CAPTURE(r, what[r]);
+    CHECK(cls[r] == "mismatch_error");
+    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
+          std::string::npos);
+    CHECK(same[r] == 1);
+  }
+  CHECK(what[1].find(rank1_has) != std::string::npos);
+}
+}  // namespace
+
 // At the first step (the agreement of the layout and the length comes before any factor).
 TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_error on every rank, naming it",
           "[hardening][power][mismatch]") {
@@ -486,14 +503,7 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_
       body(s);
     }
   });
-  for (int r = 0; r < kP; ++r) {
-    CAPTURE(r, what[r]);
-    CHECK(cls[r] == "mismatch_error");
-    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
-          std::string::npos);
-    CHECK(same[r] == 1);
-  }
-  CHECK(what[1].find(commpact::detail::cat("has ", kN + 1)) != std::string::npos);
+  check_length_mismatch(cls, what, same, commpact::detail::cat("has ", kN + 1));
 }
 
 // After the first step (the length rides in the step check, compress/step_check.hpp): a
@@ -560,15 +570,8 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length after the first 
       body(s);
     }
   });
-  for (int r = 0; r < kP; ++r) {
-    CAPTURE(r, what[r]);
-    CHECK(cls[r] == "mismatch_error");
-    CHECK(what[r].find(commpact::detail::cat("ranks disagree on the gradient length: rank ", r, " has ")) !=
-          std::string::npos);
-    CHECK(same[r] == 1);
-    CHECK(next[r] == "ok");
-  }
-  CHECK(what[1].find(commpact::detail::cat("has ", odd, " floats")) != std::string::npos);
+  check_length_mismatch(cls, what, same, commpact::detail::cat("has ", odd, " floats"));
+  for (int r = 0; r < kP; ++r) CHECK(next[r] == "ok");
 }
 
 TEST_CASE("PowerCompressor: every rank's buffer of another length after the first step raises invalid_argument on "

@@ -494,37 +494,50 @@ TEST_CASE("ps: push() refuses an lr that is not a finite float > 0 before sendin
   REQUIRE(shard_after == std::vector<float>(n, 1.0f));
 }
 
-TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every rank and apply nothing",
-          "[ps][failure][values][overflow]") {
+namespace {
+//! What every rank of an overflow run ended with: its error class ("none",
+//! "numeric_error", or another error's message) and its shard.
+struct overflow_outcome {
+  int P = 0;
+  std::vector<std::vector<float>> shards;
+  std::vector<std::string> cls;
+};
+
+//! Every worker runs 4 clocks of pull and push(g, lr) on n = 30 parameters, all 1.0 but
+//! parameter 7 = init7; g is 0.25 everywhere except g[7] = g7 at clock 1. setup: 0 Bsp
+//! separate(4, 1); 1 Ssp{1} separate(5, 2); 2 Bsp colocated(3); 3 Asp colocated(3).
+overflow_outcome overflow_run(int setup, float g7, double lr, float init7) {
   const std::size_t n = 30;
-  const int setup = GENERATE(0, 1, 2, 3);  // Bsp separate(4, 1); Ssp{1} separate(5, 2); Bsp colocated(3); Asp(3)
-  const int P = setup == 1 ? 5 : setup == 0 ? 4 : 3;
-  std::vector<std::vector<float>> shards(static_cast<std::size_t>(P));
-  std::vector<std::string> cls(static_cast<std::size_t>(P));
+  overflow_outcome out;
+  out.P = setup == 1 ? 5 : setup == 0 ? 4 : 3;
+  out.shards.resize(static_cast<std::size_t>(out.P));
+  out.cls.resize(static_cast<std::size_t>(out.P));
   std::mutex m;
   auto body = [&](ThreadComm& c, auto& server) {
     std::vector<float> x(n), g(n, 0.25f);
+    auto& cls = out.cls[static_cast<std::size_t>(c.rank())];
     try {
       if (server.is_worker())
         for (int t = 0; t < 4; ++t) {
           server.pull(x);
-          g[7] = t == 1 ? 3e38f : 0.25f;  // every worker, at clock 1: 3e38 at one index
-          server.push(g, 0.1);
+          g[7] = t == 1 ? g7 : 0.25f;
+          server.push(g, lr);
         }
       server.finish();
-      cls[static_cast<std::size_t>(c.rank())] = "none";
+      cls = "none";
     } catch (const commpact::numeric_error&) {
-      cls[static_cast<std::size_t>(c.rank())] = "numeric_error";
+      cls = "numeric_error";
     } catch (const std::exception& e) {
-      cls[static_cast<std::size_t>(c.rank())] = e.what();
+      cls = e.what();
     }
     std::lock_guard lk(m);
-    shards[static_cast<std::size_t>(c.rank())].assign(server.shard_params().begin(), server.shard_params().end());
+    out.shards[static_cast<std::size_t>(c.rank())].assign(server.shard_params().begin(), server.shard_params().end());
   };
   commpact::run_threads(
-      P,
+      out.P,
       [&](ThreadComm& c) {
         std::vector<float> init(n, 1.0f);
+        init[7] = init7;
         if (setup == 0) {
           ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::separate(4, 1), init};
           body(c, s);
@@ -540,6 +553,15 @@ TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every ra
         }
       },
       opts);
+  return out;
+}
+}  // namespace
+
+TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every rank and apply nothing",
+          "[ps][failure][values][overflow]") {
+  const int setup = GENERATE(0, 1, 2, 3);  // overflow_run's setups
+  // Every worker, at clock 1: 3e38 at one index.
+  const auto [P, shards, cls] = overflow_run(setup, 3e38f, 0.1, 1.0f);
   CAPTURE(setup);
   if (setup == 3) {
     // Asp applies each push alone (push / W): 3e38 / 3 is finite, so nothing overflows.
@@ -561,53 +583,10 @@ TEST_CASE("ps: finite pushes whose sum overflows raise numeric_error on every ra
 TEST_CASE("ps: finite pushes whose Sgd step overflows a parameter raise numeric_error on every rank and leave the "
           "shard unchanged",
           "[ps][failure][values][overflow]") {
-  const std::size_t n = 30;
-  const int setup = GENERATE(0, 1, 2, 3);  // Bsp separate(4, 1); Ssp{1} separate(5, 2); Bsp colocated(3); Asp(3)
-  const int P = setup == 1 ? 5 : setup == 0 ? 4 : 3;
-  std::vector<std::vector<float>> shards(static_cast<std::size_t>(P));
-  std::vector<std::string> cls(static_cast<std::size_t>(P));
-  std::mutex m;
-  auto body = [&](ThreadComm& c, auto& server) {
-    std::vector<float> x(n), g(n, 0.25f);
-    try {
-      if (server.is_worker())
-        for (int t = 0; t < 4; ++t) {
-          server.pull(x);
-          // Every worker, at clock 1: -1e38 at index 7, whose parameter is 3e38. The sum
-          // of the pushes is finite; x - 10 (mean) is not (Asp: x - 10 (push / 3)).
-          g[7] = t == 1 ? -1e38f : 0.25f;
-          server.push(g, 10.0);
-        }
-      server.finish();
-      cls[static_cast<std::size_t>(c.rank())] = "none";
-    } catch (const commpact::numeric_error&) {
-      cls[static_cast<std::size_t>(c.rank())] = "numeric_error";
-    } catch (const std::exception& e) {
-      cls[static_cast<std::size_t>(c.rank())] = e.what();
-    }
-    std::lock_guard lk(m);
-    shards[static_cast<std::size_t>(c.rank())].assign(server.shard_params().begin(), server.shard_params().end());
-  };
-  commpact::run_threads(
-      P,
-      [&](ThreadComm& c) {
-        std::vector<float> init(n, 1.0f);
-        init[7] = 3e38f;
-        if (setup == 0) {
-          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::separate(4, 1), init};
-          body(c, s);
-        } else if (setup == 1) {
-          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Ssp> s{c, ps::roles::separate(5, 2), init, ps::Ssp{1}};
-          body(c, s);
-        } else if (setup == 2) {
-          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> s{c, ps::roles::colocated(3), init};
-          body(c, s);
-        } else {
-          ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Asp> s{c, ps::roles::colocated(3), init};
-          body(c, s);
-        }
-      },
-      opts);
+  const int setup = GENERATE(0, 1, 2, 3);  // overflow_run's setups
+  // Every worker, at clock 1: -1e38 at index 7, whose parameter is 3e38. The sum of the
+  // pushes is finite; x - 10 (mean) is not (Asp: x - 10 (push / 3)).
+  const auto [P, shards, cls] = overflow_run(setup, -1e38f, 10.0, 3e38f);
   CAPTURE(setup);
   for (int r = 0; r < P; ++r) {
     CAPTURE(r);

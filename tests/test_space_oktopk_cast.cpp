@@ -197,6 +197,7 @@ TEST_CASE("OkTopK over the deferred space: NaN on one rank raises alike and chan
   const std::size_t n = 900;
   CAPTURE(P);
   std::vector<int> ok(P, 0);
+  std::vector<std::vector<float>> last(P);  // each rank's result of the last step
   run_threads(P, [&](ThreadComm& comm) {
     const oktopk_options o{.density = 0.04, .period = 2};
     OkTopK<DC> d{DC{comm}, o};
@@ -210,6 +211,7 @@ TEST_CASE("OkTopK over the deferred space: NaN on one rank raises alike and chan
       auto dg = device_copy(e, g);
       good = good && h.reduce(std::span<float>(g)) && d.reduce(dg.view());
       good = good && same_bits(g, host_copy(e, dg.cview())) && same_state(h, d, e);
+      last[static_cast<std::size_t>(comm.rank())] = g;
     };
     step(0);
     step(1);
@@ -226,10 +228,10 @@ TEST_CASE("OkTopK over the deferred space: NaN on one rank raises alike and chan
       }
       good = good && raised && same_bits(host_copy(e, dbad.cview()), bad) && same_state(h, d, e);
     }
-    // A shorter gradient on rank 1 (its residual has n values): that rank flags its input
-    // rejected and sees the others' lengths (mismatch_error); the others see its flag
-    // (peer_failure). The host run raises the same; nothing changes.
-    {
+    // A shorter, then a longer gradient on rank 1 (its residual has n values): that rank
+    // flags its input rejected, and its header carries its length, so every rank raises
+    // mismatch_error. The host run raises the same; nothing changes.
+    for (const std::size_t odd : {n - 1, n + 1}) {
       auto kind = [&](auto& c, auto grad) {
         try {
           c.reduce(grad);
@@ -240,11 +242,11 @@ TEST_CASE("OkTopK over the deferred space: NaN on one rank raises alike and chan
         }
         return 0;
       };
-      auto g = ok_grad(52, comm.rank(), comm.rank() == 1 ? n - 1 : n), hg = g;
+      auto g = ok_grad(52, comm.rank(), comm.rank() == 1 ? odd : n), hg = g;
       auto dg = device_copy(e, g);
       const int a = kind(h, std::span<float>(hg)), b = kind(d, dg.view());
-      good = good && a == (comm.rank() == 1 ? 1 : 2) && a == b && same_bits(host_copy(e, dg.cview()), g) &&
-             same_bits(hg, g) && same_state(h, d, e);
+      good = good && a == 1 && a == b && same_bits(host_copy(e, dg.cview()), g) && same_bits(hg, g) &&
+             same_state(h, d, e);
     }
     // skip_step: every rank skips; grad zeroed, the residual kept, the step counted.
     {
@@ -273,6 +275,7 @@ TEST_CASE("OkTopK over the deferred space: NaN on one rank raises alike and chan
     ok[comm.rank()] = good;
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+  for (int r = 1; r < P; ++r) CHECK(same_bits(last[static_cast<std::size_t>(r)], last[0]));  // the ranks agree
 }
 
 TEST_CASE("OkTopK over the deferred space allocates nothing after the first step; its bytes are the documented "

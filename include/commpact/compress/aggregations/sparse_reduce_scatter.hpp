@@ -346,7 +346,10 @@ class SparseReduceScatter {
 
   //! Reads every peer's header (after the fence): raises the same error on every rank for
   //! a malformed header or another n, k or step; collects the flags. Returns false for a
-  //! flagged step.
+  //! flagged step. A flagged header carries its rank's n, k and step too, and they are
+  //! compared first: a rank that rejected its input because its length changed after a
+  //! good step (OkTopK's residual has the old length) is a mismatch on every rank, each
+  //! rank seeing every other rank's header, so any two that differ raise it everywhere.
   bool check_headers(int me) {
     const auto own = host::oktopk::read_header(hdr_out_host_.view().data() + static_cast<std::size_t>(me) * header);
     std::uint32_t all = own.flags;
@@ -355,14 +358,14 @@ class SparseReduceScatter {
       const auto h = host::oktopk::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
       if (h.magic != host::oktopk::magic || h.flags > 3u)
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
-      if (h.flags) {
-        all |= h.flags;
-        continue;
-      }
       if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
                                          " at step ", h.step, "; this rank (rank ", me, ") has n = ", n_, ", k = ", k_, " at step ", step_,
                                          ". Every rank must pass the same lengths with the same options."));
+      if (h.flags) {
+        all |= h.flags;
+        continue;
+      }
       if (h.count > k_) wire_failure(detail::cat("rank ", j, " announced ", h.count, " entries, above k = ", k_));
     }
     all_flags_ = all;

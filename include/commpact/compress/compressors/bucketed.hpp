@@ -44,6 +44,17 @@
 //!   buckets, `finish()` waits for them, `commit()` keeps every bucket's step, `cancel()`
 //!   drops them all; `reduce` = start + finish + commit. DataParallel commits only after
 //!   the user's update has returned.
+//! - Lengths agreed (`agree_length`): a rank's gradient of another length, or its other
+//!   cap, raises mismatch_error on every rank, no bucket's state changes, and the next
+//!   step with the right length works. The first step (of this object) agrees on the
+//!   gradient length, the cap and the number of buckets in one allreduce of 7 int64
+//!   (comm/agree.hpp; 56 bytes per rank, once); a later step adds nothing: a rank whose
+//!   gradient length differs from the layers' sum runs bucket 0 on a zeroed workspace of
+//!   one float more than that bucket, so that bucket 0's compressor's own per-step check
+//!   (its frame headers or step check, as for a length change of that compressor alone)
+//!   raises mismatch_error on every rank, and no later bucket runs. That check is the
+//!   buckets' compressors': where one does not see a later length change (Dense over a
+//!   plain MpiComm), neither does Bucketed.
 //! - Space (v3): grad is a span of the compressor's space (`space_type`, space_of_t<C>),
 //!   each bucket a subspan of it, so Bucketed<TopK<DeferredComm<C>>> runs its buckets'
 //!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).
@@ -57,14 +68,17 @@
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "../../comm/agree.hpp"
+#include "../../comm/known_size.hpp"
 #include "../../concepts.hpp"
 #include "../../detail/serial_worker.hpp"
 #include "../../error.hpp"
-#include "../../comm/known_size.hpp"
+#include "../../kernels/ops.hpp"
 #include "../../state.hpp"
 #include "../transaction.hpp"
 
@@ -174,13 +188,13 @@ class Bucketed : private detail::bucketed_step_flags {
     require(!active_ && !open_ && !inline_ && !finished_,
             "commpact::Bucketed::begin: the previous step's buckets are still in flight or open; call reduce() (or "
             "finish() and commit(), or cancel()) once per begin().");
-    check_size(grad, "begin");
     if constexpr (requires { comps_[0].comm().allows_calls_from_other_threads(); }) {
       require(comps_[0].comm().allows_calls_from_other_threads(),
               "commpact::Bucketed: overlap runs the buckets on a second thread, and MPI was initialised below "
               "MPI_THREAD_SERIALIZED; initialise it with MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, "
               "&provided), or call reduce() without begin() (no overlap).");
     }
+    agree_length(grad, "begin");
     new_step(grad);
     active_ = true;
     started_ = 0;
@@ -216,17 +230,18 @@ class Bucketed : private detail::bucketed_step_flags {
   //! A second start() before finish() is refused (invalid_argument) and changes nothing:
   //! the step in flight can still be finished, committed or cancelled.
   void start(span<float> grad) {
-    check_size(grad, "start");
     require(!open_ && !finished_, "commpact::Bucketed::start: the previous step is finished but neither committed "
                                   "nor cancelled; call commit() or cancel() first.");
     require(!inline_ && !start_called_, "commpact::Bucketed::start: a step was started and not finished; call "
                                         "finish() and commit() (or cancel()) before starting another.");
     if (active_) {
-      require(address_of(grad) == address_of(grad_), "commpact::Bucketed::reduce: this is not the buffer passed to begin(); "
-                                           "reduce the buffer whose buckets are in flight.");
+      require(address_of(grad) == address_of(grad_) && grad.size() == grad_.size(),
+              "commpact::Bucketed::reduce: this is not the buffer passed to begin(); reduce the buffer whose buckets "
+              "are in flight.");
       while (started_ < info_.size()) launch(started_++);
       start_called_ = true;
     } else {
+      agree_length(grad, "start");
       new_step(grad);
       for (std::size_t b = 0; b < info_.size(); ++b) run(b);
       inline_ = true;
@@ -340,17 +355,77 @@ class Bucketed : private detail::bucketed_step_flags {
     if constexpr (requires { s.data(); }) return s.data();
     else return s.address();
   }
-  void check_size(span<float> grad, const char* who) const {
-    require(grad.size() == total_, "commpact::Bucketed::", who, ": the gradient has ", grad.size(),
-            " elements; the layers sum to ", total_, ". Pass the flat gradient of every layer, in forward order.");
+  std::string length_problem(std::size_t n, const char* who) const {
+    if (n == total_) return {};
+    return detail::cat("commpact::Bucketed::", who, ": the gradient has ", n, " elements; the layers sum to ", total_,
+                       ". Pass the flat gradient of every layer, in forward order.");
   }
 
-  // The outcome of a new step: nothing run, no error, no skip.
+  // Before any bucket's collective. The first step agrees on the length, the cap and the
+  // number of buckets (every rank raises alike: mismatch_error when they differ, else
+  // invalid_argument on a rank whose length is not the layers' sum and peer_failure on
+  // the others). A later step agrees on nothing here: a rank whose length is not the
+  // layers' sum runs bucket 0 on a longer workspace (new_step, run), so that bucket 0's
+  // compressor raises on every rank. Without a communicator to agree through, a length
+  // that is not the layers' sum raises invalid_argument on this rank.
+  void agree_length(span<float> grad, const char* who) {
+    if constexpr (requires { comps_[0].comm(); }) {
+      if (agreed_) return;
+      agree(comps_[0].comm(), "Bucketed",
+            {{"the gradient length", static_cast<std::int64_t>(grad.size())},
+             {"the bucket cap in bytes", static_cast<std::int64_t>(opt_.cap_bytes)},
+             {"the number of buckets", static_cast<std::int64_t>(info_.size())}},
+            length_problem(grad.size(), who), 0);
+      agreed_ = true;
+    } else {
+      const auto problem = length_problem(grad.size(), who);
+      if (!problem.empty()) throw invalid_argument(problem);
+    }
+  }
+
+  // The outcome of a new step: nothing run, no error, no skip. A gradient of another
+  // length than the layers' sum (after the first step's agreement) gets bucket 0's
+  // workspace: one float more than bucket 0, zeroed.
   void new_step(span<float> grad) {
     grad_ = grad;
     failed_.v.store(false);
     error_ = nullptr;
     skipped_ = false;
+    odd_ = grad.size() != total_;
+    if constexpr (requires { comps_[0].comm(); }) {
+      if (odd_) {
+        const auto e = comm_exec(comps_[0].comm());
+        odd_buf_.resize(info_[0].size + 1, e);
+        ops<space_type>::fill(e, odd_buf_.view(), 0.0f);
+      }
+    }
+  }
+
+  // On a rank whose gradient has another length: the error of the step. Bucket 0's
+  // mismatch_error (every rank raises one) becomes this rank's own, naming its length;
+  // anything else (bucket 0's compressor did not see the difference, or every rank's
+  // length was off alike) is the local invalid_argument.
+  std::exception_ptr odd_length_error(std::exception_ptr inner) {
+    const auto n = grad_.size();
+    std::string what = "no error";
+    if (inner) {
+      try {
+        std::rethrow_exception(inner);
+      } catch (const mismatch_error& e) {
+        int r = -1;
+        if constexpr (requires { comps_[0].comm().rank(); }) r = comps_[0].comm().rank();
+        return std::make_exception_ptr(mismatch_error(detail::cat(
+            "commpact::Bucketed::reduce: ranks disagree on the gradient length: rank ", r, " has ", n,
+            " elements, the layers sum to ", total_, "; every rank must pass gradients of the same length. Bucket 0's "
+            "compressor saw it (it ran on ", info_[0].size + 1, " zeros): ", e.what())));
+      } catch (const std::exception& e) {
+        what = e.what();
+      } catch (...) {
+        what = "an unknown exception";
+      }
+    }
+    return std::make_exception_ptr(invalid_argument(detail::cat(length_problem(n, "reduce"), " (bucket 0: ", what,
+                                                                ")")));
   }
 
   void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }
@@ -363,11 +438,22 @@ class Bucketed : private detail::bucketed_step_flags {
       const auto& i = info_[b];
       // The worker thread runs on the bucket's device (the CUDA space: its exec's device).
       if constexpr (requires { comps_[b].comm(); }) activate<space_type>(comm_exec(comps_[b].comm()));
-      auto part = grad_.subspan(i.offset, i.size);
+      auto part = odd_ ? odd_buf_.view() : grad_.subspan(i.offset, i.size);
       const bool ok = txs_[b].run(comps_[b], part, opt_.transactional);
       if (!ok) skipped_ = true;
+      if (odd_) {
+        error_ = odd_length_error(nullptr);
+        failed_.v.store(true);
+      }
+    } catch (const mismatch_error& e) {
+      const auto& i = info_[b];
+      error_ = odd_ ? odd_length_error(std::current_exception())
+                    : std::make_exception_ptr(mismatch_error(detail::cat(
+                          "commpact::Bucketed: bucket ", b, " (elements [", i.offset, ", ", i.offset + i.size,
+                          ") of the gradient): ", e.what())));
+      failed_.v.store(true);
     } catch (...) {
-      error_ = std::current_exception();
+      error_ = odd_ ? odd_length_error(std::current_exception()) : std::current_exception();
       failed_.v.store(true);
     }
   }
@@ -397,6 +483,9 @@ class Bucketed : private detail::bucketed_step_flags {
   } failed_;
   std::exception_ptr error_;
   bool skipped_ = false;
+  bool agreed_ = false;  // the first step's agreement passed
+  bool odd_ = false;     // this step's gradient is not of the layers' length: bucket 0 runs on odd_buf_
+  typename space_type::template buffer<float> odd_buf_;
 };
 
 }  // namespace commpact
