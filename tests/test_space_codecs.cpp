@@ -206,6 +206,38 @@ TEST_CASE("CodecCompressor over the deferred space: NaN on one rank and a malfor
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }
 
+namespace {
+// A codec whose decoder reads every byte of the message it is handed (no length check).
+struct reads_all_codec {
+  std::size_t max_encoded_bytes(std::size_t) const { return 4; }
+  std::size_t encode(std::span<const float>, std::span<std::byte>, std::span<float>) const { return 0; }
+  void decode_add(std::span<const std::byte> msg, std::span<float> acc) const {
+    unsigned s = 0;
+    for (const std::byte b : msg) s += static_cast<unsigned>(b);
+    acc[0] += static_cast<float>(s & 1u);
+  }
+};
+}  // namespace
+
+TEST_CASE("codec_decode_sum: a header that announces more payload than its block holds is a wire error, not a read "
+          "past the block",
+          "[space][codec][gate]") {
+  // The decode runs before the host has checked the headers, so the row bounds the length.
+  const std::size_t P = 2, bw = 16;
+  std::vector<float> b(P * bw, 0.0f);
+  for (std::size_t r = 0; r < P; ++r)
+    frame::write(std::as_writable_bytes(std::span<float>(b).subspan(r * bw, 12)),
+                 frame::header{.payload = 4, .n = 3, .capacity = 64});
+  const std::uint32_t huge = 1u << 20;
+  std::memcpy(&b[bw + 2], &huge, 4);  // rank 1's payload word
+  std::vector<float> sum(3, 5.0f);
+  std::vector<std::uint32_t> st(1, 0u);
+  ops<host_space>::codec_decode_sum({}, reads_all_codec{}, std::span<const float>(b), bw, std::span<float>(sum),
+                                    std::span<std::uint32_t>(st));
+  CHECK(st[0] == status_wire);
+  CHECK(std::isnan(sum[0]));
+}
+
 TEST_CASE("frame_gate: a step's mean is written only when every frame header is clean", "[space][codec][gate]") {
   // P blocks of 16 words with clean headers; then each way a header can be unclean.
   const std::size_t P = 3, bw = 16;

@@ -314,8 +314,9 @@ struct ops<host_space> {
     try {
       for (std::size_t r = 0; r < P; ++r) {  // rank order: the same float additions on every rank
         const auto b = std::as_bytes(blocks.subspan(r * block_floats, block_floats));
-        std::uint32_t len;
-        std::memcpy(&len, b.data() + 8, 4);
+        // The headers may not have been checked yet (CodecCompressor decodes before the
+        // host reads them): read_header bounds the payload by the block, or raises.
+        const std::uint32_t len = frame::read(b, static_cast<int>(r)).payload;
         codec.decode_add(b.subspan(frame::header_bytes, len), sum);
       }
     } catch (const error&) {
