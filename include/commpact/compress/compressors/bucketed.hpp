@@ -391,15 +391,17 @@ class Bucketed : private detail::bucketed_step_flags {
     failed_.v.store(false);
     error_ = nullptr;
     skipped_ = false;
-    odd_ = grad.size() != total_;
     if constexpr (requires { comps_[0].comm(); }) {
-      if (odd_) {
+      if (odd()) {
         const auto e = comm_exec(comps_[0].comm());
         odd_buf_.resize(info_[0].size + 1, e);
         ops<space_type>::fill(e, odd_buf_.view(), 0.0f);
       }
     }
   }
+
+  //! This step's gradient is not of the layers' length: bucket 0 runs on odd_buf_.
+  bool odd() const { return grad_.size() != total_; }
 
   // On a rank whose gradient has another length: the error of the step. Bucket 0's
   // mismatch_error (every rank raises one) becomes this rank's own, naming its length;
@@ -438,22 +440,22 @@ class Bucketed : private detail::bucketed_step_flags {
       const auto& i = info_[b];
       // The worker thread runs on the bucket's device (the CUDA space: its exec's device).
       if constexpr (requires { comps_[b].comm(); }) activate<space_type>(comm_exec(comps_[b].comm()));
-      auto part = odd_ ? odd_buf_.view() : grad_.subspan(i.offset, i.size);
+      auto part = odd() ? odd_buf_.view() : grad_.subspan(i.offset, i.size);
       const bool ok = txs_[b].run(comps_[b], part, opt_.transactional);
       if (!ok) skipped_ = true;
-      if (odd_) {
+      if (odd()) {
         error_ = odd_length_error(nullptr);
         failed_.v.store(true);
       }
     } catch (const mismatch_error& e) {
       const auto& i = info_[b];
-      error_ = odd_ ? odd_length_error(std::current_exception())
+      error_ = odd() ? odd_length_error(std::current_exception())
                     : std::make_exception_ptr(mismatch_error(detail::cat(
                           "commpact::Bucketed: bucket ", b, " (elements [", i.offset, ", ", i.offset + i.size,
                           ") of the gradient): ", e.what())));
       failed_.v.store(true);
     } catch (...) {
-      error_ = odd_ ? odd_length_error(std::current_exception()) : std::current_exception();
+      error_ = odd() ? odd_length_error(std::current_exception()) : std::current_exception();
       failed_.v.store(true);
     }
   }
@@ -484,8 +486,7 @@ class Bucketed : private detail::bucketed_step_flags {
   std::exception_ptr error_;
   bool skipped_ = false;
   bool agreed_ = false;  // the first step's agreement passed
-  bool odd_ = false;     // this step's gradient is not of the layers' length: bucket 0 runs on odd_buf_
-  typename space_type::template buffer<float> odd_buf_;
+  typename space_type::template buffer<float> odd_buf_;  // bucket 0's input when odd()
 };
 
 }  // namespace commpact
