@@ -140,12 +140,13 @@ def check(cond, what, failures):
 HOOK_NAMES = ("gtopk", "topk", "powersgd1", "powersgd2", "efsign", "qsgd")
 
 
-def one_process_group(gpu):
-    """A one-rank group (NCCL on the GPU, else Gloo) and a Gloo group beside it; returns a folder to remove."""
+def one_process_group(gpu, with_gloo):
+    """A one-rank default group (NCCL on the GPU, else Gloo) and, with_gloo, a Gloo group
+    beside it (else None); returns (a folder to remove, that group)."""
     tmp = tempfile.mkdtemp()
     dist.init_process_group("nccl" if gpu else "gloo", init_method="file://" + os.path.join(tmp, "rdzv"), rank=0,
                             world_size=1, timeout=datetime.timedelta(seconds=60))
-    return tmp, dist.new_group(backend="gloo")
+    return tmp, dist.new_group(backend="gloo") if with_gloo else None
 
 
 def one_hook(args):
@@ -154,7 +155,7 @@ def one_hook(args):
     failures = []
     gpu = args.device == "cuda"
     dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
-    tmp, cpu_pg = one_process_group(gpu)
+    tmp, cpu_pg = one_process_group(gpu, True)
     steps = args.check_steps
     data, cdata = batches(0, steps, dev), batches(0, steps, torch.device("cpu"))
     for (name, hook, st), (_, chook, cst) in zip(hooks(ch, None, "dev"), hooks(ch, cpu_pg, "cpu")):
@@ -207,7 +208,7 @@ def single_process(args, failures):
             failures.append(f"{name}: check 1")  # its own lines above say which check failed
         else:
             good.add(name)
-    tmp, _ = one_process_group(gpu)
+    tmp, _ = one_process_group(gpu, False)
     steps = args.check_steps
     data = batches(0, steps, dev)
     for r in (1, 2):
