@@ -98,10 +98,14 @@ commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
 }
 
 #if defined(COMMPACT_HOOKS_CUDA)
-// PyTorch's caching allocator as commpact's stream-ordered allocator hook.
+// PyTorch's caching allocator as commpact's stream-ordered allocator hook. PyTorch names
+// its default (legacy NULL) stream nullptr; the hooks' executor names it cudaStreamLegacy
+// (commpact_hooks_cuda.cu, comm_on), mapped back here so that both use one pool.
 void* torch_alloc(std::size_t bytes, void* stream, void*) {
+  auto s = static_cast<cudaStream_t>(stream);
+  if (s == cudaStreamLegacy) s = nullptr;
   try {
-    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, static_cast<cudaStream_t>(stream));
+    return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, s);
   } catch (...) {
     return nullptr;  // commpact raises device_error
   }

@@ -133,7 +133,10 @@ struct state::impl {
 
   //! The communicator on the first bucket's stream; every bucket must come on it.
   Comm& comm_on(const bucket& b) {
-    const auto s = static_cast<cudaStream_t>(b.stream);
+    // PyTorch's default stream is the legacy NULL stream, and its handle is nullptr; to
+    // make_exec a null stream means "make a stream of your own", so the NULL stream is
+    // named by its explicit handle (the work is then ordered with PyTorch's, as required).
+    const auto s = b.stream ? static_cast<cudaStream_t>(b.stream) : cudaStreamLegacy;
     if (!exec) {
       exec = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
       comm.emplace(cp::TorchCudaComm{link, *exec});

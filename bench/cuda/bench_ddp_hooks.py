@@ -168,6 +168,17 @@ def one_hook(args):
         check(all(map(lambda v: v == v, losses)), f"{name}: finite losses on {dev.type}", failures)
         check(err <= 1e-3, f"{name}: parameters on {dev.type} within 1e-3 of the CPU's after {steps} steps "
               f"(max |diff| {err:.2e}, {time.monotonic() - t0:.1f} s)", failures)
+        if gpu and name == "gtopk":  # the error path of the CUDA side: a clear exception, not a crash
+            raised = ""
+            try:
+                with torch.cuda.stream(torch.cuda.Stream()):
+                    x, y = data[0]
+                    torch.nn.functional.cross_entropy(m(x), y).backward()
+                    st.synchronize()
+            except RuntimeError as e:
+                raised = str(e)
+            check("another stream" in raised, f"{name}: a bucket on another stream than the first raises "
+                  f"RuntimeError naming the rule ({raised[:160]!r})", failures)
     dist.destroy_process_group()
     shutil.rmtree(tmp, ignore_errors=True)
     return 1 if failures else 0

@@ -205,22 +205,24 @@ host_steps run_host_steps(const std::vector<std::vector<float>>& grads, int corr
   return hs;
 }
 
+//! Set by device_step for one step; the allgather of corrupting_nccl (corrupting_nccl.cuh) clears it.
+inline bool corrupt_next_allgather = false;
+
 //! Step s of the device compressor dev on g: reduce (1 delivered, 0 skipped, -1 numeric_error), or with `corrupt`
-//! the first payload word of the received block set to 0xFFFFFFFF between start and finish, which must raise
-//! wire_error (-2).
+//! the first payload word of the received block set to 0xFFFFFFFF on the wire (dev's communicator must be a
+//! corrupting_nccl), which must raise wire_error (-2).
 template <class Dev>
-int device_step(const char* what, int s, Dev& dev, cp::cuda_buffer<float>& g, const cp::cuda_space::exec& e,
-                bool corrupt) {
+int device_step(const char* what, int s, Dev& dev, cp::cuda_buffer<float>& g, bool corrupt) {
   if (corrupt) {
-    dev.start(g.view());
-    auto* blk = const_cast<float*>(cp::cuda_access::ptr(dev.aggregation().received()));
-    cudaMemsetAsync(blk + 12, 0xFF, 4, e.stream());
+    corrupt_next_allgather = true;
     bool raised = false;
     try {
-      dev.finish();
+      dev.reduce(g.view());
     } catch (const cp::wire_error&) {
       raised = true;
     }
+    EXPECT(!corrupt_next_allgather, "%s step %d: the step ran no allgather to corrupt", what, s);
+    corrupt_next_allgather = false;
     EXPECT(raised, "%s step %d: a corrupted payload did not raise wire_error", what, s);
     return -2;
   }

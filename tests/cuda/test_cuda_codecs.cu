@@ -12,7 +12,7 @@
 #include "commpact/comm/nccl_comm.hpp"
 #include "commpact/comm/thread_comm.hpp"
 
-#include "codec_test_common.cuh"
+#include "corrupting_nccl.cuh"
 
 using commpact_test::failures;
 using namespace codec_test;
@@ -35,7 +35,7 @@ void compare_steps(const char* what, Dev& dev, const cp::cuda_space::exec& e, Ma
   std::int64_t expect_steps = 0;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
+    const int ok = device_step(what, s, dev, g, s == corrupt_step);
     expect_steps += ok == 1 || (ok == 0 && skip_nonfinite);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     const auto out = download(e, g.cview());
@@ -54,8 +54,8 @@ void compare_steps(const char* what, Dev& dev, const cp::cuda_space::exec& e, Ma
 }
 
 void check_topk(const cp::sparse_options& opt, std::size_t n, int nan_step, int corrupt_step, std::mt19937_64& rng) {
-  auto dc = cp::NcclComm::single();
-  cp::TopK<cp::NcclComm> dev{dc, opt};
+  corrupting_nccl dc{cp::NcclComm::single()};
+  cp::TopK<corrupting_nccl> dev{dc, opt};
   compare_steps("TopK", dev, dc.exec(), [&](cp::ThreadComm& tc) { return cp::TopK<cp::ThreadComm>{tc, opt}; }, n, 4,
                 nan_step, corrupt_step, opt.on_nonfinite == cp::nonfinite::skip_step, rng);
 }
@@ -63,9 +63,9 @@ void check_topk(const cp::sparse_options& opt, std::size_t n, int nan_step, int 
 template <class Codec>
 void check_codec(const char* what, const Codec& codec, const cp::codec_options& opt, std::size_t n, int nan_step,
                  int corrupt_step, std::mt19937_64& rng) {
-  using DevC = cp::CodecCompressor<Codec, cp::Allgather<cp::NcclComm>>;
+  using DevC = cp::CodecCompressor<Codec, cp::Allgather<corrupting_nccl>>;
   using HostC = cp::CodecCompressor<Codec, cp::Allgather<cp::ThreadComm>>;
-  auto dc = cp::NcclComm::single();
+  corrupting_nccl dc{cp::NcclComm::single()};
   DevC dev{dc, codec, opt, what};
   compare_steps(what, dev, dc.exec(), [&](cp::ThreadComm& tc) { return HostC{tc, codec, opt, what}; }, n, 4, nan_step,
                 corrupt_step, opt.on_nonfinite == cp::nonfinite::skip_step, rng);

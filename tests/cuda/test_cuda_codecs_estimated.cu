@@ -26,7 +26,7 @@
 #include "commpact/comm/thread_comm.hpp"
 #include "commpact/compress/codecs/sparsifiers.hpp"
 
-#include "codec_test_common.cuh"
+#include "corrupting_nccl.cuh"
 
 using commpact_test::failures;
 using namespace codec_test;
@@ -169,15 +169,15 @@ void check_nccl(const char* what, const Codec& codec, const cp::codec_options& o
   const auto [hout, hres, hvel, hok] = run_host_steps(grads, corrupt_step, [&](cp::ThreadComm& tc) {
     return cp::CodecCompressor<Codec, cp::Allgather<cp::ThreadComm>>{tc, codec, opt, what};
   });
-  auto dcomm = cp::NcclComm::single();
+  corrupting_nccl dcomm{cp::NcclComm::single()};
   const auto& e = dcomm.exec();
-  cp::CodecCompressor<Codec, cp::Allgather<cp::NcclComm>> dev{dcomm, codec, opt, what};
+  cp::CodecCompressor<Codec, cp::Allgather<corrupting_nccl>> dev{dcomm, codec, opt, what};
   cp::cuda_buffer<float> g;
   g.resize(n);
   std::vector<std::pair<const void*, std::size_t>> sig;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
+    const int ok = device_step(what, s, dev, g, s == corrupt_step);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     EXPECT(diff(download(e, g.cview()), hout[s]) == 0, "%s step %d: the reduced gradient differs", what, s);
     EXPECT(diff(download(e, dev.residual()), hres[s]) == 0, "%s step %d: the residual differs", what, s);

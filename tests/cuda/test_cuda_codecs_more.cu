@@ -20,7 +20,7 @@
 #include "commpact/compress/codecs/per_tensor.hpp"
 #include "commpact/compress/codecs/sparsifiers.hpp"
 
-#include "codec_test_common.cuh"
+#include "corrupting_nccl.cuh"
 
 using commpact_test::failures;
 using namespace codec_test;
@@ -43,15 +43,15 @@ void check_single(const char* what, const Codec& codec, const cp::codec_options&
   const auto [hout, hres, hvel, hok] = run_host_steps(grads, corrupt_step, [&](cp::ThreadComm& tc) {
     return Comp<Codec, cp::ThreadComm>{tc, codec, opt, what};
   });
-  auto dc = cp::NcclComm::single();
-  Comp<Codec, cp::NcclComm> dev{dc, codec, opt, what};
+  corrupting_nccl dc{cp::NcclComm::single()};
+  Comp<Codec, corrupting_nccl> dev{dc, codec, opt, what};
   const auto& e = dc.exec();
   cp::cuda_buffer<float> g;
   g.resize(n);
   std::vector<std::pair<const void*, std::size_t>> sig;
   for (int s = 0; s < steps; ++s) {
     D::from_host(e, std::span<const float>(grads[s]), g.view());
-    const int ok = device_step(what, s, dev, g, e, s == corrupt_step);
+    const int ok = device_step(what, s, dev, g, s == corrupt_step);
     EXPECT(ok == hok[s], "%s step %d: outcome %d vs host %d", what, s, ok, hok[s]);
     const auto out = download(e, g.cview());
     EXPECT(diff(out, hout[s]) == 0, "%s step %d: the reduced gradient differs from the host in %zu places", what, s,

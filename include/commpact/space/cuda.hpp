@@ -16,7 +16,9 @@
 //!   allocator hook, an event for the fence, grow-only scratch slots (one per row), and the hooks of
 //!   the communicators that queue work on it. Copies share the state, like a stream
 //!   handle. `make_exec(stream)` wraps a caller's stream (a framework's current stream);
-//!   the stream must outlive the executor and everything bound to it.
+//!   the stream must outlive the executor and everything bound to it. A null stream makes
+//!   a non-blocking stream of the executor's own: to wrap the legacy NULL stream (the
+//!   handle PyTorch's default stream has), pass `cudaStreamLegacy`.
 //! - `buffer<T>` (cuda_buffer): grow-only device storage, stream-ordered. `resize(n, exec)`
 //!   and `reserve(n, exec)` bind it to the executor's stream: growth allocates there
 //!   (the allocator hook, cudaMallocAsync by default), copies the old contents and poisons
@@ -102,7 +104,10 @@ struct cuda_space {
                         int device = -1) {
     auto st = std::make_shared<cuda_exec_state>();
     if (stream) {
-      const int sd = detail::cuda_stream_device(stream);
+      // cudaStreamLegacy and cudaStreamPerThread name a stream of whichever device is
+      // current where they are used: a device given here is theirs.
+      const bool special = stream == cudaStreamLegacy || stream == cudaStreamPerThread;
+      const int sd = special && device >= 0 ? device : detail::cuda_stream_device(stream);
       require(device < 0 || device == sd, "commpact::cuda_space::make_exec: the stream belongs to device ", sd,
               ", not to device ", device, "; pass that stream's device or -1.");
       st->device = sd;
