@@ -50,6 +50,11 @@ except TypeError:
 # The torch libraries are found at run time without `import torch` first (a pip torch
 # keeps them in site-packages/torch/lib, outside the loader's path).
 link = [f"-Wl,-rpath,{d}" for d in libdirs]
+# Whatever a static archive brings into the module stays private to it: where the
+# toolchain links a static libstdc++ (seen as libstdc++ symbols exported by the CUDA
+# variant's module on the GPU machine, whose error formatting then crashed), exported
+# copies would be interposed by the process's shared libstdc++ and mix the two.
+link.append("-Wl,--exclude-libs,ALL")
 if cuda:
     defines.append(("COMMPACT_HOOKS_CUDA", "1"))
     sources.append("python/commpact_hooks_cuda.cu")

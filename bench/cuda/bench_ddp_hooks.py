@@ -346,6 +346,21 @@ def two_process(args, failures):
                       f"({first:.3f} -> {last:.3f})", failures)
 
 
+def describe_module(site):
+    """One line on how the module was linked: its libstdc++ (shared, or copies of libstdc++
+    symbols defined in the module itself, a static libstdc++) and the interpreter's LDSHARED."""
+    import glob
+    import sysconfig
+    so = (glob.glob(os.path.join(site, "commpact_hooks*.so")) or [None])[0]
+    own = "?"
+    if so and shutil.which("nm"):
+        r = subprocess.run(["nm", "-DC", "--defined-only", so], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                           text=True)
+        own = sum(1 for line in r.stdout.splitlines() if "std::locale" in line or "std::ios_base" in line)
+    print(f"note    module {os.path.basename(so or '?')}: libstdc++ symbols defined in it (std::locale, "
+          f"std::ios_base): {own}; LDSHARED={sysconfig.get_config_var('LDSHARED')!r}", flush=True)
+
+
 def install(tmp):
     """The CUDA variant into tmp/site; returns that folder, or None when the build failed."""
     site = os.path.join(tmp, "site")
@@ -359,6 +374,8 @@ def install(tmp):
     print(f"row ddp_hooks_build pip_install_s={time.monotonic() - t0:.1f} rc={r.returncode}", flush=True)
     if r.returncode != 0:
         print(r.stdout[-6000:])
+    else:
+        describe_module(site)
     return site if r.returncode == 0 else None
 
 
