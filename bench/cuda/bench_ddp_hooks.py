@@ -21,8 +21,8 @@ when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
     hooks taking turns step by step) of each hook against PyTorch's allreduce_hook, and
     of powersgd_hook against powerSGD_hook at the same rank: "row ddp_hooks ..." lines.
 
-Time: the parts share one budget, device-check's BENCH_TIMEOUT (180 s) less 15 s
-(BUDGET_S overrides it); a part that would start with under 20 s left is skipped
+Time: the parts share one budget, BUDGET_S seconds (device-check gives its cap for this
+script, HOOKS_TIMEOUT, 300 s, less 10 s; without BUDGET_S, BENCH_TIMEOUT or 180, less 15 s); a part that would start with under 20 s left is skipped
 ("SKIPPED" in device-check's run.log) and the script then exits 3 (device-check's
 summary: "FAILED (3)"), so the run ends with its results before device-check's cap
 kills it.
