@@ -196,6 +196,14 @@ class torch_group_link_impl final : public torch_group_link {
   void abort(std::string_view why) noexcept override { host_.abort(why); }
 
  private:
+  //! PyTorch's stream for a commpact executor's stream. PyTorch's default stream is the
+  //! legacy NULL stream, which an executor names cudaStreamLegacy (make_exec reads a null
+  //! handle as "make a stream of your own"): PyTorch gets its own default stream back.
+  static c10::cuda::CUDAStream torch_stream(void* stream, c10::DeviceIndex d) {
+    const auto s = static_cast<cudaStream_t>(stream);
+    if (s == nullptr || s == cudaStreamLegacy) return c10::cuda::getDefaultCUDAStream(d);
+    return c10::cuda::getStreamFromExternal(s, d);
+  }
   static at::Tensor wrap(void* p, std::int64_t n, at::ScalarType t, int device) {
     return at::from_blob(p, {n}, at::TensorOptions().dtype(t).device(at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device))));
   }
@@ -207,7 +215,7 @@ class torch_group_link_impl final : public torch_group_link {
     dev_.enter("staged call");
     const auto d = static_cast<c10::DeviceIndex>(device);
     c10::cuda::CUDAGuard dg(d);
-    c10::cuda::CUDAStreamGuard sg(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), d));
+    c10::cuda::CUDAStreamGuard sg(torch_stream(stream, d));
     at::Tensor dev = wrap(data, n, t, device);
     at::Tensor h = down ? dev.to(at::kCPU) : at::empty({n}, at::TensorOptions().dtype(t));
     f(h);
@@ -218,7 +226,7 @@ class torch_group_link_impl final : public torch_group_link {
     dev_.enter(what);
     const auto d = static_cast<c10::DeviceIndex>(device);
     c10::cuda::CUDAGuard dg(d);
-    c10::cuda::CUDAStreamGuard sg(c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), d));
+    c10::cuda::CUDAStreamGuard sg(torch_stream(stream, d));
     auto w = dev_.start(what, std::forward<F>(start));
     try {
       w->synchronize();
