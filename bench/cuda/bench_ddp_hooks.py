@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """commpact_hooks on a GPU under DDP, for scripts/device-check (which runs bench/cuda/*.py
-when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
+when torch sees a CUDA device; this one under HOOKS_TIMEOUT, 300 s by default):
 
  0. builds the module's CUDA variant with pip against this machine's PyTorch, with the
     Python that runs this script: `pip install --no-build-isolation --no-index --target
@@ -13,7 +13,8 @@ when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
     rank 1 and 2, EF-SignSGD, QSGD) against the same hook on the CPU over a Gloo group
     (same start, same batches): parameters within float tolerance after a few steps;
     commpact's powersgd_hook against PyTorch's powerSGD_hook at the same rank and seed
-    (within float tolerance);
+    (within float tolerance); on the GPU, gtopk_hook's error path: a bucket on another
+    stream than the first raises a RuntimeError naming the rule;
  2. two processes sharing the GPU over Gloo with CUDA buckets (staged): gtopk_hook and
     powersgd_hook keep the replicas identical, the loss falls, and the bytes sent equal
     those of the same hook on CPU buckets (the parameters' distance to that run printed);
@@ -21,9 +22,9 @@ when torch sees a CUDA device, each under BENCH_TIMEOUT, 180 s by default):
     hooks taking turns step by step) of each hook against PyTorch's allreduce_hook, and
     of powersgd_hook against powerSGD_hook at the same rank: "row ddp_hooks ..." lines.
 
-Time: the parts share one budget, BUDGET_S seconds (device-check gives its cap for this
-script, HOOKS_TIMEOUT, 300 s, less 10 s; without BUDGET_S, BENCH_TIMEOUT or 180, less 15 s); a part that would start with under 20 s left is skipped
-("SKIPPED" in device-check's run.log) and the script then exits 3 (device-check's
+Time: the parts share one budget, BUDGET_S seconds (device-check passes its cap for this
+script less 10 s; without BUDGET_S, BENCH_TIMEOUT or 180, less 15 s); a part that would
+start with under 20 s left is skipped ("SKIPPED" in device-check's run.log) and the script then exits 3 (device-check's
 summary: "FAILED (3)"), so the run ends with its results before device-check's cap
 kills it.
 

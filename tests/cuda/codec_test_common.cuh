@@ -4,7 +4,7 @@
 // from the device, a bitwise comparison, the input kinds every codec kernel must treat like
 // the host (Gaussian, ties with +-0, all equal, denormals, +-0), encode_frame,
 // clear_delivered and decode_sum run on both sides, and a compressor's steps on the host
-// twin and on the device (with a corrupted payload).
+// twin (a device step, with a payload corrupted on the wire: corrupting_nccl.cuh).
 
 #include <cuda_runtime.h>
 
@@ -203,34 +203,6 @@ host_steps run_host_steps(const std::vector<std::vector<float>>& grads, int corr
     }
   });
   return hs;
-}
-
-//! Set by device_step for one step; the allgather of corrupting_nccl (corrupting_nccl.cuh) clears it.
-inline bool corrupt_next_allgather = false;
-
-//! Step s of the device compressor dev on g: reduce (1 delivered, 0 skipped, -1 numeric_error), or with `corrupt`
-//! the first payload word of the received block set to 0xFFFFFFFF on the wire (dev's communicator must be a
-//! corrupting_nccl), which must raise wire_error (-2).
-template <class Dev>
-int device_step(const char* what, int s, Dev& dev, cp::cuda_buffer<float>& g, bool corrupt) {
-  if (corrupt) {
-    corrupt_next_allgather = true;
-    bool raised = false;
-    try {
-      dev.reduce(g.view());
-    } catch (const cp::wire_error&) {
-      raised = true;
-    }
-    EXPECT(!corrupt_next_allgather, "%s step %d: the step ran no allgather to corrupt", what, s);
-    corrupt_next_allgather = false;
-    EXPECT(raised, "%s step %d: a corrupted payload did not raise wire_error", what, s);
-    return -2;
-  }
-  try {
-    return dev.reduce(g.view()) ? 1 : 0;
-  } catch (const cp::numeric_error&) {
-    return -1;
-  }
 }
 
 }  // namespace codec_test
