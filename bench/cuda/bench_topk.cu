@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// Device top-k (commpact::cuda_kernels::topk_abs, select.cuh's radix select) against two
-// sort-based top-k baselines at n = 1e6, 1e7, 1e8 and density 0.001 and 0.01:
+// Device top-k (commpact::cuda_kernels::topk_abs: select.cuh's sampled path, which every
+// size here takes, and its radix path, topk_method::radix, timed in the same run as
+// radix_ms) against two sort-based top-k baselines at n = 1e6, 1e7, 1e8 and density
+// 0.001 and 0.01:
 //   thrust   what a user writes with Thrust: keys = |g| (thrust::transform), indices =
 //            0..n-1, thrust::sort_by_key(keys, indices, thrust::greater<float>()) (Thrust
 //            dispatches arithmetic keys with greater<> to a stable radix sort, so equal
@@ -191,7 +193,8 @@ int main() {
   const double copy_ms = median_ms([&] { cudaMemcpyAsync(y, x, 4 * nmax, cudaMemcpyDeviceToDevice); }, 10);
   const double rate = 2.0 * 4 * nmax / (copy_ms * 1e-3);  // bytes/s, read + write
   std::printf("row copy rate_GBps=%.1f\n", rate * 1e-9);
-  ck::topk_workspace ws;
+  ck::topk_workspace ws, ws_radix;  // automatic (the sampled path here) and the radix path
+  ws_radix.set_method(ck::topk_method::radix);
   bool all_same = true;
   for (std::size_t n : {std::size_t{1000000}, std::size_t{10000000}, nmax}) {
     for (double dens : {0.001, 0.01}) {
@@ -203,6 +206,11 @@ int main() {
       check(cudaMalloc(&v1, 4 * k), "malloc"), check(cudaMalloc(&v2, 4 * k), "malloc");
       ws.run(x, n, k, i1, v1);  // grows the workspace outside the timing
       const double t_cp = median_ms([&] { ws.run(x, n, k, i1, v1); }, 20);
+      std::int32_t* i4;
+      float* v4;
+      check(cudaMalloc(&i4, 4 * k), "malloc"), check(cudaMalloc(&v4, 4 * k), "malloc");
+      ws_radix.run(x, n, k, i4, v4);
+      const double t_radix = median_ms([&] { ws_radix.run(x, n, k, i4, v4); }, 20);
       double t_sort = 0, t_thrust = 0;
       {
         sort_topk st;
@@ -226,15 +234,18 @@ int main() {
         check(cudaMemcpy(wb.data(), dv, 4 * k, cudaMemcpyDeviceToHost), "download");
         return ha == hb && std::memcmp(wa.data(), wb.data(), 4 * k) == 0;
       };
-      const bool same_cub = same_as_ours(i2, v2), same_thrust = same_as_ours(i3, v3);
-      all_same = all_same && same_cub && same_thrust;
+      const bool same_cub = same_as_ours(i2, v2), same_thrust = same_as_ours(i3, v3), same_radix = same_as_ours(i4, v4);
+      all_same = all_same && same_cub && same_thrust && same_radix;
       const double floor_ms = 4.0 * n / rate * 1e3;
-      std::printf("row topk n=%zu density=%g commpact_ms=%.4f thrust_sort_ms=%.4f cub_sort_ms=%.4f floor_ms=%.4f "
-                  "ratio_to_floor=%.2f eff_GBps=%.1f speedup_vs_thrust=%.2f speedup_vs_sort=%.2f identical=%s "
-                  "identical_thrust=%s\n",
-                  n, dens, t_cp, t_thrust, t_sort, floor_ms, t_cp / floor_ms, 4.0 * n / (t_cp * 1e-3) * 1e-9,
-                  t_thrust / t_cp, t_sort / t_cp, same_cub ? "yes" : "NO", same_thrust ? "yes" : "NO");
+      std::printf("row topk n=%zu density=%g path=%s commpact_ms=%.4f radix_ms=%.4f thrust_sort_ms=%.4f "
+                  "cub_sort_ms=%.4f floor_ms=%.4f ratio_to_floor=%.2f eff_GBps=%.1f speedup_vs_thrust=%.2f "
+                  "speedup_vs_sort=%.2f identical=%s identical_thrust=%s identical_radix=%s\n",
+                  n, dens, ck::detail::plan_for(n, k, ck::topk_method::automatic).use ? "sampled" : "radix", t_cp,
+                  t_radix, t_thrust, t_sort, floor_ms, t_cp / floor_ms, 4.0 * n / (t_cp * 1e-3) * 1e-9,
+                  t_thrust / t_cp, t_sort / t_cp, same_cub ? "yes" : "NO", same_thrust ? "yes" : "NO",
+                  same_radix ? "yes" : "NO");
       cudaFree(i1), cudaFree(i2), cudaFree(i3), cudaFree(v1), cudaFree(v2), cudaFree(v3);
+      cudaFree(i4), cudaFree(v4);
     }
   }
 #ifdef HAVE_NCCL

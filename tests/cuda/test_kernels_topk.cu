@@ -1,6 +1,8 @@
 // commpact::cuda_kernels::topk_abs against a brute-force reference (stable sort by (abs_key desc,
 // index asc)) and against its host twin commpact::host::topk_abs, on the same random and
-// tied inputs: indices and value bits must be identical. Exits 77 (CTest: skipped) when
+// tied inputs, by both selections (sampled and radix): indices and value bits must be
+// identical. The sampled path's bound must equal the host plan's, and an input built
+// against the sample must take (and survive) its fallback. Exits 77 (CTest: skipped) when
 // no GPU is present. CUDA code is always built as C++20 (the commpact::cuda target and
 // scripts/device-check say so), which the host kernels need.
 
@@ -63,12 +65,20 @@ struct device_buffer {
   device_buffer& operator=(const device_buffer&) = delete;
 };
 
-void compare(const char* what, const std::vector<float>& x, std::size_t k, commpact::cuda_kernels::topk_workspace& dws) {
-  const std::size_t n = x.size();
-  std::vector<std::int32_t> ridx;
-  std::vector<float> rval;
-  reference(x, k, ridx, rval);
+// What the last run of dws did, read from its device state after a fence.
+commpact::cuda_kernels::detail::select_state last_state(const commpact::cuda_kernels::topk_workspace& dws) {
+  commpact::cuda_kernels::detail::select_state st{};
+  commpact::cuda_kernels::detail::check(
+      cudaMemcpy(&st, dws.device_state(), sizeof st, cudaMemcpyDeviceToHost), "cudaMemcpy (state)");
+  return st;
+}
 
+// The device result by dws's current method against the reference and the host kernel.
+void compare_one(const char* what, const char* method, const std::vector<float>& x, std::size_t k,
+                 const std::vector<std::int32_t>& ridx, const std::vector<float>& rval,
+                 const std::vector<std::int32_t>& hidx, const std::vector<float>& hval,
+                 commpact::cuda_kernels::topk_workspace& dws) {
+  const std::size_t n = x.size();
   device_buffer<float> dx(n), dval(k);
   device_buffer<std::int32_t> didx(k);
   commpact::cuda_kernels::detail::check(cudaMemcpy(dx.p, x.data(), n * sizeof(float), cudaMemcpyHostToDevice), "cudaMemcpy");
@@ -81,13 +91,66 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
   commpact::cuda_kernels::detail::check(cudaMemcpy(gval.data(), dval.p, k * sizeof(float), cudaMemcpyDeviceToHost),
                                 "cudaMemcpy");
   const std::size_t bad = count_diff(gidx, gval, ridx, rval);
-  EXPECT(bad == 0, "%s: n=%zu k=%zu: %zu of %zu entries differ from the reference", what, n, k, bad, k);
-  std::vector<std::int32_t> hidx(k);
-  std::vector<float> hval(k);
+  EXPECT(bad == 0, "%s (%s path): n=%zu k=%zu: %zu of %zu entries differ from the reference", what, method, n, k, bad,
+         k);
+  const std::size_t bad_host = count_diff(gidx, gval, hidx, hval);
+  EXPECT(bad_host == 0, "%s (%s path): n=%zu k=%zu: %zu of %zu entries differ from the host kernel", what, method, n, k,
+         bad_host, k);
+}
+
+// Both selections (the sampled path where it applies, and the radix path) against the
+// reference and the host; on the sampled path, its bound must be the host plan's (the
+// j-th largest key of the same sample) and, without the fallback, its candidates
+// between k and the host plan's capacity.
+void compare(const char* what, const std::vector<float>& x, std::size_t k, commpact::cuda_kernels::topk_workspace& dws) {
+  using commpact::cuda_kernels::topk_method;
+  namespace hd = commpact::host::detail;
+  const std::size_t n = x.size();
+  std::vector<std::int32_t> ridx, hidx(k);
+  std::vector<float> rval, hval(k);
+  reference(x, k, ridx, rval);
   commpact::host::topk_workspace hws;
   commpact::host::topk_abs(x, k, hidx, hval, hws);
-  const std::size_t bad_host = count_diff(gidx, gval, hidx, hval);
-  EXPECT(bad_host == 0, "%s: n=%zu k=%zu: %zu of %zu entries differ from the host kernel", what, n, k, bad_host, k);
+  dws.set_method(topk_method::radix);
+  compare_one(what, "radix", x, k, ridx, rval, hidx, hval, dws);
+  dws.set_method(topk_method::automatic);
+  compare_one(what, "automatic", x, k, ridx, rval, hidx, hval, dws);
+  hd::topk_impl::sample_plan plan{};
+  if (k == 0 || k >= n || !hd::topk_impl::plan_sampled(n, k, plan)) return;
+  const auto st = last_state(dws);
+  const std::uint32_t bound = hd::topk_impl::sample_bound(hws, n, plan, [&](std::size_t i) {
+    return commpact::host::abs_key(x[i]);
+  });
+  EXPECT(st.bound == bound, "%s: n=%zu k=%zu: the device's sample bound is %u, the host plan's %u", what, n, k,
+         st.bound, bound);
+  std::size_t passing = 0;
+  for (float v : x) passing += commpact::host::abs_key(v) >= bound;
+  if (passing >= k) {
+    EXPECT(st.ident == 0 && st.m == passing, "%s: n=%zu k=%zu: %zu keys pass the bound, but the device kept %u "
+           "candidates (fallback %u)", what, n, k, passing, st.m, st.ident);
+  } else {
+    EXPECT(st.ident == 1 && st.m == n, "%s: n=%zu k=%zu: only %zu keys pass the bound, but the device did not fall "
+           "back to every entry (ident %u, m %u)", what, n, k, passing, st.ident, st.m);
+  }
+}
+
+// An input built against the sample: every sampled entry large, every other one small,
+// so only the sample's top j keys reach its bound; with k above j (the plan's rank), fewer
+// than k candidates pass and the sampled path must fall back to every entry.
+std::vector<float> against_the_sample(std::size_t n, std::size_t k, std::uint64_t seed) {
+  namespace hd = commpact::host::detail;
+  hd::topk_impl::sample_plan plan{};
+  if (!hd::topk_impl::plan_sampled(n, k, plan)) return {};
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> small(-1.0f, 1.0f), big(100.0f, 200.0f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = small(rng);
+  commpact::host::topk_workspace hws;
+  hd::topk_impl::sample_bound(hws, n, plan, [&](std::size_t i) {
+    x[i] = big(rng);
+    return commpact::host::abs_key(x[i]);
+  });
+  return x;
 }
 
 }  // namespace
@@ -111,6 +174,15 @@ int main() {
         x[n / 2] = std::numeric_limits<float>::quiet_NaN();
         for (std::size_t k : ks) compare("tied", x, k, dws);
       }
+    }
+    // The sampled path's fallback: built against the sample, checked to fall back.
+    for (std::size_t n : {std::size_t{1} << 15, std::size_t{1} << 20}) {
+      const std::size_t k = n / 50;
+      const std::vector<float> x = against_the_sample(n, k, 7);
+      EXPECT(!x.empty(), "n=%zu k=%zu: the host plan does not sample, so the fallback is not exercised", n, k);
+      if (x.empty()) continue;
+      compare("against the sample", x, k, dws);
+      EXPECT(last_state(dws).ident == 1, "n=%zu k=%zu: the sampled path did not fall back", n, k);
     }
     // Workspace reuse: the same sizes do not allocate again.
     std::vector<float> x(100000, 1.0f);

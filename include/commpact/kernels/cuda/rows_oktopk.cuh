@@ -14,7 +14,7 @@
 //!
 //! | row | kernels |
 //! |---|---|
-//! | oktopk_local | select.cuh's radix select (topk_abs's), k gated to 0 on the device by status |
+//! | oktopk_local | select.cuh's selection (topk_abs's choice: sampled or radix path), k gated to 0 on the device by status |
 //! | oktopk_begin | oktopk_begin.cuh: frame_check.cuh's checks (tree_begin's), a decision (decision_launch), install |
 //! | oktopk_frames | one block: region ends by binary search + headers; a payload scatter |
 //! | oktopk_region_sum | entry checks (atomicMin of the first bad rank); per chunk, slots in rank order (__fadd_rn) |
@@ -125,10 +125,16 @@ struct oktopk {
     cuda_kernels::decision_launch(ok::local_gate, s, cuda_access::ptr(status), static_cast<std::int64_t>(k), dk);
     ck(cudaGetLastError(), "oktopk_local (gate)");
     const float* x = cuda_access::ptr(acc);
-    ck(cuda_kernels::select_topk(sc, cuda_kernels::detail::float_keys{x}, nullptr, static_cast<std::uint32_t>(k),
-                                 cuda_kernels::detail::topk_emit{x, cuda_access::ptr(idx), cuda_access::ptr(val)}, s,
-                                 dk),
-       "oktopk_local (select)");
+    const cuda_kernels::detail::topk_emit emit{x, cuda_access::ptr(idx), cuda_access::ptr(val)};
+    // topk_abs's choice of path (topk.cuh), with k gated on the device.
+    const auto plan = cuda_kernels::detail::plan_for(acc.size(), k, ws.method());
+    if (plan.use)
+      ck(cuda_kernels::select_topk_sampled(sc, x, static_cast<std::uint32_t>(k), plan.chunks, plan.j, emit, s, dk),
+         "oktopk_local (select)");
+    else
+      ck(cuda_kernels::select_topk(sc, cuda_kernels::detail::float_keys{x}, nullptr, static_cast<std::uint32_t>(k),
+                                   emit, s, dk),
+         "oktopk_local (select)");
   }
 
   static void oktopk_begin(const exec& e, span<const std::byte> block, std::int64_t n, std::int64_t k,

@@ -75,6 +75,10 @@ struct select_state {
   std::uint64_t prefix;
   std::uint32_t m;       //!< candidates
   std::uint32_t out;     //!< entries selected (min(k, count))
+  std::uint32_t k_all;   //!< the rank sought in the whole set (min(k, count))
+  std::uint32_t bound;   //!< the sampled path's bound L: candidates are the keys >= L
+  std::uint32_t ident;   //!< 1: the candidates are the whole set (candidate j is position j)
+  std::uint32_t pad_;
 };
 
 //! abs_key of a float array (the host's abs_key: sign bit cleared).
@@ -94,13 +98,30 @@ __global__ void select_init(select_state* st, const std::uint32_t* d_count, std:
   st->k_rem = kr;
   st->m = 0;
   st->out = 0;
+  st->k_all = kr;
+  st->bound = 0;
+  st->ident = 0;
   st->shift = 62;
   st->prefix = kr == 0 ? 1 : 0;  // nothing (c >> 62 is 0) or, below, everything
   st->done = (kr == 0 || kr == cnt) ? 1u : 0u;
 }
 
+//! Entries each thread loads before it counts any (select_hist): independent loads in
+//! flight per thread, so one pass streams x near the device's bandwidth (a grid-stride
+//! loop of one load, then one atomic, keeps a single load in flight per thread).
+inline constexpr int hist_batch = 8;
+
+//! Position of candidate j: cand[j], or j itself when the candidates are the whole set
+//! (the sampled path's fallback, st->ident).
+__device__ __forceinline__ std::uint32_t cand_position(const select_state* st, const std::int32_t* cand,
+                                                       std::uint32_t j) {
+  return st->ident ? j : static_cast<std::uint32_t>(cand[j]);
+}
+
 //! Histogram of digit L over the entries matching the current prefix: all of [0, count)
-//! (OverCand false) or the candidates cand[0, m).
+//! (OverCand false) or the candidates (OverCand true: cand[0, m), or [0, m) when
+//! st->ident). Each thread loads hist_batch keys (coalesced: entry base + u * blockDim +
+//! threadIdx) before it counts them.
 template <class Src, bool OverCand>
 __global__ void __launch_bounds__(select_block) select_hist(Src src, const select_state* st, const std::int32_t* cand,
                                                             std::uint32_t* hist, int L) {
@@ -113,10 +134,25 @@ __global__ void __launch_bounds__(select_block) select_hist(Src src, const selec
   const std::uint32_t total = OverCand ? st->m : st->count;
   const std::uint32_t cs = st->shift;
   const std::uint64_t cp = st->prefix;
-  for (std::uint32_t j = blockIdx.x * blockDim.x + threadIdx.x; j < total; j += gridDim.x * blockDim.x) {
-    const std::uint32_t p = OverCand ? static_cast<std::uint32_t>(cand[j]) : j;
-    const std::uint64_t c = composite(src.key(p), p);
-    if ((c >> cs) == cp) atomicAdd(&sh[static_cast<std::uint32_t>(c >> shift) & mask], 1u);
+  const std::uint32_t step = blockDim.x * hist_batch;
+  for (std::uint32_t base = blockIdx.x * step; base < total; base += gridDim.x * step) {
+    std::uint32_t pos[hist_batch], key[hist_batch];
+#pragma unroll
+    for (int u = 0; u < hist_batch; ++u) {
+      const std::uint32_t j = base + static_cast<std::uint32_t>(u) * blockDim.x + threadIdx.x;
+      pos[u] = j < total ? (OverCand ? cand_position(st, cand, j) : j) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < hist_batch; ++u) {
+      const std::uint32_t j = base + static_cast<std::uint32_t>(u) * blockDim.x + threadIdx.x;
+      key[u] = j < total ? src.key(pos[u]) : 0u;
+    }
+#pragma unroll
+    for (int u = 0; u < hist_batch; ++u) {
+      const std::uint32_t j = base + static_cast<std::uint32_t>(u) * blockDim.x + threadIdx.x;
+      const std::uint64_t c = composite(key[u], pos[u]);
+      if (j < total && (c >> cs) == cp) atomicAdd(&sh[static_cast<std::uint32_t>(c >> shift) & mask], 1u);
+    }
   }
   __syncthreads();
   for (std::uint32_t i = threadIdx.x; i < nb; i += blockDim.x)
@@ -244,21 +280,104 @@ struct emit_position {
   }
 };
 
-//! Over candidates: candidate j holds position cand[j].
+//! Over candidates: candidate j holds position cand[j] (j itself when st->ident).
 template <class Src>
 struct cand_pred {
   select_pred<Src> p;
   const std::int32_t* cand;
-  __device__ __forceinline__ bool operator()(std::int32_t j) const { return p(cand[j]); }
+  __device__ __forceinline__ bool operator()(std::int32_t j) const {
+    return p(static_cast<std::int32_t>(cand_position(p.st, cand, static_cast<std::uint32_t>(j))));
+  }
 };
 template <class Emit>
 struct cand_emit {
   Emit e;
+  const select_state* st;
   const std::int32_t* cand;
   __device__ __forceinline__ void operator()(std::uint32_t j, std::uint32_t o) const {
-    e(static_cast<std::uint32_t>(cand[j]), o);
+    e(cand_position(st, cand, j), o);
   }
 };
+
+// ---- the sampled path's bound -----------------------------------------------------------
+inline constexpr int sample_threads = 1024;
+inline constexpr std::uint32_t sample_chunk_len = 8;      //!< the host plan's chunk length
+inline constexpr std::uint32_t sample_max = 4096 * 8;     //!< the host plan's largest sample
+inline constexpr int sample_per_thread = static_cast<int>(sample_max) / sample_threads;
+
+//! One block of sample_threads: st->bound = the j-th largest abs_key (1 <= j <= s/2) of
+//! the sample of commpact::host's plan for the same (n, k) (kernels/host/topk.hpp,
+//! topk_impl::sample_bound: `chunks` chunks of sample_chunk_len consecutive entries, chunk
+//! c starting at floor(c * (n - sample_chunk_len) / (chunks - 1))), so the bound equals the
+//! host's. The keys stay in registers; a radix select of 8, 8, 8, 7 key bits over them,
+//! each digit a shared histogram and a block-wide suffix scan.
+__global__ void __launch_bounds__(sample_threads) select_sample_bound(const float* x, select_state* st, std::uint32_t n,
+                                                                     std::uint32_t chunks, std::uint32_t j) {
+  using scan = cub::BlockScan<std::uint32_t, sample_threads>;
+  __shared__ typename scan::TempStorage tmp;
+  __shared__ std::uint32_t hist[256];
+  __shared__ std::uint32_t sel_b, sel_above;
+  if (st->done) {  // k == 0 (nothing passes) or k == count (everything does)
+    if (threadIdx.x == 0) st->bound = st->k_rem == 0 ? 0xffffffffu : 0u;
+    return;
+  }
+  const std::uint32_t s = chunks * sample_chunk_len;
+  const std::uint64_t span = n - sample_chunk_len;
+  // 0xffffffff (no abs_key is that large) marks a slot past the sample: its top bits
+  // never match a prefix, so it is never counted.
+  std::uint32_t key[sample_per_thread];
+#pragma unroll
+  for (int r = 0; r < sample_per_thread; ++r) {
+    const std::uint32_t i = threadIdx.x + static_cast<std::uint32_t>(r) * sample_threads;
+    key[r] = 0xffffffffu;
+    if (i < s) {
+      const std::uint64_t c = i / sample_chunk_len;
+      const std::uint64_t start = c * span / (chunks - 1);
+      key[r] = __float_as_uint(x[start + i % sample_chunk_len]) & 0x7fffffffu;
+    }
+  }
+  std::uint32_t prefix = 0, kr = j;
+  for (int d = 0; d < 4; ++d) {
+    const int shift = d == 0 ? 23 : d == 1 ? 15 : d == 2 ? 7 : 0;
+    const int width = d == 3 ? 7 : 8;
+    const std::uint32_t nb = 1u << width;
+    for (std::uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < sample_per_thread; ++r)
+      if ((key[r] >> (shift + width)) == prefix) atomicAdd(&hist[(key[r] >> shift) & (nb - 1)], 1u);
+    __syncthreads();
+    const std::uint32_t t = threadIdx.x;
+    const std::uint32_t h = t < nb ? hist[nb - 1 - t] : 0u;  // rank from the top bucket
+    std::uint32_t inc = 0;
+    scan(tmp).InclusiveSum(h, inc);
+    if (h != 0 && inc >= kr && inc - h < kr) {
+      sel_b = nb - 1 - t;
+      sel_above = inc - h;
+    }
+    __syncthreads();
+    prefix = (prefix << width) | sel_b;
+    kr -= sel_above;
+    __syncthreads();  // sel_b, sel_above, hist and tmp are reused by the next digit
+  }
+  if (threadIdx.x == 0) st->bound = prefix;
+}
+
+//! CUB's flag test of the sampled path: the entry's abs_key is at least the bound.
+struct at_or_above_bound {
+  const select_state* st;
+  __device__ __forceinline__ bool operator()(float v) const { return (__float_as_uint(v) & 0x7fffffffu) >= st->bound; }
+};
+
+//! The sampled path's decision: fewer than k candidates passed the bound (the sample
+//! overestimated the k-th key), so the candidates become the whole set.
+__global__ void select_settle(select_state* st) {
+  if (!decision_lane()) return;
+  if (st->m < st->k_all) {
+    st->ident = 1;
+    st->m = st->count;
+  }
+}
 
 inline unsigned grid_for(std::size_t n, int sms) {
   std::size_t g = (n + select_block - 1) / select_block;
@@ -283,13 +402,21 @@ struct select_scratch {
   std::uint32_t cap = 0;
   int sms = 0;
 
-  //! CUB's temporary storage for a DeviceSelect::If over cap entries.
+  //! CUB's temporary storage for a DeviceSelect::If (the radix path) or FlaggedIf (the
+  //! sampled path) over cap entries: the larger of the two.
   static cudaError_t cub_need(std::uint32_t cap, std::size_t& bytes) {
-    bytes = 0;
+    std::size_t b_if = 0, b_flagged = 0;
+    const auto items = static_cast<std::int64_t>(cap > 0 ? cap : 1);
     detail::select_pred<detail::float_keys> pred{{nullptr}, nullptr};
-    return cub::DeviceSelect::If(nullptr, bytes, thrust::counting_iterator<std::int32_t>(0),
-                                 static_cast<std::int32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
-                                 static_cast<std::int64_t>(cap > 0 ? cap : 1), pred, cudaStream_t{});
+    COMMPACT_CU_TRY(cub::DeviceSelect::If(nullptr, b_if, thrust::counting_iterator<std::int32_t>(0),
+                                          static_cast<std::int32_t*>(nullptr), static_cast<std::uint32_t*>(nullptr),
+                                          items, pred, cudaStream_t{}));
+    COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(nullptr, b_flagged, thrust::counting_iterator<std::int32_t>(0),
+                                                 static_cast<const float*>(nullptr), static_cast<std::int32_t*>(nullptr),
+                                                 static_cast<std::uint32_t*>(nullptr), items,
+                                                 detail::at_or_above_bound{nullptr}, cudaStream_t{}));
+    bytes = b_if > b_flagged ? b_if : b_flagged;
+    return cudaSuccess;
   }
   //! Bytes of scratch for sets of at most cap entries.
   static cudaError_t bytes(std::uint32_t cap, std::size_t& total) {
@@ -322,6 +449,30 @@ struct select_scratch {
   }
 };
 
+namespace detail {
+//! The digit passes over the candidates (levels first_level..5; each kernel returns at
+//! once when the selection is resolved) and the final stable compaction of the selected
+//! candidates through emit: the common tail of select_topk and select_topk_sampled.
+//! g: the grid of a pass over the whole set.
+template <class Src, class Emit>
+cudaError_t select_from_candidates(select_scratch& sc, Src src, Emit emit, unsigned g, int first_level,
+                                   cudaStream_t s) {
+  // Fewer blocks than a pass over the set (the candidates' number is known only on the
+  // device, and usually small), still enough to stream a large candidate set.
+  const unsigned most = 4u * static_cast<unsigned>(sc.sms > 0 ? sc.sms : 1);
+  const unsigned gc = g < most ? g : most;
+  for (int L = first_level; L < 6; ++L) {
+    select_hist<Src, true><<<gc, select_block, 0, s>>>(src, sc.st, sc.cand, sc.hist, L);
+    COMMPACT_CU_TRY(cudaGetLastError());
+    select_pick<<<1, pick_threads, 0, s>>>(sc.st, sc.hist, L);
+    COMMPACT_CU_TRY(cudaGetLastError());
+  }
+  const select_pred<Src> pred{src, sc.st};
+  return compact(cand_pred<Src>{pred, sc.cand}, cand_emit<Emit>{emit, sc.st, sc.cand}, &sc.st->m, sc.cap, sc.bcnt,
+                 &sc.st->out, s);
+}
+}  // namespace detail
+
 //! Selects the min(k, count) entries of the set [0, count) with the largest src.key(p)
 //! (ties: the smaller p) and calls emit(p, o) for the o-th of them in increasing p;
 //! st->out receives their number. count is *d_count when d_count is not null (at most
@@ -348,17 +499,36 @@ cudaError_t select_topk(select_scratch& sc, Src src, const std::uint32_t* d_coun
   } else {
     COMMPACT_CU_TRY(compact(pred, emit_position{sc.cand}, &sc.st->count, cap, sc.bcnt, &sc.st->m, s));
   }
-  // The candidate passes: fewer blocks (their number is known only on the device, and
-  // usually small), still enough to stream a large candidate set.
-  const unsigned gc = g < static_cast<unsigned>(4 * (sc.sms > 0 ? sc.sms : 1)) ? g : 4u * sc.sms;
-  for (int L = 1; L < 6; ++L) {
-    select_hist<Src, true><<<gc, select_block, 0, s>>>(src, sc.st, sc.cand, sc.hist, L);
-    COMMPACT_CU_TRY(cudaGetLastError());
-    select_pick<<<1, pick_threads, 0, s>>>(sc.st, sc.hist, L);
-    COMMPACT_CU_TRY(cudaGetLastError());
-  }
-  return compact(cand_pred<Src>{pred, sc.cand}, cand_emit<Emit>{emit, sc.cand}, &sc.st->m, cap, sc.bcnt, &sc.st->out,
-                 s);
+  return detail::select_from_candidates(sc, src, emit, g, 1, s);
+}
+
+//! The sampled path of a top-k over the float array x[0, sc.cap) by abs_key: the bound L
+//! (select_sample_bound: the j-th largest key of the host plan's sample of `chunks`
+//! chunks), ONE stable pass over x keeping the positions with key >= L (cub::DeviceSelect::
+//! FlaggedIf, x as the flags), then the digit passes over those candidates only and the
+//! final compaction, as select_topk. When fewer than k passed (the sample overestimated
+//! the k-th key: rare by the plan's margin, possible on adversarial input), select_settle
+//! makes the candidates the whole set and the digit passes run over x: still exact, at the
+//! radix path's cost and more. 1 <= k < sc.cap; chunks and j from
+//! commpact::host::detail::topk_impl::plan_sampled(sc.cap, k). d_k (device, may be null):
+//! k is min(k, *d_k), as select_topk (a k of 0 there lets nothing pass the bound). Queued
+//! on s.
+template <class Emit>
+cudaError_t select_topk_sampled(select_scratch& sc, const float* x, std::uint32_t k, std::uint32_t chunks,
+                                std::uint32_t j, Emit emit, cudaStream_t s, const std::int64_t* d_k = nullptr) {
+  using namespace detail;
+  const std::uint32_t cap = sc.cap;
+  decision_launch(select_init, s, sc.st, static_cast<const std::uint32_t*>(nullptr), cap, k, d_k);
+  COMMPACT_CU_TRY(cudaGetLastError());
+  select_sample_bound<<<1, sample_threads, 0, s>>>(x, sc.st, cap, chunks, j);
+  COMMPACT_CU_TRY(cudaGetLastError());
+  std::size_t cb = sc.cub_bytes;
+  COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(sc.cub_tmp, cb, thrust::counting_iterator<std::int32_t>(0), x, sc.cand,
+                                               &sc.st->m, static_cast<std::int64_t>(cap),
+                                               at_or_above_bound{sc.st}, s));
+  decision_launch(select_settle, s, sc.st);
+  COMMPACT_CU_TRY(cudaGetLastError());
+  return select_from_candidates(sc, float_keys{x}, emit, grid_for(cap, sc.sms), 0, s);
 }
 
 }  // namespace commpact::cuda_kernels

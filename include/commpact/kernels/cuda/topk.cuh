@@ -9,13 +9,20 @@
 //! Checked against its host twin by tests/cuda/test_kernels_topk.cu, tests/cuda/test_cuda_ops.cu
 //! (docs/cuda.md, "Status", says where it has run).
 //!
-//! Method: the radix select of select.cuh (AIR top-k style: one histogram pass over x,
-//! one stable DeviceSelect of the candidates at or above the k-th bucket, then digit
-//! passes over the candidates only until the k-th entry is resolved, and one stable
-//! compaction of the candidates into the output). Two reads of x plus O(candidates); no
-//! sort of all n keys (the version before this one sorted all n keys twice, with 16n
-//! bytes of scratch). Scratch: 4n bytes of candidates plus CUB's DeviceSelect storage.
-//! The counts stay on the device: nothing synchronises the host.
+//! Method (select.cuh), chosen per call by topk_method:
+//!  - sampled (automatic's choice wherever commpact::host::topk_abs samples: n >= 2^15 and
+//!    k small enough for the sample to bracket it): the host's sample plan, its bound L
+//!    (the j-th largest key of up to 32768 sampled keys) found by one block, ONE stable
+//!    pass over x keeping the keys >= L (cub::DeviceSelect::FlaggedIf), then digit passes
+//!    over those candidates only (about 1.2k to 2k of them by the plan's margin) and one
+//!    stable compaction into the output. One read of x plus O(candidates). When fewer
+//!    than k pass (a sample that overestimates: adversarial input), a device-side
+//!    decision makes every entry a candidate: exact still, slower.
+//!  - radix (everything else, and topk_method::radix): AIR top-k style, one histogram
+//!    pass over x, one stable DeviceSelect of the candidates at or above the k-th bucket,
+//!    then the same digit passes and compaction. Two reads of x plus O(candidates).
+//! Scratch: 4n bytes of candidates plus CUB's DeviceSelect storage. The counts stay on the
+//! device: nothing synchronises the host, and no step depends on the order of atomics.
 //!
 //! CUB-style two-phase call: with d_temp == nullptr, topk_abs only sets temp_bytes.
 //!
@@ -42,12 +49,34 @@
 
 #include "../../error.hpp"
 #include "../../space/cuda.hpp"
+#include "../host/topk.hpp"
 #include "check.cuh"
 #include "select.cuh"
 
 namespace commpact::cuda_kernels {
 
+//! Which selection topk_abs runs (see the file comment): automatic (the sampled path
+//! where the host's plan applies, else radix) or radix always. Both give the same bits;
+//! bench/cuda/bench_topk.cu times one against the other.
+enum class topk_method { automatic, radix };
+
 namespace detail {
+
+static_assert(host::topk_workspace::sample_chunk_len == sample_chunk_len &&
+                  host::topk_workspace::sample_chunks * host::topk_workspace::sample_chunk_len == sample_max,
+              "select_sample_bound holds the host plan's largest sample in registers: keep the two in step");
+
+//! The sampled path's plan for (n, k) (the host's), or use == false for the radix path.
+struct sampled_plan {
+  bool use = false;
+  std::uint32_t chunks = 0, j = 0;
+};
+inline sampled_plan plan_for(std::size_t n, std::size_t k, topk_method method) {
+  host::detail::topk_impl::sample_plan p{};
+  if (method != topk_method::automatic || k == 0 || k >= n || !host::detail::topk_impl::plan_sampled(n, k, p))
+    return {};
+  return {true, static_cast<std::uint32_t>(p.chunks), static_cast<std::uint32_t>(p.j)};
+}
 
 //! Writes the selected position p as the o-th output entry.
 struct topk_emit {
@@ -67,6 +96,15 @@ inline void check_args(std::size_t n, std::size_t k) {
           "; k must be in [0, n]: pass a smaller k or check the density.");
 }
 
+//! The selection on laid-out scratch (sc.cap == n), by the plan's path.
+inline cudaError_t run_topk(select_scratch& sc, const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx,
+                            float* d_val, topk_method method, cudaStream_t stream) {
+  const topk_emit emit{d_x, d_idx, d_val};
+  const sampled_plan p = plan_for(n, k, method);
+  if (p.use) return select_topk_sampled(sc, d_x, static_cast<std::uint32_t>(k), p.chunks, p.j, emit, stream);
+  return select_topk(sc, float_keys{d_x}, nullptr, static_cast<std::uint32_t>(k), emit, stream);
+}
+
 }  // namespace detail
 
 //! Exact top-k of the n floats at d_x by |x| (order as commpact::host::topk_abs), written
@@ -74,7 +112,8 @@ inline void check_args(std::size_t n, std::size_t k) {
 //! sets temp_bytes. Asynchronous on `stream`; returns the first CUDA error.
 //! \throws commpact::invalid_argument when n >= 2^31 or k > n (before any launch).
 inline cudaError_t topk_abs(void* d_temp, std::size_t& temp_bytes, const float* d_x, std::size_t n, std::size_t k,
-                            std::int32_t* d_idx, float* d_val, cudaStream_t stream = 0) {
+                            std::int32_t* d_idx, float* d_val, cudaStream_t stream = 0,
+                            topk_method method = topk_method::automatic) {
   detail::check_args(n, k);
   std::size_t need = 0;
   COMMPACT_CU_TRY(select_scratch::bytes(static_cast<std::uint32_t>(n), need));
@@ -86,8 +125,7 @@ inline cudaError_t topk_abs(void* d_temp, std::size_t& temp_bytes, const float* 
   if (k == 0) return cudaSuccess;
   select_scratch sc;
   COMMPACT_CU_TRY(sc.carve(d_temp, static_cast<std::uint32_t>(n), stream));
-  return select_topk(sc, detail::float_keys{d_x}, nullptr, static_cast<std::uint32_t>(k),
-                     detail::topk_emit{d_x, d_idx, d_val}, stream);
+  return detail::run_topk(sc, d_x, n, k, d_idx, d_val, method, stream);
 }
 
 //! Owns the temporary storage of topk_abs (from an allocator hook); grows on demand,
@@ -132,10 +170,15 @@ class topk_workspace {
       mem_.use(stream);
     }
     if (k == 0) return;
-    detail::check(select_topk(sc_, detail::float_keys{d_x}, nullptr, static_cast<std::uint32_t>(k),
-                              detail::topk_emit{d_x, d_idx, d_val}, stream),
-                  "topk_abs");
+    detail::check(detail::run_topk(sc_, d_x, n, k, d_idx, d_val, method_, stream), "topk_abs");
   }
+  //! The selection of later runs (automatic by default).
+  void set_method(topk_method m) noexcept { method_ = m; }
+  [[nodiscard]] topk_method method() const noexcept { return method_; }
+  //! Device address of the last run's selection state (null before the first run):
+  //! `m`, the number of candidates, and `ident`, 1 when the sampled path fell back to
+  //! every entry. For tests and diagnostics; read it after the run's stream is fenced.
+  [[nodiscard]] const detail::select_state* device_state() const noexcept { return sc_.st; }
   //! Grows to at least `bytes`, stream-ordered on `stream`.
   void reserve(std::size_t bytes, cudaStream_t stream) {
     mem_.use(stream);
@@ -166,6 +209,7 @@ class topk_workspace {
   std::size_t allocations_ = 0;
   select_scratch sc_{};
   const void* carved_ = nullptr;  // the storage sc_ is laid out in (null: none yet)
+  topk_method method_ = topk_method::automatic;
 };
 
 }  // namespace commpact::cuda_kernels
