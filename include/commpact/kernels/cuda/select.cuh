@@ -370,10 +370,12 @@ struct at_or_above_bound {
 };
 
 //! The sampled path's decision: fewer than k candidates passed the bound (the sample
-//! overestimated the k-th key), so the candidates become the whole set.
+//! overestimated the k-th key), so the candidates become the whole set; when every entry
+//! passed (a bound of 0: the k-th key is 0, as in a mostly zero gradient), the whole set
+//! too, so that the digit passes skip reading the candidate list.
 __global__ void select_settle(select_state* st) {
   if (!decision_lane()) return;
-  if (st->m < st->k_all) {
+  if (st->m < st->k_all || st->m == st->count) {
     st->ident = 1;
     st->m = st->count;
   }

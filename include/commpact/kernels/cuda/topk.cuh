@@ -176,8 +176,9 @@ class topk_workspace {
   void set_method(topk_method m) noexcept { method_ = m; }
   [[nodiscard]] topk_method method() const noexcept { return method_; }
   //! Device address of the last run's selection state (null before the first run):
-  //! `m`, the number of candidates, and `ident`, 1 when the sampled path fell back to
-  //! every entry. For tests and diagnostics; read it after the run's stream is fenced.
+  //! `m`, the number of candidates, and `ident`, 1 when the sampled path's candidates
+  //! are every entry (fewer than k passed its bound, or all did). For tests and
+  //! diagnostics; read it after the run's stream is fenced.
   [[nodiscard]] const detail::select_state* device_state() const noexcept { return sc_.st; }
   //! Grows to at least `bytes`, stream-ordered on `stream`.
   void reserve(std::size_t bytes, cudaStream_t stream) {
