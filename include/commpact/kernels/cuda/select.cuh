@@ -322,7 +322,11 @@ __global__ void __launch_bounds__(sample_threads) select_sample_bound(const floa
     return;
   }
   const std::uint32_t s = chunks * sample_chunk_len;
-  const std::uint64_t span = n - sample_chunk_len;
+  // floor(c * span / (chunks - 1)) in 32 bits, as the host steps it: span = step * (chunks
+  // - 1) + carry, so the start is c * step + floor(c * carry / (chunks - 1)) (c * carry is
+  // below 2^24, c * step at most span).
+  const std::uint32_t span = n - sample_chunk_len, gaps = chunks - 1;
+  const std::uint32_t step = span / gaps, carry = span % gaps;
   // 0xffffffff (no abs_key is that large) marks a slot past the sample: its top bits
   // never match a prefix, so it is never counted.
   std::uint32_t key[sample_per_thread];
@@ -331,8 +335,8 @@ __global__ void __launch_bounds__(sample_threads) select_sample_bound(const floa
     const std::uint32_t i = threadIdx.x + static_cast<std::uint32_t>(r) * sample_threads;
     key[r] = 0xffffffffu;
     if (i < s) {
-      const std::uint64_t c = i / sample_chunk_len;
-      const std::uint64_t start = c * span / (chunks - 1);
+      const std::uint32_t c = i / sample_chunk_len;
+      const std::uint32_t start = c * step + c * carry / gaps;
       key[r] = __float_as_uint(x[start + i % sample_chunk_len]) & 0x7fffffffu;
     }
   }
