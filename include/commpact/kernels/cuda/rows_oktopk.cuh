@@ -124,17 +124,10 @@ struct oktopk {
     namespace ok = cuda_kernels::oktopk;
     cuda_kernels::decision_launch(ok::local_gate, s, cuda_access::ptr(status), static_cast<std::int64_t>(k), dk);
     ck(cudaGetLastError(), "oktopk_local (gate)");
-    const float* x = cuda_access::ptr(acc);
-    const cuda_kernels::detail::topk_emit emit{x, cuda_access::ptr(idx), cuda_access::ptr(val)};
-    // topk_abs's choice of path (topk.cuh), with k gated on the device.
-    const auto plan = cuda_kernels::detail::plan_for(acc.size(), k, ws.method());
-    if (plan.use)
-      ck(cuda_kernels::select_topk_sampled(sc, x, static_cast<std::uint32_t>(k), plan.chunks, plan.j, emit, s, dk),
-         "oktopk_local (select)");
-    else
-      ck(cuda_kernels::select_topk(sc, cuda_kernels::detail::float_keys{x}, nullptr, static_cast<std::uint32_t>(k),
-                                   emit, s, dk),
-         "oktopk_local (select)");
+    // topk_abs's selection (its choice of path), with k gated on the device.
+    ck(cuda_kernels::detail::run_topk(sc, cuda_access::ptr(acc), acc.size(), k, cuda_access::ptr(idx),
+                                      cuda_access::ptr(val), ws.method(), s, dk),
+       "oktopk_local (select)");
   }
 
   static void oktopk_begin(const exec& e, span<const std::byte> block, std::int64_t n, std::int64_t k,

@@ -96,13 +96,16 @@ inline void check_args(std::size_t n, std::size_t k) {
           "; k must be in [0, n]: pass a smaller k or check the density.");
 }
 
-//! The selection on laid-out scratch (sc.cap == n), by the plan's path.
+//! The selection on laid-out scratch (sc.cap == n), by the plan's path. d_k (device, may
+//! be null): k is min(k, *d_k) (OkTopK's local selection gates it to 0 there).
 inline cudaError_t run_topk(select_scratch& sc, const float* d_x, std::size_t n, std::size_t k, std::int32_t* d_idx,
-                            float* d_val, topk_method method, cudaStream_t stream) {
+                            float* d_val, topk_method method, cudaStream_t stream,
+                            const std::int64_t* d_k = nullptr) {
   const topk_emit emit{d_x, d_idx, d_val};
+  const auto kk = static_cast<std::uint32_t>(k);
   const sampled_plan p = plan_for(n, k, method);
-  if (p.use) return select_topk_sampled(sc, d_x, static_cast<std::uint32_t>(k), p.chunks, p.j, emit, stream);
-  return select_topk(sc, float_keys{d_x}, nullptr, static_cast<std::uint32_t>(k), emit, stream);
+  if (p.use) return select_topk_sampled(sc, d_x, kk, p.chunks, p.j, emit, stream, d_k);
+  return select_topk(sc, float_keys{d_x}, nullptr, kk, emit, stream, d_k);
 }
 
 }  // namespace detail
