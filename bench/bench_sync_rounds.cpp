@@ -7,8 +7,10 @@
 //
 // Bytes per round: one ring allreduce of the n float32 parameters (or gradients), as
 // charged by wire::ring_allreduce: 2 (P - 1) messages and about 2 (P - 1) / P * 4n bytes
-// sent per rank. The one-time length check (an allreduce of two int64) is left out of
-// the table and counted in the real run.
+// sent per rank. The real run counts what the table leaves out: the one-time checks (the
+// driver's allreduce of four int64, length and step, before parameter rounds; Dense's
+// agreement of three int64 on the first gradient step) and, on every gradient step,
+// Dense's step check (an allreduce of 6 floats, compress/step_check.hpp).
 #include <benchmark/benchmark.h>
 
 #include <commpact/comm/counting_comm.hpp>
@@ -118,7 +120,9 @@ bool confirm_with_real_run() {
   const std::int64_t T = 400, warm = 20;
   const WarmupCosineLr lr{0.008, warm, T};
   const std::uint64_t per_round = wire::ring_allreduce(0, P, n, 4).bytes_sent;
-  const std::uint64_t check = wire::ring_allreduce(0, P, 2, 8).bytes_sent;
+  const std::uint64_t check = wire::ring_allreduce(0, P, 4, 8).bytes_sent;       // the driver's, parameters
+  const std::uint64_t agree = wire::ring_allreduce(0, P, 3, 8).bytes_sent;       // Dense's, first step
+  const std::uint64_t step_check = wire::ring_allreduce(0, P, 6, 4).bytes_sent;  // Dense's, every step
   std::printf("\nReal DataParallel run: ThreadComm, P = %d, n = %zu, T = %" PRId64
               ", cosine peak 0.008 with %" PRId64 " warm-up steps, Sgd momentum 0.9, CountingComm on rank 0\n\n",
               P, n, T, warm);
@@ -126,8 +130,16 @@ bool confirm_with_real_run() {
   std::printf("|---|---:|---:|---:|---:|---|\n");
   bool ok = true;
   auto line = [&](const char* name, const auto& policy) {
-    const auto planned = count_rounds(plan_run(policy, lr, T));
-    const std::uint64_t expect = static_cast<std::uint64_t>(planned) * per_round + check;
+    const auto periods = plan_run(policy, lr, T);
+    const auto planned = count_rounds(periods);
+    // Gradient rounds go through Dense; parameter rounds through the driver's allreduce
+    // (a one-step period too: sent through the gradient, with the driver's mean).
+    std::uint64_t grad_rounds = 0;
+    for (const auto& p : periods)
+      if (p.what == sync_plan::mode::gradients) grad_rounds += static_cast<std::uint64_t>(p.rounds());
+    const std::uint64_t param_rounds = static_cast<std::uint64_t>(planned) - grad_rounds;
+    const std::uint64_t expect = grad_rounds * (per_round + step_check) + (grad_rounds > 0 ? agree : 0) +
+                                 param_rounds * per_round + (param_rounds > 0 ? check : 0);
     const auto [bytes, rounds] = counted_run(P, n, T, policy, lr);
     const bool m = bytes == expect && rounds == planned;
     ok = ok && m;
@@ -137,9 +149,11 @@ bool confirm_with_real_run() {
   line("EveryStep", EveryStep{});
   line("LocalSgd{4}", LocalSgd{4});
   line("QSR{0.0175, 4}", QSRPolicy{0.0175, 4, warm});
-  std::printf("\n(table bytes = rounds x ring allreduce of n float32 + one length check of 2 int64 = %" PRIu64
-              " bytes)\n\n",
-              check);
+  std::printf("\n(table bytes = gradient rounds x (ring allreduce of n float32 + Dense's step check of 6 float32 = %"
+              PRIu64 " bytes) + Dense's first-step agreement of 3 int64 (%" PRIu64
+              " bytes), or parameter rounds x the ring allreduce + the driver's one-time check of 4 int64 (%" PRIu64
+              " bytes))\n\n",
+              step_check, agree, check);
   return ok;
 }
 

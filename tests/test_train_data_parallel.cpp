@@ -224,6 +224,14 @@ TEST_CASE("verify_plans catches ranks that decide differently; none hangs", "[tr
       P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_verify_plans_mismatch(comm); }, quick));
 }
 
+TEST_CASE("Ranks whose policies differ raise at their first round without verify_plans; none hangs",
+          "[train][data_parallel][errors]") {
+  const int P = GENERATE(2, 3, 4);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_first_round_mismatch(comm); }, quick));
+}
+
 TEST_CASE("DataParallel rejects bad input", "[train][data_parallel][errors]") {
   auto comms = ThreadComm::make_world(1);
   std::vector<float> x(8, 1.f), g(8, 0.1f), short_g(7, 0.f);

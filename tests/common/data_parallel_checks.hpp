@@ -244,7 +244,7 @@ void check_data_parallel_bytes(Comm& comm) {
   const auto local = run(LocalSgd{4}, {});
   const auto local_state = run(LocalSgd{4}, {.average_optimizer_state = true});
   const auto round = wire::ring_allreduce(r, P, n, 4);
-  const auto check = wire::ring_allreduce(r, P, 2, 8);        // DataParallel's one-time length check
+  const auto check = wire::ring_allreduce(r, P, 4, 8);        // DataParallel's one-time check: length, step
   const auto dense_check = wire::ring_allreduce(r, P, 3, 8);  // Dense's first-step agreement (comm/agree.hpp)
   const auto step_check = wire::ring_allreduce(r, P, 6, 4);   // Dense's step count, every step (step_check.hpp)
   v.expect(every.bytes_sent == 12 * (round.bytes_sent + step_check.bytes_sent) + dense_check.bytes_sent,
@@ -320,6 +320,39 @@ void check_verify_plans_mismatch(Comm& comm) {
   v.expect(got == 1, "expected mismatch_error, got ", got, ": ", what);
   v.expect(what.find("sync period length") != std::string::npos, "message: ", what);
   settle(comm, v, "check_verify_plans_mismatch");
+}
+
+//! Without verify_plans: ranks whose policies differ reach their first round at different
+//! steps, and the one-time check before the first average raises mismatch_error on every
+//! rank there (the one-step shortcut through the gradient, H = 1 + rank, and plain
+//! parameter periods, H = 3 + rank), and leaves the driver as it was (rounds and position).
+template <class Comm>
+void check_first_round_mismatch(Comm& comm) {
+  using namespace commpact;
+  if (comm.size() < 2) return;
+  struct RankDependent {  // wrong on purpose: the period depends on the rank
+    std::int64_t h;
+    sync_plan plan(std::int64_t, double) const { return {sync_plan::mode::parameters, h}; }
+  };
+  verdict v;
+  for (const std::int64_t base : {1, 3}) {
+    DataParallel dp{Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10};
+    Sgd sgd{4};
+    std::vector<float> x(4, 1.f), g(4, 0.5f);
+    std::string what;
+    std::int64_t t = 0;
+    const int got = throws_as<mismatch_error>(
+        [&] {
+          for (; t < 10; ++t) dp.step(x, g, 0.1, sgd);
+        },
+        &what);
+    v.expect(got == 1, "H = ", base, " + rank: expected mismatch_error, got ", got, ": ", what);
+    v.expect(what.find("for the first time at different steps") != std::string::npos, "message: ", what);
+    v.expect(t == base + comm.rank() - 1, "H = ", base, " + rank: raised at step ", t, ", not at the first round");
+    v.expect(dp.rounds() == 0 && dp.steps() == t, "H = ", base, " + rank: the failed step moved the driver (",
+             dp.rounds(), " rounds, at step ", dp.steps(), ")");
+  }
+  settle(comm, v, "check_first_round_mismatch");
 }
 
 }  // namespace commpact_test

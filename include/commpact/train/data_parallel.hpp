@@ -69,8 +69,10 @@
 //! - Parameters and optimizer state start the same on every rank (broadcast them first).
 //! - Every rank passes the same learning rates; the policy's decisions are then the
 //!   same on every rank. `verify_plans` checks that at each period (one small allreduce).
-//! - One-time length checks (an allreduce of two int64 per buffer kind: parameters,
-//!   optimizer state) guard the first dense average; Dense does the same for gradients.
+//! - One-time checks (an allreduce of four int64 per buffer kind: parameters, optimizer
+//!   state) guard the first dense average: the same length, and the same step on every
+//!   rank (ranks whose policies differ in their first period raise mismatch_error there);
+//!   Dense checks the gradient's length itself.
 
 #include <algorithm>
 #include <cmath>
@@ -558,10 +560,31 @@ class DataParallel {
   void dense_mean(span<float> v, bool& checked, const char* what) {
     auto& c = compressor_.comm();
     if (!checked) {
-      require_same(c, static_cast<std::int64_t>(v.size()), detail::cat(what, " length (DataParallel)"));
+      first_average_check(c, static_cast<std::int64_t>(v.size()), what);
       checked = true;
     }
     mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+  }
+
+  //! Before the first dense average of a buffer kind, one allreduce (max) of four int64
+  //! checks that every rank has the same length and is at the same step: ranks whose sync
+  //! policies (or learning rates) differ reach their first round at different steps, and
+  //! would otherwise pair one rank's round with another's without an error. Raises
+  //! mismatch_error on every rank. verify_plans checks every period, not only the first.
+  template <class C>
+  void first_average_check(C& c, std::int64_t n, const char* what) const {
+    std::int64_t v[4] = {n, -n, step_, -step_};
+    c.allreduce(std::span<std::int64_t>(v, 4), reduce_op::max);
+    if (v[0] != -v[1])
+      throw mismatch_error(detail::cat("commpact: ranks disagree on ", what, " length (DataParallel): rank ", c.rank(),
+                                       " has ", n, ", the values range over [", -v[1], ", ", v[0],
+                                       "]; every rank must pass the same ", what, " length (DataParallel)."));
+    if (v[2] != -v[3])
+      throw mismatch_error(detail::cat("commpact::DataParallel: the ranks average their ", what,
+                                       " for the first time at different steps: rank ", c.rank(), " at step ", step_,
+                                       ", the steps range over [", -v[3], ", ", v[2],
+                                       "]; every rank must use the same sync policy and learning rates "
+                                       "(verify_plans checks that at every period)."));
   }
 
   auto exec() const { return comm_exec(const_cast<Compressor&>(compressor_).comm()); }
