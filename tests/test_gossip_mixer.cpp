@@ -208,6 +208,15 @@ TEST_CASE("gossip: ranks that build different mixers all raise mismatch_error", 
       P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_mixer_mismatch(comm); }, quick));
 }
 
+TEST_CASE("gossip: ranks whose mixers differ in a parameter or option all raise mismatch_error",
+          "[gossip][errors]") {
+  const int P = GENERATE(2, 4);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_parameter_mismatch(comm); },
+      quick));
+}
+
 TEST_CASE("GossipMixer: a bare Codec means CHOCO with that codec", "[gossip]") {
   std::vector<std::vector<float>> a(3), b(3);
   commpact_test::run_checked_threads(3, [&](commpact_test::checked_thread_comm& comm) {

@@ -216,6 +216,62 @@ TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_e
   }
 }
 
+namespace {
+//! Rank 1 built by make(comm, true), the others by make(comm, false): the first step
+//! raises mismatch_error on every rank, naming `setting`, and changes no state.
+template <class Make>
+void one_rank_built_otherwise(Make make, const char* setting) {
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = make(comm, r == 1);
+    outcome& o = out[static_cast<std::size_t>(r)];
+    const auto before = saved(c);
+    std::vector<float> g = normal(20 + r, kN);
+    run_into(o, [&] { step(c, g); });
+    o.same_state = saved(c) == before;
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, setting, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK(o.what.find(setting) != std::string::npos);
+    CHECK(o.same_state);
+  }
+}
+}  // namespace
+
+TEST_CASE("ranks that disagree on random-k's seed or scaling, or on MajorityVote's scaling, raise mismatch_error",
+          "[hardening][mismatch]") {
+  // Random-k: another seed (each rank would decode the sum onto its own indices) or
+  // scaling (scaled and unscaled values summed); the same k on every rank.
+  SECTION("random-k, another seed") {
+    one_rank_built_otherwise(
+        [](TC& comm, bool odd) {
+          return LinearCompressor<randomk_codec, TC>{comm, randomk_codec{0.2, odd ? 8u : 7u}};
+        },
+        "the codec's settings");
+  }
+  SECTION("random-k, scaled on one rank") {
+    one_rank_built_otherwise(
+        [](TC& comm, bool odd) {
+          return LinearCompressor<randomk_codec, TC>{comm, randomk_codec{0.2, 7, odd}};
+        },
+        "the codec's settings");
+  }
+  SECTION("random-k over the deferred space, another seed") {
+    one_rank_built_otherwise(
+        [](TC& comm, bool odd) {
+          return LinearCompressor<randomk_codec, DC>{DC{comm}, randomk_codec{0.2, odd ? 8u : 7u}};
+        },
+        "the codec's settings");
+  }
+  SECTION("MajorityVote, scaled on one rank only") {
+    one_rank_built_otherwise(
+        [](TC& comm, bool odd) { return MajorityVote<TC>{comm, {.scaled = !odd}}; }, "`scaled`");
+  }
+}
+
 // The same through Bucketed's overlap path: begin() agrees at the first step, and at a
 // later step the worker runs bucket 0 on the odd rank's longer workspace, whose length
 // bucket 0's compressor checks (over every kind of bucket compressor but

@@ -301,4 +301,35 @@ void check_gossip_mixer_mismatch(Comm& comm) {
   settle(comm, v, "check_gossip_mixer_mismatch");
 }
 
+//! The same layout and topology, but the last rank built with another parameter or
+//! option (PowerGossip's seed or gamma, CHOCO's gamma or its codec's k, the gossip
+//! options): every rank raises mismatch_error at the first mix, none waits (a pair that
+//! mixed with different factors or step sizes would no longer keep its sum; a rank
+//! without the finite check would skip the others' flag allreduce).
+template <class Comm>
+void check_gossip_parameter_mismatch(Comm& comm) {
+  using namespace commpact;
+  const int P = comm.size();
+  if (P < 2) return;
+  verdict v;
+  const bool odd = comm.rank() == P - 1;
+  const tensor_layout l{{12, 10}};
+  auto run = [&]<class Mode>(Mode mode, gossip_options opt, const char* name) {
+    GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l, mode, opt};
+    std::vector<float> x(120, 1.0f);
+    std::string what;
+    const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
+    v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
+    v.expect(what.find("GossipMixer setup") != std::string::npos, name, ": message: ", what);
+  };
+  run(power_gossip<1>{.gamma = 1.0, .seed = odd ? 7u : 8u}, {}, "PowerGossip, another seed");
+  run(power_gossip<1>{.gamma = odd ? 0.5 : 1.0}, {}, "PowerGossip, another gamma");
+  run(choco_gossip<topk_codec>{topk_codec{0.1}, odd ? 0.25 : 0.3}, {}, "CHOCO, another gamma");
+  run(choco_gossip<topk_codec>{topk_codec{odd ? 0.2 : 0.1}, 0.3}, {}, "CHOCO, another k");
+  run(power_gossip<1>{}, {.check_finite = !odd}, "PowerGossip, the finite check on some ranks only");
+  run(power_gossip<1>{}, {.on_nonfinite = odd ? nonfinite::skip_step : nonfinite::raise},
+      "PowerGossip, another on_nonfinite");
+  settle(comm, v, "check_gossip_parameter_mismatch");
+}
+
 }  // namespace commpact_test

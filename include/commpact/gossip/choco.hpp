@@ -19,6 +19,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -151,6 +152,12 @@ class choco_algorithm {
     for (const auto* b : {&hat_self_, &hat_nb_, &q_nb_, &diff_, &q_self_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(acc_.data(), acc_.capacity());
     if constexpr (requires { choco_ws_.add_signature(s); }) choco_ws_.add_signature(s);  // the CUDA space's scratch
+  }
+  //! The parameters every rank must share (GossipMixer's setup hash): gamma's bits and the
+  //! codec's agreement value (such as its k), when it has one.
+  void add_setup(std::vector<std::int64_t>& w) const {
+    w.push_back(std::bit_cast<std::int64_t>(gamma_));
+    if constexpr (req::codec_has_agreement<Q>) w.push_back(codec_.agreement(n_));
   }
 
  private:

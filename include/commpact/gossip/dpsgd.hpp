@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 #include <span>
 #include <string>
 
@@ -74,6 +75,8 @@ class dpsgd_algorithm {
   void add_signature(Out& s) const {
     s.emplace_back(acc_.data(), acc_.capacity());
   }
+  //! The parameters every rank must share (GossipMixer's setup hash): none.
+  void add_setup(std::vector<std::int64_t>&) const {}
 
  private:
   std::size_t n_;

@@ -91,8 +91,9 @@ class neighbor_exchange {
   void check_setup(std::int64_t hash) {
     if (checked_) return;
     require_same(comm_, hash,
-                 "the GossipMixer setup (a hash of the algorithm, the layout and the topology's edges; build the same "
-                 "mixer on every rank)");
+                 "the GossipMixer setup (a hash of the algorithm, its parameters (gamma, seed, the codec's "
+                 "agreement value), the gossip options, the layout and the topology's edges; build the same mixer on "
+                 "every rank)");
     checked_ = true;
   }
 

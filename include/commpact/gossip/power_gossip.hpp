@@ -31,6 +31,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -257,6 +258,12 @@ class power_gossip_algorithm {
   void add_signature(Out& s) const {
     for (const auto* b : {&shared_, &ortho_, &diff_, &send_, &upd_, &chk_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(vacc_.data(), vacc_.capacity());
+  }
+  //! The parameters every rank must share (GossipMixer's setup hash): gamma's bits and the
+  //! seed of the shared factors.
+  void add_setup(std::vector<std::int64_t>& w) const {
+    w.push_back(std::bit_cast<std::int64_t>(pol_.gamma));
+    w.push_back(static_cast<std::int64_t>(pol_.seed));
   }
 
  private:

@@ -10,6 +10,7 @@
 #include <span>
 #include <vector>
 
+#include "../../detail/hash.hpp"
 #include "../../error.hpp"
 #include "../../kernels/formulas/randomk.hpp"
 #include "sparse_options.hpp"
@@ -45,6 +46,13 @@ class randomk_codec : public detail::randomk_draw {
   }
   //! Scaled random-k is unbiased and runs without error feedback; unscaled keeps a residual.
   bool keeps_residual() const { return !scaled(); }
+  //! What every rank must share (LinearCompressor agrees on it with the length): a hash
+  //! (62 bits) of the seed, the scaling and k for length n. Ranks with other seeds would
+  //! each decode the sum onto their own indices.
+  std::int64_t agreement(std::size_t n) const {
+    const std::int64_t w[] = {static_cast<std::int64_t>(seed()), scaled() ? 1 : 0, static_cast<std::int64_t>(size(n))};
+    return detail::hash_words(w);
+  }
 };
 
 namespace detail {

@@ -31,13 +31,14 @@
 //!    re-entered from another subtree; here nothing is lost:
 //!    sum_p residual_new_p + P * result == sum_p (g_p + residual_old_p) up to rounding.
 //!
-//! Traffic per rank per step: ceil(log2 P) messages or fewer (plus the fold or unfold
-//! for P not a power of two), each a fixed-capacity frame of exactly 48 + 8k bytes
-//! (fewer entries leave zero padding, so the receiver knows the size without a probe);
-//! an unfold adds ceil(k / 8) bytes of survival mask. So (48 + 8k) log2(p2) bytes for a
-//! core rank without an extra partner. The first step (and the first after reset() or
-//! load_state()) adds one allreduce of 7 int64 that agrees on n, the largest k and the
-//! step count.
+//! Traffic per rank per step: at most ceil(log2 P) messages (for P not a power of two the
+//! fold or unfold is one of them: an extra rank sends one message, the fold), each a
+//! fixed-capacity frame of exactly 48 + 8k bytes (fewer entries leave zero padding, so
+//! the receiver knows the size without a probe); an unfold adds ceil(k / 8) bytes of
+//! survival mask. So (48 + 8k) log2(p2) bytes for a core rank without an extra partner,
+//! and (48 + 8k) ceil(log2 P) + ceil(k / 8) with one. The first step (and the first after
+//! reset() or load_state()) adds one allreduce of 9 int64 that agrees on n, the largest
+//! k, the step count and the residual length.
 //!
 //! Space (v3). Steps 2 and 3 are the aggregation TreeMerge<Tree>
 //! (aggregations/tree_merge.hpp), fed by the fused local phase (step 1). The data plane

@@ -11,7 +11,8 @@
 //! rank) and `decompress_add(in, acc) const` (acc += B in); optional: `begin_step(step)`,
 //! `delivered()` (the indices A keeps, when B A is a projection onto them),
 //! `keeps_residual()` (false: B A is an unbiased estimate, E[B A v] = v, and the
-//! compressor keeps no residual; true when absent).
+//! compressor keeps no residual; true when absent), `agreement(n) -> int64` (a value
+//! every rank must share, such as a hash of the seed: agreed with the length).
 //!
 //! `LinearCompressor<K, C>` per step: acc = g + residual; m floats of A acc and one flag
 //! float (non-finite input) are summed by one ring allreduce; every rank
@@ -21,8 +22,9 @@
 //! stays empty (an unbiased estimate with a residual would deliver the same gradient
 //! again and again: about n/k times for scaled random-k).
 //! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
-//! (wire::ring_allreduce gives it exactly). n is agreed by one small allreduce of int64
-//! on the first step and whenever it changes; every step adds one allreduce of 6 floats,
+//! (wire::ring_allreduce gives it exactly). n (and the codec's agreement value, when it
+//! has one) is agreed by one small allreduce of int64 on the first step and whenever n
+//! changes; every step adds one allreduce of 6 floats,
 //! the step count (compress/step_check.hpp): the codec's shared randomness follows the
 //! step, so ranks out of step raise mismatch_error alike in finish() instead of mixing
 //! other coordinates.
@@ -102,7 +104,14 @@ class LinearCompressor {
                                                            "pass at least one entry.")
                                              : detail::length_problem(name_.c_str(), n, ef_.size());
     if (!agreed_ || n != n_ || !problem.empty()) {
-      commpact::agree(agg_.comm(), name_.c_str(), {{"the gradient length", n}}, problem, steps_);
+      if constexpr (req::codec_has_agreement<K>)
+        commpact::agree(agg_.comm(), name_.c_str(),
+                        {{"the gradient length", n},
+                         {"the codec's settings (its agreement value: random-k's seed, scaling and k)",
+                          codec_.agreement(grad.size())}},
+                        problem, steps_);
+      else
+        commpact::agree(agg_.comm(), name_.c_str(), {{"the gradient length", n}}, problem, steps_);
       n_ = n, agreed_ = true;
     }
     const std::size_t N = grad.size(), m = codec_.size(N);

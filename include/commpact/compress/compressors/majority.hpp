@@ -109,7 +109,8 @@ class MajorityVote {
     if (!agreed_ || cap != cap_) {
       commpact::agree(agg_.comm(), "MajorityVote",
                       {{"the gradient length", static_cast<std::int64_t>(n)},
-                       {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)}},
+                       {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)},
+                       {"`scaled` (1: the update has the mean |m|, 0: unit votes)", opt_.scaled ? 1 : 0}},
                       problem_, steps_);
       agg_.reserve(cap);
       cap_ = cap, agreed_ = true;

@@ -37,6 +37,7 @@ class randomk_draw {
   //! The length of the last draw (0 before the first).
   std::size_t drawn_length() const { return drawn_n_; }
   bool scaled() const { return scaled_; }
+  std::uint64_t seed() const { return seed_; }
   //! The factor of the kept values for length n: n / k when scaled, else 1 (as a float).
   float factor(std::size_t n, std::size_t k) const {
     return scaled_ ? static_cast<float>(static_cast<double>(n) / static_cast<double>(k)) : 1.0f;
