@@ -462,6 +462,42 @@ TEST_CASE("ps: a push header whose lr is not a finite float > 0 raises wire_erro
   REQUIRE(shard_after == std::vector<float>(n, 1.0f));
 }
 
+TEST_CASE("ps: under Bsp and Ssp, workers that push one clock at different learning rates raise mismatch_error "
+          "on the server, every rank raises, nothing is applied", "[ps][failure][values]") {
+  const std::size_t n = 24;
+  const bool ssp = GENERATE(false, true);
+  CAPTURE(ssp);
+  std::vector<float> shard_after;
+  std::mutex m;
+  auto run = [&](auto model) {
+    return run_failing(3, 10s, [&](ThreadComm& c) {
+      const auto r = ps::roles::separate(3, 1);
+      std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
+      ps::ParameterServer<ThreadComm, ps::dense_codec, decltype(model)> server{c, r, init, model};
+      try {
+        if (server.is_worker())
+          for (int t = 0; t < 3; ++t) {
+            server.pull(x);
+            server.push(g, c.rank() == 2 ? 0.2 : 0.1);  // worker 1 (rank 2) at another rate
+          }
+        server.finish();
+      } catch (...) {
+        if (server.is_server()) {
+          std::lock_guard lk(m);
+          shard_after.assign(server.shard_params().begin(), server.shard_params().end());
+        }
+        throw;
+      }
+    });
+  };
+  const auto out = ssp ? run(ps::Ssp{1}) : run(ps::Bsp{});
+  CAPTURE(out[0].what);
+  REQUIRE(out[0].own);
+  REQUIRE(out[0].what.find("carry different learning rates (0.1 and 0.2 from worker 1, rank 2)") != std::string::npos);
+  for (int r : {1, 2}) REQUIRE(!out[r].what.empty());
+  REQUIRE(shard_after == std::vector<float>(n, 1.0f));
+}
+
 TEST_CASE("ps: push() refuses an lr that is not a finite float > 0 before sending anything", "[ps][failure][input][values]") {
   const std::size_t n = 20;
   const double lr = GENERATE(1e39, std::numeric_limits<double>::quiet_NaN(), -std::numeric_limits<double>::infinity(),

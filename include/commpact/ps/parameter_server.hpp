@@ -53,7 +53,8 @@
 //!
 //! Values: every value a server applies is checked first. A push's lr must be a finite
 //! float > 0 (the worker raises invalid_argument before sending; a server that receives
-//! another one raises wire_error). A server checks the sum of the pushes it decoded
+//! another one raises wire_error); under Bsp and Ssp the pushes of one clock (one step)
+//! must carry the same lr, or the server raises mismatch_error. A server checks the sum of the pushes it decoded
 //! before its Sgd step: a push holding NaN or Inf (no honest worker sends one: push()
 //! checks its gradient) raises wire_error naming the worker; finite pushes whose sum
 //! overflowed raise numeric_error on every rank (the server tells its peers with a
@@ -731,7 +732,15 @@ class ParameterServer {
         if (done_at_[w] >= 0 && done_at_[w] <= t) continue;
         const auto& pp = queue_[w].front();
         codecs_[sidx_].decode_add(pp.bytes, acc_);  // raises before any parameter changes
-        if (!have_lr) lr = pp.lr, have_lr = true;
+        if (!have_lr) {
+          lr = pp.lr, have_lr = true;
+        } else if (pp.lr != lr) {  // one step per clock: its pushes must agree on the rate
+          fail<mismatch_error>(detail::cat("commpact::ps: server rank ", me_, " (shard ", sidx_, "): the pushes of clock ",
+                                           t, " carry different learning rates (", lr, " and ", pp.lr, " from worker ",
+                                           w, ", rank ", roles_.workers[w], "); under Bsp and Ssp a clock is one "
+                                           "step, so every worker must pass the same lr to push(). No parameter "
+                                           "changed."));
+        }
       }
       if (!all_finite(acc_)) {
         std::vector<std::pair<int, const std::vector<std::byte>*>> from;
