@@ -85,6 +85,9 @@ constexpr bool diagnose_codec() {
 //! A linear codec (reduced by an allreduce: LinearCompressor): `size(n)` (m, the floats of
 //! the compressed form, the same on every rank), `compress(v, out)` (out = A v, A depending
 //! on the step but not on the rank) and `decompress_add(in, acc) const` (acc += B in).
+//! Optional, as for a Codec: `begin_step(step)`, `agreement(n) -> int64` (a value every
+//! rank must share, such as a hash of a shared seed), and `keeps_residual()`, `delivered()`
+//! (compress/compressors/linear.hpp).
 template <class K>
 concept LinearCodec = std::move_constructible<K> && requires(K& k, const K& ck, std::size_t n, std::span<const float> v,
                                                                std::span<float> out) {
