@@ -157,6 +157,21 @@ std::vector<outcome> run_failing(int P, std::chrono::milliseconds t, F body) {
   }
   return out;
 }
+
+// Runs f on a rank of a failing run; when it raises there, a server rank first keeps
+// its shard in `after` (under m), so that the test can check that nothing was applied.
+template <class Server, class F>
+void keeping_shard(Server& server, std::mutex& m, std::vector<float>& after, F f) {
+  try {
+    f();
+  } catch (...) {
+    if (server.is_server()) {
+      std::lock_guard lk(m);
+      after.assign(server.shard_params().begin(), server.shard_params().end());
+    }
+    throw;
+  }
+}
 }  // namespace
 
 TEST_CASE("ps: a worker that fails makes every rank raise at once", "[ps][failure]") {
@@ -231,7 +246,7 @@ TEST_CASE("ps: a push of the wrong length raises on every rank and changes no pa
     const auto r = ps::roles::separate(4, 1);
     auto init = ps_init(n, 9);
     ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init, {}, {.momentum = 0.9}};
-    try {
+    keeping_shard(server, m, shard_after, [&] {
       if (server.is_worker()) {
         const int w = c.rank() - 1;
         std::vector<float> x(n), g(n);
@@ -243,13 +258,7 @@ TEST_CASE("ps: a push of the wrong length raises on every rank and changes no pa
         }
       }
       server.finish();
-    } catch (...) {
-      if (server.is_server()) {
-        std::lock_guard lk(m);
-        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
-      }
-      throw;
-    }
+    });
   });
   REQUIRE(out[2].own);
   REQUIRE(out[2].what.find("pushed 32 values; the model has n = 33") != std::string::npos);
@@ -398,20 +407,14 @@ TEST_CASE("ps: a push whose payload holds NaN or Inf raises wire_error on its se
     std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
     ps::ParameterServer<ThreadComm, poisoned_codec, ps::Bsp> server{
         c, r, init, {}, {}, [&](std::size_t, std::size_t, std::size_t) { return poisoned_codec{poison, c.rank() == 2}; }};
-    try {
+    keeping_shard(server, m, shard_after, [&] {
       if (server.is_worker())
         for (int t = 0; t < 3; ++t) {
           server.pull(x);
           server.push(g, 0.1);
         }
       server.finish();
-    } catch (...) {
-      if (server.is_server()) {
-        std::lock_guard lk(m);
-        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
-      }
-      throw;
-    }
+    });
   });
   CAPTURE(poison, out[0].what);
   REQUIRE(out[0].own);
@@ -431,7 +434,7 @@ TEST_CASE("ps: a push header whose lr is not a finite float > 0 raises wire_erro
     const auto r = ps::roles::separate(3, 1);
     std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
     ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
-    try {
+    keeping_shard(server, m, shard_after, [&] {
       if (c.rank() == 2) {  // a rogue worker: a well-formed push of clock 0 with a bad lr
         std::array<std::byte, ps::wire::header_bytes> h{};
         std::vector<float> payload(n, 0.5f);
@@ -446,13 +449,7 @@ TEST_CASE("ps: a push header whose lr is not a finite float > 0 raises wire_erro
           server.push(g, 0.1);
         }
       server.finish();
-    } catch (...) {
-      if (server.is_server()) {
-        std::lock_guard lk(m);
-        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
-      }
-      throw;
-    }
+    });
   });
   CAPTURE(lr, out[0].what);
   REQUIRE(out[0].own);
@@ -474,20 +471,14 @@ TEST_CASE("ps: under Bsp and Ssp, workers that push one clock at different learn
       const auto r = ps::roles::separate(3, 1);
       std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
       ps::ParameterServer<ThreadComm, ps::dense_codec, decltype(model)> server{c, r, init, model};
-      try {
+      keeping_shard(server, m, shard_after, [&] {
         if (server.is_worker())
           for (int t = 0; t < 3; ++t) {
             server.pull(x);
             server.push(g, c.rank() == 2 ? 0.2 : 0.1);  // worker 1 (rank 2) at another rate
           }
         server.finish();
-      } catch (...) {
-        if (server.is_server()) {
-          std::lock_guard lk(m);
-          shard_after.assign(server.shard_params().begin(), server.shard_params().end());
-        }
-        throw;
-      }
+      });
     });
   };
   const auto out = ssp ? run(ps::Ssp{1}) : run(ps::Bsp{});
@@ -508,19 +499,13 @@ TEST_CASE("ps: push() refuses an lr that is not a finite float > 0 before sendin
     const auto r = ps::roles::separate(3, 1);
     std::vector<float> init(n, 1.0f), x(n), g(n, 0.5f);
     ps::ParameterServer<ThreadComm, ps::dense_codec, ps::Bsp> server{c, r, init};
-    try {
+    keeping_shard(server, m, shard_after, [&] {
       if (server.is_worker()) {
         server.pull(x);
         server.push(g, c.rank() == 1 ? lr : 0.1);
       }
       server.finish();
-    } catch (...) {
-      if (server.is_server()) {
-        std::lock_guard lk(m);
-        shard_after.assign(server.shard_params().begin(), server.shard_params().end());
-      }
-      throw;
-    }
+    });
   });
   CAPTURE(lr, out[1].what);
   REQUIRE(out[1].own);

@@ -297,16 +297,18 @@ void check_data_parallel_powersgd(Comm& comm) {
   settle(comm, v, "check_data_parallel_powersgd");
 }
 
+//! A policy that is wrong on purpose: parameter periods of h steps, h depending on the rank.
+struct RankDependent {
+  std::int64_t h;
+  commpact::sync_plan plan(std::int64_t, double) const { return {commpact::sync_plan::mode::parameters, h}; }
+};
+
 //! verify_plans catches ranks that decide differently (a policy whose period depends on
 //! the rank): every rank raises mismatch_error, none hangs. Needs P >= 2.
 template <class Comm>
 void check_verify_plans_mismatch(Comm& comm) {
   using namespace commpact;
   if (comm.size() < 2) return;
-  struct RankDependent {  // wrong on purpose: the period depends on the rank
-    std::int64_t h;
-    sync_plan plan(std::int64_t, double) const { return {sync_plan::mode::parameters, h}; }
-  };
   verdict v;
   DataParallel dp{Dense<Comm>{comm}, RankDependent{1 + comm.rank()}, 10, {.verify_plans = true}};
   Sgd sgd{4};
@@ -330,10 +332,6 @@ template <class Comm>
 void check_first_round_mismatch(Comm& comm) {
   using namespace commpact;
   if (comm.size() < 2) return;
-  struct RankDependent {  // wrong on purpose: the period depends on the rank
-    std::int64_t h;
-    sync_plan plan(std::int64_t, double) const { return {sync_plan::mode::parameters, h}; }
-  };
   verdict v;
   for (const std::int64_t base : {1, 3}) {
     DataParallel dp{Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10};
