@@ -278,6 +278,16 @@ void check_gossip_topology_size(Comm& comm) {
   settle(comm, v, "check_gossip_topology_size");
 }
 
+//! The first mix of m (120 floats) raises mismatch_error naming the GossipMixer setup.
+template <class Mixer, class Comm>
+void expect_setup_mismatch(Mixer& m, Comm& comm, verdict& v, const char* name) {
+  std::vector<float> x(120, 1.0f);
+  std::string what;
+  const int got = throws_as<commpact::mismatch_error>([&] { mix_host(m, comm, x); }, &what);
+  v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
+  v.expect(what.find("GossipMixer setup") != std::string::npos, name, ": message: ", what);
+}
+
 //! Ranks that build different mixers (rank P-1 lists the same number of values in other
 //! shapes) all raise mismatch_error at the first mix (PowerGossip; and D-PSGD over a
 //! space that is not host memory). Needs P >= 2.
@@ -290,11 +300,7 @@ void check_gossip_mixer_mismatch(Comm& comm) {
   const tensor_layout l = comm.rank() == P - 1 ? tensor_layout{{10, 12}} : tensor_layout{{12, 10}};
   auto run = [&]<class Mode>(Mode, const char* name) {
     GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l};
-    std::vector<float> x(120, 1.0f);
-    std::string what;
-    const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
-    v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
-    v.expect(what.find("GossipMixer setup") != std::string::npos, name, ": message: ", what);
+    expect_setup_mismatch(m, comm, v, name);
   };
   run(power_gossip<1>{}, "PowerGossip");
   if constexpr (!host_data_plane<Comm>) run(exact_mixing{}, "D-PSGD");
@@ -316,11 +322,7 @@ void check_gossip_parameter_mismatch(Comm& comm) {
   const tensor_layout l{{12, 10}};
   auto run = [&]<class Mode>(Mode mode, gossip_options opt, const char* name) {
     GossipMixer<Ring, Mode, Comm> m{comm, Ring(P), l, mode, opt};
-    std::vector<float> x(120, 1.0f);
-    std::string what;
-    const int got = throws_as<mismatch_error>([&] { mix_host(m, comm, x); }, &what);
-    v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
-    v.expect(what.find("GossipMixer setup") != std::string::npos, name, ": message: ", what);
+    expect_setup_mismatch(m, comm, v, name);
   };
   run(power_gossip<1>{.gamma = 1.0, .seed = odd ? 7u : 8u}, {}, "PowerGossip, another seed");
   run(power_gossip<1>{.gamma = odd ? 0.5 : 1.0}, {}, "PowerGossip, another gamma");

@@ -25,11 +25,42 @@ namespace detail {
 }
 }  // namespace detail
 
-//! A value every rank must share, and what to call it in the error.
+//! A value every rank must share, what to call it in the error and, optionally, the way
+//! out the error ends with (null: the caller's usual sentence).
 struct agreement_item {
   const char* what;
   std::int64_t value;
+  const char* hint = nullptr;
 };
+
+namespace detail {
+//! The one check behind agree() and require_same(): one allreduce (max) of every item's
+//! value and its negation, followed by the `extra` values (their maxima are left in v
+//! after the items' 2 items.size() slots). Raises mismatch_error "<prefix>ranks disagree
+//! on <what>: rank r has <value>, the values range over [lo, hi]; <hint, or tail(item)>"
+//! for the first item the ranks disagree on, alike on every rank. At most 8 items and
+//! 1 extra value (v's size).
+template <Communicator C, class Tail>
+void agree_items(C& comm, std::initializer_list<agreement_item> items, std::initializer_list<std::int64_t> extra,
+                 std::int64_t (&v)[2 * 8 + 1], std::string_view prefix, Tail tail) {
+  require(items.size() <= 8 && extra.size() <= 1, "commpact::agree: at most 8 values, got ", items.size(), ".");
+  const std::size_t m = items.size();
+  std::size_t i = 0;
+  for (const auto& it : items) v[2 * i] = it.value, v[2 * i + 1] = -it.value, ++i;
+  std::size_t e = 2 * m;
+  for (const std::int64_t x : extra) v[e++] = x;
+  comm.allreduce(std::span<std::int64_t>(v, 2 * m + extra.size()), reduce_op::max);
+  i = 0;
+  for (const auto& it : items) {
+    const std::int64_t hi = v[2 * i], lo = -v[2 * i + 1];
+    if (hi != lo)
+      throw mismatch_error(cat(prefix, "ranks disagree on ", it.what, ": rank ", comm.rank(), " has ", it.value,
+                               ", the values range over [", lo, ", ", hi, "]; ",
+                               it.hint ? std::string(it.hint) : tail(it)));
+    ++i;
+  }
+}
+}  // namespace detail
 
 //! The one agreement of commpact's compressors: one small allreduce (max of each value
 //! and of its negation, and of a "rejected" flag) checks that every rank holds the same
@@ -41,36 +72,28 @@ template <Communicator C>
 void agree(C& comm, const char* who, std::initializer_list<agreement_item> items, const std::string& problem,
            std::int64_t step) {
   std::int64_t v[2 * 8 + 1];
-  require(items.size() <= 8, "commpact::agree: at most 8 values, got ", items.size(), ".");
-  const std::size_t m = items.size();
-  std::size_t i = 0;
-  for (const auto& it : items) v[2 * i] = it.value, v[2 * i + 1] = -it.value, ++i;
-  v[2 * m] = problem.empty() ? 0 : 1;
-  comm.allreduce(std::span<std::int64_t>(v, 2 * m + 1), reduce_op::max);
-  i = 0;
-  for (const auto& it : items) {
-    const std::int64_t hi = v[2 * i], lo = -v[2 * i + 1];
-    if (hi != lo)
-      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", it.what, ": rank ",
-                                       comm.rank(), " has ", it.value, ", the values range over [", lo, ", ", hi,
-                                       "]; every rank must pass gradients of the same length and use the same "
-                                       "options and step count."));
-    ++i;
-  }
-  if (v[2 * m]) detail::raise_rejected(who, problem, step);
+  detail::agree_items(comm, items, {problem.empty() ? 0 : 1}, v, detail::cat("commpact::", who, "::reduce: "),
+                      [](const agreement_item&) {
+                        return std::string("every rank must pass gradients of the same length and use the same "
+                                           "options and step count.");
+                      });
+  if (v[2 * items.size()]) detail::raise_rejected(who, problem, step);
+}
+
+//! Throws mismatch_error on every rank unless all ranks passed the same values (one
+//! allreduce of two int64 per item), naming the first they disagree on.
+template <Communicator C>
+void require_same(C& comm, std::initializer_list<agreement_item> items) {
+  std::int64_t v[2 * 8 + 1];
+  detail::agree_items(comm, items, {}, v, "commpact: ",
+                      [](const agreement_item& it) { return detail::cat("every rank must pass the same ", it.what, "."); });
 }
 
 //! Throws mismatch_error on every rank unless all ranks passed the same value.
 template <Communicator C>
 void require_same(C& comm, std::int64_t value, std::string_view what) {
-  std::int64_t mm[2] = {value, -value};
-  comm.allreduce(std::span<std::int64_t>(mm, 2), reduce_op::max);
-  const std::int64_t hi = mm[0], lo = -mm[1];
-  if (hi != lo) {
-    throw mismatch_error(detail::cat("commpact: ranks disagree on ", what, ": rank ", comm.rank(), " has ", value,
-                                     ", the values range over [", lo, ", ", hi,
-                                     "]; every rank must pass the same ", what, "."));
-  }
+  const std::string w(what);
+  require_same(comm, {{w.c_str(), value}});
 }
 
 }  // namespace commpact

@@ -17,9 +17,9 @@
 //! Messages have a known size: the codec's max_encoded_bytes(n) (4 more for a
 //! variable_length_codec, which sends its length).
 
+#include <bit>
 #include <cmath>
 #include <cstddef>
-#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>

@@ -11,9 +11,9 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <vector>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "../compress/codecs/tensor_layout.hpp"
 #include "../error.hpp"

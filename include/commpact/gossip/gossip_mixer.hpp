@@ -132,9 +132,8 @@ class GossipMixer {
         opt_(opt) {
     std::vector<std::int64_t> words = {algorithm::id, static_cast<std::int64_t>(ex_.comm().size()),
                                        static_cast<std::int64_t>(opt_.on_nonfinite), opt_.check_finite ? 1 : 0};
-    if constexpr (detail::is_power_gossip<Codec>::value) words.push_back(Codec::rank);
-    // The algorithm's parameters (add_setup): both ends of an edge must use the same step
-    // size and shared factors, or a pair's sum is no longer kept.
+    // The algorithm's parameters (add_setup): both ends of an edge must use the same rank,
+    // step size and shared factors, or a pair's sum is no longer kept.
     algo_.add_setup(words);
     for (const auto& s : layout_) {
       words.push_back(s.rows);

@@ -29,9 +29,9 @@
 //! when the round failed; commit() then makes the differences the shared factors.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
-#include <bit>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -259,9 +259,10 @@ class power_gossip_algorithm {
     for (const auto* b : {&shared_, &ortho_, &diff_, &send_, &upd_, &chk_}) s.emplace_back(b->data(), b->capacity());
     s.emplace_back(vacc_.data(), vacc_.capacity());
   }
-  //! The parameters every rank must share (GossipMixer's setup hash): gamma's bits and the
-  //! seed of the shared factors.
+  //! The parameters every rank must share (GossipMixer's setup hash): the rank, gamma's
+  //! bits and the seed of the shared factors.
   void add_setup(std::vector<std::int64_t>& w) const {
+    w.push_back(R);
     w.push_back(std::bit_cast<std::int64_t>(pol_.gamma));
     w.push_back(static_cast<std::int64_t>(pol_.seed));
   }

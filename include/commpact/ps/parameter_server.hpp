@@ -54,14 +54,14 @@
 //! Values: every value a server applies is checked first. A push's lr must be a finite
 //! float > 0 (the worker raises invalid_argument before sending; a server that receives
 //! another one raises wire_error); under Bsp and Ssp the pushes of one clock (one step)
-//! must carry the same lr, or the server raises mismatch_error. A server checks the sum of the pushes it decoded
-//! before its Sgd step: a push holding NaN or Inf (no honest worker sends one: push()
-//! checks its gradient) raises wire_error naming the worker; finite pushes whose sum
-//! overflowed raise numeric_error on every rank (the server tells its peers with a
-//! `failed` message before it aborts the communicator, each rank that reads one tells
-//! its own peers), and no parameter changes. Likewise after the Sgd step: a finite sum
-//! and a finite lr whose step makes a parameter overflow raise numeric_error on every
-//! rank, the shard and the optimiser's velocity as before the step.
+//! must carry the same lr, or the server raises mismatch_error. A server checks the sum
+//! of the pushes it decoded before its Sgd step: a push holding NaN or Inf (no honest
+//! worker sends one: push() checks its gradient) raises wire_error naming the worker;
+//! finite pushes whose sum overflowed raise numeric_error on every rank (the server
+//! tells its peers with a `failed` message before it aborts the communicator, each rank
+//! that reads one tells its own peers), and no parameter changes. Likewise after the
+//! Sgd step: a finite sum and a finite lr whose step makes a parameter overflow raise
+//! numeric_error on every rank, the shard and the optimiser's velocity as before the step.
 //!
 //! Construction is collective (one small allreduce checks that every rank holds the same
 //! model length, roles, consistency model, codec sizes and optimiser options); so are final_params() and

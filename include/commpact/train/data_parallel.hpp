@@ -566,25 +566,20 @@ class DataParallel {
     mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
   }
 
-  //! Before the first dense average of a buffer kind, one allreduce (max) of four int64
-  //! checks that every rank has the same length and is at the same step: ranks whose sync
-  //! policies (or learning rates) differ reach their first round at different steps, and
-  //! would otherwise pair one rank's round with another's without an error. Raises
-  //! mismatch_error on every rank. verify_plans checks every period, not only the first.
+  //! Before the first dense average of a buffer kind, one allreduce (require_same, four
+  //! int64) checks that every rank has the same length and is at the same step: ranks
+  //! whose sync policies (or learning rates) differ reach their first round at different
+  //! steps, and would otherwise pair one rank's round with another's without an error.
+  //! Raises mismatch_error on every rank. verify_plans checks every period, not only the first.
   template <class C>
   void first_average_check(C& c, std::int64_t n, const char* what) const {
-    std::int64_t v[4] = {n, -n, step_, -step_};
-    c.allreduce(std::span<std::int64_t>(v, 4), reduce_op::max);
-    if (v[0] != -v[1])
-      throw mismatch_error(detail::cat("commpact: ranks disagree on ", what, " length (DataParallel): rank ", c.rank(),
-                                       " has ", n, ", the values range over [", -v[1], ", ", v[0],
-                                       "]; every rank must pass the same ", what, " length (DataParallel)."));
-    if (v[2] != -v[3])
-      throw mismatch_error(detail::cat("commpact::DataParallel: the ranks average their ", what,
-                                       " for the first time at different steps: rank ", c.rank(), " at step ", step_,
-                                       ", the steps range over [", -v[3], ", ", v[2],
-                                       "]; every rank must use the same sync policy and learning rates "
-                                       "(verify_plans checks that at every period)."));
+    const std::string length = detail::cat(what, " length (DataParallel)");
+    const std::string step = detail::cat("the step of the first average of the ", what, " (DataParallel)");
+    const std::string hint =
+        detail::cat("ranks that average their ", what, " for the first time at different steps use different sync ",
+                    "policies or learning rates; every rank must use the same (verify_plans checks that at every "
+                    "period).");
+    require_same(c, {{length.c_str(), n}, {step.c_str(), step_, hint.c_str()}});
   }
 
   auto exec() const { return comm_exec(const_cast<Compressor&>(compressor_).comm()); }
