@@ -2,8 +2,8 @@
 // SparseReduceScatter<C> (compress/aggregations/sparse_reduce_scatter.hpp), Ok-Topk's
 // aggregation, driven directly as an Aggregation on host_space and on the deferred space:
 // - random sparse sets per rank (values that tie and cancel) against a brute-force
-//   Ok-Topk selection (even regions, rank-order sums, theta = the k-th largest of every
-//   region's cap largest |sum|, at most cap per region, ties to the smaller index), P = 1..5;
+//   Ok-Topk selection at an estimation step (rank-order sums, the global top-k of the
+//   nonzero sums, ties to the smaller index), P = 1..5;
 // - blocks holding each rank's top-k of (g + residual), with the residual kept by
 //   clear_selected, against OkTopK's fused path for 5 steps (outputs, residuals, regions
 //   and theta bit for bit, re-estimating theta every second step);
@@ -41,35 +41,20 @@ static_assert(std::is_same_v<OkTopK<DC>::aggregation_type, SparseReduceScatter<D
 
 namespace {
 
-// Ok-Topk's first step by brute force: even regions, rank-order sums, theta from every
-// region's cap largest |sum| (zero-padded), at most cap per region, output the means.
+// Ok-Topk's first step (an estimation step) by brute force: rank-order sums, then the
+// global top-k of the nonzero sums (ties to the smaller index), output the means.
 std::vector<float> reference(const std::vector<sparse_set>& sets, std::int64_t n, std::size_t k) {
   const int P = static_cast<int>(sets.size());
-  const std::size_t cap = SparseReduceScatter<ThreadComm>::region_cap(k, P);
   std::vector<float> sum(static_cast<std::size_t>(n), 0.0f);
-  std::vector<bool> touched(static_cast<std::size_t>(n), false);
   for (const auto& s : sets)  // rank order
-    for (std::size_t e = 0; e < s.idx.size(); ++e) sum[s.idx[e]] += s.val[e], touched[s.idx[e]] = true;
-  std::vector<float> mags;
-  for (int j = 0; j < P; ++j) {
-    std::vector<float> m;
-    for (std::int64_t i = n * j / P; i < n * (j + 1) / P; ++i)
-      if (touched[i]) m.push_back(std::fabs(sum[i]));
-    std::sort(m.begin(), m.end(), std::greater<>());
-    m.resize(cap, 0.0f);
-    mags.insert(mags.end(), m.begin(), m.end());
-  }
-  std::sort(mags.begin(), mags.end(), std::greater<>());
-  const float theta = mags[k - 1];
+    for (std::size_t e = 0; e < s.idx.size(); ++e) sum[s.idx[e]] += s.val[e];
+  std::vector<std::int64_t> pass;
+  for (std::int64_t i = 0; i < n; ++i)
+    if (sum[i] != 0.0f) pass.push_back(i);
+  std::stable_sort(pass.begin(), pass.end(), [&](auto a, auto b) { return std::fabs(sum[a]) > std::fabs(sum[b]); });
+  if (pass.size() > k) pass.resize(k);
   std::vector<float> out(static_cast<std::size_t>(n), 0.0f);
-  for (int j = 0; j < P; ++j) {
-    std::vector<std::int64_t> pass;
-    for (std::int64_t i = n * j / P; i < n * (j + 1) / P; ++i)
-      if (touched[i] && sum[i] != 0.0f && std::fabs(sum[i]) >= theta) pass.push_back(i);
-    std::stable_sort(pass.begin(), pass.end(), [&](auto a, auto b) { return std::fabs(sum[a]) > std::fabs(sum[b]); });
-    if (pass.size() > cap) pass.resize(cap);
-    for (auto i : pass) out[i] = mean_of(sum[i], P);
-  }
+  for (auto i : pass) out[i] = mean_of(sum[i], P);
   return out;
 }
 

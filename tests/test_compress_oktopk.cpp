@@ -1,11 +1,12 @@
 // OkTopK<commpact_test::checked_thread_comm> (Ok-Topk's sparse allreduce) for P = 1..8: bit-exact against a
 // serial reference of the algorithm (local top-k by a sort, region sums in rank order,
-// the threshold from every region's k largest sums, the capped selection, the
-// rebalanced regions), conservation, exact bytes per rank through CountingComm, bytes
+// the exact global top-k of the sums at an estimation step and theta its k-th |sum|,
+// between estimations the capped selection by theta, the rebalanced regions), conservation, exact bytes per rank through CountingComm, bytes
 // flat in P (against TopK's (P - 1) 8k), NaN on one rank raising on every rank.
 // Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>
+#include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/compressors/oktopk.hpp>
 
@@ -14,9 +15,12 @@
 #include <numeric>
 #include <random>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 #include <vector>
 
 #include "common/checked_runs.hpp"
+#include "common/space_copies.hpp"
 
 using namespace commpact;
 static_assert(Compressor<OkTopK<commpact_test::checked_thread_comm>>);
@@ -48,9 +52,10 @@ struct reference {
   float theta = 0;
   bool valid = false;
   std::vector<std::uint64_t> bytes;  // per rank, the last step
+  vec (*gen)(int, int, std::size_t);
 
-  reference(int P_, std::size_t n_, std::size_t k_, std::int64_t period_)
-      : P(P_), n(n_), k(k_), period(period_), e(P_, vec(n_, 0.0f)), bounds(P_ + 1) {
+  reference(int P_, std::size_t n_, std::size_t k_, std::int64_t period_, vec (*gen_)(int, int, std::size_t) = grad)
+      : P(P_), n(n_), k(k_), period(period_), e(P_, vec(n_, 0.0f)), bounds(P_ + 1), gen(gen_) {
     for (int j = 0; j <= P; ++j) bounds[j] = std::int64_t(n) * j / P;
   }
   vec step(std::int64_t t) {
@@ -59,7 +64,7 @@ struct reference {
     std::vector<std::size_t> all(n);
     std::iota(all.begin(), all.end(), 0);
     for (int r = 0; r < P; ++r) {
-      const vec g = grad(int(t), r, n);
+      const vec g = gen(int(t), r, n);
       acc[r].resize(n);
       for (std::size_t i = 0; i < n; ++i) acc[r][i] = e[r][i] + g[i];
       local[r] = top(acc[r], all, k);
@@ -69,26 +74,30 @@ struct reference {
     for (int r = 0; r < P; ++r)  // region owners add in rank order; regions are disjoint
       for (auto i : local[r]) sum[i] += acc[r][i], touched[i] = 1;
     const bool estimate = !valid || t % period == 0;
-    const std::size_t c = std::min(k, (2 * k + P - 1) / P);  // the per-region cap
-    if (estimate) {
-      vec mags;
-      for (int j = 0; j < P; ++j) {
-        vec m;
-        for (auto i = bounds[j]; i < bounds[j + 1]; ++i)
-          if (touched[i]) m.push_back(std::abs(sum[i]));
-        std::sort(m.rbegin(), m.rend());
-        m.resize(c, 0.0f);
-        mags.insert(mags.end(), m.begin(), m.end());
-      }
-      std::sort(mags.rbegin(), mags.rend());
-      theta = mags[k - 1], valid = true;
-    }
+    const std::size_t c = std::min(k, (2 * k + P - 1) / P);  // the per-region cap between estimations
     std::vector<std::vector<std::size_t>> sel(P);
-    for (int j = 0; j < P; ++j) {
-      std::vector<std::size_t> pass;
-      for (auto i = bounds[j]; i < bounds[j + 1]; ++i)
-        if (touched[i] && sum[i] != 0.0f && std::abs(sum[i]) >= theta) pass.push_back(std::size_t(i));
-      sel[j] = top(sum, pass, c);
+    if (estimate) {  // the exact global top-k of the nonzero sums; theta its k-th |sum| (0 if fewer)
+      std::vector<std::size_t> nz;
+      for (std::size_t i = 0; i < n; ++i)
+        if (sum[i] != 0.0f) nz.push_back(i);
+      const auto G = top(sum, nz, k);
+      vec mags;
+      for (std::size_t i = 0; i < n; ++i)
+        if (touched[i]) mags.push_back(std::abs(sum[i]));
+      std::sort(mags.rbegin(), mags.rend());
+      theta = mags.size() >= k ? mags[k - 1] : 0.0f, valid = true;
+      for (auto i : G) {
+        int j = 0;
+        while (std::int64_t(i) >= bounds[j + 1]) ++j;
+        sel[j].push_back(i);
+      }
+    } else {
+      for (int j = 0; j < P; ++j) {
+        std::vector<std::size_t> pass;
+        for (auto i = bounds[j]; i < bounds[j + 1]; ++i)
+          if (touched[i] && sum[i] != 0.0f && std::abs(sum[i]) >= theta) pass.push_back(std::size_t(i));
+        sel[j] = top(sum, pass, c);
+      }
     }
     bytes.assign(P, 0);
     for (int r = 0; r < P; ++r) {
@@ -98,7 +107,7 @@ struct reference {
                         return std::int64_t(i) >= bounds[j] && std::int64_t(i) < bounds[j + 1];
                       });
       for (int s = 0; s < P - 1; ++s) bytes[r] += 8 + 8 * sel[((r - s) % P + P) % P].size();
-      if (estimate) bytes[r] += std::uint64_t(P - 1) * 4 * c;
+      if (estimate) bytes[r] += std::uint64_t(P - 1) * 4 * k;
     }
     vec out(n, 0.0f);
     std::vector<std::size_t> G;
@@ -164,6 +173,41 @@ TEST_CASE("OkTopK equals the serial reference bit for bit on every rank; exact b
   }
 }
 
+// Every rank's largest entries in the first eighth of the index space: one region.
+vec skewed(int s, int r, std::size_t n) {
+  vec v = grad(s, r, n);
+  for (std::size_t i = 0; i < n / 8; ++i) v[i] *= 8.0f;
+  return v;
+}
+
+TEST_CASE("OkTopK at an estimation step delivers exactly the global top-k, also when the largest sums sit in one "
+          "region",
+          "[compress][oktopk]") {
+  const std::size_t n = 4096;
+  for (int P = 2; P <= 6; ++P) {
+    CAPTURE(P);
+    const std::size_t k = std::size_t(0.02 * n);
+    reference ref(P, n, k, 1, skewed);
+    std::vector<vec> expect;
+    for (int t = 0; t < 4; ++t) expect.push_back(ref.step(t));
+    std::vector<std::vector<vec>> out(P);
+    commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+      OkTopK<commpact_test::checked_thread_comm> ok{comm, {.density = 0.02, .period = 1}};
+      for (int t = 0; t < 4; ++t) {
+        vec g = skewed(t, comm.rank(), n);
+        ok.reduce(std::span<float>(g));
+        out[comm.rank()].push_back(g);
+      }
+    });
+    for (int r = 0; r < P; ++r)
+      for (int t = 0; t < 4; ++t) {
+        CAPTURE(r, t);
+        CHECK(out[r][t] == expect[t]);
+        CHECK(std::size_t(std::count_if(out[r][t].begin(), out[r][t].end(), [](float x) { return x != 0.0f; })) == k);
+      }
+  }
+}
+
 TEST_CASE("OkTopK's bytes per rank stay flat as P grows; TopK's grow like P - 1", "[compress][oktopk]") {
   const std::size_t n = 20000, k = 200;
   std::vector<double> per_rank;
@@ -190,6 +234,49 @@ TEST_CASE("OkTopK's bytes per rank stay flat as P grows; TopK's grow like P - 1"
   CHECK(per_rank[2] < 0.5 * 7 * (48 + 8 * double(k)));  // below half of TopK's at P = 8
 }
 
+TEMPLATE_TEST_CASE("OkTopK: ranks built with different periods raise mismatch_error on every rank at the first "
+                   "step where they differ, and change nothing",
+                   "[compress][oktopk][mismatch]", ThreadComm, DeferredComm<ThreadComm>) {
+  const int P = 3;
+  std::vector<std::string> what(P);
+  std::vector<int> unchanged(P, 0), before_ok(P, 0);
+  run_threads(
+      P,
+      [&](ThreadComm& comm) {
+        // Rank 2 re-estimates every 2 steps, the others every 3: steps 0 and 1 agree, step 2 does not.
+        OkTopK<TestType> ok{TestType{comm}, {.density = 0.05, .period = comm.rank() == 2 ? 2 : 3}};
+        auto step = [&](int t) {
+          const vec g = grad(t, comm.rank(), 300);
+          if constexpr (std::is_same_v<TestType, ThreadComm>) {
+            vec x = g;
+            return ok.reduce(std::span<float>(x));
+          } else {
+            auto x = commpact_test::device_copy(ok.comm().exec(), g);
+            return ok.reduce(x.view());
+          }
+        };
+        auto residual = [&] {
+          if constexpr (std::is_same_v<TestType, ThreadComm>) return vec(ok.residual().begin(), ok.residual().end());
+          else return commpact_test::host_copy(ok.comm().exec(), ok.residual());
+        };
+        before_ok[comm.rank()] = step(0) && step(1);
+        const auto res = residual();
+        try {
+          step(2);
+        } catch (const mismatch_error& e) {
+          what[comm.rank()] = e.what();
+        }
+        unchanged[comm.rank()] = residual() == res && ok.steps() == 2;
+      },
+      thread_options{.timeout = std::chrono::seconds(20)});
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r, what[r]);
+    CHECK(before_ok[r] == 1);
+    CHECK(what[r].find("period") != std::string::npos);
+    CHECK(unchanged[r] == 1);
+  }
+}
+
 TEST_CASE("OkTopK: NaN on one rank raises on every rank and changes nothing", "[compress][oktopk]") {
   const int P = 4;
   std::vector<int> raised(P, 0), good(P, 0);  // Catch2 asserts on the main thread only
@@ -211,4 +298,49 @@ TEST_CASE("OkTopK: NaN on one rank raises on every rank and changes nothing", "[
   });
   CHECK(raised == std::vector<int>(P, 1));
   CHECK(good == std::vector<int>(P, 1));
+}
+
+// Not a check: how many entries Ok-Topk selects and how many of them are the exact
+// global top-k of the summed accumulators (sum over ranks of g + residual), at the
+// estimation steps and between them (docs/compressors.md quotes it). Run with
+//   build/tests/test_compress_oktopk "[.measure]"
+TEST_CASE("OkTopK's selection against the exact global top-k (measurement)", "[.measure][oktopk]") {
+  const std::size_t n = 16384;
+  const int steps = 96;
+  const std::int64_t period = 32;
+  for (int skew = 0; skew <= 1; ++skew)
+    for (int P : {2, 4, 8}) {
+      std::vector<std::vector<vec>> acc(steps, std::vector<vec>(P));
+      std::vector<vec> out(steps);
+      std::size_t k = 0;
+      run_threads(P, [&](ThreadComm& comm) {
+        OkTopK<ThreadComm> ok{comm, {.density = 0.01, .period = period}};
+        k = ok.k(n);
+        for (int t = 0; t < steps; ++t) {
+          vec g = skew ? skewed(t, comm.rank(), n) : grad(t, comm.rank(), n);
+          const auto res = ok.residual();
+          vec a(g);
+          for (std::size_t i = 0; i < res.size(); ++i) a[i] += res[i];
+          acc[t][comm.rank()] = std::move(a);
+          ok.reduce(std::span<float>(g));
+          if (comm.rank() == 0) out[t] = g;
+        }
+      });
+      double sel[2] = {0, 0}, hit[2] = {0, 0}, cnt[2] = {0, 0};
+      for (int t = 0; t < steps; ++t) {
+        std::vector<double> s(n, 0.0);
+        for (int r = 0; r < P; ++r)
+          for (std::size_t i = 0; i < n; ++i) s[i] += acc[t][r][i];
+        std::vector<std::size_t> ix(n);
+        std::iota(ix.begin(), ix.end(), std::size_t{0});
+        std::partial_sort(ix.begin(), ix.begin() + std::ptrdiff_t(k), ix.end(),
+                          [&](auto a, auto b) { return std::abs(s[a]) > std::abs(s[b]); });
+        const int e = t % period == 0 ? 0 : 1;
+        for (std::size_t i = 0; i < n; ++i) sel[e] += out[t][i] != 0.0f;
+        for (std::size_t j = 0; j < k; ++j) hit[e] += out[t][ix[j]] != 0.0f;
+        cnt[e] += 1;
+      }
+      std::printf("%s P=%d k=%zu: estimation steps select %.1f (%.1f of the exact top-k); between: %.1f (%.1f)\n",
+                  skew ? "skewed" : "normal", P, k, sel[0] / cnt[0], hit[0] / cnt[0], sel[1] / cnt[1], hit[1] / cnt[1]);
+    }
 }

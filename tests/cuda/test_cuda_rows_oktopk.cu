@@ -2,9 +2,11 @@
 // OkTopK's rows of ops<cuda_space> (kernels/cuda/rows_oktopk.cuh) against their host twins
 // (kernels/host/oktopk.hpp) on fresh random inputs, outputs poisoned first, bits and status
 // compared: oktopk_local (non-finite status gating), oktopk_frames (random regions, empty
-// ones, flags), oktopk_region_sum (overlapping entries, sums to +-0, malformed frames: bad
+// ones, flags: 2 stops the entries, 4 (an estimation step) does not), oktopk_region_sum
+// (overlapping entries, sums to +-0, malformed frames: bad
 // magic, an index out of the region, unsorted, NaN/Inf values, a count above the slot's
-// capacity, two bad slots), oktopk_mags, oktopk_theta, oktopk_select (ties at theta, +-0,
+// capacity, two bad slots), oktopk_mags, oktopk_theta (P blocks with ties and zeros: T and
+// the limit), oktopk_select (ties at theta, +-0, a limit below, at and above the cap,
 // denormals, cap above and below the count), oktopk_output (the same malformed blocks) and
 // oktopk_clear_selected (status set or clear, |G| below and above P); then that the
 // executor's scratch stops growing after the first step. oktopk_begin (oktopk_begin_checks.cuh):
@@ -21,6 +23,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <functional>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -68,27 +71,28 @@ void check_frames() {
   cp::host::topk_workspace hws;
   for (std::size_t P : {1, 2, 3, 5, 16})
     for (std::size_t n : {10, 5000, 100003})
-      for (int mode = 0; mode < 3; ++mode) {  // accepted; status non-finite; flags = 2
+      for (int mode = 0; mode < 5; ++mode) {  // accepted; status non-finite; flags = 2; 4 (estimation); 6
         const std::size_t k = std::max<std::size_t>(1, n / 20);
         auto acc = draws(n);
         std::vector<i32> idx(k);
         std::vector<float> val(k);
         cp::host::topk_abs(std::span<const float>(acc), k, std::span<i32>(idx), std::span<float>(val), hws);
         const auto bounds = random_bounds(P, n);
-        const u32 flags = mode == 2 ? 2u : 0u;
+        const u32 flags = mode == 2 ? 2u : mode == 3 ? 4u : mode == 4 ? 6u : 0u;
+        const bool stop = (flags & hk::stop_flags) != 0;  // entries go unless bit 0 or 1
         std::vector<u32> st{mode == 1 ? 1u : 0u, 0};
-        bytes hdr = garbage(P * hk::header_bytes), pay = flags ? bytes{} : garbage(P * 8 * k);
+        bytes hdr = garbage(P * hk::header_bytes), pay = stop ? bytes{} : garbage(P * 8 * k);
         auto di = dev(idx);
         auto dv = dev(val);
         auto db = dev(bounds);
         auto ds = dev(st);
         auto dh = dev(hdr), dp = dev(pay);
-        auto hi = flags ? std::span<const i32>{} : std::span<const i32>(idx);
-        auto hv = flags ? std::span<const float>{} : std::span<const float>(val);
+        auto hi = stop ? std::span<const i32>{} : std::span<const i32>(idx);
+        auto hv = stop ? std::span<const float>{} : std::span<const float>(val);
         H::oktopk_frames({}, hi, hv, std::span<const i64>(bounds), std::span<const u32>(st), flags, i64(n), i64(k), 9,
                          std::span<std::byte>(hdr), std::span<std::byte>(pay));
-        D::oktopk_frames(E, flags ? cp::cuda_span<const i32>{} : di.cview(),
-                         flags ? cp::cuda_span<const float>{} : dv.cview(), db.cview(), ds.cview(), flags, i64(n),
+        D::oktopk_frames(E, stop ? cp::cuda_span<const i32>{} : di.cview(),
+                         stop ? cp::cuda_span<const float>{} : dv.cview(), db.cview(), ds.cview(), flags, i64(n),
                          i64(k), 9, dh.view(), dp.view());
         SAME(dh, hdr, "oktopk_frames P=%zu n=%zu mode=%d", P, n, mode);
         SAME(dp, pay, "oktopk_frames P=%zu n=%zu mode=%d", P, n, mode);
@@ -179,16 +183,29 @@ void check_mags_theta() {
         D::oktopk_mags(E, dr.cview(), dt.cview(), dm.view(), dw.view());
         SAME(dm, mags, "oktopk_mags len=%zu cap=%zu density=%g", len, cap, dens);
       }
-  for (std::size_t A : {1, 8, 1000, 70000})
-    for (std::size_t k : {std::size_t{1}, A / 2 + 1, A}) {
-      std::vector<float> all(A);
-      for (auto& x : all) x = std::fabs(draw());  // magnitudes: no -0
-      std::vector<float> theta{nan_poison()};
-      auto da = dev(all), dth = dev(theta);
-      H::oktopk_theta({}, std::span<float>(all), k, std::span<float>(theta));
-      D::oktopk_theta(E, da.view(), k, dth.view());
-      SAME(dth, theta, "oktopk_theta A=%zu k=%zu", A, k);
-    }
+  // P descending blocks of k magnitudes (draw(): ties, zeros, denormals, huge values),
+  // as the allgather of every owner's oktopk_mags gives them.
+  for (std::size_t P : {1, 2, 5, 9})
+    for (std::size_t k : {std::size_t{1}, std::size_t{7}, std::size_t{1000}, std::size_t{20000}})
+      for (int pad : {0, 1}) {  // pad: blocks with few nonzero values (the rest zeros)
+        std::vector<float> all(P * k);
+        for (std::size_t j = 0; j < P; ++j) {
+          const std::size_t m = pad ? below(k / 4 + 2) : k;
+          for (std::size_t i = 0; i < k; ++i) all[j * k + i] = i < m ? std::fabs(draw()) : 0.0f;  // no -0
+          std::sort(all.begin() + std::ptrdiff_t(j * k), all.begin() + std::ptrdiff_t((j + 1) * k), std::greater<>());
+        }
+        for (std::size_t me : {std::size_t{0}, below(P), P - 1}) {
+          std::vector<float> theta{nan_poison()};
+          std::vector<u32> limit{0xdeadbeefu};
+          auto da = dev(all), dth = dev(theta);
+          auto dl = dev(limit);
+          H::oktopk_theta({}, std::span<const float>(all), k, int(me), std::span<float>(theta), std::span<u32>(limit));
+          D::oktopk_theta(E, da.cview(), k, int(me), dth.view(), dl.view());
+          SAME(dth, theta, "oktopk_theta P=%zu k=%zu pad=%d me=%zu", P, k, pad, me);
+          SAME(dl, limit, "oktopk_theta P=%zu k=%zu pad=%d me=%zu: limit %u", P, k, pad, me, limit[0]);
+          SAME(da, all, "oktopk_theta P=%zu k=%zu: all is read only", P, k);
+        }
+      }
 }
 
 void check_select() {
@@ -204,6 +221,8 @@ void check_select() {
                   : th == 4 ? std::numeric_limits<float>::denorm_min() * 3.0f
                             : (len ? std::fabs(reg[below(len)]) : 1.0f);
         std::vector<float> theta{t};
+        // limit: none (above cap), a few, zero, or exactly cap
+        std::vector<u32> limit{u32(th == 0 ? cap + 10 : th == 1 ? below(cap + 1) : th == 2 ? 0 : cap)};
         const i64 lo = static_cast<i64>(below(1000));
         const int me = static_cast<int>(below(9));
         bytes blk = garbage(8 + 8 * cap);
@@ -212,10 +231,12 @@ void check_select() {
         auto dt = dev(touched);
         auto db = dev(blk);
         auto dw = dev(ws);
+        auto dl = dev(limit);
         H::oktopk_select({}, std::span<const float>(reg), std::span<const std::uint8_t>(touched),
-                         std::span<const float>(theta), lo, me, std::span<std::byte>(blk), std::span<i32>(ws));
-        D::oktopk_select(E, dr.cview(), dt.cview(), dth.cview(), lo, me, db.view(), dw.view());
-        SAME(db, blk, "oktopk_select len=%zu cap=%zu theta=%a", len, cap, t);
+                         std::span<const float>(theta), std::span<const u32>(limit), lo, me, std::span<std::byte>(blk),
+                         std::span<i32>(ws));
+        D::oktopk_select(E, dr.cview(), dt.cview(), dth.cview(), dl.cview(), lo, me, db.view(), dw.view());
+        SAME(db, blk, "oktopk_select len=%zu cap=%zu theta=%a limit=%u", len, cap, t, limit[0]);
       }
 }
 
@@ -294,9 +315,10 @@ void check_growth() {
   cp::cuda_buffer<std::uint8_t> touched;
   cp::cuda_buffer<i32> sws;
   cp::cuda_buffer<std::byte> blocks;
-  cp::cuda_buffer<u32> st;
+  cp::cuda_buffer<u32> st, limit;
   cp::cuda_buffer<i64> bounds;
-  reg = dev(draws(n)), ws.resize(n), mags.resize(cap), all = dev(std::vector<float>(cap * P, 1.0f)), theta.resize(1);
+  reg = dev(draws(n)), ws.resize(n), mags.resize(k), all = dev(std::vector<float>(k * P, 1.0f)), theta.resize(1);
+  limit.resize(1);
   grad.resize(n), touched = dev(std::vector<std::uint8_t>(n, 1)), sws.resize(n), blocks.resize(P * (8 + 8 * cap));
   st = dev(std::vector<u32>{0, 0});
   std::size_t first = 0, first_bytes = 0;
@@ -305,8 +327,8 @@ void check_growth() {
     bounds = dev(b);
     const auto len = static_cast<std::size_t>(b[1] - b[0]);
     D::oktopk_mags(E, reg.cview().first(len), touched.cview().first(len), mags.view(), ws.view());
-    D::oktopk_theta(E, all.view(), k, theta.view());
-    D::oktopk_select(E, reg.cview().first(len), touched.cview().first(len), theta.cview(), 0, 0,
+    D::oktopk_theta(E, all.cview(), k, 0, theta.view(), limit.view());
+    D::oktopk_select(E, reg.cview().first(len), touched.cview().first(len), theta.cview(), limit.cview(), 0, 0,
                      blocks.view().subspan(0, 8 + 8 * cap), sws.view());
     cp::cuda_space::fence(E, cp::no_deadline());
     if (step == 0) first = E.scratch_allocations(), first_bytes = E.scratch_bytes();

@@ -9,10 +9,15 @@
 //! Every rank contributes a sparse set of at most k entries (ascending indices in [0, n)):
 //! - sparse reduce-scatter: the index space is cut into P contiguous regions; each rank
 //!   sends the entries of region j to rank j, which sums what it receives in rank order;
-//! - global selection: region owners keep the summed entries with |sum| >= theta, at most
-//!   cap = ceil(2k / P) each (the largest, ties to the smaller index). theta is
-//!   re-estimated every `period` steps (and at the first, and after the regions reset):
-//!   every owner allgathers its cap largest |sum| and theta is the k-th largest of them;
+//! - global selection. On an estimation step (every `period` steps, the first, and after
+//!   the regions reset) it is exact: every owner allgathers its k largest |sum| (no region
+//!   holds more than k of the global top k), theta = T, their k-th largest, and each
+//!   region keeps its sums above T and its share of the ties at T (ties to the smaller
+//!   index: regions in order), so the regions together keep the global top-k of the
+//!   nonzero sums (all of them when fewer than k are nonzero), as the authors' code does
+//!   at its threshold steps. Between estimations each region keeps its sums with |sum| >=
+//!   theta (the last estimate), at most cap = ceil(2k / P) (the largest, ties to the
+//!   smaller index), so at most about 2k in all;
 //! - allgather of the selected entries by a ring of P - 1 point-to-point rounds;
 //! - combine: out = 0 except the selected sums' mean_of(sum, P);
 //! - the regions are rebalanced so that each held as many of this step's selected entries
@@ -30,16 +35,17 @@
 //!   nothing and flags the step; a malformed one counts as rejected input on every rank.
 //!
 //! Messages (known-size point-to-point): reduce-scatter: a 40-byte header (u32 magic
-//! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input; u64 count; i64 n, k,
-//! step), then count int32 indices (ascending, in the receiver's region) and count float32
+//! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation
+//! step; u64 count; i64 n, k, step), then count int32 indices (ascending, in the receiver's region) and count float32
 //! values, sent as two messages (the header, then the 8 count bytes of entries when count
 //! > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
 //! the origin's region) and count float32 values, sent as the 8-byte header (a ring of
 //! P - 1 rounds) and then the entries (a second ring). Bytes per rank per step: sum over
 //! peers j of (40 + 8 c_j) (c_j: this rank's local entries in region j) plus (P - 1) 8 + 8
-//! (the selected entries of every region except the next rank's), at most about 8k + 16k;
-//! plus (P - 1) 4 cap (about 8k) on a threshold step: flat in P, where an allgather of
-//! top-k sets is (P - 1) 8k. Every rank reads every peer's header, so a rejected or
+//! (the selected entries of every region except the next rank's), at most about 8k + 16k
+//! (8k + 8k on an estimation step, where k entries are selected): flat in P, where an
+//! allgather of top-k sets is (P - 1) 8k; plus the allgather of k floats, (P - 1) 4k, on an
+//! estimation step only (the authors' code allgathers every reduced entry there). Every rank reads every peer's header, so a rejected or
 //! non-finite input anywhere is seen by every rank alike (`flags()`).
 //!
 //! Space: the data plane runs in the communicator's space through the oktopk_ rows of
@@ -47,8 +53,8 @@
 //! probe): the entries of a frame follow its header, whose count the host reads at a
 //! fence. So exchange() fences twice (after the reduce-scatter's headers, and after the
 //! selection and the allgather's headers); combine and clear_selected are queued.
-//! exchange() raises, the same on every rank, mismatch_error when ranks disagree on n, k
-//! or the step, and wire_error (after aborting the communicator) for a malformed frame.
+//! exchange() raises, the same on every rank, mismatch_error when ranks disagree on n, k,
+//! the step or whether it is an estimation step (another `period`), and wire_error (after aborting the communicator) for a malformed frame.
 //! Each all-to-all (headers, entries) and each ring round (send to the next rank, receive
 //! from the previous one) is one group of point-to-point calls (known_size.hpp's
 //! `grouped`: ncclGroupStart/End on NcclComm, which would otherwise deadlock at P > 1;
@@ -104,7 +110,7 @@ class SparseReduceScatter {
             " must be >= 1 (steps between re-estimations of the threshold).");
   }
 
-  //! What one region may select, and the magnitudes it contributes to theta: ceil(2k / P), at most k.
+  //! What one region may select between estimations: ceil(2k / P), at most k.
   static std::size_t region_cap(std::size_t k, int P) {
     return std::min(k, (2 * k + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P));
   }
@@ -172,7 +178,8 @@ class SparseReduceScatter {
     }
     ops<space_type>::oktopk_frames(e, accepted ? lidx_.cview() : span<const std::int32_t>{},
                                    accepted ? lval_.cview() : span<const float>{}, dbounds_.cview(),
-                                   span<const std::uint32_t>(status_), my_flags_, static_cast<std::int64_t>(n_),
+                                   span<const std::uint32_t>(status_),
+                                   my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u), static_cast<std::int64_t>(n_),
                                    static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
                                    accepted ? pay_out() : span<std::byte>{});
     auto slot = [&](auto& b, std::size_t j) { return b.view().subspan(j * header, header); };
@@ -209,15 +216,17 @@ class SparseReduceScatter {
                                        hdr_in_.cview().first(up * header), pay_in_.cview().first(up * pay_stride()), me,
                                        lo, hi, reg, touched, status_);
     if (estimate_) {
-      ops<space_type>::oktopk_mags(e, span<const float>(reg), span<const std::uint8_t>(touched), mags_.view().first(cap_),
+      ops<space_type>::oktopk_mags(e, span<const float>(reg), span<const std::uint8_t>(touched), mags_.view().first(k_),
                                    magws_.view());
-      comm_.allgather(mags_.cview().first(cap_), allmags_.view().first(cap_ * up));
-      ops<space_type>::oktopk_theta(e, allmags_.view().first(cap_ * up), k_, theta_dev_.view());
+      comm_.allgather(mags_.cview().first(k_), allmags_.view().first(k_ * up));
+      ops<space_type>::oktopk_theta(e, allmags_.cview().first(k_ * up), k_, me, theta_dev_.view(), limit_dev_.view());
     } else {
       ops<space_type>::fill(e, theta_dev_.view(), theta_);
+      ops<space_type>::fill(e, limit_dev_.view(), static_cast<std::uint32_t>(cap_));
     }
-    ops<space_type>::oktopk_select(e, span<const float>(reg), span<const std::uint8_t>(touched), theta_dev_.cview(), lo,
-                                   me, block(static_cast<std::size_t>(me), 0, block_stride()), selws_.view());
+    ops<space_type>::oktopk_select(e, span<const float>(reg), span<const std::uint8_t>(touched), theta_dev_.cview(),
+                                   limit_dev_.cview(), lo, me, block(static_cast<std::size_t>(me), 0, block_stride()),
+                                   selws_.view());
     // The allgather's headers (origin, count): a ring of P - 1 rounds of 8 bytes, each
     // round's send to the next rank and receive from the previous one a group.
     auto mod = [P = P_](int x) { return static_cast<std::size_t>(((x % P) + P) % P); };
@@ -237,11 +246,12 @@ class SparseReduceScatter {
     if (st[0] & status_wire)
       wire_failure(detail::cat("the frame of rank ", st[1], " has entries out of order, outside this region or not finite"));
     auto bcount = [&](std::size_t o) { return static_cast<std::size_t>(host::oktopk::get<std::uint32_t>(block_hdr_host_.view().data() + 8 * o + 4)); };
+    const std::size_t most = estimate_ ? k_ : cap_;  // what a region may select this step
     for (std::size_t o = 0; o < up; ++o) {
       const auto origin = host::oktopk::get<std::uint32_t>(block_hdr_host_.view().data() + 8 * o);
-      if (origin != o || bcount(o) > cap_)
+      if (origin != o || bcount(o) > most)
         wire_failure(detail::cat("the allgather block of rank ", o, " is malformed (origin ", origin, ", ", bcount(o),
-                                 " entries, at most ", cap_, ")"));
+                                 " entries, at most ", most, ")"));
     }
     // The selected entries: a second ring, sized by the headers (a group a round).
     for (int s = 0; s < P_ - 1; ++s) {
@@ -309,14 +319,15 @@ class SparseReduceScatter {
     auto add = [&](const auto& b) { s.emplace_back(static_cast<const void*>(b.data()), b.capacity()); };
     add(lidx_), add(lval_), add(hdr_out_), add(hdr_in_), add(pay_out_), add(pay_in_), add(block_in_);
     add(reg_), add(touched_), add(mags_), add(allmags_), add(magws_), add(selws_), add(blocks_);
-    add(theta_dev_), add(dbounds_), add(dbounds_next_);
+    add(theta_dev_), add(limit_dev_), add(dbounds_), add(dbounds_next_);
     add(step_bounds_), add(bounds_next_), add(hdr_out_host_), add(hdr_in_host_), add(block_hdr_host_);
   }
 
  private:
   auto exec() const { return comm_exec(const_cast<C&>(comm_)); }
   std::size_t pay_stride() const { return 8 * k_; }
-  std::size_t block_stride() const { return 8 + 8 * cap_; }
+  //! A block holds k entries: an estimation step's region may select up to k.
+  std::size_t block_stride() const { return 8 + 8 * k_; }
   span<std::byte> pay_out() { return pay_out_.view().first(static_cast<std::size_t>(P_) * pay_stride()); }
   span<const std::byte> blocks() const { return blocks_.view().first(static_cast<std::size_t>(P_) * block_stride()); }
   span<std::byte> block(std::size_t o, std::size_t off, std::size_t len) {
@@ -327,7 +338,7 @@ class SparseReduceScatter {
   void size_buffers(bool accepted) {
     const std::size_t P = static_cast<std::size_t>(P_);
     const auto e = exec();
-    theta_dev_.resize(1, e), dbounds_.resize(P + 1, e), dbounds_next_.resize(P + 1, e);
+    theta_dev_.resize(1, e), limit_dev_.resize(1, e), dbounds_.resize(P + 1, e), dbounds_next_.resize(P + 1, e);
     bounds_next_.resize(P + 1), hdr_out_host_.resize(P * header), hdr_in_host_.resize(P * header);
     block_hdr_host_.resize(P * 8), st_host_.resize(2), theta_host_.resize(1);
     hdr_out_.resize(P * header, e), hdr_in_.resize(P * header, e);
@@ -335,7 +346,7 @@ class SparseReduceScatter {
     reg_.resize(n_, e), touched_.resize(n_, e), magws_.resize(n_, e), selws_.resize(n_, e);
     lidx_.resize(k_, e), lval_.resize(k_, e);
     pay_out_.resize(P * pay_stride(), e), pay_in_.resize(P * pay_stride(), e);
-    mags_.resize(cap_, e), allmags_.resize(cap_ * P, e), blocks_.resize(P * block_stride(), e);
+    mags_.resize(k_, e), allmags_.resize(k_ * P, e), blocks_.resize(P * block_stride(), e);
   }
 
   [[noreturn]] void wire_failure(const std::string& what) {
@@ -345,25 +356,34 @@ class SparseReduceScatter {
   }
 
   //! Reads every peer's header (after the fence): raises the same error on every rank for
-  //! a malformed header or another n, k or step; collects the flags. Returns false for a
+  //! a malformed header, another n, k or step, or another estimation bit (another period:
+  //! the ranks would otherwise wait for each other at the magnitudes' allgather until the
+  //! deadline); collects the flags. Returns false for a
   //! flagged step. A flagged header carries its rank's n, k and step too, and they are
   //! compared first: a rank that rejected its input because its length changed after a
   //! good step (OkTopK's residual has the old length) is a mismatch on every rank, each
   //! rank seeing every other rank's header, so any two that differ raise it everywhere.
   bool check_headers(int me) {
     const auto own = host::oktopk::read_header(hdr_out_host_.view().data() + static_cast<std::size_t>(me) * header);
-    std::uint32_t all = own.flags;
+    namespace hok = host::oktopk;
+    std::uint32_t all = own.flags & hok::stop_flags;
     for (int j = 0; j < P_; ++j) {
       if (j == me) continue;
-      const auto h = host::oktopk::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
-      if (h.magic != host::oktopk::magic || h.flags > 3u)
+      const auto h = hok::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
+      if (h.magic != hok::magic || h.flags > (hok::stop_flags | hok::flag_estimate))
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
       if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
                                          " at step ", h.step, "; this rank (rank ", me, ") has n = ", n_, ", k = ", k_, " at step ", step_,
                                          ". Every rank must pass the same lengths with the same options."));
-      if (h.flags) {
-        all |= h.flags;
+      if ((h.flags ^ own.flags) & hok::flag_estimate)
+        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: at step ", step_, " rank ", j,
+                                         (h.flags & hok::flag_estimate) ? " re-estimates" : " does not re-estimate",
+                                         " theta and this rank (rank ", me, ") ",
+                                         estimate_ ? "does" : "does not",
+                                         ". Every rank must be built with the same period (oktopk_options::period)."));
+      if (h.flags & hok::stop_flags) {
+        all |= h.flags & hok::stop_flags;
         continue;
       }
       if (h.count > k_) wire_failure(detail::cat("rank ", j, " announced ", h.count, " entries, above k = ", k_));
@@ -377,6 +397,7 @@ class SparseReduceScatter {
   buffer<float> lval_, reg_, mags_, allmags_, magws_, theta_dev_, block_in_;
   buffer<std::int32_t> lidx_, selws_;
   buffer<std::uint8_t> touched_;
+  buffer<std::uint32_t> limit_dev_;  // how many region me selects this step (oktopk_theta, else cap)
   buffer<std::byte> hdr_out_, hdr_in_, pay_out_, pay_in_, blocks_;
   buffer<std::int64_t> dbounds_, dbounds_next_;
   std::vector<std::int64_t> bounds_, step_bounds_;

@@ -12,8 +12,9 @@
 //! Per step, every rank: acc = g + residual; its local top-k of acc (exact, the ops row
 //! oktopk_local) goes to the aggregation SparseReduceScatter<C>
 //! (compress/aggregations/sparse_reduce_scatter.hpp: Ok-Topk's sparse reduce-scatter, the
-//! global selection by a threshold theta and the allgather of the selected entries; its
-//! file comment gives the messages and the bytes); the output is the selected sums / P;
+//! global selection, exact every `period` steps and by the threshold theta between, and
+//! the allgather of the selected entries; its file comment gives the messages and the
+//! bytes); the output is the selected sums / P;
 //! the residual clears the local entries that were selected globally; the regions are
 //! rebalanced by the selection. Every rank reads every peer's header, so a rejected or
 //! non-finite input anywhere raises (or skips) on every rank alike; a rank whose gradient
@@ -76,7 +77,7 @@ class OkTopK {
     require(opt.density > 0.0 && opt.density <= 1.0, "commpact::OkTopK: density = ", opt.density,
             " is outside (0, 1]; pass the fraction of entries to send, such as 0.01.");
   }
-  //! What one region may select, and the magnitudes it contributes to theta: ceil(2k / P), at most k.
+  //! What one region may select between estimations: ceil(2k / P), at most k.
   static std::size_t region_cap(std::size_t kk, int P) { return aggregation_type::region_cap(kk, P); }
   std::size_t k(std::size_t n) const {
     return static_cast<std::size_t>(std::max<std::int64_t>(detail::k_of_density(opt_.density, static_cast<std::int64_t>(n)), 1));

@@ -178,14 +178,14 @@ __global__ void local_gate(const std::uint32_t* status, std::int64_t k, std::int
 // ---- oktopk_frames -------------------------------------------------------------------
 //! One block: fl = flags | (bit 0 when status shows a non-finite acc) | (bit 1 when it shows a rejected input); ends[j + 1] = the
 //! end of slot j's entries (the host's scan: the first entry from ends[j] on whose index
-//! is >= bounds[j + 1], idx ascending; 0 when fl); then every slot's 40-byte header.
+//! is >= bounds[j + 1], idx ascending; 0 when fl has a stop flag); then every slot's 40-byte header.
 __global__ void __launch_bounds__(block) frames_head(const std::int32_t* idx, std::size_t m, const std::int64_t* bounds,
                                                      std::uint32_t P, const std::uint32_t* status, std::uint32_t flags,
                                                      std::int64_t n, std::int64_t k, std::int64_t step, std::byte* hdr,
                                                      std::uint64_t* ends, std::uint32_t* fl_out) {
   const std::uint32_t fl = flags | ((status[0] & status_nonfinite) ? 1u : 0u) | ((status[0] & status_rejected) ? 2u : 0u);
   for (std::uint32_t j = threadIdx.x; j < P; j += blockDim.x) {
-    std::uint64_t a = 0, b = fl ? 0 : m;
+    std::uint64_t a = 0, b = (fl & hk::stop_flags) ? 0 : m;
     while (a < b) {
       const std::uint64_t mid = a + (b - a) / 2;
       if (idx[mid] < bounds[j + 1]) a = mid + 1;
@@ -208,12 +208,12 @@ __global__ void __launch_bounds__(block) frames_head(const std::int32_t* idx, st
 }
 
 //! Entry e of slot j (ends[j] <= e < ends[j + 1]) to the slot's payload: index at
-//! 4 (e - ends[j]), value after the slot's count indices. Nothing when fl.
+//! 4 (e - ends[j]), value after the slot's count indices. Nothing when fl has a stop flag.
 __global__ void __launch_bounds__(block) frames_payload(const std::int32_t* idx, const float* val, std::size_t m,
                                                         const std::uint64_t* ends, std::uint32_t P,
                                                         const std::uint32_t* fl, std::byte* pay, std::size_t bytes,
                                                         std::size_t stride) {
-  if (*fl) return;
+  if (*fl & hk::stop_flags) return;
   for (std::size_t e = gtid(); e < m; e += gstride()) {
     if (e >= ends[P]) continue;
     std::uint32_t a = 0, b = P;  // the first j with ends[j + 1] > e
@@ -331,6 +331,35 @@ struct select_emit {
     put(blk + 8 + 4 * (m + o), reg[p]);
   }
 };
+
+//! *passing = min(*passing, *limit): select's count, at most this step's limit.
+__global__ void clamp_passing(unsigned long long* passing, const std::uint32_t* limit) {
+  if (!decision_lane()) return;
+  if (*passing > *limit) *passing = *limit;
+}
+
+// ---- oktopk_theta: every block's counts around T, then this region's limit -----------
+//! For every block j < P (k values at all + j k, descending): gt[j], ge[j] = its values
+//! > T and >= T, T = *theta (binary searches, host::oktopk::count_from_top).
+__global__ void __launch_bounds__(block) theta_counts(const float* all, std::size_t k, std::uint32_t P,
+                                                      const float* theta, std::uint64_t* gt, std::uint64_t* ge) {
+  const float t = *theta;
+  for (std::size_t j = gtid(); j < P; j += gstride()) {
+    gt[j] = hk::count_from_top(all + j * k, k, t, false);
+    ge[j] = hk::count_from_top(all + j * k, k, t, true);
+  }
+}
+//! *limit = host::oktopk::region_limit from the counts (a loop over the P ranks).
+__global__ void theta_limit(const std::uint64_t* gt, const std::uint64_t* ge, std::uint32_t P, std::uint32_t me,
+                            std::size_t k, std::uint32_t* limit) {
+  if (!decision_lane()) return;
+  std::uint64_t above = 0, before = 0;
+  for (std::uint32_t j = 0; j < P; ++j) {
+    above += gt[j];
+    if (j < me) before += ge[j] - gt[j];
+  }
+  *limit = hk::region_limit(k, above, before, gt[me], ge[me] - gt[me]);
+}
 
 // ---- oktopk_output -------------------------------------------------------------------
 __global__ void __launch_bounds__(block) output_zero(float* grad, std::size_t n, const std::uint32_t* bad) {

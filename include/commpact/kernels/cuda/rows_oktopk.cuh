@@ -19,8 +19,8 @@
 //! | oktopk_frames | one block: region ends by binary search + headers; a payload scatter |
 //! | oktopk_region_sum | entry checks (atomicMin of the first bad rank); per chunk, slots in rank order (__fadd_rn) |
 //! | oktopk_mags | radix select of the top |sum| + cub::DeviceRadixSort (descending) of those |
-//! | oktopk_theta | cub::DeviceRadixSort (descending) of all, then the k-th |
-//! | oktopk_select | count of selectable sums, radix select with k = min(cap, count) |
+//! | oktopk_theta | cub::DeviceRadixSort (descending) of all, the k-th; every block's counts > and >= it (binary searches), the limit (decision) |
+//! | oktopk_select | count of selectable sums, clamped to the limit (decision), radix select with k = min(cap, count) |
 //! | oktopk_output | index checks and a non-finite sum in any block (its own included), zero, scatter of __fdiv_rn(sum, P) |
 //! | oktopk_clear_selected | running counts and rebalance (one block), binary search of G per local entry |
 //!
@@ -31,8 +31,8 @@
 //! steps allocate nothing, whatever the regions. Argument errors (spans too short for the
 //! host's reads and writes) raise invalid_argument before anything is queued.
 //! Not bit-identical, where the host is: theta's k-th largest when it is a zero and both
-//! +0 and -0 are in `all` (std::nth_element may return either; mags never writes -0),
-//! and `all` is left as it was (the host reorders it).
+//! +0 and -0 are in `all` (the host's bisection returns +0, the sort either; mags never
+//! writes -0).
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/rows_oktopk.cuh needs nvcc: include it from a .cu file only."
@@ -145,7 +145,7 @@ struct oktopk {
                             span<std::byte> pay) {
     namespace ok = cuda_kernels::oktopk;
     require(bounds.size() >= 2 && !status.empty() && hdr.size() >= (bounds.size() - 1) * ok::hk::header_bytes &&
-                (flags != 0 || val.size() >= idx.size()),
+                ((flags & ok::hk::stop_flags) != 0 || val.size() >= idx.size()),
             "commpact::ops::oktopk_frames: ", bounds.size(), " bounds, ", status.size(), " status words, ", hdr.size(),
             " header bytes, ", idx.size(), " indices and ", val.size(),
             " values; pass P + 1 >= 2 bounds, a status word, 40 P header bytes and a value per index.");
@@ -153,7 +153,7 @@ struct oktopk {
     const cudaStream_t s = e.stream();
     auto* ends = static_cast<std::uint64_t*>(e.scratch("oktopk_frames", 8 * (std::size_t(P) + 2)));
     auto* fl = reinterpret_cast<std::uint32_t*>(ends + P + 1);
-    const std::size_t m = flags ? 0 : idx.size();
+    const std::size_t m = (flags & ok::hk::stop_flags) ? 0 : idx.size();
     ok::frames_head<<<1, ok::block, 0, s>>>(m ? cuda_access::ptr(idx) : nullptr, m, cuda_access::ptr(bounds), P,
                                             cuda_access::ptr(status), flags, n, k, step, cuda_access::ptr(hdr), ends,
                                             fl);
@@ -231,36 +231,50 @@ struct oktopk {
     if (m < cap) ck(cudaMemsetAsync(out + m, 0, 4 * (cap - m), s), "oktopk_mags (padding)");
   }
 
-  static void oktopk_theta(const exec& e, span<float> all, std::size_t k, span<float> theta) {
-    require(k >= 1 && k <= all.size() && !theta.empty() && all.size() < (std::size_t{1} << 31),
-            "commpact::ops::oktopk_theta: k = ", k, " of ", all.size(), " values, theta ", theta.size(),
-            " values; pass 1 <= k <= all.size() and one theta.");
+  static void oktopk_theta(const exec& e, span<const float> all, std::size_t k, int me, span<float> theta,
+                           span<std::uint32_t> limit) {
+    require(k >= 1 && all.size() % k == 0 && me >= 0 && static_cast<std::size_t>(me) < all.size() / k &&
+                !theta.empty() && !limit.empty() && all.size() < (std::size_t{1} << 31),
+            "commpact::ops::oktopk_theta: k = ", k, ", ", all.size(), " values, rank ", me, ", theta ", theta.size(),
+            ", limit ", limit.size(), "; pass P blocks of k >= 1 values (below 2^31 in all), 0 <= me < P, one theta "
+            "and one limit.");
+    namespace ok = cuda_kernels::oktopk;
     using cuda_kernels::detail::align256;
     const cudaStream_t s = e.stream();
-    const std::size_t A = all.size();
+    const std::size_t A = all.size(), P = A / k;
     std::size_t sort = 0;
     ck(cub::DeviceRadixSort::SortKeysDescending(nullptr, sort, static_cast<const float*>(nullptr),
                                                  static_cast<float*>(nullptr), A, 0, 32, s),
        "oktopk_theta (sort size)");
-    auto* mem = static_cast<unsigned char*>(e.scratch("oktopk_theta", align256(4 * A) + sort));
+    auto* mem = static_cast<unsigned char*>(e.scratch("oktopk_theta", align256(4 * A) + align256(16 * P) + sort));
     auto* sorted = reinterpret_cast<float*>(mem);
+    auto* gt = reinterpret_cast<std::uint64_t*>(mem + align256(4 * A));
+    auto* ge = gt + P;
     const float* in = cuda_access::ptr(all);
-    ck(cub::DeviceRadixSort::SortKeysDescending(mem + align256(4 * A), sort, in, sorted, A, 0, 32, s),
+    float* t = cuda_access::ptr(theta);
+    ck(cub::DeviceRadixSort::SortKeysDescending(mem + align256(4 * A) + align256(16 * P), sort, in, sorted, A, 0, 32,
+                                                 s),
        "oktopk_theta (sort)");
-    ck(cudaMemcpyAsync(cuda_access::ptr(theta), sorted + (k - 1), sizeof(float), cudaMemcpyDeviceToDevice, s),
-       "oktopk_theta (copy)");
+    ck(cudaMemcpyAsync(t, sorted + (k - 1), sizeof(float), cudaMemcpyDeviceToDevice, s), "oktopk_theta (copy)");
+    const auto up = static_cast<std::uint32_t>(P);
+    ok::theta_counts<<<ok::grid(P), ok::block, 0, s>>>(in, k, up, t, gt, ge);
+    cuda_kernels::decision_launch(ok::theta_limit, s, static_cast<const std::uint64_t*>(gt),
+                                  static_cast<const std::uint64_t*>(ge), up, static_cast<std::uint32_t>(me), k,
+                                  cuda_access::ptr(limit));
+    ck(cudaGetLastError(), "oktopk_theta (limit)");
   }
 
   static void oktopk_select(const exec& e, span<const float> reg, span<const std::uint8_t> touched,
-                            span<const float> theta, std::int64_t lo, int me, span<std::byte> block,
-                            span<std::int32_t> ws) {
+                            span<const float> theta, span<const std::uint32_t> limit, std::int64_t lo, int me,
+                            span<std::byte> block, span<std::int32_t> ws) {
     namespace ok = cuda_kernels::oktopk;
     require(block.size() >= ok::hk::block_header_bytes && (block.size() - 8) / 8 < (std::size_t{1} << 32) &&
                 touched.size() >= reg.size() && ws.size() >= reg.size() && ws.size() < (std::size_t{1} << 31) &&
-                !theta.empty() && me >= 0,
+                !theta.empty() && !limit.empty() && me >= 0,
             "commpact::ops::oktopk_select: block of ", block.size(), " bytes, reg ", reg.size(), ", touched ",
-            touched.size(), ", ws ", ws.size(), ", theta ", theta.size(), ", rank ", me,
-            "; pass a block of at least 8 bytes, touched and ws at least as long as reg (below 2^31), one theta.");
+            touched.size(), ", ws ", ws.size(), ", theta ", theta.size(), ", limit ", limit.size(), ", rank ", me,
+            "; pass a block of at least 8 bytes, touched and ws at least as long as reg (below 2^31), one theta and "
+            "one limit.");
     const std::size_t len = reg.size();
     const auto cap = static_cast<std::uint32_t>((block.size() - 8) / 8);
     const cudaStream_t s = e.stream();
@@ -272,6 +286,8 @@ struct oktopk {
     std::byte* blk = cuda_access::ptr(block);
     ck(cudaMemsetAsync(passing, 0, sizeof(unsigned long long), s), "oktopk_select (count)");
     if (len > 0) ok::count_pass<<<ok::grid(len, 4096), ok::block, 0, s>>>(keys, len, passing);
+    // passing = min(selectable, limit): the block's count is min(passing, cap), as the host's.
+    cuda_kernels::decision_launch(ok::clamp_passing, s, passing, cuda_access::ptr(limit));
     cuda_kernels::decision_launch(ok::select_head, s, blk, static_cast<std::uint32_t>(me), passing, cap);
     ck(cudaGetLastError(), "oktopk_select (count)");
     if (len == 0 || cap == 0) return;

@@ -4,7 +4,8 @@
 //! The host kernels of OkTopK (compress/compressors/oktopk.hpp), one per row of ops<Space>
 //! (kernels/ops.hpp). They read and write the step's frames in the space's memory:
 //! - reduce-scatter, per peer slot j of P: a 40-byte header (u32 magic "CPOK", u32 flags:
-//!   bit 0 non-finite input, bit 1 rejected input; u64 count; i64 n, k, step) and a
+//!   bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation step; u64 count;
+//!   i64 n, k, step) and a
 //!   payload of 8k bytes' capacity: count int32 indices (ascending, in region j), then
 //!   count float32 values;
 //! - allgather, per origin slot o of P: 8 + 8 cap bytes: u32 origin, u32 count, count
@@ -13,6 +14,7 @@
 //! bits (kernels/status.hpp), `status[1]` the peer of a malformed frame.
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -31,6 +33,10 @@
 namespace commpact::host::oktopk {
 
 inline constexpr std::uint32_t magic = 0x4B4F5043u;  // "CPOK"
+//! The flags of a reduce-scatter header: bits 0 and 1 flag the step (its frames carry no
+//! entries), bit 2 marks an estimation step (the entries go as usual).
+inline constexpr std::uint32_t stop_flags = 3u;
+inline constexpr std::uint32_t flag_estimate = 4u;
 inline constexpr std::size_t header_bytes = 40;
 inline constexpr std::size_t block_header_bytes = 8;
 
@@ -101,7 +107,7 @@ inline void begin(std::span<const std::byte> block, std::int64_t n, std::int64_t
 
 //! Splits the local entries (idx ascending) by the regions and writes every slot's frame:
 //! flags = `flags` | (bit 0 when status shows a non-finite acc) | (bit 1 when status shows
-//! a rejected input); a flagged frame has no entries.
+//! a rejected input); a frame flagged by stop_flags (bits 0, 1) has no entries.
 inline void frames(std::span<const std::int32_t> idx, std::span<const float> val,
                    std::span<const std::int64_t> bounds, std::span<const std::uint32_t> status, std::uint32_t flags,
                    std::int64_t n, std::int64_t k, std::int64_t step, std::span<std::byte> hdr,
@@ -112,7 +118,7 @@ inline void frames(std::span<const std::int32_t> idx, std::span<const float> val
   std::size_t at = 0;
   for (std::size_t j = 0; j < P; ++j) {
     std::size_t end = at;
-    if (!flags)
+    if (!(flags & stop_flags))
       while (end < idx.size() && idx[end] < bounds[j + 1]) ++end;
     const std::size_t c = end - at;
     std::byte* h = hdr.data() + j * header_bytes;
@@ -217,18 +223,71 @@ inline void mags(std::span<const float> reg, std::span<const std::uint8_t> touch
   std::fill(mags.begin() + static_cast<std::ptrdiff_t>(top), mags.end(), 0.0f);
 }
 
-//! theta[0] = the k-th largest of all (all is reordered).
-inline void theta(std::span<float> all, std::size_t k, std::span<float> theta) {
-  std::nth_element(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k - 1), all.end(), std::greater<>());
-  theta[0] = all[k - 1];
+//! The number of values >= t (or_equal) or > t among the m values at b, descending (a
+//! binary search; host and CUDA rows).
+COMMPACT_HOST_DEVICE inline std::size_t count_from_top(const float* b, std::size_t m, float t, bool or_equal) {
+  std::size_t lo = 0, hi = m;  // b[0, lo) pass, b[hi, m) do not
+  while (lo < hi) {
+    const std::size_t mid = lo + (hi - lo) / 2;
+    if (or_equal ? b[mid] >= t : b[mid] > t) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+//! How many entries region `me` selects of the global top-k (host and CUDA rows): all its
+//! above_me values above T, and of its ties_me values equal to T those the global order
+//! takes after the `above` values above T everywhere and the `before` ties of the regions
+//! before it (ties to the smaller index: regions in order).
+COMMPACT_HOST_DEVICE inline std::uint32_t region_limit(std::size_t k, std::size_t above, std::size_t before,
+                                                       std::size_t above_me, std::size_t ties_me) {
+  const std::size_t need = k > above ? k - above : 0, left = need > before ? need - before : 0;
+  return static_cast<std::uint32_t>(above_me + (ties_me < left ? ties_me : left));
+}
+
+//! The step's exact global top-k, from `all`: P blocks of k values, block j the k largest
+//! |sum| of region j, descending, zero-padded (oktopk_mags of every owner, allgathered).
+//! theta[0] = T, the k-th largest of all (the global k-th largest |sum|: no region holds
+//! more than k of the top k); limit[0] = region_limit: how many region `me` selects. select
+//! with this theta and limit keeps exactly the global top-k of the nonzero sums (all of
+//! them when fewer than k are nonzero), ties to the smaller index.
+inline void theta(std::span<const float> all, std::size_t k, int me, std::span<float> theta,
+                  std::span<std::uint32_t> limit) {
+  const std::size_t P = all.size() / k;
+  auto count = [&](std::size_t j, float t, bool or_equal) { return count_from_top(all.data() + j * k, k, t, or_equal); };
+  auto count_ge = [&](float t) {
+    std::size_t c = 0;
+    for (std::size_t j = 0; j < P; ++j) c += count(j, t, true);
+    return c;
+  };
+  // T: the largest t with at least k values >= t (non-negative floats order as their bit
+  // patterns; count_ge(+0) = P k >= k), found by bisection on the bits.
+  std::uint32_t lo = 0, hi = 0x7f800000u;  // count_ge(lo) >= k, and T lies in [lo, hi]
+  while (lo < hi) {
+    const std::uint32_t mid = lo + (hi - lo + 1) / 2;
+    if (count_ge(std::bit_cast<float>(mid)) >= k) lo = mid;
+    else hi = mid - 1;
+  }
+  const float T = std::bit_cast<float>(lo);
+  std::size_t above = 0, before = 0;
+  for (std::size_t j = 0; j < P; ++j) {
+    const std::size_t gt = count(j, T, false);
+    above += gt;
+    if (j < static_cast<std::size_t>(me)) before += count(j, T, true) - gt;
+  }
+  const auto m = static_cast<std::size_t>(me);
+  theta[0] = T;
+  limit[0] = region_limit(k, above, before, count(m, T, false), count(m, T, true) - count(m, T, false));
 }
 
 //! Writes rank me's allgather block: the touched r with reg[r] != 0 and |reg[r]| >=
-//! theta[0], at most cap (the largest |reg|, ties to the smaller index), as indices lo + r
-//! ascending and their sums. ws holds reg.size() int32.
+//! theta[0], at most min(cap, limit[0]) (the largest |reg|, ties to the smaller index),
+//! as indices lo + r ascending and their sums; cap = what the block holds. ws holds
+//! reg.size() int32.
 inline void select(std::span<const float> reg, std::span<const std::uint8_t> touched, std::span<const float> theta,
-                   std::int64_t lo, int me, std::span<std::byte> block, std::span<std::int32_t> ws) {
-  const std::size_t cap = (block.size() - block_header_bytes) / 8;
+                   std::span<const std::uint32_t> limit, std::int64_t lo, int me, std::span<std::byte> block,
+                   std::span<std::int32_t> ws) {
+  const std::size_t cap = std::min<std::size_t>((block.size() - block_header_bytes) / 8, limit[0]);
   const float t = theta[0];
   std::size_t m = 0;
   for (std::size_t r = 0; r < reg.size(); ++r)

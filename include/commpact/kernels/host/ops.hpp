@@ -247,12 +247,18 @@ struct ops<host_space> {
                           span<float> ws) {
     host::oktopk::mags(reg, touched, mags, ws);
   }
-  static void oktopk_theta(exec, span<float> all, std::size_t k, span<float> theta) {
-    host::oktopk::theta(all, k, theta);
+  static void oktopk_theta(exec, span<const float> all, std::size_t k, int me, span<float> theta,
+                           span<std::uint32_t> limit) {
+    require(k >= 1 && all.size() % k == 0 && me >= 0 && static_cast<std::size_t>(me) < all.size() / k &&
+                !theta.empty() && !limit.empty(),
+            "commpact::ops::oktopk_theta: k = ", k, ", ", all.size(), " values, rank ", me, ", theta ", theta.size(),
+            ", limit ", limit.size(), "; pass P blocks of k >= 1 values, 0 <= me < P, one theta and one limit.");
+    host::oktopk::theta(all, k, me, theta, limit);
   }
   static void oktopk_select(exec, span<const float> reg, span<const std::uint8_t> touched, span<const float> theta,
-                            std::int64_t lo, int me, span<std::byte> block, span<std::int32_t> ws) {
-    host::oktopk::select(reg, touched, theta, lo, me, block, ws);
+                            span<const std::uint32_t> limit, std::int64_t lo, int me, span<std::byte> block,
+                            span<std::int32_t> ws) {
+    host::oktopk::select(reg, touched, theta, limit, lo, me, block, ws);
   }
   static void oktopk_output(exec, span<const std::byte> blocks, span<const std::int64_t> bounds, int me,
                             span<float> grad, span<std::uint32_t> status) {
