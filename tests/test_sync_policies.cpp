@@ -125,6 +125,26 @@ TEST_CASE("QSR saturates huge periods instead of overflowing", "[sync][qsr]") {
   const auto ps = plan_run(q, [](std::int64_t) { return 1e-30; }, 1000);
   REQUIRE(ps.size() == 1);
   CHECK(ps[0].length == 1000);
+  // A learning rate of 0 (a schedule that ends there): the period runs to the end of the
+  // run; h_base during the warm-up and for alpha = 0.
+  CHECK(q.plan(7, 0.0).period == kMax);
+  CHECK(QSRPolicy{0.1, 2, 10}.plan(5, 0.0).period == 2);
+  CHECK(QSRPolicy{0.0, 3, 0}.plan(5, 0.0).period == 3);
+  // A schedule that drops to 0 at step 300 of 400: periods of 2 ((0.15 / 0.1)^2 = 2.25)
+  // until then, and one period of the last 100 steps.
+  const std::int64_t T = 400;
+  const auto drop = plan_run(QSRPolicy{0.15, 2, 0}, [](std::int64_t s) { return s < 300 ? 0.1 : 0.0; }, T);
+  REQUIRE(drop.size() == 151);
+  std::int64_t at = 0;
+  for (std::size_t i = 0; i < 150; ++i) {
+    CHECK(drop[i].start == at);
+    CHECK(drop[i].length == 2);
+    at += 2;
+  }
+  CHECK(drop[150].start == 300);
+  CHECK(drop[150].length == 100);
+  at += drop[150].length;
+  CHECK(at == T);
 }
 
 TEST_CASE("Policies are pure: copies decide alike", "[sync]") {
@@ -144,11 +164,10 @@ TEST_CASE("Bad policy parameters are errors that name the value and the rule", "
   CHECK_THROWS_MATCHES(QSRPolicy(0.1, 0, 0), invalid_argument, MessageContains({"h_base = 0", "at least 1"}));
   CHECK_THROWS_MATCHES(QSRPolicy(0.1, 2, -5), invalid_argument, MessageContains({"warmup = -5"}));
   const QSRPolicy q{0.1, 2, 10};
-  CHECK_THROWS_MATCHES(q.plan(20, 0.0), invalid_argument, MessageContains({"is 0", "lr > 0"}));
-  CHECK_THROWS_MATCHES(q.plan(20, -0.5), invalid_argument, MessageContains({"-0.5"}));
+  CHECK_THROWS_MATCHES(q.plan(20, -0.5), invalid_argument, MessageContains({"-0.5", "lr >= 0"}));
   CHECK_THROWS_AS(q.plan(20, std::nan("")), invalid_argument);
   CHECK_THROWS_AS(q.plan(20, HUGE_VAL), invalid_argument);
-  CHECK_THROWS_AS(q.plan(5, 0.0), invalid_argument);  // also in the warm-up
+  CHECK_THROWS_AS(q.plan(5, -1e-9), invalid_argument);  // also in the warm-up
   CHECK_THROWS_MATCHES(q.plan(-1, 0.1), invalid_argument, MessageContains({"step -1"}));
   // Warm-up beyond the run, when the run's length is known.
   CHECK_THROWS_MATCHES(q.check_run(9), invalid_argument, MessageContains({"warmup = 10", "9 steps"}));

@@ -90,8 +90,10 @@ class LocalSgd {
 //!
 //! Arithmetic: q = alpha / lr and floor(q * q) in double precision, the same on every
 //! rank. A quotient whose square reaches 2^63 (a learning rate that decayed to almost
-//! nothing) saturates to the largest std::int64_t instead of overflowing; the caller
-//! then cuts the period at the end of the run.
+//! nothing), and a learning rate of 0 (a schedule that ends at 0, or reaches it by
+//! rounding in a very long run), saturate to the largest std::int64_t instead of
+//! overflowing; the caller then cuts the period at the end of the run. With alpha = 0
+//! the period is h_base at every learning rate.
 class QSRPolicy {
  public:
   //! alpha >= 0 (finite), h_base >= 1, warmup >= 0 steps of learning-rate warm-up.
@@ -114,14 +116,17 @@ class QSRPolicy {
 
   sync_plan plan(std::int64_t step, double lr) const {
     detail::check_step("commpact::QSRPolicy::plan", step);
-    require(std::isfinite(lr) && lr > 0, "commpact::QSRPolicy::plan: the learning rate at step ", step, " is ", lr,
-            "; the rule H = max(h_base, floor((alpha / lr)^2)) needs a finite lr > 0. End the schedule at a small "
-            "positive value, or stop the run before the learning rate reaches 0.");
+    require(std::isfinite(lr) && lr >= 0, "commpact::QSRPolicy::plan: the learning rate at step ", step, " is ", lr,
+            "; the rule H = max(h_base, floor((alpha / lr)^2)) needs a finite lr >= 0 (at 0 the period runs to the "
+            "end of the run). Pass the schedule's learning rate at that step.");
     return {sync_plan::mode::parameters, step < warmup_ ? h_base_ : period_for(lr)};
   }
 
-  //! max(h_base, floor((alpha / lr)^2)), saturated to INT64_MAX; lr > 0.
+  //! max(h_base, floor((alpha / lr)^2)), saturated to INT64_MAX (also at lr = 0 when
+  //! alpha > 0); lr >= 0.
   std::int64_t period_for(double lr) const {
+    if (alpha_ == 0) return h_base_;
+    if (lr == 0) return std::numeric_limits<std::int64_t>::max();
     const double q = alpha_ / lr;
     const double q2 = q * q;  // +inf when q is huge: caught by the comparison below
     constexpr double limit = 9223372036854775808.0;  // 2^63, exactly representable
