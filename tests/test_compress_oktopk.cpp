@@ -1,8 +1,11 @@
 // OkTopK<commpact_test::checked_thread_comm> (Ok-Topk's sparse allreduce) for P = 1..8: bit-exact against a
 // serial reference of the algorithm (local top-k by a sort, region sums in rank order,
 // the exact global top-k of the sums at an estimation step and theta its k-th |sum|,
-// between estimations the capped selection by theta, the rebalanced regions), conservation, exact bytes per rank through CountingComm, bytes
-// flat in P (against TopK's (P - 1) 8k), NaN on one rank raising on every rank.
+// between estimations the capped selection by theta, the rebalanced regions),
+// conservation, exact bytes per rank through CountingComm, bytes flat in P (against
+// TopK's (P - 1) 8k), NaN on one rank raising on every rank; exactly the global top-k at
+// an estimation step when the largest sums sit in one region; ranks built with other
+// periods raising mismatch_error.
 // Multi-rank cases run under CheckedComm<ThreadComm> (tests/common/checked_runs.hpp).
 #include <catch2/catch.hpp>
 #include <commpact/comm/counting_comm.hpp>

@@ -36,17 +36,18 @@
 //!
 //! Messages (known-size point-to-point): reduce-scatter: a 40-byte header (u32 magic
 //! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation
-//! step; u64 count; i64 n, k, step), then count int32 indices (ascending, in the receiver's region) and count float32
-//! values, sent as two messages (the header, then the 8 count bytes of entries when count
-//! > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
+//! step; u64 count; i64 n, k, step), then count int32 indices (ascending, in the
+//! receiver's region) and count float32 values, sent as two messages (the header, then
+//! the 8 count bytes of entries when count > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
 //! the origin's region) and count float32 values, sent as the 8-byte header (a ring of
 //! P - 1 rounds) and then the entries (a second ring). Bytes per rank per step: sum over
 //! peers j of (40 + 8 c_j) (c_j: this rank's local entries in region j) plus (P - 1) 8 + 8
 //! (the selected entries of every region except the next rank's), at most about 8k + 16k
 //! (8k + 8k on an estimation step, where k entries are selected): flat in P, where an
 //! allgather of top-k sets is (P - 1) 8k; plus the allgather of k floats, (P - 1) 4k, on an
-//! estimation step only (the authors' code allgathers every reduced entry there). Every rank reads every peer's header, so a rejected or
-//! non-finite input anywhere is seen by every rank alike (`flags()`).
+//! estimation step only (the authors' code allgathers every reduced entry there). Every
+//! rank reads every peer's header, so a rejected or non-finite input anywhere is seen by
+//! every rank alike (`flags()`).
 //!
 //! Space: the data plane runs in the communicator's space through the oktopk_ rows of
 //! ops<Space> (kernels/host/oktopk.hpp). A message's size is known when it is posted (no
@@ -54,7 +55,8 @@
 //! fence. So exchange() fences twice (after the reduce-scatter's headers, and after the
 //! selection and the allgather's headers); combine and clear_selected are queued.
 //! exchange() raises, the same on every rank, mismatch_error when ranks disagree on n, k,
-//! the step or whether it is an estimation step (another `period`), and wire_error (after aborting the communicator) for a malformed frame.
+//! the step or whether it is an estimation step (another `period`), and wire_error
+//! (after aborting the communicator) for a malformed frame.
 //! Each all-to-all (headers, entries) and each ring round (send to the next rank, receive
 //! from the previous one) is one group of point-to-point calls (known_size.hpp's
 //! `grouped`: ncclGroupStart/End on NcclComm, which would otherwise deadlock at P > 1;
@@ -179,7 +181,8 @@ class SparseReduceScatter {
     ops<space_type>::oktopk_frames(e, accepted ? lidx_.cview() : span<const std::int32_t>{},
                                    accepted ? lval_.cview() : span<const float>{}, dbounds_.cview(),
                                    span<const std::uint32_t>(status_),
-                                   my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u), static_cast<std::int64_t>(n_),
+                                   my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u),
+                                   static_cast<std::int64_t>(n_),
                                    static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
                                    accepted ? pay_out() : span<std::byte>{});
     auto slot = [&](auto& b, std::size_t j) { return b.view().subspan(j * header, header); };

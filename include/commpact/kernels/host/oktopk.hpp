@@ -254,7 +254,9 @@ COMMPACT_HOST_DEVICE inline std::uint32_t region_limit(std::size_t k, std::size_
 inline void theta(std::span<const float> all, std::size_t k, int me, std::span<float> theta,
                   std::span<std::uint32_t> limit) {
   const std::size_t P = all.size() / k;
-  auto count = [&](std::size_t j, float t, bool or_equal) { return count_from_top(all.data() + j * k, k, t, or_equal); };
+  auto count = [&](std::size_t j, float t, bool or_equal) {
+    return count_from_top(all.data() + j * k, k, t, or_equal);
+  };
   auto count_ge = [&](float t) {
     std::size_t c = 0;
     for (std::size_t j = 0; j < P; ++j) c += count(j, t, true);
