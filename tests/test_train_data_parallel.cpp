@@ -263,10 +263,10 @@ TEST_CASE("DataParallel rejects bad input", "[train][data_parallel][errors]") {
     CHECK_THROWS_MATCHES((DataParallel{Dense<ThreadComm>{comms[0]}, QSRPolicy{0.1, 2, 50}, 40}), invalid_argument,
                          MessageContains({"warmup = 50"}));
   }
-  SECTION("a non-finite or non-positive learning rate under QSR") {
+  SECTION("a non-finite or negative learning rate under QSR (0 is a schedule's end, and allowed)") {
     DataParallel dp{Dense<ThreadComm>{comms[0]}, QSRPolicy{0.1, 2, 0}, 4};
     CHECK_THROWS_AS(dp.step(x, g, std::nan(""), sgd), invalid_argument);
-    CHECK_THROWS_MATCHES(dp.step(x, g, 0.0, sgd), invalid_argument, MessageContains({"lr > 0"}));
+    CHECK_THROWS_MATCHES(dp.step(x, g, -0.1, sgd), invalid_argument, MessageContains({"lr >= 0"}));
   }
   SECTION("a negative run length") {
     CHECK_THROWS_AS((DataParallel{Dense<ThreadComm>{comms[0]}, EveryStep{}, -1}), invalid_argument);
