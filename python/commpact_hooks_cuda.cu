@@ -137,9 +137,10 @@ struct state::impl {
     // make_exec a null stream means "make a stream of your own", so the NULL stream is
     // named by its explicit handle (the work is then ordered with PyTorch's, as required).
     const auto s = b.stream ? static_cast<cudaStream_t>(b.stream) : cudaStreamLegacy;
-    if (!exec) {
-      exec = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
-      comm.emplace(cp::TorchCudaComm{link, *exec});
+    if (!comm) {  // both or neither: a communicator that failed to build leaves no exec behind
+      auto e = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
+      comm.emplace(cp::TorchCudaComm{link, *e});
+      exec = std::move(e);
     }
     cp::require(exec->stream() == s && exec->device() == b.device, "commpact_hooks: a CUDA bucket came on another "
                 "stream or device than the first (device ", b.device, "); run the backward of every step on one "

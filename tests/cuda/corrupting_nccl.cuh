@@ -35,6 +35,7 @@ struct corrupting_nccl : cp::NcclComm {
     constexpr std::size_t at = cp::frame::header_bytes;
     EXPECT(out.size_bytes() >= at + 4, "corrupting_nccl: a block of %zu bytes has no payload word to corrupt",
            out.size_bytes());
+    if (out.size_bytes() < at + 4) return;  // recorded above; never write past the block
     auto* p = reinterpret_cast<unsigned char*>(cp::cuda_access::ptr(out));
     cudaMemsetAsync(p + at, 0xFF, 4, exec().stream());
   }

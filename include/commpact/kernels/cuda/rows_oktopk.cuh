@@ -32,7 +32,10 @@
 //! host's reads and writes) raise invalid_argument before anything is queued.
 //! Not bit-identical, where the host is: theta's k-th largest when it is a zero and both
 //! +0 and -0 are in `all` (the host's bisection returns +0, the sort either; mags never
-//! writes -0).
+//! writes -0), and when `all` holds a NaN or a negative value (the host's bisection over
+//! [+0, +Inf] never counts them; the descending sort puts a NaN first, so theta may be
+//! NaN and the limit 0). mags writes neither: only a peer whose words are not commpact's
+//! can send them, and the step's checked sums stay finite either way.
 
 #if !defined(__CUDACC__)
 #error "commpact/kernels/cuda/rows_oktopk.cuh needs nvcc: include it from a .cu file only."
