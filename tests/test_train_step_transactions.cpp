@@ -6,7 +6,8 @@
 // 4. counters near INT64_MAX in a loaded state raise;
 // 5. finite inputs whose mean overflows raise numeric_error (or skip) in every compressor;
 // 7. the same misuse (one rank changes its length) raises the same class on every rank;
-// 8. a malformed block leaves the caller's gradient untouched.
+// 8. a malformed block leaves the caller's gradient untouched;
+// 9. a parameter round that raises puts params, the optimizer state and grads back.
 #include <catch2/catch.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
@@ -21,6 +22,7 @@
 #include <commpact/state.hpp>
 #include <commpact/sync/policies.hpp>
 #include <commpact/train/data_parallel.hpp>
+#include <commpact/train/sgd.hpp>
 
 #include <algorithm>
 #include <cfloat>
@@ -33,6 +35,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "common/matchers.hpp"
 #include "common/random.hpp"
 #include "common/state_blobs.hpp"
 
@@ -320,4 +323,58 @@ TEST_CASE("a malformed block raises wire_error on every rank and leaves the grad
     }
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+}
+
+TEST_CASE("a parameter round that raises puts params, the optimizer state and grads back; the retry equals a "
+          "clean run",
+          "[transactional][data_parallel]") {
+  // Rank 1's gradient holds a NaN at a round step: the average raises numeric_error on
+  // every rank after the local update has written params and the momentum (Local SGD,
+  // QSR), or after the one-step shortcut's sum has written grads (LocalSgd{1}). Every
+  // rank retries: rank 1 with its clean gradient, the others with the buffer they passed.
+  const int P = 3;
+  const std::size_t n = 40;
+  const std::int64_t steps = 8;
+  const double lr = 0.1;
+  const int which = GENERATE(0, 1, 2);
+  const std::int64_t fail_at = which == 0 ? 1 : which == 1 ? 3 : 2;  // the last step of a period
+  CAPTURE(which);
+  auto run = [&](bool fail) {
+    std::vector<std::vector<float>> out(P);
+    run_threads(P, [&](ThreadComm& comm) {
+      auto go = [&](auto policy) {
+        DataParallel dp{Dense<ThreadComm>{comm}, policy, steps};
+        Sgd opt{n, {.momentum = 0.9}};
+        std::vector<float> x(n, 0.5f), g(n);
+        for (std::int64_t t = 0; t < steps; ++t) {
+          const auto clean = normal(static_cast<std::uint64_t>(100 * t + comm.rank()), n);
+          g = clean;
+          if (fail && t == fail_at) {
+            if (comm.rank() == 1) g[7] = std::numeric_limits<float>::quiet_NaN();
+            const auto x_before = x;
+            const std::vector<float> v_before(opt.state().begin(), opt.state().end());
+            CHECK_THROWS_MATCHES(dp.step(x, g, lr, opt), numeric_error,
+                                 commpact_test::MessageContains({"call step() again"}));
+            CHECK(dp.steps() == t);
+            if (comm.rank() == 1) {
+              g = clean;
+            } else {
+              CHECK(g == clean);  // put back, so the buffer passed is retried as it is
+            }
+            CHECK(x == x_before);
+            CHECK(std::equal(v_before.begin(), v_before.end(), opt.state().begin(), opt.state().end()));
+          }
+          dp.step(x, g, lr, opt);
+        }
+        out[comm.rank()] = x;
+        out[comm.rank()].insert(out[comm.rank()].end(), opt.state().begin(), opt.state().end());
+      };
+      if (which == 0) go(LocalSgd{2});
+      if (which == 1) go(QSRPolicy{0.2, 2, 0});  // H = max(2, floor((0.2 / 0.1)^2)) = 4
+      if (which == 2) go(LocalSgd{1});           // one-step periods through the gradient
+    });
+    return out;
+  };
+  const auto clean = run(false), retried = run(true);
+  for (int r = 0; r < P; ++r) CHECK(retried[r] == clean[r]);
 }

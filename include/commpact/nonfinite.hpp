@@ -33,13 +33,16 @@ namespace detail {
 inline std::size_t first_nonfinite(std::span<const float> v) { return host::first_nonfinite(v); }
 
 //! Raises numeric_error, the same message on every rank: `<who>: the <what> is not
-//! finite (NaN or Inf) at index <i> ...` (index -1: not known, left out).
+//! finite (NaN or Inf) at index <i> ...` (index -1: not known, left out). `remedy`
+//! replaces the closing advice (which names on_nonfinite, an option of the compressors).
 [[noreturn]] inline void raise_nonfinite(std::string_view who, std::string_view what, std::size_t index,
-                                         std::int64_t step) {
+                                         std::int64_t step, std::string_view remedy = {}) {
   const std::string where = index == static_cast<std::size_t>(-1) ? std::string() : cat(" at index ", index);
   throw numeric_error(cat("commpact::", who, ": the ", what, " is not finite (NaN or Inf)", where, " at step ", step,
-                          " (some rank passed NaN or Inf; every rank raises this error). Fix the gradient (lower the "
-                          "learning rate, clip), or set on_nonfinite = nonfinite::skip_step to drop such steps."));
+                          " (some rank passed NaN or Inf; every rank raises this error). ",
+                          remedy.empty() ? std::string_view("Fix the gradient (lower the learning rate, clip), or set "
+                                                            "on_nonfinite = nonfinite::skip_step to drop such steps.")
+                                         : remedy));
 }
 
 //! Ends a step that met NaN or Inf, alike on every rank: raises under nonfinite::raise;

@@ -26,11 +26,11 @@ namespace commpact {
 //! buffer of the space, grown once), one fence, and the same decision on every rank
 //! (every rank holds the same sum). On a non-finite sum: raises numeric_error on every
 //! rank (nonfinite::raise), or zeroes v and returns false (skip_step). `who` and `what`
-//! name the caller and the buffer in the message.
+//! name the caller and the buffer in the message; `remedy`, if given, its advice.
 template <Communicator C>
 bool mean_allreduce(C& comm, typename comm_space_t<C>::template span<float> v,
                     typename comm_space_t<C>::template buffer<std::uint32_t>& status, nonfinite policy,
-                    std::string_view who, std::string_view what, std::int64_t step) {
+                    std::string_view who, std::string_view what, std::int64_t step, std::string_view remedy = {}) {
   using S = comm_space_t<C>;
   const auto e = comm_exec(comm);
   status.resize(1, e);
@@ -44,7 +44,7 @@ bool mean_allreduce(C& comm, typename comm_space_t<C>::template span<float> v,
   const std::uint32_t bits = flags.view()[0];
   require_fenced(bits, who);
   if ((bits & status_nonfinite) == 0) return true;
-  if (policy == nonfinite::raise) detail::raise_nonfinite(who, what, static_cast<std::size_t>(-1), step);
+  if (policy == nonfinite::raise) detail::raise_nonfinite(who, what, static_cast<std::size_t>(-1), step, remedy);
   ops<S>::fill(e, v, 0.0f);
   comm_fence(comm);
   return false;

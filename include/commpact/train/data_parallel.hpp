@@ -250,10 +250,14 @@ class DataParallel {
     }
 
     // A step that raises leaves the driver as it was (the compressors are transactional
-    // themselves), so the caller may retry it; params and grads may have been written.
+    // themselves), so the caller may retry it. A parameter round's step writes params
+    // (and the optimizer state) before its collectives, a one-step shortcut writes grads:
+    // those are copied first and put back (undo_), so the retry equals a run that never
+    // failed. (Gradient rounds: the compressors leave grads as they were, Dense excepted.)
     const bool overlapped = overlap_;
     const driver_snapshot snap = overlapped ? *overlap_snap_ : snapshot();
     bool synced = false;
+    undo_ = undo_kind::none;
     try {
       if (step_ == next_plan_ && !overlapped) begin_period(params, lr);
 
@@ -273,12 +277,19 @@ class DataParallel {
         synced = true;
       } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
         // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
+        keep_for_undo(undo_grads_, span<const float>(grads), undo_kind::grads);
         dense_mean(grads, checked_params_, "gradient");
         update(params, span<const float>(grads), lr);
         ++parameter_rounds_;
         ++gradient_shortcuts_;
         synced = true;
       } else {
+        if (step_ == period_.last()) {
+          keep_for_undo(undo_params_, span<const float>(params), undo_kind::params);
+          if constexpr (req::has_optimizer_state<U, space_type>) {
+            keep_for_undo(undo_state_, span<const float>(update.state()), undo_kind::params);
+          }
+        }
         update(params, span<const float>(grads), lr);
         if (step_ == period_.last()) {
           average_parameters(params);
@@ -299,6 +310,11 @@ class DataParallel {
       tx_.cancel(compressor_);
       if (delta_compressor_) delta_tx_.cancel(*delta_compressor_);
       restore(snap);
+      if (undo_ == undo_kind::grads) put_back(undo_grads_, grads);
+      if (undo_ == undo_kind::params) {
+        put_back(undo_params_, params);
+        if constexpr (req::has_optimizer_state<U, space_type>) put_back(undo_state_, update.state());
+      }
       throw;
     }
     // Everything that could raise has run: the compressors keep their steps.
@@ -444,6 +460,7 @@ class DataParallel {
 
  private:
   enum class round_kind : std::int64_t { none, gradients, deltas };
+  enum class undo_kind { none, grads, params };
 
   //! Ends an overlapped step that raises: the buckets in flight are waited for and rolled
   //! back; raised before step()'s own snapshot, it also puts the driver back to where
@@ -506,6 +523,20 @@ class DataParallel {
     }
   }
 
+  //! Copies what this step is about to write (undo_: what step() puts back if it raises).
+  void keep_for_undo(buffer<float>& b, span<const float> v, undo_kind kind) {
+    const auto e = exec();
+    b.resize(v.size(), e);
+    ops<space_type>::copy(e, v, b.view());
+    undo_ = kind;
+  }
+  void put_back(buffer<float>& b, span<float> v) noexcept {
+    try {
+      ops<space_type>::copy(exec(), b.cview().first(v.size()), v);
+    } catch (...) {  // a device fault: the error in flight says more
+    }
+  }
+
   //! Before a gradient round: state that diverged in local steps is averaged first.
   template <class U>
   void bring_state_in_sync(U& update) {
@@ -563,7 +594,9 @@ class DataParallel {
       first_average_check(c, static_cast<std::int64_t>(v.size()), what);
       checked = true;
     }
-    mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_);
+    mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_,
+                   "Fix the gradient (lower the learning rate, clip) and call step() again: a step that raises "
+                   "changes nothing (parameters, optimizer state and gradients are put back).");
   }
 
   //! Before the first dense average of a buffer kind, one allreduce (require_same, four
@@ -603,6 +636,8 @@ class DataParallel {
   bool checked_params_ = false, checked_state_ = false;
   std::int64_t gradient_rounds_ = 0, parameter_rounds_ = 0, gradient_shortcuts_ = 0, state_rounds_ = 0, skipped_ = 0;
   buffer<float> x0_, x0_prev_, delta_;
+  buffer<float> undo_params_, undo_state_, undo_grads_;  // what a raising step puts back
+  undo_kind undo_ = undo_kind::none;
   buffer<std::uint32_t> status_;  // the non-finite flag of a dense mean, in the space
   bool x0_swapped_ = false;
   bool overlap_ = false;  // begin_backward started buckets that step() has not waited for
