@@ -68,7 +68,8 @@ class step_check {
       throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the gradient length: rank ", rank,
                                " has ", length, " floats at step ", step, " and another rank a different length (or "
                                "step count); every rank must pass gradients of the same length, the concatenation of "
-                               "the registered tensors. No state changed."));
+                               "the registered tensors. No state changed; the ranks whose length fit hold the step's result "
+                               "in grad."));
   }
 
  private:

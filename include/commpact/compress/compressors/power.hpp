@@ -175,7 +175,9 @@ class PowerCompressor {
   //! Replaces grad by the low-rank PowerSGD estimate of the mean gradient, identical on
   //! every rank: start + finish + commit. Returns false when the step was skipped
   //! (non-finite values with nonfinite::skip_step: grad is zeroed, the residual and Q
-  //! are kept). A step that raises changes nothing, grad included.
+  //! are kept). A step that raises changes nothing, grad included, except a mismatch_error
+  //! of the per-step check (step counts or lengths differ): the ranks that ran the step
+  //! hold its result in grad (the state is unchanged everywhere).
   bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }
 
   //! Queues the whole step on grad (host_space: runs it). grad must stay alive until
