@@ -33,6 +33,7 @@
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 #include <span>
@@ -192,6 +193,37 @@ TEMPLATE_LIST_TEST_CASE("ranks out of step (commit on some, cancel on one, or a 
   INFO("rank 0 raised " << cls[0]);
   CHECK(cls[0] == typeid(mismatch_error).name());
   for (int r = 1; r < P; ++r) CHECK(cls[r] == cls[0]);
+}
+
+TEMPLATE_LIST_TEST_CASE("one rank loading an earlier checkpoint raises mismatch_error alike at the next step, not at "
+                        "the deadline",
+                        "[protocol][hardening]", every_compressor) {
+  // Rank 0 alone goes back two steps (load_state of its state after step 1) while the
+  // others go on: every rank must see ranks out of step, not wait for a collective that
+  // only one rank called (a re-agreement after load_state, say) until the deadline.
+  const int P = 3;
+  std::vector<std::string> cls(P);
+  const auto t0 = std::chrono::steady_clock::now();
+  run_threads(
+      P,
+      [&](TC& comm) {
+        const int r = comm.rank();
+        auto c = maker<TestType>::make(comm);
+        grad_of<TestType> g0(c, input<TestType>(r, 0)), g1(c, input<TestType>(r, 1)), g2(c, input<TestType>(r, 2));
+        c.reduce(g0.view());
+        const auto earlier = saved(c);
+        c.reduce(g1.view());
+        c.reduce(g2.view());
+        if (r == 0) c.load_state(earlier);
+        grad_of<TestType> g3(c, input<TestType>(r, 3));
+        cls[r] = raised_class([&] { c.reduce(g3.view()); });
+      },
+      thread_options{std::chrono::seconds(20)});
+  const auto waited = std::chrono::steady_clock::now() - t0;
+  INFO("rank 0 raised " << cls[0]);
+  CHECK(cls[0] == typeid(mismatch_error).name());
+  for (int r = 1; r < P; ++r) CHECK(cls[r] == cls[0]);
+  CHECK(waited < std::chrono::seconds(10));
 }
 
 TEMPLATE_LIST_TEST_CASE("a step that raises changes no state; the retry equals a twin that never saw it",

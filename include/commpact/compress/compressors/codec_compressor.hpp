@@ -207,13 +207,16 @@ class CodecCompressor {
     save_feedback_state(out, kind(), ef_, exec(), steps_, skipped_);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
+  //! An agreed compressor stays agreed when the state's residual has the agreed length:
+  //! the headers' step counts then tell a rank restored alone (mismatch_error on every
+  //! rank), where a re-agreement only it called would not. Otherwise the next step agrees.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight(name_, "load_state");
     auto st = load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f);
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;
-    agreed_ = false;
+    agreed_ = agreed_ && static_cast<std::int64_t>(ef_.size()) == n_;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {

@@ -243,14 +243,19 @@ class gTopK {
     save_feedback_state(out, "commpact.gTopK", ef_, exec(), steps_, skipped_);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
+  //! A compressor that has agreed keeps its agreement when the state's residual has the
+  //! agreed length: the frames' step bits then tell ranks out of step (one rank restored
+  //! alone) with mismatch_error on every rank, where a re-agreement that only that rank
+  //! called would wait for the deadline. Otherwise the next step agrees again.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("gTopK", "load_state");
     auto st = load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f);
+    const std::int64_t agreed_n = n_;
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;
     n_ = ef_.size();
-    agreed_ = false;
+    agreed_ = agreed_ && n_ == agreed_n;
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
