@@ -179,6 +179,31 @@ TEST_CASE("MpiComm: a sendrecv whose peer sends but does not receive ends at the
   REQUIRE(count_on_all_ranks(ok) == P);
 }
 
+TEST_CASE("MpiComm: a point-to-point wait that times out names its peer, and everyone learns it",
+          "[comm][mpi][failure][timeout]") {
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 300ms}};
+  const int P = comm.size(), r = comm.rank();
+  if (P < 2) return;
+  bool ok = false;
+  if (r == 1) {  // waits for a message rank 0 never sends
+    std::vector<std::byte> buf(16);
+    try {
+      auto h = comm.irecv(0, std::span<std::byte>(buf));
+      h.wait();
+    } catch (const timeout_error& e) {
+      ok = std::string(e.what()).find("irecv from rank 0; that rank is missing") != std::string::npos;
+    }
+  } else {
+    std::this_thread::sleep_for(1s);  // past rank 1's deadline: the failure is known here
+    try {
+      comm.barrier();
+    } catch (const peer_failure& e) {
+      ok = std::string(e.what()).find("irecv from rank 0") != std::string::npos;
+    }
+  }
+  REQUIRE(count_on_all_ranks(ok) == P);
+}
+
 TEST_CASE("MpiComm: a rank that never joins makes the others time out, and everyone learns it",
           "[comm][mpi][failure][timeout]") {
   const auto timeout = 300ms;

@@ -335,6 +335,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     auto& s = *state_;
     s.enter("isend");
     mpi_request r(state_, "isend", false);
+    r.peer_ = peer;
     r.started(MPI_Isend(msg.data(), static_cast<int>(msg.size()), MPI_BYTE, peer, detail::mpi_send_queue::tag,
                       s.native(), &r.req_), "MPI_Isend");
     return r;
@@ -348,6 +349,7 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     auto& s = *state_;
     s.enter("irecv");
     mpi_request r(state_, "irecv", false);
+    r.peer_ = peer;
     r.expect_bytes_ = static_cast<long long>(buf.size());
     void* dst = buf.data();
     if (s.options().isolate_buffers && !buf.empty()) {

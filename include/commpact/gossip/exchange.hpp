@@ -90,10 +90,11 @@ class neighbor_exchange {
   //! Once: every rank built the same setup (one small allreduce; mismatch_error on every rank).
   void check_setup(std::int64_t hash) {
     if (checked_) return;
-    require_same(comm_, hash,
-                 "the GossipMixer setup (a hash of the algorithm, its parameters (gamma, seed, the codec's "
-                 "agreement value), the gossip options, the layout and the topology's edges; build the same mixer on "
-                 "every rank)");
+    require_same(comm_, {{"the GossipMixer setup (a hash of the algorithm, its parameters: gamma, seed, the codec's "
+                          "agreement value; the gossip options, the layout and the topology's edges)",
+                          hash,
+                          "build the same mixer on every rank: the same algorithm, parameters, options, layout and "
+                          "topology."}});
     checked_ = true;
   }
 

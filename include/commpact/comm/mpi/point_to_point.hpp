@@ -121,11 +121,14 @@ template <class State>
 void mpi_recv_any(State& s, int peer, std::vector<std::byte>& out, const char* what = "recv") {
   MPI_Message msg = MPI_MESSAGE_NULL;
   MPI_Status st;
-  s.poll(what, [&] {
-    int flag = 0;
-    s.check(MPI_Improbe(peer, mpi_send_queue::tag, s.native(), &flag, &msg, &st), "MPI_Improbe", what);
-    return flag != 0;
-  });
+  s.poll(
+      what,
+      [&] {
+        int flag = 0;
+        s.check(MPI_Improbe(peer, mpi_send_queue::tag, s.native(), &flag, &msg, &st), "MPI_Improbe", what);
+        return flag != 0;
+      },
+      peer);
   int count = 0;
   s.check(MPI_Get_count(&st, MPI_BYTE, &count), "MPI_Get_count", what);
   if (s.options().isolate_buffers && count > 0) {

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <memory>
 #include <optional>
+#include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -40,6 +42,7 @@ class mpi_request {
       req_ = std::exchange(o.req_, MPI_REQUEST_NULL);
       status_ = o.status_;
       what_ = o.what_;
+      peer_ = o.peer_;
       collective_ = o.collective_;
       deadline_ = o.deadline_;
       stage_ = std::move(o.stage_);
@@ -72,7 +75,7 @@ class mpi_request {
     if (!s_) return;
     std::optional<detail::world_errors_return> guard;
     if (collective_) guard.emplace();
-    guarded([&] { s_->poll(what_, [&] { return ring_ ? ring_->finished() : step_raw(); }); });  // poll advances rings
+    guarded([&] { s_->poll(what_, [&] { return ring_ ? ring_->finished() : step_raw(); }, peer_); });  // poll advances rings
     complete();
   }
 
@@ -148,10 +151,13 @@ class mpi_request {
 
   [[noreturn]] void timeout() {
     const auto ms = s_->options().timeout.count();
-    s_->fail_and_tell(detail::cat("rank ", s_->rank(), " waited more than ", ms, " ms in ", what_));
+    // A point-to-point wait names its peer (isend to, irecv from), as ThreadComm does.
+    const std::string where = detail::mpi_state::waiting_in(what_, peer_);
+    s_->fail_and_tell(detail::cat("rank ", s_->rank(), " waited more than ", ms, " ms in ", where));
     throw timeout_error(detail::cat("commpact::MpiComm: rank ", s_->rank(), " waited more than ", ms, " ms in ",
-                                    what_, "; another rank is missing, stuck or much slower. Raise "
-                                    "mpi_options::timeout if the work is legitimately slow."));
+                                    where, peer_ < 0 ? "; another rank is missing" : "; that rank is missing",
+                                    ", stuck or much slower. Raise mpi_options::timeout if the work is legitimately "
+                                    "slow."));
   }
 
   void finish_noexcept() noexcept {
@@ -166,6 +172,7 @@ class mpi_request {
   MPI_Request req_ = MPI_REQUEST_NULL;
   MPI_Status status_{};
   const char* what_ = "";
+  int peer_ = -1;  // isend / irecv: the other rank
   bool collective_ = true;
   std::chrono::steady_clock::time_point deadline_{};
   std::vector<std::byte> stage_;  // pooled staging (isolate_buffers), copied to out_ on completion

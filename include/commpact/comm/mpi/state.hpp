@@ -201,8 +201,9 @@ class mpi_state {
   //! peer is late rather than data slow, it sleeps 50 us between polls.
   //! Every poll also advances the rings in flight (progress_rings), so a rank waiting
   //! for anything keeps the rings other ranks wait for moving.
+  //! `peer` (>= 0: a point-to-point wait) is named in the timeout's message.
   template <class Done>
-  void poll(const char* what, Done&& done) {
+  void poll(const char* what, Done&& done, int peer = -1) {
     for (int i = 0; i < 64; ++i) {
       if (!active_.empty()) progress_rings();
       if (done()) return;
@@ -230,15 +231,24 @@ class mpi_state {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
         const auto ms = opt_.timeout.count();
-        fail_and_tell(detail::cat("rank ", rank_, " waited more than ", ms, " ms in ", what));
-        throw timeout_error(detail::cat("commpact::MpiComm: rank ", rank_, " waited more than ", ms, " ms in ", what,
-                                        "; another rank is missing, stuck or much slower. Raise "
-                                        "mpi_options::timeout if the work is legitimately slow."));
+        const std::string where = waiting_in(what, peer);
+        fail_and_tell(detail::cat("rank ", rank_, " waited more than ", ms, " ms in ", where));
+        throw timeout_error(detail::cat("commpact::MpiComm: rank ", rank_, " waited more than ", ms, " ms in ", where,
+                                        peer < 0 ? "; another rank is missing" : "; that rank is missing",
+                                        ", stuck or much slower. Raise mpi_options::timeout if the work is "
+                                        "legitimately slow."));
       }
       const auto waited = now - start;
       if (waited >= std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(50));
       else if (waited >= std::chrono::milliseconds(10)) std::this_thread::yield();
     }
+  }
+
+  //! "irecv from rank 2", "isend to rank 0", or `what` alone for a collective (peer < 0).
+  static std::string waiting_in(const char* what, int peer) {
+    if (peer < 0) return what;
+    const bool receives = std::string_view(what).find("recv") != std::string_view::npos;
+    return detail::cat(what, receives ? " from rank " : " to rank ", peer);
   }
 
   //! How long an operation in flight may still complete after a peer's failure notice.
