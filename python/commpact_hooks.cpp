@@ -57,6 +57,7 @@
 #include <commpact/compress/codecs/quantizers.hpp>
 #include <commpact/compress/codecs/topk_sign.hpp>
 #include <commpact/compress/compressors/codec_compressor.hpp>
+#include <commpact/comm/agree.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/compress/compressors/power.hpp>
@@ -69,8 +70,10 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <variant>
@@ -90,10 +93,17 @@ c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
   return store.cast<c10::intrusive_ptr<c10d::Store>>();
 }
 
+//! The options of a new state. Its store keys (the failure notice) are `<name>#<i>`, the
+//! i-th state this process made with that name: a state made after another one failed
+//! (after a bad argument, say) does not read the old one's notice. Every rank makes its
+//! states in the same order, as DDP needs of its hooks anyway.
 commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
+  static std::mutex m;
+  static std::map<std::string, std::int64_t> made;
   commpact::torch_options o;
   o.timeout = std::chrono::milliseconds(static_cast<long long>(timeout_s * 1000));
-  o.name = name;
+  std::lock_guard<std::mutex> g(m);
+  o.name = commpact::detail::cat(name, "#", made[name]++);
   return o;
 }
 
@@ -485,14 +495,28 @@ struct ModelAverager : HookBase {
   //! averages them (in place, the same on every rank) when the period ends. Returns
   //! whether it did.
   bool step(const std::vector<at::Tensor>& params, double lr) {
-    if (next_ < 0) next_ = step_ + period_at(step_, lr);
+    if (next_ < 0) next_ = end_of_period(lr);
     ++step_;
     if (step_ < next_) return false;
+    {  // one allreduce of 2 int64 per round: ranks whose periods differ raise here, alike
+      py::gil_scoped_release nogil;
+      commpact::torch_guard(comm, [&] {
+        commpact::require_same(comm, {{"the step of this averaging round (ModelAverager)", step_,
+                                       "every rank must pass the same period, qsr_alpha, warmup and learning "
+                                       "rates, and call step() after every optimizer step."}});
+      });
+    }
     if (!params.empty() && params.front().is_cuda()) average_on_device(params);
     else average_on_host(params);
     ++rounds_;
-    next_ = step_ + period_at(step_, lr);
+    next_ = end_of_period(lr);
     return true;
+  }
+  //! The step after which the period that starts now ends: saturated, since QSR's period
+  //! at lr = 0 (or a tiny lr) is INT64_MAX: the run has no end known here, so no round.
+  std::int64_t end_of_period(double lr) const {
+    const std::int64_t p = period_at(step_, lr);
+    return p > std::numeric_limits<std::int64_t>::max() - step_ ? std::numeric_limits<std::int64_t>::max() : step_ + p;
   }
   void average_on_host(const std::vector<at::Tensor>& params) {
     std::size_t n = 0;

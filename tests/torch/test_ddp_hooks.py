@@ -9,7 +9,7 @@ Checks, each on every rank:
     same matrix_approximation_rank, start_powerSGD_iter and random_seed, while both
     differ clearly from plain allreduce (so the comparison can fail);
   * ModelAverager (Local SGD, QSR) leaves identical parameters after an averaging step
-    and different ones between them.
+    and different ones between them; QSR's periods stop at lr = 0.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 tests/torch/test_ddp_hooks.py
 """
 import datetime
@@ -135,9 +135,36 @@ def worker(rank, path, failures):
                 check(same == did, f"averager: averaged={did} but identical={same}")
                 synced.append(did)
             check(synced.count(True) == avg.rounds and avg.rounds >= 2, f"averager: rounds {avg.rounds}")
+        #    QSR with a schedule that ends at lr = 0: H = max(2, floor((0.2 / 0.1)^2)) = 4 at lr 0.1,
+        #    and no period ends once lr is 0 (it saturated and overflowed the step before).
+        avg = ch.ModelAverager(period=2, qsr_alpha=0.2, name="t/qsr0")
+        model = model_fn()
+        rounds = [step for step, lr in enumerate([0.1] * 4 + [0.0] * 8, start=1)
+                  if avg.step(list(model.parameters()), lr)]
+        check(rounds == [4, 8], f"QSR down to lr = 0 averaged after steps {rounds}, not [4, 8]")
+        #    Ranks with different periods (2 and 3) raise at the first round where they part.
+        avg = ch.ModelAverager(period=2 + rank, name="t/apart")
+        try:
+            for _ in range(6):
+                avg.step(list(model.parameters()), 0.1)
+            raise AssertionError("averagers with periods 2 and 3 did not raise")
+        except RuntimeError as e:
+            check("step of this averaging round" in str(e), f"periods that differ: {e}")
         dist.barrier()
 
-        # 4. A rank that fails (and aborts the hook's communicator) makes the other rank's
+        # 4. A state made after one that failed (a bad density, raised at its first backward
+        #    on every rank) works under the same default name: it does not read the old
+        #    state's failure notice.
+        try:
+            train(rank, ch.gtopk_hook, ch.GTopKState(density=0.0), steps=1)
+            raise AssertionError("density = 0 did not raise")
+        except RuntimeError as e:
+            check("density" in str(e), f"the bad density's error does not name it: {e}")
+        dist.barrier()
+        model, _ = train(rank, ch.gtopk_hook, ch.GTopKState(density=0.1), steps=3)
+        check(identical_across_ranks(flat_params(model)), "the state made after a failed one: replicas differ")
+
+        # 5. A rank that fails (and aborts the hook's communicator) makes the other rank's
         #    hook raise within seconds instead of waiting for the 60 s deadline. Last: the
         #    abandoned collective leaves the group unusable, so the processes end here.
         state = ch.GTopKState(density=0.1, timeout=60.0, name="t/fail")

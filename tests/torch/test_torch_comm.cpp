@@ -337,3 +337,24 @@ TEST_CASE("TorchComm: Dense averages exactly over the process group", "[torch][d
     }
   });
 }
+
+TEST_CASE("TorchComm: a communicator destroyed right after a send still delivers it", "[torch][p2p]") {
+  // A hook's state freed after the last step (or a script that ends) must not cancel the
+  // message the peer's last step waits for: the destructor delivers the sends in flight
+  // first, within the deadline. (It used to abort them: the peer waited until its deadline.)
+  const std::size_t n = std::size_t{1} << 20;
+  run_gloo(2, [&](TorchComm& comm) {
+    const int r = comm.rank();
+    if (r == 0) {
+      TorchComm mine{comm.group(), {}, {.timeout = 5s}};
+      mine.send(1, std::span<const std::byte>(rank_bytes(7, 0, 1, n)));
+    } else {
+      TorchComm mine{comm.group(), {}, {.timeout = 5s}};
+      std::this_thread::sleep_for(300ms);  // rank 0's communicator is gone by now
+      std::vector<std::byte> got;
+      mine.recv(0, got);
+      REQUIRE(got == rank_bytes(7, 0, 1, n));
+    }
+    comm.barrier();
+  });
+}

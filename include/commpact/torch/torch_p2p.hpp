@@ -157,9 +157,16 @@ class torch_state : public torch_failure {
     }
   }
 
+  //! Delivers the sends still in flight first (the peer's last step waits for them: a
+  //! state freed right after the last step, a script that ends), within the deadline; a
+  //! failure (a peer's notice, a closed connection) ends the wait. Then aborts what is left.
   ~torch_state() {
     {
-      std::lock_guard<std::mutex> g(m_);
+      std::unique_lock<std::mutex> g(m_);
+      const auto end = std::chrono::steady_clock::now() + opt_.timeout;
+      while (reaper_.joinable() && !(sends_.empty() && sending_ == 0) && !failed() &&
+             std::chrono::steady_clock::now() < end)
+        cv_.wait_for(g, opt_.poll);  // woken by each delivered send; a failure is seen within a poll
       stop_ = true;
       for (auto& w : watched_) abort_work(w);
       cv_.notify_all();
