@@ -28,9 +28,11 @@
 
 #include "common/checked_runs.hpp"
 #include "common/gossip_checks.hpp"
+#include "common/matchers.hpp"
 
 using namespace commpact;
 using commpact_test::mean_of;
+using commpact_test::MessageContains;
 using commpact_test::rank_model;
 using commpact_test::rel_diff;
 
@@ -155,6 +157,10 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
   SECTION("bad options") {
     CHECK_THROWS_AS((GossipMixer<Ring, choco_gossip<topk_codec>>{comms[0], Ring(4), {{10}}, {topk_codec{0.0}}}),
                     invalid_argument);
+    // k above the layout's length: at construction, naming the mixer (not at each mix()).
+    CHECK_THROWS_MATCHES((GossipMixer<Ring, choco_gossip<topk_codec>>{comms[0], Ring(4), {{10}},
+                                                                       {topk_codec{sparse_options{.k = 11}}}}),
+                         invalid_argument, MessageContains({"GossipMixer (CHOCO-SGD)", "k = 11"}));
     CHECK_THROWS_AS((GossipMixer<Ring, power_gossip<1>>{comms[0], Ring(4), {{4, 4}}, {.gamma = 1.5}}),
                     invalid_argument);
     CHECK_THROWS_AS((GossipMixer<Ring>{comms[0], Ring(4), {}}), invalid_argument);

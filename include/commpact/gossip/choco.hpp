@@ -69,6 +69,11 @@ class choco_algorithm {
     require(std::isfinite(gamma_) && gamma_ > 0.0 && gamma_ <= 1.0, "commpact::choco_gossip: gamma = ", gamma_,
             " must be in (0, 1] (CHOCO's consensus step size).");
     if constexpr (req::codec_has_bind_rank<Q>) codec_.bind_rank(ex.rank());  // stochastic codecs: own streams
+    if constexpr (req::codec_has_check<Q>) {  // the layout's length against the codec (topk_codec's k <= n)
+      const std::string problem(codec_.check(n_));
+      require(problem.empty(), "commpact::GossipMixer (CHOCO-SGD): the codec does not fit the layout of ", n_,
+              " parameters: ", problem);
+    }
     hat_self_.resize(n_, exec_);
     hat_nb_.resize(deg_ * n_, exec_);
     q_nb_.resize(deg_ * n_, exec_);
