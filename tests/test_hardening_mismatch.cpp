@@ -330,3 +330,36 @@ TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of
     CHECK(o.next_result == out[0].next_result);
   }
 }
+
+TEST_CASE("k > n on one rank only: mismatch_error on every rank, and that rank's message names its k",
+          "[hardening][mismatch]") {
+  // Its n and k differ from the others', so the agreement reports the mismatch (on every
+  // rank, alike); the rank whose own input is invalid also says why, so k = 257 is seen.
+  const int P = 3;
+  const std::size_t n = 256;
+  auto run = [&](auto make) {
+    std::vector<std::string> msg(P);
+    std::vector<int> mismatch(P, 0);
+    run_threads(P, [&](TC& comm) {
+      auto c = make(comm, comm.rank() == 1 ? sparse_options{.k = static_cast<std::int64_t>(n) + 1}
+                                            : sparse_options{.k = 8});
+      auto g = normal(static_cast<std::uint64_t>(comm.rank()), n);
+      try {
+        c.reduce(std::span<float>(g));
+      } catch (const mismatch_error& e) {
+        mismatch[comm.rank()] = 1;
+        msg[comm.rank()] = e.what();
+      }
+    });
+    for (int r = 0; r < P; ++r) CHECK(mismatch[r] == 1);
+    INFO(msg[1]);
+    CHECK(msg[1].find("k = 257") != std::string::npos);
+    CHECK(msg[0].find("k = 257") == std::string::npos);
+  };
+  SECTION("gTopK") {
+    run([](TC& comm, sparse_options o) { return gTopK<TreeComm<TC>>{comm, o}; });
+  }
+  SECTION("TopK") {
+    run([](TC& comm, sparse_options o) { return TopK<TC>{comm, o}; });
+  }
+}

@@ -73,9 +73,11 @@ void agree(C& comm, const char* who, std::initializer_list<agreement_item> items
            std::int64_t step) {
   std::int64_t v[2 * 8 + 1];
   detail::agree_items(comm, items, {problem.empty() ? 0 : 1}, v, detail::cat("commpact::", who, "::reduce: "),
-                      [](const agreement_item&) {
-                        return std::string("every rank must pass gradients of the same length and use the same "
-                                           "options and step count.");
+                      [&](const agreement_item&) {
+                        // A rank whose own input is bad (k > n there only) says so: that is the cause.
+                        return detail::cat("every rank must pass gradients of the same length and use the same "
+                                           "options and step count.",
+                                           problem.empty() ? "" : " This rank's input is also invalid: ", problem);
                       });
   if (v[2 * items.size()]) detail::raise_rejected(who, problem, step);
 }
