@@ -246,6 +246,9 @@ template <class C>
 struct SparseState : HookBase {
   SparseState(py::object pg, double density, float momentum, py::object store, double timeout_s, std::string name)
       : HookBase(pg, store, timeout_s, name), opt{.density = density, .momentum = momentum} {
+    // Here, not at the first backward (where the error would also abort the state).
+    commpact::detail::validate_sparse_options(
+        opt, std::is_same_v<C, commpact::TopK<Comm>> ? "commpact_hooks.TopKState" : "commpact_hooks.GTopKState");
 #if defined(COMMPACT_HOOKS_CUDA)
     cuda_params.m = std::is_same_v<C, commpact::TopK<Comm>> ? commpact_hooks_cuda::method::topk
                                                             : commpact_hooks_cuda::method::gtopk;

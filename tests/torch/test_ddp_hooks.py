@@ -152,14 +152,15 @@ def worker(rank, path, failures):
             check("step of this averaging round" in str(e), f"periods that differ: {e}")
         dist.barrier()
 
-        # 4. A state made after one that failed (a bad density, raised at its first backward
-        #    on every rank) works under the same default name: it does not read the old
-        #    state's failure notice.
+        # 4. A bad density raises in the constructor; a state made after one that failed
+        #    (aborted on every rank) works under the same default name: it does not read the
+        #    old state's failure notice.
         try:
-            train(rank, ch.gtopk_hook, ch.GTopKState(density=0.0), steps=1)
+            ch.GTopKState(density=0.0)
             raise AssertionError("density = 0 did not raise")
-        except RuntimeError as e:
+        except (ValueError, RuntimeError) as e:
             check("density" in str(e), f"the bad density's error does not name it: {e}")
+        ch.GTopKState(density=0.1).abort("simulated failure of an earlier state")
         dist.barrier()
         model, _ = train(rank, ch.gtopk_hook, ch.GTopKState(density=0.1), steps=3)
         check(identical_across_ranks(flat_params(model)), "the state made after a failed one: replicas differ")
