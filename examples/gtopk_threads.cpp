@@ -27,6 +27,7 @@ int main() {
     commpact::gTopK<commpact::TreeComm<Counted>> reducer{Counted{comm}, {.density = 0.05}};
 
     std::mt19937 data(100 + comm.rank());  // each rank sees its own samples
+    std::normal_distribution<float> sample(0.f, 1.f);  // one per rank thread: a shared one is a data race
     std::vector<float> w(n, 0.f), grad(n), x(n);
     auto dist2 = [&] {
       double d = 0;
@@ -39,7 +40,7 @@ int main() {
       for (int b = 0; b < batch; ++b) {
         float err = 0;
         for (std::size_t i = 0; i < n; ++i) {
-          x[i] = normal(data);
+          x[i] = sample(data);
           err += (w[i] - w_true[i]) * x[i];
         }
         for (std::size_t i = 0; i < n; ++i) grad[i] += err * x[i] / batch;
