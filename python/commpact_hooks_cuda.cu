@@ -139,7 +139,7 @@ struct state::impl {
     const auto s = b.stream ? static_cast<cudaStream_t>(b.stream) : cudaStreamLegacy;
     if (!comm) {  // both or neither: a communicator that failed to build leaves no exec behind
       auto e = cp::cuda_space::make_exec(s, alloc.alloc ? &hook : cp::cuda_default_allocator(), b.device);
-      comm.emplace(cp::TorchCudaComm{link, *e});
+      comm.emplace(cp::TorchCudaComm{link, e});
       exec = std::move(e);
     }
     cp::require(exec->stream() == s && exec->device() == b.device, "commpact_hooks: a CUDA bucket came on another "
