@@ -5,6 +5,7 @@
 // begin_backward/grad_ready against plain step() (EveryStep, Local SGD, QSR), rollback
 // of every bucket on an error or a skipped step, misuse errors, and a rank that fails
 // with buckets in flight. Per-rank results are asserted after run_threads.
+#include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
 #include <commpact/compress/compressors/bucketed.hpp>
@@ -162,6 +163,50 @@ TEST_CASE("Bucketed Dense equals unbucketed Dense bit for bit", "[train][overlap
     ok[comm.rank()] = b.buckets() > 2 && g1 == g2;
   });
   for (int r = 0; r < P; ++r) REQUIRE(ok[r] == 1);
+}
+
+// The bytes of Bucketed<Dense>, exactly: each bucket's Dense (its ring allreduce of the
+// bucket's floats and its 6-float step check every step, its 3-int64 first-step
+// agreement) plus Bucketed's own 7-int64 agreement, once. So over S steps it sends
+//   sum_b [S (ring(n_b) + ring(6 floats)) + ring(3 int64)] + ring(7 int64)
+// where unbucketed Dense sends S (ring(n) + ring(6 floats)) + ring(3 int64): the demo's
+// extra bytes with --overlap (docs/communicators.md). With and without overlap alike.
+TEST_CASE("Bucketed<Dense> sends each bucket's Dense bytes plus its one agreement, exactly", "[train][overlap]") {
+  const int P = GENERATE(2, 3, 4);
+  const bool overlap = GENERATE(false, true);
+  const int S = 5;
+  const std::vector<std::size_t> layers = layer_sizes();
+  const std::size_t n = model_size(), cap = 256;
+  const auto plan = plan_buckets(layers, cap);
+  REQUIRE(plan.size() > 2);
+  std::vector<std::uint64_t> sent(P), expect(P), whole(P), whole_expect(P);
+  run_threads(P, [&](ThreadComm& comm) {
+    using Counted = CountingComm<ThreadComm>;
+    Counted counted{comm}, counted_whole{comm};
+    Bucketed<Dense<Counted>> b{layers, [&](const bucket_info&) { return Dense<Counted>{counted}; }, {.cap_bytes = cap}};
+    Dense<Counted> d{counted_whole};
+    for (int t = 0; t < S; ++t) {
+      auto g = gradient(comm.rank(), t, n), g2 = g;
+      if (overlap) {
+        b.begin(g);
+        for (std::size_t l = layers.size(); l-- > 0;) b.ready(l);
+      }
+      b.reduce(g);
+      d.reduce(g2);
+    }
+    const int r = comm.rank();
+    auto ring = [&](std::uint64_t m, std::uint64_t esz) { return wire::ring_allreduce(r, P, m, esz).bytes_sent; };
+    std::uint64_t e = ring(7, 8);
+    for (const auto& bk : plan) e += S * (ring(bk.size, 4) + ring(6, 4)) + ring(3, 8);
+    sent[r] = counted.stats().bytes_sent;
+    expect[r] = e;
+    whole[r] = counted_whole.stats().bytes_sent;
+    whole_expect[r] = S * (ring(n, 4) + ring(6, 4)) + ring(3, 8);
+  });
+  for (int r = 0; r < P; ++r) {
+    CHECK(sent[r] == expect[r]);
+    CHECK(whole[r] == whole_expect[r]);
+  }
 }
 
 namespace {

@@ -69,10 +69,10 @@ inline int report(const std::vector<EpochRow>& all, const Cli& c) {
     std::filesystem::create_directories(out_dir);
     const auto csv = std::filesystem::path(out_dir) / "fashion_mnist.csv";
     std::ofstream f(csv);
-    f << "method,epoch,train_loss,test_acc,mb_sent_per_rank,sync_rounds,seconds\n";
+    f << "method,epoch,train_loss,test_acc,mb_sent_per_rank,sync_rounds,seconds,bytes_sent_per_rank\n";
     for (auto& r : all)
       f << r.method << ',' << r.epoch << ',' << r.train_loss << ',' << r.test_acc << ',' << r.mb_sent << ','
-        << r.sync_rounds << ',' << r.seconds << '\n';
+        << r.sync_rounds << ',' << r.seconds << ',' << r.bytes_sent << '\n';
     f.close();
 
     std::printf("\n%-10s %10s %12s %14s %10s %9s\n", "method", "test acc", "train loss", "MB sent/rank", "vs dense",

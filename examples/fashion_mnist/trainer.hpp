@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <functional>
 #include <numeric>
@@ -61,6 +62,7 @@ struct EpochRow {
   std::string method;
   int epoch = 0;
   double train_loss = 0, test_acc = 0, mb_sent = 0, seconds = 0;
+  std::uint64_t bytes_sent = 0;  // rank 0's, exact (mb_sent = bytes_sent / 1e6)
   std::int64_t sync_rounds = 0;
 };
 
@@ -144,6 +146,7 @@ std::vector<EpochRow> train(const std::string& method, Comm comm, const Data& da
     row.test_acc = double(model.correct(params, data.test.images.data(), data.test.labels.data(), data.test.count)) /
                    double(data.test.count);
     row.mb_sent = mb;
+    row.bytes_sent = comm.stats().bytes_sent;
     row.sync_rounds = rounds;
     row.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (verbose && r == 0)
