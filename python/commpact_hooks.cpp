@@ -76,6 +76,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <variant>
 #include <vector>
 
@@ -176,6 +177,28 @@ struct HookBase {
   }
 };
 
+// A non-finite step's error ends with the C++ advice to set on_nonfinite, which the
+// Python states do not have: a hook's error says what holds in Python instead.
+[[noreturn]] void raise_for_python(const commpact::numeric_error& e) {
+  std::string m = e.what();
+  static constexpr std::string_view cpp_advice = ", or set on_nonfinite = nonfinite::skip_step to drop such steps.";
+  if (const auto at = m.find(cpp_advice); at != std::string::npos)
+    m.replace(at, cpp_advice.size(),
+              "; commpact_hooks cannot skip such a step, so dynamic loss scaling (AMP's GradScaler) is not "
+              "supported yet (docs/pytorch.md).");
+  throw commpact::numeric_error(m);
+}
+
+// torch_guard (an error reaches every rank) with raise_for_python's message.
+template <class F>
+void hook_guard(Comm& comm, F&& f) {
+  try {
+    commpact::torch_guard(comm, std::forward<F>(f));
+  } catch (const commpact::numeric_error& e) {
+    raise_for_python(e);
+  }
+}
+
 std::span<float> float_span(const at::Tensor& t, const char* who) {
   commpact::require(t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous(), who,
                     ": the bucket must be a contiguous float32 CPU tensor (got ", t.toString(), ").");
@@ -205,6 +228,9 @@ py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
     py::gil_scoped_release nogil;
     try {
       f(st.cuda_state(), b);
+    } catch (const commpact::numeric_error& e) {
+      st.abort(e.what());
+      raise_for_python(e);
     } catch (const std::exception& e) {
       st.abort(e.what());
       throw;
@@ -282,7 +308,7 @@ py::object sparse_hook(S& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
-    commpact::torch_guard(st.comm, [&] { st.reduce(index, g); });  // an error reaches every rank
+    hook_guard(st.comm, [&] { st.reduce(index, g); });  // an error reaches every rank
   }
   return completed_future(buf);
 }
@@ -399,7 +425,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
-    commpact::torch_guard(st.comm, [&] { st.reduce(index, l, g, last); });
+    hook_guard(st.comm, [&] { st.reduce(index, l, g, last); });
   }
   return completed_future(buf);
 }
@@ -471,7 +497,7 @@ py::object codec_hook(S& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
-    commpact::torch_guard(st.comm, [&] { st.reduce(index, l, g); });
+    hook_guard(st.comm, [&] { st.reduce(index, l, g); });
   }
   return completed_future(buf);
 }
@@ -503,7 +529,7 @@ struct ModelAverager : HookBase {
     if (step_ < next_) return false;
     {  // one allreduce of 2 int64 per round: ranks whose periods differ raise here, alike
       py::gil_scoped_release nogil;
-      commpact::torch_guard(comm, [&] {
+      hook_guard(comm, [&] {
         commpact::require_same(comm, {{"the step of this averaging round (ModelAverager)", step_,
                                        "every rank must pass the same period, qsr_alpha, warmup and learning "
                                        "rates, and call step() after every optimizer step."}});
@@ -535,7 +561,7 @@ struct ModelAverager : HookBase {
     }
     {
       py::gil_scoped_release nogil;
-      commpact::torch_guard(comm, [&] { dense.reduce(flat); });
+      hook_guard(comm, [&] { dense.reduce(flat); });
     }
     off = 0;
     at::NoGradGuard ng;

@@ -9,7 +9,8 @@ Checks, each on every rank:
     same matrix_approximation_rank, start_powerSGD_iter and random_seed, while both
     differ clearly from plain allreduce (so the comparison can fail);
   * ModelAverager (Local SGD, QSR) leaves identical parameters after an averaging step
-    and different ones between them; QSR's periods stop at lr = 0.
+    and different ones between them; QSR's periods stop at lr = 0;
+  * a NaN bucket on one rank raises on both, with advice that holds in Python.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 tests/torch/test_ddp_hooks.py
 """
 import datetime
@@ -164,6 +165,24 @@ def worker(rank, path, failures):
         dist.barrier()
         model, _ = train(rank, ch.gtopk_hook, ch.GTopKState(density=0.1), steps=3)
         check(identical_across_ranks(flat_params(model)), "the state made after a failed one: replicas differ")
+
+        # 4b. An Inf in one rank's input (so NaN in its bucket) raises on both ranks, in that
+        #     backward; the error says what holds in Python (no on_nonfinite option here).
+        state = ch.GTopKState(density=0.1, name="t/nonfinite")
+        model = DDP(model_fn(), bucket_cap_mb=0.01)
+        model.register_comm_hook(state, ch.gtopk_hook)
+        x, y = batches(rank, 1)[0]
+        if rank == 1:
+            x = x.clone()
+            x[0, 0] = float("inf")
+        try:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            raise AssertionError("a NaN bucket on rank 1 did not raise")
+        except RuntimeError as e:
+            msg = str(e)
+            check("not finite" in msg and "GradScaler" in msg, f"the non-finite error: {msg}")
+            check("on_nonfinite" not in msg, f"the error names the C++ option on_nonfinite: {msg}")
+        dist.barrier()
 
         # 5. A rank that fails (and aborts the hook's communicator) makes the other rank's
         #    hook raise within seconds instead of waiting for the 60 s deadline. Last: the
