@@ -28,7 +28,7 @@
 //! commpact::state::writer w{out, "my.Thing"};
 //! w.i64(1, steps).f32s(2, residual);
 //! w.finish();
-//! ...
+//! // ...
 //! commpact::state::reader r{blob, "my.Thing", "my::Thing"};
 //! const auto steps = r.i64(1);
 //! auto residual = r.f32s(2, n);   // non-finite values raise

@@ -9,7 +9,7 @@
 //!   every compressor's multi-rank path can be checked against the host on one GPU.
 //!
 //! \code
-//! commpact::run_threads(3, [](commpact::ThreadComm& c) {
+//! commpact::run_threads(3, [&](commpact::ThreadComm& c) {
 //!   commpact::gTopK<commpact::TreeComm<commpact::CudaStagedComm<commpact::ThreadComm>>> g{
 //!       commpact::CudaStagedComm{c}, {.density = 0.01}};
 //!   g.reduce(grad);   // grad: a cuda_span<float> on this rank's stream

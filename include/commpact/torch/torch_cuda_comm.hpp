@@ -14,6 +14,7 @@
 //! \code
 //! // C++ (host compiler): auto link = commpact::make_torch_group_link(pg, store, {.timeout = 60s});
 //! // .cu (nvcc):
+//! #include <commpact/torch/torch_cuda_comm.hpp>
 //! auto e = commpact::cuda_space::make_exec(stream);          // PyTorch's current stream
 //! commpact::TorchCudaComm comm{link, e};
 //! commpact::gTopK<commpact::TreeComm<commpact::TorchCudaComm>> g{comm, {.density = 0.01}};

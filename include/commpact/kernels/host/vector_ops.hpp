@@ -6,7 +6,7 @@
 //!
 //! \code
 //! namespace h = commpact::host;
-//! if (h::first_nonfinite(g) != g.size()) ...;           // branch-free check, index on demand
+//! if (h::first_nonfinite(g) != g.size()) { /* ... */ }  // branch-free check, index on demand
 //! std::size_t bad = h::scale_checked(g, 1.0f / P);      // g *= 1/P, reports bad input
 //! bad = h::ef_accumulate(acc, residual, g, s);          // acc = residual + s * g
 //! h::commit_sparse(grad, idx, val, float(P), residual, {}, delivered);
