@@ -11,6 +11,7 @@
 //! Compiled to objects by nvcc 13 in CI (tests/torch/check_torch_cuda_objects.cmake);
 //! where it has run: docs/cuda.md, "Status".
 //!
+//! <!-- snippet: link=std::shared_ptr<commpact::torch_group_link>; stream=cudaStream_t; grad=commpact::cuda_span<float> -->
 //! \code
 //! // C++ (host compiler): auto link = commpact::make_torch_group_link(pg, store, {.timeout = 60s});
 //! // .cu (nvcc):

@@ -50,6 +50,7 @@
 //! host_space, bound to any host Communicator through any_communicator). For another
 //! space, name it and pass a communicator of that space (any_space_communicator<Space>):
 //!
+//! <!-- snippet: grad=commpact::deferred_space::buffer<float> -->
 //! \code
 //! commpact::PowerCompressor<2, commpact::deferred_space> psgd{commpact::DeferredComm{comm}, layout};
 //! psgd.reduce(grad.view());          // grad: deferred_space::buffer<float>

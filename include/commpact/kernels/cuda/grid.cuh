@@ -3,6 +3,7 @@
 //! \file grid.cuh
 //! The grid-stride loop of commpact's element-wise kernels, written once:
 //!
+//! <!-- snippet: namespace -->
 //! \code
 //! __global__ void copy(const float* x, float* y, std::size_t n) {
 //!   for (const std::size_t i : commpact::cuda_kernels::grid_stride(n)) y[i] = x[i];

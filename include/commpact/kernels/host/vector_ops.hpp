@@ -4,6 +4,7 @@
 //! The O(n) passes of the compressors (error feedback, scaling, finiteness checks, the
 //! commit of a sparse result), written to run at memory speed at the user's flags.
 //!
+//! <!-- snippet: s=float; delivered=std::vector<std::int32_t> -->
 //! \code
 //! namespace h = commpact::host;
 //! if (h::first_nonfinite(g) != g.size()) { /* ... */ }  // branch-free check, index on demand
