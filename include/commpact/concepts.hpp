@@ -11,6 +11,7 @@
 //! misses; class templates call it so that a bad type fails with that sentence rather
 //! than a page of template errors:
 //!
+//! <!-- snippet: namespace -->
 //! \code
 //! template <class C> class MyAlgorithm {
 //!   static_assert(commpact::diagnose_point_to_point<C>());

@@ -9,6 +9,7 @@
 //! leave NcclComm out where nccl.h is present but not linked. Link commpact::cuda (and
 //! commpact::nccl for NcclComm) from CMake.
 //!
+//! <!-- snippet: stream=cudaStream_t; id=ncclUniqueId; grad=commpact::cuda_span<float> -->
 //! \code
 //! #include <commpact/cuda.cuh>
 //! auto e = commpact::cuda_space::make_exec(stream);       // on the framework's stream

@@ -24,11 +24,12 @@
 //! "commpact.TopK". Sections follow in the order the class writes them; a nested state
 //! (DataParallel's compressor) is a bytes section holding a whole blob.
 //!
+//! <!-- snippet: out=std::vector<std::byte>; blob=std::vector<std::byte> -->
 //! \code
 //! commpact::state::writer w{out, "my.Thing"};
 //! w.i64(1, steps).f32s(2, residual);
 //! w.finish();
-//! ...
+//! // ...
 //! commpact::state::reader r{blob, "my.Thing", "my::Thing"};
 //! const auto steps = r.i64(1);
 //! auto residual = r.f32s(2, n);   // non-finite values raise

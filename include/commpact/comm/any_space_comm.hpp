@@ -8,6 +8,7 @@
 //! queued on the wrapped communicator's executor `exec()`. Classes whose type names no
 //! communicator but a space (`PowerCompressor<Rank, deferred_space>`) bind through it.
 //!
+//! <!-- snippet: buffer=commpact::deferred_space::buffer<float> -->
 //! \code
 //! commpact::any_space_communicator<commpact::deferred_space> any{commpact::DeferredComm{comm}};
 //! any.allreduce(buffer.view(), commpact::reduce_op::sum);   // queued until the fence

@@ -8,8 +8,9 @@
 //!   P > 1 on one GPU (NCCL cannot place two ranks of a communicator on one device), so
 //!   every compressor's multi-rank path can be checked against the host on one GPU.
 //!
+//! <!-- snippet: grad=commpact::cuda_span<float> -->
 //! \code
-//! commpact::run_threads(3, [](commpact::ThreadComm& c) {
+//! commpact::run_threads(3, [&](commpact::ThreadComm& c) {
 //!   commpact::gTopK<commpact::TreeComm<commpact::CudaStagedComm<commpact::ThreadComm>>> g{
 //!       commpact::CudaStagedComm{c}, {.density = 0.01}};
 //!   g.reduce(grad);   // grad: a cuda_span<float> on this rank's stream

@@ -20,7 +20,7 @@
 //!   commpact::gTopK<commpact::TreeComm<commpact::DeferredComm<commpact::ThreadComm>>> g{
 //!       commpact::DeferredComm{c}, {.density = 0.01}};
 //!   commpact::deferred_space::buffer<float> grad;   // device memory
-//!   ...
+//!   // ... the backward pass writes grad ...
 //!   g.reduce(grad.view());    // start + finish: one fence
 //! });
 //! \endcode

@@ -20,6 +20,7 @@
 //! built over HierarchicalComm (Dense<HierarchicalComm<MpiComm>>) run as before and only
 //! their allreduces take the two-level path.
 //!
+//! <!-- snippet: node_id=int -->
 //! \code
 //! #include <commpact/comm/mpi_comm.hpp>
 //! #include <commpact/comm/hierarchical_comm.hpp>

@@ -11,6 +11,7 @@
 //! on one GPU, so the multi-rank device path is checked by test_cuda_ops.cu's simulated ranks;
 //! docs/cuda.md, "Status", says where each has run).
 //!
+//! <!-- snippet: grad=commpact::cuda_span<float> -->
 //! \code
 //! ncclUniqueId id = commpact::NcclComm::unique_id();          // on rank 0; broadcast it
 //! commpact::NcclComm comm = commpact::NcclComm::create(P, id, rank);   // nonblocking comm

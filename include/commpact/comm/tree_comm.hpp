@@ -20,8 +20,11 @@
 //! \code
 //! commpact::TreeComm<commpact::ThreadComm> tree{comm};
 //! struct Sum { std::int64_t v; std::vector<std::byte> out;
-//!   std::span<const std::byte> payload(const commpact::tree_step&) { ... encode v ... }
-//!   void absorb(const commpact::tree_step& s, std::span<const std::byte> m) { ... v += decoded ... } };
+//!   std::span<const std::byte> payload(const commpact::tree_step&) {
+//!     out.resize(sizeof v); std::memcpy(out.data(), &v, sizeof v); return out; }
+//!   void absorb(const commpact::tree_step& s, std::span<const std::byte> m) {
+//!     std::int64_t x; std::memcpy(&x, m.data(), sizeof x);
+//!     v = s.stage == commpact::tree_stage::unfold_recv ? x : v + x; } };   // unfold: the result
 //! Sum s{comm.rank()};
 //! std::vector<std::byte> buf;
 //! tree.reduce(s, buf);   // s.v == 0 + 1 + ... + P-1 on every rank

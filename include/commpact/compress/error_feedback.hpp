@@ -16,6 +16,7 @@
 //! (or a step that raises) leaves the residual, the velocity and their length as they
 //! were. Nothing is allocated once the buffers have grown (reserve()).
 //!
+//! <!-- snippet: skip (the protocol a compressor follows: encode(...) and zero_delivered(...) stand for its codec's kernels) -->
 //! \code
 //! basic_error_feedback<S> ef{momentum};
 //! ef.begin(e, n, true);                                  // candidate sized; zeros before the first step

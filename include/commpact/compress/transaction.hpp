@@ -13,6 +13,7 @@
 //!   save_state before its reduce() and restored by load_state on cancel (the v2 way,
 //!   one copy of its state per step).
 //!
+//! <!-- snippet: using C=commpact::Dense<commpact::ThreadComm>; c=C -->
 //! \code
 //! commpact::pending_step<C> tx;
 //! const bool ok = tx.run(c, grad);   // grad holds the result; c's step is open

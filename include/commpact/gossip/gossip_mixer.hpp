@@ -21,7 +21,7 @@
 //! commpact::GossipMixer mixer{comm, commpact::Ring(comm.size()), layout, commpact::power_gossip<1>{}};
 //! commpact::GossipMixer choco{comm, commpact::Ring(comm.size()), layout,
 //!                             commpact::choco_gossip<commpact::topk_codec>{commpact::topk_codec{0.01}, 0.3}};
-//! for (...) {
+//! for (int step = 0; step < steps; ++step) {
 //!   backward(grads);
 //!   sgd_update(params, grads, lr);   // local step
 //!   mixer.mix(std::span(params));    // gossip with the ring neighbours

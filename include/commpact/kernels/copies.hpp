@@ -5,6 +5,7 @@
 //! save_state / load_state of a compressor over a space need (never a per-step path,
 //! since each waits for the executor).
 //!
+//! <!-- snippet: using space_type=commpact::deferred_space; exec=commpact::deferred_space::exec; residual_=commpact::deferred_space::buffer<float> -->
 //! \code
 //! auto h = commpact::copy_to_host<space_type>(exec, residual_.cview());   // std::vector<float>
 //! commpact::copy_from_host<space_type>(exec, std::span<const float>(h), residual_);

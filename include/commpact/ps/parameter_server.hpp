@@ -8,6 +8,7 @@
 //! ASP consistency (ps/consistency.hpp), over any communicator with point-to-point
 //! messages and receives of a known size (ThreadComm, MpiComm, CountingComm of either).
 //!
+//! <!-- snippet: grad=std::function<void(std::span<const float>, std::span<float>)> -->
 //! \code
 //! commpact::run_threads(5, [&](commpact::ThreadComm& comm) {
 //!   using namespace commpact::ps;

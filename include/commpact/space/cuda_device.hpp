@@ -63,6 +63,7 @@ class cuda_device_guard {
 //!
 //! PyTorch's caching allocator fits this shape (in the extension, which has torch's
 //! headers; this file includes none):
+//! <!-- snippet: skip (needs LibTorch's CUDA headers (c10/cuda) under nvcc: python/commpact_hooks.cpp's torch_alloc and torch_free, compiled by test_torch_cuda_objects, are this code) -->
 //! \code
 //! void* torch_alloc(std::size_t bytes, cudaStream_t s, void*) {
 //!   try { return c10::cuda::CUDACachingAllocator::raw_alloc_with_stream(bytes, s); }

@@ -15,7 +15,7 @@
 //! b.resize(4);                                            // new storage is NaN-poisoned
 //! commpact::ops<commpact::deferred_space>::fill(e, b.view(), 1.0f);   // queued
 //! std::array<float, 4> h{};
-//! commpact::ops<commpact::deferred_space>::to_host(e, b.cview(), std::span(h));  // queued
+//! commpact::ops<commpact::deferred_space>::to_host(e, b.cview(), std::span<float>(h));  // queued
 //! // h is all NaN here (poisoned when the copy was queued): nothing has run
 //! commpact::deferred_space::fence(e, commpact::no_deadline());            // runs both
 //! \endcode

@@ -11,9 +11,11 @@
 //! Compiled to objects by nvcc 13 in CI (tests/torch/check_torch_cuda_objects.cmake);
 //! where it has run: docs/cuda.md, "Status".
 //!
+//! <!-- snippet: link=std::shared_ptr<commpact::torch_group_link>; stream=cudaStream_t; grad=commpact::cuda_span<float> -->
 //! \code
 //! // C++ (host compiler): auto link = commpact::make_torch_group_link(pg, store, {.timeout = 60s});
 //! // .cu (nvcc):
+//! #include <commpact/torch/torch_cuda_comm.hpp>
 //! auto e = commpact::cuda_space::make_exec(stream);          // PyTorch's current stream
 //! commpact::TorchCudaComm comm{link, e};
 //! commpact::gTopK<commpact::TreeComm<commpact::TorchCudaComm>> g{comm, {.density = 0.01}};

@@ -12,9 +12,9 @@
 //! coefficients: 15 subsets), so a term the data cannot see is 0, never negative.
 //!
 //! \code
-//! std::vector<commpact::cost::comm_sample> s = {{cost::gtopk(8, n, k), 8.8e-3, 4.0}, ...};
+//! std::vector<commpact::cost::comm_sample> s = {{commpact::cost::gtopk(8, n, k), 8.8e-3, 4.0} /* , ... */};
 //! const auto l = commpact::cost::fit_host_link(s, 262144);   // tc tbf burst 256 KiB
-//! double t = commpact::cost::comm_time(cost::topk(8, n, k), l, 4.0);
+//! double t = commpact::cost::comm_time(commpact::cost::topk(8, n, k), l, 4.0);
 //! \endcode
 
 #include <algorithm>

@@ -7,7 +7,7 @@
 //!
 //! \code
 //! using namespace commpact::cost;
-//! const link net = link_from_rate(1e9, 50e-6);             // 1 Gbit/s, 50 us per message
+//! const commpact::cost::link net = link_from_rate(1e9, 50e-6);  // 1 Gbit/s, 50 us per message (POSIX has a ::link)
 //! const auto d = dense(32, 25'600'000);                    // ResNet-50, ring allreduce
 //! const auto g = gtopk(32, 25'600'000, 25'600);            // density 0.001
 //! double speedup = comm_time(d, net) / comm_time(g, net);

@@ -651,6 +651,7 @@ class DataParallel {
 //! flight and abandons the step (cancel_backward), so no bucket writes a gradient that is
 //! destroyed. Declare it after the gradient, so that it ends first:
 //!
+//! <!-- snippet: dp=commpact::DataParallel<commpact::Bucketed<commpact::Dense<commpact::ThreadComm>>, commpact::EveryStep>; sgd=commpact::Sgd -->
 //! \code
 //! std::vector<float> grads(n);
 //! commpact::backward_scope scope{dp, std::span<float>(grads), lr};

@@ -6,6 +6,7 @@
 //! per-tensor hooks do. It is itself a Codec, so one frame per rank and one collective
 //! per step still carry the whole model:
 //!
+//! <!-- snippet: using C=commpact::ThreadComm -->
 //! \code
 //! commpact::tensor_layout layout = {{128, 784}, {1, 128}, {10, 128}, {1, 10}};
 //! commpact::CodecCompressor<commpact::per_tensor<commpact::sign_codec>, commpact::Allgather<C>> ef_sign{

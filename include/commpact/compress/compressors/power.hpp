@@ -11,7 +11,7 @@
 //! \code
 //! std::vector<commpact::tensor_shape> layout = {{64, 3 * 7 * 7}, {64}, {10, 512}, {10}};
 //! commpact::PowerCompressor<2> psgd{comm, layout};        // comm: ThreadComm, MpiComm, CountingComm<...>
-//! for (...) {
+//! for (int step = 0; step < steps; ++step) {
 //!   backward(grads);                 // grads: one flat float buffer, tensors in layout order
 //!   psgd.reduce(std::span(grads));   // grads = the same rank-2 estimate of the mean on every rank
 //!   sgd_update(params, grads, lr);
@@ -50,6 +50,7 @@
 //! host_space, bound to any host Communicator through any_communicator). For another
 //! space, name it and pass a communicator of that space (any_space_communicator<Space>):
 //!
+//! <!-- snippet: grad=commpact::deferred_space::buffer<float> -->
 //! \code
 //! commpact::PowerCompressor<2, commpact::deferred_space> psgd{commpact::DeferredComm{comm}, layout};
 //! psgd.reduce(grad.view());          // grad: deferred_space::buffer<float>

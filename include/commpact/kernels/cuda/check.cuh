@@ -4,6 +4,7 @@
 //! Turns a failed CUDA runtime or cuBLAS call into commpact::device_error. The message
 //! names the caller (`who`), the call, the status and the way out:
 //!
+//! <!-- snippet: p=void*; bytes=std::size_t -->
 //! \code
 //! commpact::cuda_kernels::detail::check(cudaMalloc(&p, bytes), "cudaMalloc");
 //! // commpact::cuda_kernels: cudaMalloc failed with cudaErrorMemoryAllocation (out of memory);

@@ -3,8 +3,11 @@
 //! \file grid.cuh
 //! The grid-stride loop of commpact's element-wise kernels, written once:
 //!
+//! <!-- snippet: namespace -->
 //! \code
-//! for (const std::size_t i : commpact::cuda_kernels::grid_stride(n)) y[i] = x[i];
+//! __global__ void copy(const float* x, float* y, std::size_t n) {
+//!   for (const std::size_t i : commpact::cuda_kernels::grid_stride(n)) y[i] = x[i];
+//! }
 //! \endcode
 //!
 //! visits this thread's indices blockIdx.x * blockDim.x + threadIdx.x + j * gridDim.x *

@@ -26,6 +26,7 @@
 //!
 //! CUB-style two-phase call: with d_temp == nullptr, topk_abs only sets temp_bytes.
 //!
+//! <!-- snippet: d_x=const float*; d_idx=std::int32_t*; d_val=float*; d_temp=void*; stream=cudaStream_t; exec=commpact::cuda_space::exec -->
 //! \code
 //! std::size_t bytes = 0;
 //! commpact::cuda_kernels::topk_abs(nullptr, bytes, d_x, n, k, d_idx, d_val, stream);

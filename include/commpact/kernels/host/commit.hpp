@@ -4,6 +4,7 @@
 //! The commit of a sparse step: the sparse result written into a zeroed dense gradient,
 //! and the delivered entries removed from the error-feedback residual.
 //!
+//! <!-- snippet: delivered=std::vector<std::int32_t>; alive=std::vector<std::uint8_t> -->
 //! \code
 //! // grad = 0 except grad[idx[j]] = val[j] / P; residual[d] = 0 for delivered d
 //! commpact::host::commit_sparse(grad, idx, val, float(P), residual, velocity, delivered, alive);

@@ -7,6 +7,7 @@
 //! +-65504 by to_half, every NaN sent as the quiet NaN sign | 0x7E00, a half NaN read as
 //! sign | 0x7F800000 | mantissa << 13 (no quieting).
 //!
+//! <!-- snippet: codes=std::vector<std::uint16_t> -->
 //! \code
 //! namespace h = commpact::host::half;
 //! h::to_half(x, codes);        // codes[i] = commpact::detail::to_half(x[i])

@@ -3,6 +3,7 @@
 //! \file lowrank.hpp
 //! PowerSGD's products for a row-major matrix M (n x m) and a small rank r, on the host.
 //!
+//! <!-- snippet: e=std::vector<float>; Q=std::vector<float>; r=std::size_t; P=std::vector<float> -->
 //! \code
 //! namespace h = commpact::host;
 //! h::lowrank_project_ef(g, e, n, m, Q, r, P);         // g = M = g + e; P = M Q

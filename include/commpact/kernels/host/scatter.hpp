@@ -3,6 +3,7 @@
 //! \file scatter.hpp
 //! Moving sparse (index, value) sets in and out of dense vectors.
 //!
+//! <!-- snippet: dense=std::vector<float>; s=float -->
 //! \code
 //! commpact::host::scatter(dense, idx, val);          // dense[idx[i]] = val[i]
 //! commpact::host::scatter_add(dense, idx, val);      // dense[idx[i]] += val[i]

@@ -8,7 +8,7 @@
 //! commpact::host::topk_workspace ws;                       // reused across steps
 //! std::size_t bad = commpact::host::ef_accumulate_topk_abs(acc, residual, g, std::nullopt, k, idx, val, ws);
 //! // acc = residual + g (bits of host::ef_accumulate); idx/val = host::topk_abs(acc, k) (bits too)
-//! if (bad != acc.size()) ...;                              // acc[bad] is the first Inf or NaN
+//! if (bad != acc.size()) { /* acc[bad] is the first Inf or NaN: skip or raise */ }
 //! \endcode
 //!
 //! Result: exactly host::ef_accumulate(acc, residual, g[, *scale]) followed by

@@ -4,9 +4,10 @@
 //! The O(n) passes of the compressors (error feedback, scaling, finiteness checks, the
 //! commit of a sparse result), written to run at memory speed at the user's flags.
 //!
+//! <!-- snippet: s=float; delivered=std::vector<std::int32_t> -->
 //! \code
 //! namespace h = commpact::host;
-//! if (h::first_nonfinite(g) != g.size()) ...;           // branch-free check, index on demand
+//! if (h::first_nonfinite(g) != g.size()) { /* ... */ }  // branch-free check, index on demand
 //! std::size_t bad = h::scale_checked(g, 1.0f / P);      // g *= 1/P, reports bad input
 //! bad = h::ef_accumulate(acc, residual, g, s);          // acc = residual + s * g
 //! h::commit_sparse(grad, idx, val, float(P), residual, {}, delivered);
