@@ -4,8 +4,9 @@
 // lengths than multiples of the node size, nodes of equal and unequal size; Dense runs over
 // it; a rank whose length differs makes every rank raise instead of hang.
 // commpact-mpi-ranks: 1 2 3 4 6
-#include <commpact/comm/mpi_comm.hpp>
+// hierarchical_comm.hpp before mpi_comm.hpp: hierarchical_mpi is declared in either order.
 #include <commpact/comm/hierarchical_comm.hpp>
+#include <commpact/comm/mpi_comm.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 
 #include <cmath>

@@ -6,10 +6,12 @@
 // in its marker (<!-- snippet: comm=commpact::MpiComm -->).
 #pragma once
 
-#ifdef COMMPACT_DOC_SNIPPETS_MPI
-#include <commpact/comm/mpi_comm.hpp>   // first: hierarchical_comm.hpp adds hierarchical_mpi after mpi.h
-#endif
 #include <commpact/commpact.hpp>
+#ifdef COMMPACT_DOC_SNIPPETS_MPI
+// After commpact.hpp, as README.md's MPI example has it: hierarchical_mpi must be declared
+// whatever the order (mpi_comm.hpp includes hierarchical_mpi.hpp).
+#include <commpact/comm/mpi_comm.hpp>
+#endif
 
 #include <cstddef>
 #include <cstdint>

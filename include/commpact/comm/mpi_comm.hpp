@@ -491,3 +491,6 @@ decltype(auto) mpi_guard(C& comm, F&& fn) {
 }
 
 }  // namespace commpact
+
+// HierarchicalComm over MpiComm (hierarchical_mpi), whatever order the user's includes come in.
+#include "hierarchical_mpi.hpp"
