@@ -177,15 +177,16 @@ struct HookBase {
   }
 };
 
-// A non-finite step's error ends with the C++ advice to set on_nonfinite, which the
-// Python states do not have: a hook's error says what holds in Python instead.
+// A non-finite step's error ends with the C++ advice to set on_nonfinite
+// (nonfinite_default_remedy), which the Python states do not have: a hook's error says
+// what holds in Python instead.
 [[noreturn]] void raise_for_python(const commpact::numeric_error& e) {
   std::string m = e.what();
-  static constexpr std::string_view cpp_advice = ", or set on_nonfinite = nonfinite::skip_step to drop such steps.";
-  if (const auto at = m.find(cpp_advice); at != std::string::npos)
-    m.replace(at, cpp_advice.size(),
-              "; commpact_hooks cannot skip such a step, so dynamic loss scaling (AMP's GradScaler) is not "
-              "supported yet (docs/pytorch.md).");
+  constexpr std::string_view cpp_remedy = commpact::detail::nonfinite_default_remedy;
+  if (const auto at = m.find(cpp_remedy); at != std::string::npos)
+    m.replace(at, cpp_remedy.size(),
+              "Fix the gradient (lower the learning rate, clip); commpact_hooks cannot skip such a step, so dynamic "
+              "loss scaling (AMP's GradScaler) is not supported yet (docs/pytorch.md).");
   throw commpact::numeric_error(m);
 }
 

@@ -32,17 +32,20 @@ namespace detail {
 //! exponent bits, the index searched only in a block that holds one (host::first_nonfinite).
 inline std::size_t first_nonfinite(std::span<const float> v) { return host::first_nonfinite(v); }
 
+//! The closing advice of raise_nonfinite's message by default: it names on_nonfinite, an
+//! option of the compressors (a binding without that option replaces this sentence).
+inline constexpr std::string_view nonfinite_default_remedy =
+    "Fix the gradient (lower the learning rate, clip), or set on_nonfinite = nonfinite::skip_step to drop such steps.";
+
 //! Raises numeric_error, the same message on every rank: `<who>: the <what> is not
 //! finite (NaN or Inf) at index <i> ...` (index -1: not known, left out). `remedy`
-//! replaces the closing advice (which names on_nonfinite, an option of the compressors).
+//! replaces the closing advice (nonfinite_default_remedy).
 [[noreturn]] inline void raise_nonfinite(std::string_view who, std::string_view what, std::size_t index,
                                          std::int64_t step, std::string_view remedy = {}) {
   const std::string where = index == static_cast<std::size_t>(-1) ? std::string() : cat(" at index ", index);
   throw numeric_error(cat("commpact::", who, ": the ", what, " is not finite (NaN or Inf)", where, " at step ", step,
                           " (some rank passed NaN or Inf; every rank raises this error). ",
-                          remedy.empty() ? std::string_view("Fix the gradient (lower the learning rate, clip), or set "
-                                                            "on_nonfinite = nonfinite::skip_step to drop such steps.")
-                                         : remedy));
+                          remedy.empty() ? nonfinite_default_remedy : remedy));
 }
 
 //! Ends a step that met NaN or Inf, alike on every rank: raises under nonfinite::raise;
