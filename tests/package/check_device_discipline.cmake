@@ -10,7 +10,10 @@
 #   - an asynchronous call (cuda*Async) whose stream is the legacy default stream: a last
 #     argument of 0, nullptr, NULL, cudaStreamLegacy or {} , or one of the common calls
 #     given too few arguments (C++'s default stream argument is 0);
-#   - a kernel launch <<<...>>> without a stream, or with one of the values above.
+#   - a kernel launch <<<...>>> without a stream, or with one of the values above;
+#   - isSuccess( (c10d::Work's: ProcessGroupNCCL's WorkNCCL throws NotImplementedError
+#     from it since PyTorch 2.x, which PyTorch 1.13's Gloo tests cannot show; found on a
+#     GPU on 2026-12-05): read exception(), null when the work succeeded.
 # Lines that start with // are comments and are not checked; a trailing // comment is
 # stripped before the checks. The allow marker works on any rule, needs a reason, and
 # the tree may hold at most `max_allowed` of them (raise it in review, not in passing).
@@ -128,6 +131,9 @@ function(scan_file file rel found_var allowed_var)
         continue()
       endif()
     endif()
+    if(c MATCHES "isSuccess[ \t]*\\(")
+      list(APPEND found "${where}: isSuccess( of a c10d::Work (ProcessGroupNCCL's WorkNCCL throws NotImplementedError there since PyTorch 2.x: read exception(), null when it succeeded)")
+    endif()
     if(c MATCHES "cudaDeviceSynchronize")
       list(APPEND found "${where}: cudaDeviceSynchronize (waits for every stream on the device: fence the executor)")
     endif()
@@ -234,6 +240,7 @@ inline void bad(void* p, const void* q, std::size_t n, cudaStream_t s) {
   check(cudaMallocAsync(&p, n, 0), "cudaMallocAsync (p)");  // PLANT
   kernel<<<grid, block>>>(p);  // PLANT
   kernel<<<1, 32, 0, 0>>>(p);  // PLANT
+  if (!work->isSuccess()) fail();  // PLANT
   cudaStreamSynchronize(s);  // commpact-discipline: allow
 }
 inline void good(void* p, const void* q, std::size_t n, cudaStream_t s, int* h) {
@@ -252,6 +259,7 @@ inline void good(void* p, const void* q, std::size_t n, cudaStream_t s, int* h) 
            e.stream()>>>(p);
   cudaStreamSynchronize(s);  // commpact-discipline: allow a set-up-time fallback, in the self-test
   foo();  // cudaDeviceSynchronize in a trailing comment is fine
+  if (work->exception()) fail();
 }
 ]=])
   set(found "")

@@ -188,7 +188,9 @@ class torch_failure {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
     }
-    if (!w->isSuccess()) {
+    // exception(), not isSuccess(): ProcessGroupNCCL's WorkNCCL throws NotImplementedError from
+    // isSuccess() (PyTorch 2.x); every Work has exception() (null when it succeeded).
+    if (w->exception()) {
       check_notice(what);  // a peer that aborted and left: its reason, not the closed connection
       const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ", exception_text(w->exception()));
       fail_and_tell(why);

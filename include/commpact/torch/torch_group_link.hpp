@@ -149,7 +149,7 @@ class torch_group_link_impl final : public torch_group_link {
         if (!(*it)->isCompleted()) {
           ++it;
         } else {
-          if (!(*it)->isSuccess()) failed.push_back(*it);
+          if ((*it)->exception()) failed.push_back(*it);  // not isSuccess(): WorkNCCL throws there
           it = works_.erase(it);
         }
       }
