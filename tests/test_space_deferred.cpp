@@ -9,6 +9,7 @@
 #include <commpact/comm/tree_comm.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
+#include <commpact/compress/compressors/topk.hpp>
 #include <commpact/concepts/space.hpp>
 #include <commpact/kernels/deferred/ops.hpp>
 #include <commpact/kernels/host/ops.hpp>
@@ -18,6 +19,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -217,6 +220,90 @@ TEST_CASE("gTopK: start / finish / cancel, then a retry equals a run that never 
     ok[comm.rank()] = good;
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+}
+
+namespace {
+
+//! A ReLU network's gradient: exact zeros with probability `zeros`, else N(0, scale^2).
+std::vector<float> relu_like(std::uint64_t seed, std::size_t n, double zeros, float scale) {
+  std::mt19937_64 g(seed);
+  std::bernoulli_distribution z(zeros);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = z(g) ? 0.0f : d(g);
+  return v;
+}
+
+//! The CUDA DDP hooks' flow (python/commpact_hooks_cuda.cu): one compressor per bucket,
+//! each bucket's step started in its hook and left in flight; the result consumed by work
+//! queued after it (DDP copies the bucket out); the next step's gradient written into the
+//! same bucket buffer; every step in flight finished and committed, in start order, when
+//! a bucket index comes again. Each bucket's result and residual must equal reduce() on
+//! the host, step by step.
+template <class Dev, class Host>
+void hook_flow(int P) {
+  const std::vector<std::size_t> sizes = {5000, 700, 37};
+  const std::vector<double> zeros = {0.5, 0.97, 0.999};
+  const std::size_t B = sizes.size();
+  const int steps = 6;
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    const int r = comm.rank();
+    DeferredComm<ThreadComm> dc{comm};
+    const auto e = dc.exec();
+    std::vector<std::unique_ptr<Dev>> dev;
+    std::vector<std::unique_ptr<Host>> host;
+    std::vector<deferred_space::buffer<float>> bucket(B);
+    std::vector<std::vector<float>> out(B), want(B);
+    std::vector<std::vector<float>> staging;  // host sources of queued copies, alive until the fences
+    staging.reserve(static_cast<std::size_t>(steps) * B);
+    for (std::size_t b = 0; b < B; ++b) {
+      dev.push_back(std::make_unique<Dev>(dc, sparse_options{.density = 0.05}));
+      host.push_back(std::make_unique<Host>(comm, sparse_options{.density = 0.05}));
+      bucket[b].resize(sizes[b]);
+      out[b].assign(sizes[b], -1.0f);
+    }
+    std::vector<bool> pending(B, false);
+    bool good = true;
+    auto settle = [&] {
+      for (std::size_t b = 0; b < B; ++b) {
+        if (!pending[b]) continue;
+        good = dev[b]->finish() && good;
+        dev[b]->commit();
+        pending[b] = false;
+        good = good && same_bits(out[b], want[b]);
+        good = good && same_bits(host_copy(e, dev[b]->residual()), host[b]->residual());
+      }
+    };
+    for (int s = 0; s < steps; ++s) {
+      for (std::size_t b = 0; b < B; ++b) {
+        // backward writes the bucket, then DDP calls the hook
+        staging.push_back(relu_like(1000 * s + 10 * b + r, sizes[b], zeros[b], 1e-3f));
+        const auto& g = staging.back();
+        ops<deferred_space>::from_host(e, std::span<const float>(g), bucket[b].view());
+        if (pending[b]) settle();
+        want[b] = g;
+        good = host[b]->reduce(std::span<float>(want[b])) && good;
+        dev[b]->start(bucket[b].view());
+        pending[b] = true;
+        ops<deferred_space>::to_host(e, bucket[b].cview(), std::span<float>(out[b]));  // DDP copies it out
+      }
+    }
+    settle();
+    ok[r] = good;
+  });
+  for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
+}
+
+}  // namespace
+
+TEST_CASE("gTopK and TopK in the CUDA DDP hooks' flow (buckets in flight, finished when their index comes again) "
+          "equal reduce() on the host, results and residuals",
+          "[space][gtopk][hooks]") {
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  SECTION("gTopK") { hook_flow<deferred_gtopk, host_gtopk>(P); }
+  SECTION("TopK") { hook_flow<TopK<DeferredComm<ThreadComm>>, TopK<ThreadComm>>(P); }
 }
 
 TEST_CASE("Dense over the deferred space equals host_space bit for bit; NaN raises or skips alike", "[space][dense]") {
