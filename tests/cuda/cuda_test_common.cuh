@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <mutex>
@@ -102,12 +103,34 @@ std::size_t diff(const std::vector<T>& a, const std::vector<T>& b) {
   return d;
 }
 
+//! The largest input size a kernel test should try: COMMPACT_TEST_MAX_N when set (scripts/
+//! device-check sets it for the racecheck pass, whose instrumentation makes a 1e6-entry
+//! case take minutes; its shared-memory hazards show at 1e5 as well), else no limit.
+inline std::size_t max_n() {
+  const char* v = std::getenv("COMMPACT_TEST_MAX_N");
+  if (v == nullptr || *v == '\0') return static_cast<std::size_t>(-1);
+  char* end = nullptr;
+  const unsigned long long n = std::strtoull(v, &end, 10);
+  return (end != nullptr && *end == '\0' && n > 0) ? static_cast<std::size_t>(n) : static_cast<std::size_t>(-1);
+}
+
 //! n values of N(0, scale^2) from a generator seeded with seed.
 inline std::vector<float> values(std::uint64_t seed, std::size_t n, float scale = 1.0f) {
   std::mt19937_64 g(seed);
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<float> v(n);
   for (auto& x : v) x = d(g);
+  return v;
+}
+//! A ReLU network's gradient: exact zeros with probability `zeros`, else N(0, scale^2) (the
+//! DDP hooks' buckets: most entries of a layer behind a ReLU are exactly 0, so the k-th
+//! largest |value| may be 0 and the selection runs among ties).
+inline std::vector<float> relu_values(std::uint64_t seed, std::size_t n, double zeros, float scale = 1.0f) {
+  std::mt19937_64 g(seed);
+  std::bernoulli_distribution z(zeros);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = z(g) ? 0.0f : d(g);
   return v;
 }
 //! Adversarial values sprinkled into v (every 7th element): +-0, denormals, ties.

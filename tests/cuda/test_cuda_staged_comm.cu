@@ -4,6 +4,9 @@
 // - its collectives and point-to-point on device spans against ThreadComm's on the host
 //   (P = 3: allreduce sum and max, allgather, broadcast, exchange round a ring,
 //   send/recv_known);
+// - gTopK and TopK on ReLU-like gradients (97% exact zeros), and in the CUDA DDP hooks'
+//   flow (a compressor per bucket, steps left in flight and finished when their bucket
+//   index comes again), against the host step by step;
 // - Dense, gTopK<TreeComm<...>>, OkTopK, Fp16Allreduce, LinearCompressor<randomk_codec> and
 //   PowerCompressor<2, cuda_space> over it at P = 2, 3 and 5 against the same compressors
 //   over ThreadComm on the host, 4 steps, bit for bit (outputs and residuals), a NaN on one
@@ -19,6 +22,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <span>
@@ -33,6 +37,8 @@
 #include "commpact/compress/compressors/linear.hpp"
 #include "commpact/compress/compressors/oktopk.hpp"
 #include "commpact/compress/compressors/power.hpp"
+#include "commpact/compress/compressors/topk.hpp"
+#include "commpact/compress/device_codecs.cuh"
 #include "commpact/gossip/gossip_mixer.hpp"
 #include "commpact/gossip/power_gossip.hpp"
 #include "commpact/topology/ring.hpp"
@@ -110,9 +116,11 @@ void check_collectives() {
   });
 }
 
-//! Four steps of the compressor made by `make` over CudaStagedComm and over ThreadComm.
+//! Four steps of the compressor made by `make` over CudaStagedComm and over ThreadComm;
+//! `zeros` > 0: ReLU-like gradients (that share of exact zeros, the rest N(0, 1e-6)).
 template <class MakeDev, class MakeHost>
-void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, MakeHost make_host) {
+void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, MakeHost make_host,
+                      double zeros = 0.0) {
   cp::run_threads(P, [&](cp::ThreadComm& tc) {
     const int r = tc.rank();
     SC c{tc};
@@ -123,15 +131,16 @@ void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, 
     g.resize(n);
     std::vector<std::pair<const void*, std::size_t>> sig;
     for (int s = 0; s < 4; ++s) {
-      auto h = values(1000 * s + r, n);
+      auto h = zeros > 0.0 ? commpact_test::relu_values(1000 * s + r, n, zeros, 1e-3f) : values(1000 * s + r, n);
       D::from_host(e, std::span<const float>(h), g.view());
       dev.reduce(g.view());
       host.reduce(std::span<float>(h));
-      EXPECT_MT(same(download(e, g.cview()), h), "%s P=%d rank %d step %d: output differs from the host", name, P, r, s);
+      EXPECT_MT(same(download(e, g.cview()), h), "%s P=%d zeros=%g rank %d step %d: output differs from the host", name,
+                P, zeros, r, s);
       if constexpr (requires { dev.residual(); std::span<const float>(host.residual()); }) {
         const std::span<const float> hr = host.residual();
         EXPECT_MT(same(download(e, dev.residual()), std::vector<float>(hr.begin(), hr.end())),
-                  "%s P=%d rank %d step %d: residual differs from the host", name, P, r, s);
+                  "%s P=%d zeros=%g rank %d step %d: residual differs from the host", name, P, zeros, r, s);
       }
       if constexpr (requires { dev.workspace_signature(); }) {
         if (s == 1) sig = dev.workspace_signature();
@@ -149,6 +158,68 @@ void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, 
       raised = true;
     }
     EXPECT_MT(raised, "%s P=%d rank %d: a NaN on rank %d did not raise numeric_error here", name, P, r, P - 1);
+  });
+}
+
+//! The CUDA DDP hooks' flow (python/commpact_hooks_cuda.cu) on the device: a compressor per
+//! bucket (ReLU-like gradients, density 0.05), each bucket's step started and left in
+//! flight, its result copied out by work queued after it (as DDP does), the next step's
+//! gradient written into the same bucket, and every step in flight finished and committed,
+//! in start order, when a bucket index comes again. Results and residuals against reduce()
+//! on the host, step by step. (tests/test_space_deferred.cpp runs the same flow on the
+//! deferred space in CI.)
+template <class MakeDev, class MakeHost>
+void check_hook_flow(const char* name, int P, MakeDev make_dev, MakeHost make_host) {
+  const std::vector<std::size_t> sizes = {26000, 5000, 37};
+  const std::vector<double> zeros = {0.6, 0.97, 0.999};
+  const std::size_t B = sizes.size();
+  cp::run_threads(P, [&](cp::ThreadComm& tc) {
+    const int r = tc.rank();
+    SC c{tc};
+    const auto& e = c.exec();
+    using DevC = decltype(make_dev(c));
+    using HostC = decltype(make_host(tc));
+    std::vector<std::unique_ptr<DevC>> dev;
+    std::vector<std::unique_ptr<HostC>> host;
+    std::vector<cp::cuda_buffer<float>> bucket(B), copied(B);
+    std::vector<std::vector<float>> want(B);
+    for (std::size_t b = 0; b < B; ++b) {
+      dev.push_back(std::make_unique<DevC>(make_dev(c)));
+      host.push_back(std::make_unique<HostC>(make_host(tc)));
+      bucket[b].resize(sizes[b]);
+      copied[b].resize(sizes[b]);
+    }
+    std::vector<bool> pending(B, false);
+    int step = 0;
+    auto settle = [&] {
+      for (std::size_t b = 0; b < B; ++b) {
+        if (!pending[b]) continue;
+        const bool delivered = dev[b]->finish();
+        dev[b]->commit();
+        pending[b] = false;
+        EXPECT_MT(delivered, "%s hook flow P=%d rank %d bucket %zu step %d: skipped", name, P, r, b, step - 1);
+        EXPECT_MT(same(download(e, copied[b].cview()), want[b]),
+                  "%s hook flow P=%d rank %d bucket %zu step %d: result differs from the host", name, P, r, b, step - 1);
+        const std::span<const float> hr = host[b]->residual();
+        EXPECT_MT(same(download(e, dev[b]->residual()), std::vector<float>(hr.begin(), hr.end())),
+                  "%s hook flow P=%d rank %d bucket %zu step %d: residual differs from the host", name, P, r, b,
+                  step - 1);
+      }
+    };
+    for (; step < 6; ++step) {
+      for (std::size_t b = 0; b < B; ++b) {
+        const auto g = commpact_test::relu_values(1000 * step + 10 * b + r, sizes[b], zeros[b], 1e-3f);
+        D::from_host(e, std::span<const float>(g), bucket[b].view());  // backward writes the bucket
+        if (pending[b]) settle();
+        want[b] = g;
+        host[b]->reduce(std::span<float>(want[b]));
+        dev[b]->start(bucket[b].view());
+        pending[b] = true;
+        D::copy(e, bucket[b].cview(), copied[b].view());  // DDP copies the result out
+      }
+    }
+    ++step;
+    settle();
   });
 }
 
@@ -187,6 +258,20 @@ int main() {
     check_compressor(
         "gTopK", P, 20011, [](SC c) { return cp::gTopK<cp::TreeComm<SC>>{c, {.density = 0.01}}; },
         [](cp::ThreadComm c) { return cp::gTopK<cp::TreeComm<cp::ThreadComm>>{c, {.density = 0.01}}; });
+    check_compressor(
+        "gTopK", P, 20011, [](SC c) { return cp::gTopK<cp::TreeComm<SC>>{c, {.density = 0.05}}; },
+        [](cp::ThreadComm c) { return cp::gTopK<cp::TreeComm<cp::ThreadComm>>{c, {.density = 0.05}}; }, 0.97);
+    check_compressor(
+        "TopK", P, 20011, [](SC c) { return cp::TopK<SC>{c, {.density = 0.05}}; },
+        [](cp::ThreadComm c) { return cp::TopK<cp::ThreadComm>{c, {.density = 0.05}}; }, 0.97);
+    if (P < 5) {
+      check_hook_flow(
+          "gTopK", P, [](SC c) { return cp::gTopK<cp::TreeComm<SC>>{c, {.density = 0.05}}; },
+          [](cp::ThreadComm c) { return cp::gTopK<cp::TreeComm<cp::ThreadComm>>{c, {.density = 0.05}}; });
+      check_hook_flow(
+          "TopK", P, [](SC c) { return cp::TopK<SC>{c, {.density = 0.05}}; },
+          [](cp::ThreadComm c) { return cp::TopK<cp::ThreadComm>{c, {.density = 0.05}}; });
+    }
     check_compressor(
         "OkTopK", P, 20011, [](SC c) { return cp::OkTopK<SC>{c, {.density = 0.01, .period = 2}}; },
         [](cp::ThreadComm c) { return cp::OkTopK<cp::ThreadComm>{c, {.density = 0.01, .period = 2}}; });

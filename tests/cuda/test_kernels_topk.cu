@@ -1,6 +1,6 @@
 // commpact::cuda_kernels::topk_abs against a brute-force reference (stable sort by (abs_key desc,
 // index asc)) and against its host twin commpact::host::topk_abs, on the same random and
-// tied inputs, by both selections (sampled and radix): indices and value bits must be
+// tied inputs, ReLU-like inputs (mostly exact zeros), by both selections (sampled and radix): indices and value bits must be
 // identical. The sampled path's bound must equal the host plan's, and an input built
 // against the sample must take (and survive) its fallback. Exits 77 (CTest: skipped) when
 // no GPU is present. CUDA code is always built as C++20 (the commpact::cuda target and
@@ -161,6 +161,7 @@ int main() {
     commpact::cuda_kernels::topk_workspace dws;
     for (std::size_t n : {std::size_t{1}, std::size_t{17}, std::size_t{1000}, std::size_t{100003}, std::size_t{1} << 20,
                           std::size_t{3000017}}) {
+      if (n > commpact_test::max_n()) continue;
       for (std::uint64_t seed : {1u, 2u}) {
         std::mt19937_64 rng(seed);
         std::normal_distribution<float> d(0.0f, 1.0f);
@@ -174,10 +175,20 @@ int main() {
         for (std::size_t i = 0; i < n; i += 101) x[i] = (i % 2) ? std::numeric_limits<float>::infinity() : -0.0f;
         x[n / 2] = std::numeric_limits<float>::quiet_NaN();
         for (std::size_t k : ks) compare("tied", x, k, dws);
+        // ReLU-like (a DDP bucket's gradient): exact zeros, so the k-th key may be 0 and the
+        // selection runs among the zeros' ties (smaller index first)
+        std::vector<std::size_t> kr = ks;
+        if (n >= 20) kr.push_back(n / 20);
+        for (double z : {0.5, 0.97, 0.999}) {
+          if (n > (std::size_t{1} << 20)) break;  // the reference sort's time; 1e6 shows the shape
+          x = commpact_test::relu_values(seed * 7 + static_cast<std::uint64_t>(z * 1000), n, z, 1e-3f);
+          for (std::size_t k : kr) compare("relu-like", x, k, dws);
+        }
       }
     }
     // The sampled path's fallback: built against the sample, checked to fall back.
     for (std::size_t n : {std::size_t{1} << 15, std::size_t{1} << 20}) {
+      if (n > commpact_test::max_n()) continue;
       const std::size_t k = n / 50;
       const std::vector<float> x = against_the_sample(n, k, 7);
       EXPECT(!x.empty(), "n=%zu k=%zu: the host plan does not sample, so the fallback is not exercised", n, k);
