@@ -288,13 +288,13 @@ def two_ranks(rank, path, dev_type, steps, out):
                                                                     start_powerSGD_iter=2, name=f"{tag}/psgd")))
         for (name, hook, st), (_, chook, cst) in zip(states("two"), states("two-cpu")):
             m, losses = train(dev, batches(rank, steps, dev), hook, st)
-            c, _ = train(cpu, batches(rank, steps, cpu), chook, cst)
+            c, closses = train(cpu, batches(rank, steps, cpu), chook, cst)
             p = flat(m)
             parts = [torch.empty_like(p) for _ in range(2)]
             dist.all_gather(parts, p)
             first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
             res.append((name, torch.equal(parts[0], parts[1]), first, last, st.bytes_sent(), cst.bytes_sent(),
-                        (p - flat(c)).abs().max().item()))
+                        (p - flat(c)).abs().max().item(), losses, closses))
         # ModelAverager on the device's parameters: every rank ends with the two ranks' mean.
         g = torch.Generator().manual_seed(40 + rank)
         params = [torch.randn(s, generator=g).to(dev) for s in ((3, 5), (7,), (2, 2, 2))]
@@ -339,7 +339,12 @@ def two_process(args, failures):
                     check(ok and err <= 1e-6, f"ModelAverager on {args.device} parameters over Gloo: averaged in "
                           f"place to the two ranks' mean (max |diff| {err:.2e}, {b} bytes sent)", failures)
                     continue
-                name, same, first, last, b, cb, err = entry
+                name, same, first, last, b, cb, err, losses, closses = entry
+                # The two runs' loss curves (every 5th step): where a device run parts from the
+                # CPU's, and whether the CPU run fell as far.
+                print(f"note    {name} losses, {args.device} buckets: " +
+                      " ".join(f"{v:.3f}" for v in losses[::5]) + "; CPU buckets: " +
+                      " ".join(f"{v:.3f}" for v in closses[::5]), flush=True)
                 check(same, f"{name}: replicas identical over Gloo with {args.device} buckets", failures)
                 check(b == cb, f"{name}: bytes sent with {args.device} buckets {b} = {cb} with CPU buckets", failures)
                 print(f"row ddp_hooks_gloo device={args.device} hook={name} bytes={b} max_diff_vs_cpu={err:.3e}")
@@ -385,7 +390,7 @@ def main():
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     ap.add_argument("--installed", action="store_true", help="commpact_hooks is importable: skip the pip install")
     ap.add_argument("--check-steps", type=int, default=3)
-    ap.add_argument("--two-steps", type=int, default=30)
+    ap.add_argument("--two-steps", type=int, default=60)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--time-steps", type=int, default=20)
     ap.add_argument("--hook", choices=HOOK_NAMES, help="(internal) check 1 of this hook alone, then exit")
