@@ -224,16 +224,6 @@ TEST_CASE("gTopK: start / finish / cancel, then a retry equals a run that never 
 
 namespace {
 
-//! A ReLU network's gradient: exact zeros with probability `zeros`, else N(0, scale^2).
-std::vector<float> relu_like(std::uint64_t seed, std::size_t n, double zeros, float scale) {
-  std::mt19937_64 g(seed);
-  std::bernoulli_distribution z(zeros);
-  std::normal_distribution<float> d(0.f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = z(g) ? 0.0f : d(g);
-  return v;
-}
-
 //! The CUDA DDP hooks' flow (python/commpact_hooks_cuda.cu): one compressor per bucket,
 //! each bucket's step started in its hook and left in flight; the result consumed by work
 //! queued after it (DDP copies the bucket out); the next step's gradient written into the
@@ -278,7 +268,7 @@ void hook_flow(int P) {
     for (int s = 0; s < steps; ++s) {
       for (std::size_t b = 0; b < B; ++b) {
         // backward writes the bucket, then DDP calls the hook
-        staging.push_back(relu_like(1000 * s + 10 * b + r, sizes[b], zeros[b], 1e-3f));
+        staging.push_back(commpact_test::relu_values(1000 * s + 10 * b + r, sizes[b], zeros[b], 1e-3f));
         const auto& g = staging.back();
         ops<deferred_space>::from_host(e, std::span<const float>(g), bucket[b].view());
         if (pending[b]) settle();

@@ -7,6 +7,8 @@
 
 #include <cuda_runtime.h>
 
+#include "../common/random.hpp"  // relu_values
+
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -120,17 +122,6 @@ inline std::vector<float> values(std::uint64_t seed, std::size_t n, float scale 
   std::normal_distribution<float> d(0.0f, scale);
   std::vector<float> v(n);
   for (auto& x : v) x = d(g);
-  return v;
-}
-//! A ReLU network's gradient: exact zeros with probability `zeros`, else N(0, scale^2) (the
-//! DDP hooks' buckets: most entries of a layer behind a ReLU are exactly 0, so the k-th
-//! largest |value| may be 0 and the selection runs among ties).
-inline std::vector<float> relu_values(std::uint64_t seed, std::size_t n, double zeros, float scale = 1.0f) {
-  std::mt19937_64 g(seed);
-  std::bernoulli_distribution z(zeros);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = z(g) ? 0.0f : d(g);
   return v;
 }
 //! Adversarial values sprinkled into v (every 7th element): +-0, denormals, ties.
