@@ -20,7 +20,6 @@
 #include <cstring>
 #include <limits>
 #include <memory>
-#include <random>
 #include <span>
 #include <vector>
 

@@ -117,7 +117,7 @@ void check_collectives() {
 }
 
 //! Four steps of the compressor made by `make` over CudaStagedComm and over ThreadComm;
-//! `zeros` > 0: ReLU-like gradients (that share of exact zeros, the rest N(0, 1e-6)).
+//! `zeros` > 0: ReLU-like gradients (that share of exact zeros, the rest N(0, 1e-3 squared)).
 template <class MakeDev, class MakeHost>
 void check_compressor(const char* name, int P, std::size_t n, MakeDev make_dev, MakeHost make_host,
                       double zeros = 0.0) {

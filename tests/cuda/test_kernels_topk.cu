@@ -1,9 +1,10 @@
 // commpact::cuda_kernels::topk_abs against a brute-force reference (stable sort by (abs_key desc,
-// index asc)) and against its host twin commpact::host::topk_abs, on the same random and
-// tied inputs, ReLU-like inputs (mostly exact zeros), by both selections (sampled and radix): indices and value bits must be
-// identical. The sampled path's bound must equal the host plan's, and an input built
-// against the sample must take (and survive) its fallback. Exits 77 (CTest: skipped) when
-// no GPU is present. CUDA code is always built as C++20 (the commpact::cuda target and
+// index asc)) and against its host twin commpact::host::topk_abs, on the same random, tied
+// and ReLU-like inputs (mostly exact zeros), by both selections (sampled and radix): indices
+// and value bits must be identical. The sampled path's bound must equal the host plan's,
+// and an input built against the sample must take (and survive) its fallback. Exits 77
+// (CTest: skipped) when no GPU is present. COMMPACT_TEST_MAX_N caps the sizes (device-check's
+// racecheck pass). CUDA code is always built as C++20 (the commpact::cuda target and
 // scripts/device-check say so), which the host kernels need.
 
 #include <cuda_runtime.h>
