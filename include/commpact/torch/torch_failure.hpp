@@ -190,9 +190,9 @@ class torch_failure {
     }
     // exception(), not isSuccess(): ProcessGroupNCCL's WorkNCCL throws NotImplementedError from
     // isSuccess() (PyTorch 2.x); every Work has exception() (null when it succeeded).
-    if (w->exception()) {
+    if (const std::exception_ptr failure = w->exception()) {
       check_notice(what);  // a peer that aborted and left: its reason, not the closed connection
-      const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ", exception_text(w->exception()));
+      const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ", exception_text(failure));
       fail_and_tell(why);
       throw comm_error(cat("commpact::TorchComm::", what, ": ", why));
     }
