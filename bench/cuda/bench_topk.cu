@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Device top-k (commpact::cuda_kernels::topk_abs: select.cuh's sampled path, which every
-// size here takes, and its radix path, topk_method::radix, timed in the same run as
-// radix_ms) against two sort-based top-k baselines at n = 1e6, 1e7, 1e8 and density
+// size here takes, its keyed variant, topk_method::sampled_keyed, as keyed_ms, and its
+// radix path, topk_method::radix, as radix_ms, all timed in the same run) against two sort-based top-k baselines at n = 1e6, 1e7, 1e8 and density
 // 0.001 and 0.01:
 //   thrust   what a user writes with Thrust: keys = |g| (thrust::transform), indices =
 //            0..n-1, thrust::sort_by_key(keys, indices, thrust::greater<float>()) (Thrust
@@ -17,7 +17,7 @@
 // bandwidth (4n bytes read once / time), ratio to the read-once floor (4n bytes at the
 // measured device-to-device copy rate, read + write counted), and whether the baselines'
 // results are bit-identical to ours (indices and values). With NCCL (nccl.h found), also
-// the whole gTop-k step on the device at n = 25M, density 0.001, one NCCL rank
+// the whole gTop-k step on the device at n = 25M, density 0.001 and 0.01, one NCCL rank
 // (gTopK<TreeComm<NcclComm>>::reduce: accumulate, select, scatter, residual; it
 // synchronises once per step) against ncclAllReduce of the same tensor.
 //
@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 #include <cub/device/device_radix_sort.cuh>
 #include <thrust/copy.h>
@@ -193,8 +194,9 @@ int main() {
   const double copy_ms = median_ms([&] { cudaMemcpyAsync(y, x, 4 * nmax, cudaMemcpyDeviceToDevice); }, 10);
   const double rate = 2.0 * 4 * nmax / (copy_ms * 1e-3);  // bytes/s, read + write
   std::printf("row copy rate_GBps=%.1f\n", rate * 1e-9);
-  ck::topk_workspace ws, ws_radix;  // automatic (the sampled path here) and the radix path
+  ck::topk_workspace ws, ws_radix, ws_keyed;  // automatic (the sampled path here), radix, keyed
   ws_radix.set_method(ck::topk_method::radix);
+  ws_keyed.set_method(ck::topk_method::sampled_keyed);
   bool all_same = true;
   for (std::size_t n : {std::size_t{1000000}, std::size_t{10000000}, nmax}) {
     for (double dens : {0.001, 0.01}) {
@@ -211,6 +213,11 @@ int main() {
       check(cudaMalloc(&i4, 4 * k), "malloc"), check(cudaMalloc(&v4, 4 * k), "malloc");
       ws_radix.run(x, n, k, i4, v4);
       const double t_radix = median_ms([&] { ws_radix.run(x, n, k, i4, v4); }, 20);
+      std::int32_t* i5;
+      float* v5;
+      check(cudaMalloc(&i5, 4 * k), "malloc"), check(cudaMalloc(&v5, 4 * k), "malloc");
+      ws_keyed.run(x, n, k, i5, v5);
+      const double t_keyed = median_ms([&] { ws_keyed.run(x, n, k, i5, v5); }, 20);
       double t_sort = 0, t_thrust = 0;
       {
         sort_topk st;
@@ -235,17 +242,19 @@ int main() {
         return ha == hb && std::memcmp(wa.data(), wb.data(), 4 * k) == 0;
       };
       const bool same_cub = same_as_ours(i2, v2), same_thrust = same_as_ours(i3, v3), same_radix = same_as_ours(i4, v4);
-      all_same = all_same && same_cub && same_thrust && same_radix;
+      const bool same_keyed = same_as_ours(i5, v5);
+      all_same = all_same && same_cub && same_thrust && same_radix && same_keyed;
       const double floor_ms = 4.0 * n / rate * 1e3;
-      std::printf("row topk n=%zu density=%g path=%s commpact_ms=%.4f radix_ms=%.4f thrust_sort_ms=%.4f "
-                  "cub_sort_ms=%.4f floor_ms=%.4f ratio_to_floor=%.2f eff_GBps=%.1f speedup_vs_thrust=%.2f "
-                  "speedup_vs_sort=%.2f identical=%s identical_thrust=%s identical_radix=%s\n",
+      std::printf("row topk n=%zu density=%g path=%s commpact_ms=%.4f radix_ms=%.4f keyed_ms=%.4f "
+                  "thrust_sort_ms=%.4f cub_sort_ms=%.4f floor_ms=%.4f ratio_to_floor=%.2f keyed_ratio_to_floor=%.2f "
+                  "eff_GBps=%.1f speedup_vs_thrust=%.2f speedup_vs_sort=%.2f identical=%s identical_thrust=%s "
+                  "identical_radix=%s identical_keyed=%s\n",
                   n, dens, ck::detail::plan_for(n, k, ck::topk_method::automatic).use ? "sampled" : "radix", t_cp,
-                  t_radix, t_thrust, t_sort, floor_ms, t_cp / floor_ms, 4.0 * n / (t_cp * 1e-3) * 1e-9,
-                  t_thrust / t_cp, t_sort / t_cp, same_cub ? "yes" : "NO", same_thrust ? "yes" : "NO",
-                  same_radix ? "yes" : "NO");
+                  t_radix, t_keyed, t_thrust, t_sort, floor_ms, t_cp / floor_ms, t_keyed / floor_ms,
+                  4.0 * n / (t_cp * 1e-3) * 1e-9, t_thrust / t_cp, t_sort / t_cp, same_cub ? "yes" : "NO",
+                  same_thrust ? "yes" : "NO", same_radix ? "yes" : "NO", same_keyed ? "yes" : "NO");
       cudaFree(i1), cudaFree(i2), cudaFree(i3), cudaFree(v1), cudaFree(v2), cudaFree(v3);
-      cudaFree(i4), cudaFree(v4);
+      cudaFree(i4), cudaFree(v4), cudaFree(i5), cudaFree(v5);
     }
   }
 #ifdef HAVE_NCCL
@@ -254,28 +263,34 @@ int main() {
     const std::size_t n = 25000000;
     auto comm = cp::NcclComm::create(1, cp::NcclComm::unique_id(), 0, cp::cuda_space::make_exec(), true);  // blocking
     const auto e = comm.exec();
-    cp::gTopK<cp::TreeComm<cp::NcclComm>> g{comm, {.density = 0.001}};
     cp::cuda_buffer<float> grad;
     grad.resize(n);
-    auto step = [&] {
-      cudaMemcpyAsync(cp::cuda_access::ptr(grad.view()), x, 4 * n, cudaMemcpyDeviceToDevice, e.stream());
-      g.reduce(grad.view());
-    };
-    step();
-    step();
     cudaEvent_t a, b;
     cudaEventCreate(&a), cudaEventCreate(&b);
-    std::vector<float> t;
-    for (int r = 0; r < 20; ++r) {
-      cudaEventRecord(a, e.stream());
+    // density 0.001 (the kernel target) and 0.01 (the DDP hook's default: its compression
+    // at 25M parameters, docs/pytorch.md)
+    std::vector<std::pair<double, double>> steps;  // density, median step ms
+    for (double dens : {0.001, 0.01}) {
+      cp::gTopK<cp::TreeComm<cp::NcclComm>> g{comm, {.density = dens}};
+      auto step = [&] {
+        cudaMemcpyAsync(cp::cuda_access::ptr(grad.view()), x, 4 * n, cudaMemcpyDeviceToDevice, e.stream());
+        g.reduce(grad.view());
+      };
       step();
-      cudaEventRecord(b, e.stream());
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      t.push_back(ms);
+      step();
+      std::vector<float> t;
+      for (int r = 0; r < 20; ++r) {
+        cudaEventRecord(a, e.stream());
+        step();
+        cudaEventRecord(b, e.stream());
+        cudaEventSynchronize(b);
+        float ms = 0;
+        cudaEventElapsedTime(&ms, a, b);
+        t.push_back(ms);
+      }
+      std::sort(t.begin(), t.end());
+      steps.emplace_back(dens, t[t.size() / 2]);
     }
-    std::sort(t.begin(), t.end());
     const double copy_part = 4.0 * n * 2 / rate * 1e3;
     auto ar = [&] {
       ncclAllReduce(x, y, n, ncclFloat32, ncclSum, comm.handle(), e.stream());
@@ -293,9 +308,9 @@ int main() {
       t2.push_back(ms);
     }
     std::sort(t2.begin(), t2.end());
-    std::printf("row gtopk_step n=%zu density=0.001 ranks=1 step_ms=%.4f input_copy_ms=%.4f dense_allreduce_ms=%.4f"
-                "\n",
-                n, t[t.size() / 2], copy_part, t2[t2.size() / 2]);
+    for (const auto& [dens, ms] : steps)
+      std::printf("row gtopk_step n=%zu density=%g ranks=1 step_ms=%.4f input_copy_ms=%.4f dense_allreduce_ms=%.4f\n",
+                  n, dens, ms, copy_part, t2[t2.size() / 2]);
   }
 #else
   std::printf("row gtopk_step skipped (built without NCCL)\n");

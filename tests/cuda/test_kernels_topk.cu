@@ -1,8 +1,9 @@
 // commpact::cuda_kernels::topk_abs against a brute-force reference (stable sort by (abs_key desc,
 // index asc)) and against its host twin commpact::host::topk_abs, on the same random, tied
-// and ReLU-like inputs (mostly exact zeros), by both selections (sampled and radix): indices
-// and value bits must be identical. The sampled path's bound must equal the host plan's,
-// and an input built against the sample must take (and survive) its fallback. Exits 77
+// and ReLU-like inputs (mostly exact zeros), by every selection (sampled, its keyed variant,
+// and radix): indices and value bits must be identical. The sampled path's bound must equal
+// the host plan's; an input built against the sample must take (and survive) its fallback,
+// and one where most entries pass the bound the keyed variant's. Exits 77
 // (CTest: skipped) when no GPU is present. COMMPACT_TEST_MAX_N caps the sizes (device-check's
 // racecheck pass). CUDA code is always built as C++20 (the commpact::cuda target and
 // scripts/device-check say so), which the host kernels need.
@@ -99,10 +100,11 @@ void compare_one(const char* what, const char* method, const std::vector<float>&
          bad_host, k);
 }
 
-// Both selections (the sampled path where it applies, and the radix path) against the
-// reference and the host; on the sampled path, its bound must be the host plan's (the
-// j-th largest key of the same sample) and, without the fallback, its candidates
-// between k and the host plan's capacity.
+// Every selection (the sampled path where it applies, keyed and not, and the radix path)
+// against the reference and the host; on the sampled path, its bound must be the host
+// plan's (the j-th largest key of the same sample) and its candidates those passing the
+// bound, or the whole set where it falls back: fewer than k passing, all passing, or (keyed)
+// more than n / 2 passing, where its keys would not fit beside the positions.
 void compare(const char* what, const std::vector<float>& x, std::size_t k, commpact::cuda_kernels::topk_workspace& dws) {
   using commpact::cuda_kernels::topk_method;
   namespace hd = commpact::host::detail;
@@ -114,6 +116,9 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
   commpact::host::topk_abs(x, k, hidx, hval, hws);
   dws.set_method(topk_method::radix);
   compare_one(what, "radix", x, k, ridx, rval, hidx, hval, dws);
+  dws.set_method(topk_method::sampled_keyed);
+  compare_one(what, "sampled_keyed", x, k, ridx, rval, hidx, hval, dws);
+  const auto keyed = last_state(dws);
   dws.set_method(topk_method::automatic);
   compare_one(what, "automatic", x, k, ridx, rval, hidx, hval, dws);
   hd::topk_impl::sample_plan plan{};
@@ -134,6 +139,30 @@ void compare(const char* what, const std::vector<float>& x, std::size_t k, commp
     EXPECT(st.ident == 1 && st.m == n, "%s: n=%zu k=%zu: only %zu keys pass the bound, but the device did not fall "
            "back to every entry (ident %u, m %u)", what, n, k, passing, st.ident, st.m);
   }
+  // keyed: the same bound; its keys used exactly when k <= passing <= n / 2
+  EXPECT(keyed.bound == bound, "%s (keyed): n=%zu k=%zu: the device's sample bound is %u, the host plan's %u", what,
+         n, k, keyed.bound, bound);
+  const bool keys_fit = passing >= k && passing <= n / 2;
+  if (keys_fit) {
+    EXPECT(keyed.ident == 0 && keyed.m == passing && keyed.keys_at == n - n / 2,
+           "%s (keyed): n=%zu k=%zu: %zu keys pass the bound, but the device kept %u candidates (whole set: %u, "
+           "keys at %u, expected %zu)", what, n, k, passing, keyed.m, keyed.ident, keyed.keys_at, n - n / 2);
+  } else {
+    EXPECT(keyed.ident == 1 && keyed.m == n && keyed.keys_at == 0,
+           "%s (keyed): n=%zu k=%zu: %zu keys pass the bound, so the candidates must be the whole set, but the "
+           "device has ident %u, m %u, keys at %u", what, n, k, passing, keyed.ident, keyed.m, keyed.keys_at);
+  }
+}
+
+// Most entries at the top key: 70% are +-1 (random signs), the rest in (-0.5, 0.5), so with
+// k = n / 100 the sample's bound is 1 and 70% of the entries pass it: more than the keyed
+// path's n / 2 key slots, so it must fall back to the whole set (and still be exact).
+std::vector<float> mostly_at_the_top(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.0f, 1.0f), small(-0.5f, 0.5f);
+  std::vector<float> x(n);
+  for (auto& v : x) v = u(rng) < 0.7f ? (u(rng) < 0.5f ? -1.0f : 1.0f) : small(rng);
+  return x;
 }
 
 // An input built against the sample: every sampled entry large, every other one small,
@@ -196,6 +225,14 @@ int main() {
       if (x.empty()) continue;
       compare("against the sample", x, k, dws);
       EXPECT(last_state(dws).ident == 1, "n=%zu k=%zu: the sampled path did not fall back", n, k);
+    }
+    // More than half the entries pass the bound: the keyed path's fallback (compare checks it).
+    for (std::size_t n : {std::size_t{1} << 15, std::size_t{1} << 20}) {
+      if (n > commpact_test::max_n()) continue;
+      const std::vector<float> x = mostly_at_the_top(n, 11);
+      compare("mostly at the top", x, n / 100, dws);
+      EXPECT(last_state(dws).m > n / 2, "n=%zu: only %u candidates passed the bound; the input no longer exercises the "
+             "keyed path's fallback", n, last_state(dws).m);
     }
     // Workspace reuse: the same sizes do not allocate again.
     std::vector<float> x(100000, 1.0f);

@@ -40,6 +40,7 @@
 #include <cub/block/block_scan.cuh>
 #include <cub/device/device_select.cuh>
 #include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/tabulate_output_iterator.h>
 
 #include "grid.cuh"
 
@@ -78,7 +79,7 @@ struct select_state {
   std::uint32_t k_all;   //!< the rank sought in the whole set (min(k, count))
   std::uint32_t bound;   //!< the sampled path's bound L: candidates are the keys >= L
   std::uint32_t ident;   //!< 1: the candidates are the whole set (candidate j is position j)
-  std::uint32_t pad_;
+  std::uint32_t keys_at; //!< not 0: candidate j's abs_key is cand[keys_at + j] (the keyed sampled path)
 };
 
 //! abs_key of a float array (the host's abs_key: sign bit cleared).
@@ -101,6 +102,7 @@ __global__ void select_init(select_state* st, const std::uint32_t* d_count, std:
   st->k_all = kr;
   st->bound = 0;
   st->ident = 0;
+  st->keys_at = 0;
   st->shift = 62;
   st->prefix = kr == 0 ? 1 : 0;  // nothing (c >> 62 is 0) or, below, everything
   st->done = (kr == 0 || kr == cnt) ? 1u : 0u;
@@ -116,6 +118,15 @@ inline constexpr int hist_batch = 8;
 __device__ __forceinline__ std::uint32_t cand_position(const select_state* st, const std::int32_t* cand,
                                                        std::uint32_t j) {
   return st->ident ? j : static_cast<std::uint32_t>(cand[j]);
+}
+
+//! abs_key of candidate j at position p: src.key(p), or, on the keyed sampled path, the
+//! copy its selection pass wrote beside the positions (a contiguous read, not a gather).
+template <class Src>
+__device__ __forceinline__ std::uint32_t cand_key(const Src& src, const select_state* st, const std::int32_t* cand,
+                                                  std::uint32_t j, std::uint32_t p) {
+  const std::uint32_t at = st->keys_at;
+  return at != 0 ? static_cast<std::uint32_t>(cand[at + j]) : src.key(p);
 }
 
 //! Histogram of digit L over the entries matching the current prefix: all of [0, count)
@@ -145,7 +156,7 @@ __global__ void __launch_bounds__(select_block) select_hist(Src src, const selec
 #pragma unroll
     for (int u = 0; u < hist_batch; ++u) {
       const std::uint32_t j = base + static_cast<std::uint32_t>(u) * blockDim.x + threadIdx.x;
-      key[u] = j < total ? src.key(pos[u]) : 0u;
+      key[u] = j < total ? (OverCand ? cand_key(src, st, cand, j, pos[u]) : src.key(pos[u])) : 0u;
     }
 #pragma unroll
     for (int u = 0; u < hist_batch; ++u) {
@@ -280,13 +291,16 @@ struct emit_position {
   }
 };
 
-//! Over candidates: candidate j holds position cand[j] (j itself when st->ident).
+//! Over candidates: candidate j holds position cand[j] (j itself when st->ident), its key
+//! as cand_key gives it.
 template <class Src>
 struct cand_pred {
   select_pred<Src> p;
   const std::int32_t* cand;
-  __device__ __forceinline__ bool operator()(std::int32_t j) const {
-    return p(static_cast<std::int32_t>(cand_position(p.st, cand, static_cast<std::uint32_t>(j))));
+  __device__ __forceinline__ bool operator()(std::int32_t jj) const {
+    const auto j = static_cast<std::uint32_t>(jj);
+    const std::uint32_t pos = cand_position(p.st, cand, j);
+    return (composite(cand_key(p.src, p.st, cand, j, pos), pos) >> p.st->shift) >= p.st->prefix;
   }
 };
 template <class Emit>
@@ -373,15 +387,37 @@ struct at_or_above_bound {
   __device__ __forceinline__ bool operator()(float v) const { return (__float_as_uint(v) & 0x7fffffffu) >= st->bound; }
 };
 
+//! The keyed sampled path's output of its selection pass (the function of a
+//! thrust::tabulate_output_iterator): candidate o is position p and, while o < half, its
+//! abs_key goes to cand[at + o] too (half = cap / 2, at = cap - half). Those slots are
+//! disjoint from the positions' [0, m) whenever m <= half, the only case in which
+//! select_settle keeps the list (with more candidates than half, key and position writes
+//! may overlap, and the candidates become the whole set instead).
+struct keep_keyed {
+  const float* x;
+  std::int32_t* cand;
+  std::uint32_t half, at;
+  __device__ __forceinline__ void operator()(std::ptrdiff_t o, std::int32_t p) const {
+    cand[o] = p;
+    if (o < static_cast<std::ptrdiff_t>(half))
+      cand[at + o] = static_cast<std::int32_t>(__float_as_uint(x[p]) & 0x7fffffffu);
+  }
+};
+
 //! The sampled path's decision: fewer than k candidates passed the bound (the sample
 //! overestimated the k-th key), so the candidates become the whole set; when every entry
 //! passed (a bound of 0: the k-th key is 0, as in a mostly zero gradient), the whole set
-//! too, so that the digit passes skip reading the candidate list.
-__global__ void select_settle(select_state* st) {
+//! too, so that the digit passes skip reading the candidate list. keys_at (not 0: the
+//! keyed path, its keys at cand + keys_at for the first count - keys_at candidates): the
+//! keys are used when every candidate has one, else the whole set again.
+__global__ void select_settle(select_state* st, std::uint32_t keys_at) {
   if (!decision_lane()) return;
-  if (st->m < st->k_all || st->m == st->count) {
+  const bool keys_short = keys_at != 0 && st->m > st->count - keys_at;
+  if (st->m < st->k_all || st->m == st->count || keys_short) {
     st->ident = 1;
     st->m = st->count;
+  } else {
+    st->keys_at = keys_at;
   }
 }
 
@@ -409,9 +445,9 @@ struct select_scratch {
   int sms = 0;
 
   //! CUB's temporary storage for a DeviceSelect::If (the radix path) or FlaggedIf (the
-  //! sampled path) over cap entries: the larger of the two.
+  //! sampled path, its output plain or keyed) over cap entries: the largest of the three.
   static cudaError_t cub_need(std::uint32_t cap, std::size_t& bytes) {
-    std::size_t b_if = 0, b_flagged = 0;
+    std::size_t b_if = 0, b_flagged = 0, b_keyed = 0;
     const auto items = static_cast<std::int64_t>(cap > 0 ? cap : 1);
     detail::select_pred<detail::float_keys> pred{{nullptr}, nullptr};
     COMMPACT_CU_TRY(cub::DeviceSelect::If(nullptr, b_if, thrust::counting_iterator<std::int32_t>(0),
@@ -421,7 +457,13 @@ struct select_scratch {
                                                  static_cast<const float*>(nullptr), static_cast<std::int32_t*>(nullptr),
                                                  static_cast<std::uint32_t*>(nullptr), items,
                                                  detail::at_or_above_bound{nullptr}, cudaStream_t{}));
+    COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(nullptr, b_keyed, thrust::counting_iterator<std::int32_t>(0),
+                                                 static_cast<const float*>(nullptr),
+                                                 thrust::make_tabulate_output_iterator(detail::keep_keyed{}),
+                                                 static_cast<std::uint32_t*>(nullptr), items,
+                                                 detail::at_or_above_bound{nullptr}, cudaStream_t{}));
     bytes = b_if > b_flagged ? b_if : b_flagged;
+    bytes = bytes > b_keyed ? bytes : b_keyed;
     return cudaSuccess;
   }
   //! Bytes of scratch for sets of at most cap entries.
@@ -519,9 +561,14 @@ cudaError_t select_topk(select_scratch& sc, Src src, const std::uint32_t* d_coun
 //! commpact::host::detail::topk_impl::plan_sampled(sc.cap, k). d_k (device, may be null):
 //! k is min(k, *d_k), as select_topk (a k of 0 there lets nothing pass the bound). Queued
 //! on s.
+//! keyed: the selection pass also copies each candidate's abs_key beside the positions
+//! (keep_keyed), so that the digit passes and the final compaction read the keys
+//! contiguously instead of gathering x[cand[j]] (about 1.2k to 2k scattered reads per
+//! pass); with more than cap / 2 candidates the whole set instead. Same bits either way.
 template <class Emit>
 cudaError_t select_topk_sampled(select_scratch& sc, const float* x, std::uint32_t k, std::uint32_t chunks,
-                                std::uint32_t j, Emit emit, cudaStream_t s, const std::int64_t* d_k = nullptr) {
+                                std::uint32_t j, Emit emit, cudaStream_t s, const std::int64_t* d_k = nullptr,
+                                bool keyed = false) {
   using namespace detail;
   const std::uint32_t cap = sc.cap;
   decision_launch(select_init, s, sc.st, static_cast<const std::uint32_t*>(nullptr), cap, k, d_k);
@@ -529,10 +576,18 @@ cudaError_t select_topk_sampled(select_scratch& sc, const float* x, std::uint32_
   select_sample_bound<<<1, sample_threads, 0, s>>>(x, sc.st, cap, chunks, j);
   COMMPACT_CU_TRY(cudaGetLastError());
   std::size_t cb = sc.cub_bytes;
-  COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(sc.cub_tmp, cb, thrust::counting_iterator<std::int32_t>(0), x, sc.cand,
-                                               &sc.st->m, static_cast<std::int64_t>(cap),
-                                               at_or_above_bound{sc.st}, s));
-  decision_launch(select_settle, s, sc.st);
+  const std::uint32_t half = cap / 2, keys_at = keyed && half > 0 ? cap - half : 0u;
+  if (keys_at != 0) {
+    COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(
+        sc.cub_tmp, cb, thrust::counting_iterator<std::int32_t>(0), x,
+        thrust::make_tabulate_output_iterator(keep_keyed{x, sc.cand, half, keys_at}), &sc.st->m,
+        static_cast<std::int64_t>(cap), at_or_above_bound{sc.st}, s));
+  } else {
+    COMMPACT_CU_TRY(cub::DeviceSelect::FlaggedIf(sc.cub_tmp, cb, thrust::counting_iterator<std::int32_t>(0), x,
+                                                 sc.cand, &sc.st->m, static_cast<std::int64_t>(cap),
+                                                 at_or_above_bound{sc.st}, s));
+  }
+  decision_launch(select_settle, s, sc.st, keys_at);
   COMMPACT_CU_TRY(cudaGetLastError());
   return select_from_candidates(sc, float_keys{x}, emit, grid_for(cap, sc.sms), 0, s);
 }

@@ -57,9 +57,13 @@
 namespace commpact::cuda_kernels {
 
 //! Which selection topk_abs runs (see the file comment): automatic (the sampled path
-//! where the host's plan applies, else radix) or radix always. Both give the same bits;
-//! bench/cuda/bench_topk.cu times one against the other.
-enum class topk_method { automatic, radix };
+//! where the host's plan applies, else radix), radix always, or sampled_keyed: automatic
+//! with the sampled path's candidates keyed (select_topk_sampled: the selection pass
+//! copies each candidate's key beside its position, so the later passes read no x[cand[j]]
+//! gathers; the whole set instead when more than n / 2 pass). All give the same bits;
+//! bench/cuda/bench_topk.cu times them in one run. sampled_keyed stays opt-in until that
+//! run shows it faster than automatic (docs/cuda.md, "Not done yet").
+enum class topk_method { automatic, radix, sampled_keyed };
 
 namespace detail {
 
@@ -74,7 +78,7 @@ struct sampled_plan {
 };
 inline sampled_plan plan_for(std::size_t n, std::size_t k, topk_method method) {
   host::detail::topk_impl::sample_plan p{};
-  if (method != topk_method::automatic || k == 0 || k >= n || !host::detail::topk_impl::plan_sampled(n, k, p))
+  if (method == topk_method::radix || k == 0 || k >= n || !host::detail::topk_impl::plan_sampled(n, k, p))
     return {};
   return {true, static_cast<std::uint32_t>(p.chunks), static_cast<std::uint32_t>(p.j)};
 }
@@ -105,7 +109,8 @@ inline cudaError_t run_topk(select_scratch& sc, const float* d_x, std::size_t n,
   const topk_emit emit{d_x, d_idx, d_val};
   const auto kk = static_cast<std::uint32_t>(k);
   const sampled_plan p = plan_for(n, k, method);
-  if (p.use) return select_topk_sampled(sc, d_x, kk, p.chunks, p.j, emit, stream, d_k);
+  if (p.use)
+    return select_topk_sampled(sc, d_x, kk, p.chunks, p.j, emit, stream, d_k, method == topk_method::sampled_keyed);
   return select_topk(sc, float_keys{d_x}, nullptr, kk, emit, stream, d_k);
 }
 
