@@ -61,17 +61,18 @@ namespace {
 
 using commpact_bench::check;
 
+// Median of reps CUDA-event timings of f() on stream s, after one warm-up call.
 template <class F>
-double median_ms(F&& f, int reps) {
+double median_ms(F&& f, int reps, cudaStream_t s = 0) {
   cudaEvent_t a, b;
   check(cudaEventCreate(&a), "event"), check(cudaEventCreate(&b), "event");
   f();  // warm-up
   check(cudaDeviceSynchronize(), "warm-up");
   std::vector<float> t;
   for (int r = 0; r < reps; ++r) {
-    check(cudaEventRecord(a), "record");
+    check(cudaEventRecord(a, s), "record");
     f();
-    check(cudaEventRecord(b), "record");
+    check(cudaEventRecord(b, s), "record");
     check(cudaEventSynchronize(b), "sync");
     float ms = 0;
     check(cudaEventElapsedTime(&ms, a, b), "elapsed");
@@ -265,8 +266,6 @@ int main() {
     const auto e = comm.exec();
     cp::cuda_buffer<float> grad;
     grad.resize(n);
-    cudaEvent_t a, b;
-    cudaEventCreate(&a), cudaEventCreate(&b);
     // density 0.001 (the kernel target) and 0.01 (the DDP hook's default: its compression
     // at 25M parameters, docs/pytorch.md)
     std::vector<std::pair<double, double>> steps;  // density, median step ms
@@ -276,41 +275,17 @@ int main() {
         cudaMemcpyAsync(cp::cuda_access::ptr(grad.view()), x, 4 * n, cudaMemcpyDeviceToDevice, e.stream());
         g.reduce(grad.view());
       };
-      step();
-      step();
-      std::vector<float> t;
-      for (int r = 0; r < 20; ++r) {
-        cudaEventRecord(a, e.stream());
-        step();
-        cudaEventRecord(b, e.stream());
-        cudaEventSynchronize(b);
-        float ms = 0;
-        cudaEventElapsedTime(&ms, a, b);
-        t.push_back(ms);
-      }
-      std::sort(t.begin(), t.end());
-      steps.emplace_back(dens, t[t.size() / 2]);
+      step();  // the first step sizes the workspaces; median_ms warms up once more
+      steps.emplace_back(dens, median_ms(step, 20, e.stream()));
     }
     const double copy_part = 4.0 * n * 2 / rate * 1e3;
     auto ar = [&] {
       ncclAllReduce(x, y, n, ncclFloat32, ncclSum, comm.handle(), e.stream());
     };
-    ar();
-    cudaStreamSynchronize(e.stream());
-    std::vector<float> t2;
-    for (int r = 0; r < 20; ++r) {
-      cudaEventRecord(a, e.stream());
-      ar();
-      cudaEventRecord(b, e.stream());
-      cudaEventSynchronize(b);
-      float ms = 0;
-      cudaEventElapsedTime(&ms, a, b);
-      t2.push_back(ms);
-    }
-    std::sort(t2.begin(), t2.end());
+    const double ar_ms = median_ms(ar, 20, e.stream());
     for (const auto& [dens, ms] : steps)
       std::printf("row gtopk_step n=%zu density=%g ranks=1 step_ms=%.4f input_copy_ms=%.4f dense_allreduce_ms=%.4f\n",
-                  n, dens, ms, copy_part, t2[t2.size() / 2]);
+                  n, dens, ms, copy_part, ar_ms);
   }
 #else
   std::printf("row gtopk_step skipped (built without NCCL)\n");
