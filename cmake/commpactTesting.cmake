@@ -31,10 +31,16 @@ set(COMMPACT_MPI_RANKS 1 2 3 4 5 8 CACHE STRING "Rank counts for MPI tests")
 # A host test whose file has a line `// commpact-long-test` runs long. A build that sets
 # COMMPACT_LONG_TEST_FLAGS compiles those tests with these flags after its own:
 # scripts/test's sanitizer pass builds every other host test at -O0 (a third of -O1's
-# compile time) and the long ones at -O1, where they run 2.4-7x faster than at -O0.
+# compile time) and the long ones at -O2 (scripts/test says what each level costs).
 set(COMMPACT_LONG_TEST_FLAGS "" CACHE STRING
-    "Extra compile flags for the host tests marked '// commpact-long-test' (say -O1 in a -O0 sanitizer build)")
+    "Extra compile flags for the host tests marked '// commpact-long-test' (say -O2 in a -O0 sanitizer build)")
 set(COMMPACT_TEST_TIMEOUT 600 CACHE STRING "Per-test timeout in seconds")
+# ctest -j starts the tests in decreasing COST; a fresh build folder has no timings of its
+# own (Testing/Temporary/CTestCostData.txt), so without a COST the longest tests start in
+# declaration order and the run ends with them alone on the machine. The long ones (the
+# host tests marked commpact-long-test, the package, pip and CUDA-object checks) carry a
+# COST: their seconds in scripts/test's run on 2 cores (docs/notes/ci-time.md), rounded.
+set(COMMPACT_LONG_COST 30)
 
 function(commpact_add_catch_test src)
   get_filename_component(name ${src} NAME_WE)
@@ -48,6 +54,9 @@ function(commpact_add_catch_test src)
   endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
+  if(long_line)  # started first (COMMPACT_LONG_COST), so that it does not end the run alone
+    set_tests_properties(${name} PROPERTIES COST ${COMMPACT_LONG_COST})
+  endif()
   commpact_test_locks(${src} ${name})
 endfunction()
 
