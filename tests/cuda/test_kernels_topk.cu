@@ -231,8 +231,9 @@ int main() {
       if (n > commpact_test::max_n()) continue;
       const std::vector<float> x = mostly_at_the_top(n, 11);
       compare("mostly at the top", x, n / 100, dws);
-      EXPECT(last_state(dws).m > n / 2, "n=%zu: only %u candidates passed the bound; the input no longer exercises the "
-             "keyed path's fallback", n, last_state(dws).m);
+      const std::uint32_t m = last_state(dws).m;
+      EXPECT(m > n / 2, "n=%zu: only %u candidates passed the bound; the input no longer exercises the keyed path's "
+             "fallback", n, m);
     }
     // Workspace reuse: the same sizes do not allocate again.
     std::vector<float> x(100000, 1.0f);

@@ -563,8 +563,9 @@ cudaError_t select_topk(select_scratch& sc, Src src, const std::uint32_t* d_coun
 //! on s.
 //! keyed: the selection pass also copies each candidate's abs_key beside the positions
 //! (keep_keyed), so that the digit passes and the final compaction read the keys
-//! contiguously instead of gathering x[cand[j]] (about 1.2k to 2k scattered reads per
-//! pass); with more than cap / 2 candidates the whole set instead. Same bits either way.
+//! contiguously instead of gathering x[cand[j]] (one scattered read per candidate and
+//! pass, about 1.2k to 2k of them); with more than cap / 2 candidates the whole set
+//! instead. Same bits either way.
 template <class Emit>
 cudaError_t select_topk_sampled(select_scratch& sc, const float* x, std::uint32_t k, std::uint32_t chunks,
                                 std::uint32_t j, Emit emit, cudaStream_t s, const std::int64_t* d_k = nullptr,
