@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-// Part of tests/cuda/test_cuda_rows_cast_vote.cu (one nvcc translation unit): GossipMixer's
+// For tests/cuda/test_cuda_rows_cast_vote.cu (namespace rows_test): GossipMixer's
 // rows (gossip_check, gossip_pack, gossip_mix, choco_update) and TreeMerge's tree_begin
 // against ops<host_space>, on fresh random inputs with poisoned outputs.
 
@@ -15,7 +15,9 @@
 #include "commpact/wire/sparse_frame.hpp"
 #include "rows_test_util.cuh"
 
-void check_gossip_rows(std::mt19937_64& rng) {
+namespace rows_test {
+
+inline void check_gossip_rows(std::mt19937_64& rng) {
   std::normal_distribution<float> d;
   std::uniform_real_distribution<double> wd(0.05, 0.5);
   for (std::size_t n : {1u, 33u, 70001u})
@@ -132,7 +134,7 @@ bool same_meta(const cp::sparse_tree_meta& a, const cp::sparse_tree_meta& b) {
 
 //! tree_begin on well-formed, flagged and malformed blocks (a codec's sparse_wire frame
 //! padded to the block): meta, sets and alive flags against host::tree::begin.
-void check_tree_begin(std::mt19937_64& rng) {
+inline void check_tree_begin(std::mt19937_64& rng) {
   namespace sw = cp::sparse_wire;
   std::normal_distribution<float> d;
   for (std::size_t n : {1u, 100u, 100003u})
@@ -181,3 +183,5 @@ void check_tree_begin(std::mt19937_64& rng) {
              "tree_begin n=%zu case %d: the host's own status %u is not what the case expects", n, kase, hm.status);
     }
 }
+
+}  // namespace rows_test

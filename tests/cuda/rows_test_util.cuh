@@ -14,13 +14,17 @@
 #include "cuda_test_common.cuh"
 
 namespace cp = commpact;
+
+// A named namespace (the test says `using namespace rows_test`), not an anonymous one: CI's
+// unity build of the CUDA tests (COMMPACT_CUDA_TESTS_UNITY) includes this header at global
+// scope beside the other tests' headers, each of which has its own E.
+namespace rows_test {
+
 using D = cp::ops<cp::cuda_space>;
 using H = cp::ops<cp::host_space>;
 using commpact_test::failures;
 
-namespace {
-
-cp::cuda_space::exec E;
+inline cp::cuda_space::exec E;
 
 //! b = h (resized), fenced, so that work on other streams sees it.
 template <class T>
@@ -53,4 +57,4 @@ std::size_t diff_nan(const std::vector<T>& a, const std::vector<T>& b) {
   return d;
 }
 
-}  // namespace
+}  // namespace rows_test

@@ -38,7 +38,10 @@
 #define COMMPACT_TEST_MAJORITY 1
 #endif
 
+#include "cuda/rows_gossip_tree_checks.cuh"  // check_gossip_rows, check_tree_begin
 #include "cuda/rows_test_util.cuh"
+
+using namespace rows_test;
 
 namespace {
 
@@ -293,11 +296,6 @@ void check_compressors(std::mt19937_64& rng) {
 }
 
 }  // namespace
-
-void check_gossip_rows(std::mt19937_64& rng);  // rows_gossip_tree_checks.cuh
-void check_tree_begin(std::mt19937_64& rng);
-
-#include "cuda/rows_gossip_tree_checks.cuh"
 
 int main() {
   return commpact_test::run_checks(

@@ -32,16 +32,13 @@
 #include "commpact/kernels/cuda/ops.cuh"
 #include "commpact/kernels/host/ops.hpp"
 #include "cuda_test_common.cuh"
+#include "instantiations.cuh"  // PowerGossip's algorithm over NcclComm, every member
 
 namespace cp = commpact;
 using commpact_test::failures;
 using commpact_test::sprinkle;
 using D = cp::ops<cp::cuda_space>;
 using H = cp::ops<cp::host_space>;
-
-// PowerGossip over the CUDA space: every member of the algorithm compiles (GossipMixer
-// itself also needs rows_gossip.cuh's gossip_check).
-template class cp::detail::power_gossip_algorithm<2, cp::NcclComm>;
 
 namespace {
 

@@ -3,6 +3,10 @@
 // shadow ::cuda and break this file's compilation). The v3 space headers and the
 // space-generic compressors also compile under nvcc (C++20). On a GPU, a kernel written
 // inside namespace commpact over cuda::std::span runs; without one, the test exits 77.
+//
+// It is its own program under COMMPACT_CUDA_TESTS_UNITY too: there each test sits in a
+// namespace of its own, and this file's point is what names mean at global scope.
+// commpact-cuda-standalone
 
 #include <cuda/std/span>
 #include <cuda_runtime.h>
