@@ -169,7 +169,14 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
     auto one = ThreadComm::make_world(1);
     GossipMixer<Ring> m{one[0], Ring(1), kLayout};
     std::vector<float> x(kN - 1);
-    CHECK_THROWS_WITH(m.mix(std::span<float>(x)), Catch::Contains(std::to_string(kN - 1)));
+    const std::string len = std::to_string(kN - 1);
+    CHECK_THROWS_MATCHES(m.mix(std::span<float>(x)), invalid_argument,
+                         MessageContains({len.c_str(), "Every rank raises"}));
+    // Without the round's flag allreduce the rank cannot tell the others: it raises at once, saying so.
+    GossipMixer<Ring> quiet{one[0], Ring(1), kLayout, exact_mixing{}, {.check_finite = false}};
+    CHECK_THROWS_MATCHES(quiet.mix(std::span<float>(x)), invalid_argument,
+                         MessageContains({len.c_str(), "other ranks are not told"}));
+    CHECK(quiet.stats().steps == 0);
   }
   SECTION("malformed CHOCO messages raise wire_error") {
     topk_codec topk{0.5};
@@ -205,6 +212,15 @@ TEST_CASE("gossip bad input: topology size, rank, length, disagreeing ranks, mal
     std::memcpy(s5.data(), &scale, 4);
     CHECK_THROWS_AS(sign.decode_add(s5, std::span<float>(acc).first(5)), wire_error);  // bits past n
   }
+}
+
+TEST_CASE("gossip: a buffer of another length on one rank: it raises invalid_argument, the others mismatch_error, "
+          "nothing changes",
+          "[gossip][errors]") {
+  const int P = GENERATE(1, 2, 4);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_length_mismatch(comm); }, quick));
 }
 
 TEST_CASE("gossip: ranks that build different mixers all raise mismatch_error", "[gossip][errors]") {

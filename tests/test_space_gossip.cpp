@@ -190,6 +190,7 @@ TEST_CASE("gossip checks over DeferredComm<CheckedComm<ThreadComm>>: average, co
         commpact_test::check_power_gossip_contraction(comm, 6);
         commpact_test::check_gossip_topology_size(comm);
         commpact_test::check_gossip_mixer_mismatch(comm);
+        commpact_test::check_gossip_length_mismatch(comm);
       },
       quick));
 }

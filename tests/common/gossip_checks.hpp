@@ -28,6 +28,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <random>
 #include <span>
@@ -305,6 +306,60 @@ void check_gossip_mixer_mismatch(Comm& comm) {
   run(power_gossip<1>{}, "PowerGossip");
   if constexpr (!host_data_plane<Comm>) run(exact_mixing{}, "D-PSGD");
   settle(comm, v, "check_gossip_mixer_mismatch");
+}
+
+//! The last rank passes a buffer one float short at the second round (D-PSGD, PowerGossip,
+//! CHOCO top-k): it raises invalid_argument naming its length, and every other rank
+//! mismatch_error, at that round, none waiting. Nothing changed anywhere: the model and
+//! the counters are as before, and after two more whole rounds the mixer equals, bit for
+//! bit and in bytes sent, a twin that never saw the failed round.
+template <class Comm>
+void check_gossip_length_mismatch(Comm& comm) {
+  using namespace commpact;
+  const int P = comm.size();
+  verdict v;
+  const bool odd = comm.rank() == P - 1;
+  auto run = [&]<class Mode>(Mode mode, const char* name) {
+    GossipMixer<Ring, Mode, Comm> a{comm, Ring(P), kGossipLayout, mode};
+    GossipMixer<Ring, Mode, Comm> twin{comm, Ring(P), kGossipLayout, mode};
+    auto x = rank_model(comm.rank(), 11), y = x;
+    mix_host(a, comm, x);
+    mix_host(twin, comm, y);
+    const auto before = x;
+    const gossip_stats st = a.stats();
+    std::string what;
+    int got = 0;
+    if (odd) {
+      std::vector<float> cut(x.begin(), x.end() - 1);
+      got = throws_as<invalid_argument>([&] { mix_host(a, comm, cut); }, &what);
+      v.expect(what.find("rank " + std::to_string(comm.rank()) + " passed " + std::to_string(kGossipN - 1)) !=
+                       std::string::npos &&
+                   what.find("Every rank raises") != std::string::npos,
+               name, ": message: ", what);
+    } else {
+      got = throws_as<mismatch_error>([&] { mix_host(a, comm, x); }, &what);
+      v.expect(what.find("another rank passed a buffer of another length") != std::string::npos &&
+                   what.find(std::to_string(kGossipN) + " floats") != std::string::npos,
+               name, ": message: ", what);
+    }
+    v.expect(got == 1, name, ": expected ", odd ? "invalid_argument" : "mismatch_error", ", got ", got, ": ", what);
+    v.expect(x == before, name, ": the failed round changed the model");
+    v.expect(a.stats().steps == st.steps && a.stats().bytes_sent == st.bytes_sent &&
+                 a.stats().messages_sent == st.messages_sent,
+             name, ": the failed round counted");
+    for (int r = 0; r < 2; ++r) {
+      mix_host(a, comm, x);
+      mix_host(twin, comm, y);
+    }
+    v.expect(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)) == 0, name,
+             ": after the failed round, the models differ from the twin's");
+    v.expect(a.stats().steps == twin.stats().steps && a.stats().bytes_sent == twin.stats().bytes_sent, name,
+             ": after the failed round, the counters differ from the twin's");
+  };
+  run(exact_mixing{}, "D-PSGD");
+  run(power_gossip<1>{}, "PowerGossip");
+  run(choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k");
+  settle(comm, v, "check_gossip_length_mismatch");
 }
 
 //! The same layout and topology, but the last rank built with another parameter or

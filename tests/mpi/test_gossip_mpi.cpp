@@ -46,6 +46,7 @@ TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicato
   REQUIRE_NOTHROW(mpi_guard(comm, [&] {
     check_gossip_topology_size(comm);
     check_gossip_mixer_mismatch(comm);
+    check_gossip_length_mismatch(comm);
     check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring after the errors");
   }));
 }
@@ -68,6 +69,7 @@ TEST_CASE("MPI: gossip checks over DeferredComm<MpiComm>: average, contraction, 
     check_power_gossip_contraction(dc, 6);
     check_gossip_topology_size(dc);
     check_gossip_mixer_mismatch(dc);
+    check_gossip_length_mismatch(dc);
   }));
 }
 

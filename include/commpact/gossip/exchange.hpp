@@ -115,6 +115,7 @@ class neighbor_exchange {
   void begin_round(span<const float> x, std::size_t msg_bytes, const gossip_options& opt, bool own_message) {
     const auto e = exec();
     msg_bytes_ = msg_bytes;
+    flag_ = 0;
     words_.resize(host::gossip::status_words, e);
     send_dev_.resize(own_message ? msg_bytes : 0, e);
     recv_dev_.resize(msg_bytes * nb_.size(), e);
@@ -124,9 +125,14 @@ class neighbor_exchange {
     }
     K::gossip_check(e, x, opt.check_finite, words_.view());
   }
+  //! This rank's verdict on the round (host::gossip::flag_length), after begin_round:
+  //! agree_flag() writes it into words[0] just before the allreduce, after the round's
+  //! own checks (an algorithm's gossip_check rewrites words[0]).
+  void flag_round(std::int64_t flag) { flag_ = flag; }
   //! Queues the agreement on the round's flag: one 8-byte allreduce (max), unless
   //! check_finite is off.
   void agree_flag(const gossip_options& opt) {
+    if (flag_ != 0) K::fill(exec(), words_.view().first(1), std::exchange(flag_, 0));
     if (opt.check_finite) comm_.allreduce(words_.view().first(1), reduce_op::max);
   }
   span<std::int64_t> words() { return words_.view(); }
@@ -173,7 +179,8 @@ class neighbor_exchange {
   //! Fences once and reads the status words. A round that failed (any flag, a malformed
   //! message) leaves the counters as in `before`; a malformed message raises wire_error
   //! on its receiver (nothing changed). Returns the agreed flag: 0 mixed, 1 a non-finite
-  //! model (nonfinite_round), 2 a codec's short message (the algorithm raises).
+  //! model (nonfinite_round), 2 a codec's short message (the algorithm raises), 3 a
+  //! buffer of another length on some rank (GossipMixer::mix raises).
   //! `why` is read after the fence (the decode kernel writes it).
   std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
     const auto e = exec();
@@ -181,7 +188,7 @@ class neighbor_exchange {
     K::to_host(e, words_.cview(), words_host_.view());
     comm_fence(comm_);
     const auto w = std::span<const std::int64_t>(words_host_.view());
-    // The flag is 0, 1 or 2; a copy read before its fence holds all-ones bytes (-1).
+    // The flag is 0 to 3; a copy read before its fence holds all-ones bytes (-1).
     require_fenced(static_cast<std::uint32_t>(w[0] >> 32), "GossipMixer::mix");
     if (w[0] == 0 && w[2] == 0) return 0;
     stats_ = before;
@@ -235,6 +242,7 @@ class neighbor_exchange {
   buffer<double> w_dev_;
   buffer<std::byte> send_dev_, recv_dev_;
   std::size_t msg_bytes_ = 0;
+  std::int64_t flag_ = 0;  // flag_round(), written by agree_flag()
   pinned_t<space_type, std::int64_t> words_host_;  // the round's status words, read after the fence
 };
 

@@ -47,6 +47,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -56,6 +57,7 @@
 #include "../concepts.hpp"
 #include "../detail/hash.hpp"
 #include "../error.hpp"
+#include "../kernels/host/gossip.hpp"
 #include "../state.hpp"
 #include "choco.hpp"
 #include "dpsgd.hpp"
@@ -151,21 +153,37 @@ class GossipMixer {
   //! mix) and fences once; a round that raises or is skipped changes nothing: x, the
   //! public copies and the counters are as before (the same decision on every rank,
   //! except a malformed message, which raises wire_error on its receiver).
+  //!
+  //! x of another length than the layout's: that rank raises invalid_argument naming its
+  //! length, and every other rank mismatch_error, at the same round. The round's flag
+  //! carries it (the rank runs the round on zeros of the registered length, so that its
+  //! neighbours' exchanges stay whole). Without the flag's allreduce (check_finite off)
+  //! the rank raises at once, alone, and the others wait for its messages until their
+  //! communicator's deadline (or its guard reports the failure).
   bool mix(span<float> x) {
-    require(x.size() == n_, "commpact::GossipMixer::mix: rank ", ex_.rank(), " passed ", x.size(),
-            " floats but the registered shapes hold ", n_, "; pass the whole flat parameter buffer.");
+    const bool fits = x.size() == n_;
+    if (!fits && !opt_.check_finite) throw invalid_argument(length_problem(x.size(), false));
     ex_.check_setup(hash_);
     auto& st = ex_.stats();
     const gossip_stats before = st;
+    const span<float> model = fits ? x : idle_model();
     std::int64_t flag = 0;
     try {
-      ex_.begin_round(span<const float>(x), algo_.round_bytes(), opt_, algorithm::own_message);
-      algo_.queue(x, ex_, opt_);
+      ex_.begin_round(span<const float>(model), algo_.round_bytes(), opt_, algorithm::own_message);
+      if (!fits) ex_.flag_round(host::gossip::flag_length);
+      algo_.queue(model, ex_, opt_);
       flag = ex_.finish_round(before, algo_.why());
     } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
       st = before;
       throw;
     }
+    if (!fits) throw invalid_argument(length_problem(x.size(), true));
+    if (flag == host::gossip::flag_length)
+      throw mismatch_error(detail::cat("commpact::GossipMixer::mix: another rank passed a buffer of another length "
+                                       "than the registered shapes hold (", n_, " floats) at round ", st.steps,
+                                       "; every rank raises at this round (that rank invalid_argument, naming its "
+                                       "length) and nothing changed. Pass the whole flat parameter buffer on every "
+                                       "rank."));
     if (flag == 2) algo_.raise_short();
     if (flag == 1) {
       std::size_t none = n_;  // the index of "none on this rank" in the checked values
@@ -228,6 +246,24 @@ class GossipMixer {
   }
 
  private:
+  std::string length_problem(std::size_t got, bool told) const {
+    return detail::cat("commpact::GossipMixer::mix: rank ", ex_.rank(), " passed ", got,
+                       " floats but the registered shapes hold ", n_, "; pass the whole flat parameter buffer. ",
+                       told ? "Every rank raises at this round (the others mismatch_error) and nothing changed."
+                            : "The other ranks are not told (check_finite is off, so the round has no flag "
+                              "allreduce): they wait for this rank's messages until their deadline.");
+  }
+  //! Zeros of the registered length, for a round whose buffer has another: the round
+  //! runs on them (messages of the known size) and changes nothing (its flag is set).
+  span<float> idle_model() {
+    const auto e = ex_.exec();
+    if (idle_.size() != n_) {
+      idle_.resize(n_, e);
+      ops<space_type>::fill(e, idle_.view(), 0.0f);
+    }
+    return idle_.view();
+  }
+
   Topology topo_;
   neighbor_exchange<Comm> ex_;
   tensor_layout layout_;
@@ -235,6 +271,7 @@ class GossipMixer {
   algorithm algo_;
   gossip_options opt_;
   std::int64_t hash_ = 0;
+  typename space_type::template buffer<float> idle_;  // idle_model(), sized at the first use
 };
 
 template <class Topology, class Codec, class Comm>

@@ -8,7 +8,8 @@
 //!
 //! Every round keeps a status of three int64 words in the space's memory:
 //! words[0] the round's flag (0 clear; 1 a non-finite model; 2 a codec wrote a message
-//! shorter than its known size), allreduced with max so that every rank reads the same;
+//! shorter than its known size; 3 a rank passed a buffer of another length, flag_length),
+//! allreduced with max so that every rank reads the same;
 //! words[1] the first non-finite index of this rank's model (n when none); words[2]
 //! 1 + k when neighbour k's message was malformed (0 when none). The kernels that change
 //! the model or the mixer's state do nothing unless words[0] and words[2] are 0, so a
@@ -27,6 +28,9 @@ namespace commpact::host::gossip {
 
 //! The status words of a round (see the file comment).
 inline constexpr std::size_t status_words = 3;
+//! words[0] of a rank whose buffer is not the registered length (GossipMixer::mix runs its
+//! round on zeros, so that its neighbours' exchanges stay whole, and every rank raises).
+inline constexpr std::int64_t flag_length = 3;
 
 //! True when the round may change the model: no rank flagged it, no message was malformed.
 inline bool clear(std::span<const std::int64_t> words) { return words[0] == 0 && words[2] == 0; }
