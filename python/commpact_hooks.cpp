@@ -183,10 +183,14 @@ struct HookBase {
 [[noreturn]] void raise_for_python(const commpact::numeric_error& e) {
   std::string m = e.what();
   constexpr std::string_view cpp_remedy = commpact::detail::nonfinite_default_remedy;
+  // Its first sentence ("Fix the gradient (...)") holds in Python too; the clause from ", or"
+  // on names the C++ option.
+  constexpr std::size_t keep = cpp_remedy.find(", or ");
+  static_assert(keep != std::string_view::npos, "nonfinite_default_remedy's option clause moved");
   if (const auto at = m.find(cpp_remedy); at != std::string::npos)
-    m.replace(at, cpp_remedy.size(),
-              "Fix the gradient (lower the learning rate, clip); commpact_hooks cannot skip such a step, so dynamic "
-              "loss scaling (AMP's GradScaler) is not supported yet (docs/pytorch.md).");
+    m.replace(at + keep, cpp_remedy.size() - keep,
+              "; commpact_hooks cannot skip such a step, so dynamic loss scaling (AMP's GradScaler) is not "
+              "supported yet (docs/pytorch.md).");
   throw commpact::numeric_error(m);
 }
 

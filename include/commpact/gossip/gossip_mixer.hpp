@@ -184,8 +184,8 @@ class GossipMixer {
                                        "; every rank raises at this round (that rank invalid_argument, naming its "
                                        "length) and nothing changed. Pass the whole flat parameter buffer on every "
                                        "rank."));
-    if (flag == 2) algo_.raise_short();
-    if (flag == 1) {
+    if (flag == host::gossip::flag_short) algo_.raise_short();
+    if (flag == host::gossip::flag_nonfinite) {
       std::size_t none = n_;  // the index of "none on this rank" in the checked values
       if constexpr (requires { algo_.checked_length(); }) none = algo_.checked_length();
       ex_.nonfinite_round(ex_.bad_index(), n_, opt_, static_cast<std::int64_t>(st.steps), none);

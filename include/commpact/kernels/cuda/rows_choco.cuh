@@ -22,7 +22,7 @@
 //! | diff | choco::diff: diff = exact::sub(x, hat) when words[0] is 0, else 0 (a zero vector encodes to a valid message, then dropped) | bits |
 //! | encode | device_codec's encode_frame of diff into the workspace's block (no status: the flag is read on the device) | the codec's bytes |
 //! | q | dense codecs: encode_frame's approx; topk_codec and the threshold codecs (their kernels write no approx): q = 0, then choco::scatter of the block's entries, q[idx] = val | bits (the host's approx: assignments, -0 kept) |
-//! | message | choco::message: msg = [u32 length when framed] payload, the rest zero; all zero when words[0] is not 0. choco::short_message: unframed, a length other than msg.size() sets words[0] = 2 | bytes |
+//! | message | choco::message: msg = [u32 length when framed] payload, the rest zero; all zero when words[0] is not 0. choco::short_message: unframed, a length other than msg.size() sets words[0] = flag_short (2) | bytes |
 //! | decode | choco::frames: neighbour k's message as a frame block (framed: its u32 length, above the capacity: malformed); device_codec's decode_sum of that one block into q_nb[k] with status word k; choco::first_malformed: words[2] = 1 + the first k whose status holds status_wire, when words[0] = words[2] = 0 | bits of q_nb; the same messages rejected |
 //!
 //! Differences from the host: the host's `why` is the codec's own wire_error sentence; the
@@ -56,6 +56,7 @@
 #include "../../wire/codec_frame.hpp"
 #include "../device_codec.hpp"
 #include "../exact.hpp"
+#include "../host/gossip.hpp"
 #include "../status.hpp"
 #include "check.cuh"
 #include "codecs.cuh"
@@ -98,10 +99,10 @@ __global__ void message(const std::uint32_t* block, std::size_t cap, unsigned ch
   }
 }
 
-//! words[0] = 2 when words[0] is 0 and the (unframed) payload is not cap bytes long.
+//! words[0] = flag_short when words[0] is 0 and the (unframed) payload is not cap bytes long.
 __global__ void short_message(const std::uint32_t* block, std::size_t cap, std::int64_t* words) {
   if (!decision_lane()) return;
-  if (words[0] == 0 && block[2] != cap) words[0] = 2;
+  if (words[0] == 0 && block[2] != cap) words[0] = host::gossip::flag_short;
 }
 
 //! Block k (block_words words) = neighbour k's message (msg_bytes at recv + k msg_bytes) as a

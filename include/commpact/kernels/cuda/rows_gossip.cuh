@@ -59,7 +59,7 @@ __global__ void check_scan(const float* x, std::size_t n, std::int64_t* words) {
 }
 __global__ void check_end(std::int64_t* words, std::size_t n) {
   if (!decision_lane()) return;
-  words[0] = words[1] != static_cast<std::int64_t>(n) ? 1 : 0;
+  words[0] = words[1] != static_cast<std::int64_t>(n) ? host::gossip::flag_nonfinite : 0;
 }
 
 //! D-PSGD's mix (host::gossip::mix_exact), one thread per entry, k ascending.

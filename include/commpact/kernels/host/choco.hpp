@@ -17,7 +17,7 @@
 namespace commpact::host::choco {
 
 //! When words[0] is 0: diff = x - hat, the codec encodes diff into msg (after a u32 length
-//! when framed) and writes q; unframed, a length other than the payload's sets words[0] = 2.
+//! when framed) and writes q; unframed, a length other than the payload's sets words[0] = gossip::flag_short.
 //! The rest of msg is zeroed (all of it when words[0] is not 0).
 template <class Codec>
 void encode(Codec& codec, std::span<const float> x, std::span<const float> hat, std::span<float> diff,
@@ -29,7 +29,7 @@ void encode(Codec& codec, std::span<const float> x, std::span<const float> hat, 
     len = codec.encode(std::span<const float>(diff), payload, q);
     require(len <= payload.size(), "commpact::GossipMixer (CHOCO): the codec wrote ", len,
             " bytes, above its max_encoded_bytes ", payload.size(), "; fix the codec's max_encoded_bytes().");
-    if (!framed && len != payload.size()) words[0] = 2;
+    if (!framed && len != payload.size()) words[0] = gossip::flag_short;
   }
   if (framed) {
     const auto l = static_cast<std::uint32_t>(len);

@@ -7,8 +7,9 @@
 //! ops rows `gossip_check`, `gossip_pack`, `gossip_mix`, `choco_update` (kernels/ops.hpp).
 //!
 //! Every round keeps a status of three int64 words in the space's memory:
-//! words[0] the round's flag (0 clear; 1 a non-finite model; 2 a codec wrote a message
-//! shorter than its known size; 3 a rank passed a buffer of another length, flag_length),
+//! words[0] the round's flag (0 clear; flag_nonfinite: a non-finite model; flag_short: a
+//! codec wrote a message shorter than its known size; flag_length: a rank passed a buffer
+//! of another length),
 //! allreduced with max so that every rank reads the same;
 //! words[1] the first non-finite index of this rank's model (n when none); words[2]
 //! 1 + k when neighbour k's message was malformed (0 when none). The kernels that change
@@ -28,6 +29,11 @@ namespace commpact::host::gossip {
 
 //! The status words of a round (see the file comment).
 inline constexpr std::size_t status_words = 3;
+//! words[0] of a rank whose model holds a NaN or Inf (check, with the check on).
+inline constexpr std::int64_t flag_nonfinite = 1;
+//! words[0] when an unframed codec wrote a message of another length than its known size
+//! (CHOCO's encode).
+inline constexpr std::int64_t flag_short = 2;
 //! words[0] of a rank whose buffer is not the registered length (GossipMixer::mix runs its
 //! round on zeros, so that its neighbours' exchanges stay whole, and every rank raises).
 inline constexpr std::int64_t flag_length = 3;
@@ -35,10 +41,10 @@ inline constexpr std::int64_t flag_length = 3;
 //! True when the round may change the model: no rank flagged it, no message was malformed.
 inline bool clear(std::span<const std::int64_t> words) { return words[0] == 0 && words[2] == 0; }
 
-//! words = {1 when x holds a NaN/Inf (and `on`), its first index or n, 0}.
+//! words = {flag_nonfinite when x holds a NaN/Inf (and `on`) else 0, its first index or n, 0}.
 inline void check(std::span<const float> x, bool on, std::span<std::int64_t> words) {
   const std::size_t bad = on ? first_nonfinite(x) : x.size();
-  words[0] = bad != x.size() ? 1 : 0;
+  words[0] = bad != x.size() ? flag_nonfinite : 0;
   words[1] = static_cast<std::int64_t>(bad);
   words[2] = 0;
 }
