@@ -129,6 +129,47 @@ TEST_CASE("PowerGossip on two ranks whose models differ by a rank-1 matrix agree
   }
 }
 
+TEST_CASE("PowerGossip: gamma scales the matrices' increments; vectors mix exactly as D-PSGD, whatever gamma",
+          "[gossip]") {
+  // Layout: two matrices and two vectors (a 1 x m tensor is a vector too). After a round
+  // with gamma = 0.5 the vectors' entries equal D-PSGD's mix of the same models bit for
+  // bit, and each matrix entry moved by half of what it moves with gamma = 1.
+  const tensor_layout l = {{6, 4}, {5}, {3, 7}, {1, 9}};
+  const std::size_t n = 24 + 5 + 21 + 9;
+  const std::vector<std::pair<std::size_t, std::size_t>> vectors = {{24, 29}, {50, 59}};
+  const int P = GENERATE(2, 3, 4);
+  CAPTURE(P);
+  std::vector<std::vector<float>> half(P), full(P), exact(P), x0(P);
+  for (int r = 0; r < P; ++r) x0[r] = rank_model(r, 11, n);
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    const int r = comm.rank();
+    GossipMixer a{comm, Ring(P), l, power_gossip<1>{.gamma = 0.5}};
+    GossipMixer b{comm, Ring(P), l, power_gossip<1>{.gamma = 1.0}};
+    GossipMixer c{comm, Ring(P), l, exact_mixing{}};
+    half[r] = x0[r], full[r] = x0[r], exact[r] = x0[r];
+    a.mix(std::span<float>(half[r]));
+    b.mix(std::span<float>(full[r]));
+    c.mix(std::span<float>(exact[r]));
+  });
+  for (int r = 0; r < P; ++r) {
+    CAPTURE(r);
+    bool vectors_exact = true, matrices_half = true, moved = false;
+    for (std::size_t i = 0; i < n; ++i) {
+      const bool vec = std::any_of(vectors.begin(), vectors.end(), [&](auto v) { return i >= v.first && i < v.second; });
+      if (vec) {
+        vectors_exact = vectors_exact && half[r][i] == exact[r][i] && full[r][i] == exact[r][i];
+      } else {
+        const double d_half = double(half[r][i]) - x0[r][i], d_full = double(full[r][i]) - x0[r][i];
+        matrices_half = matrices_half && std::abs(d_half - 0.5 * d_full) <= 1e-5 * (1.0 + std::abs(x0[r][i]));
+        moved = moved || d_full != 0.0;
+      }
+    }
+    CHECK(vectors_exact);
+    CHECK(matrices_half);
+    CHECK(moved);
+  }
+}
+
 TEST_CASE("gossip bytes per step: exact message sizes per neighbour", "[gossip]") {
   const int P = 8;
   std::vector<std::size_t> degree(P);

@@ -53,7 +53,8 @@ template <int Rank>
 struct power_gossip {
   static_assert(Rank >= 1, "commpact::power_gossip<Rank>: Rank must be >= 1.");
   static constexpr int rank = Rank;
-  double gamma = 1.0;           //!< consensus step size (scales w_ij)
+  //! consensus step size: scales w_ij in the matrices' increments (vectors mix exactly, as in D-PSGD)
+  double gamma = 1.0;
   std::uint64_t seed = 0x51ED;  //!< mixed with the edge and tensor to seed the shared factors
 };
 
