@@ -32,6 +32,7 @@
 #include <span>
 
 #include "../../config.hpp"
+#include "../../detail/hash.hpp"
 #include "../../error.hpp"
 #include "../../kernels/exact.hpp"
 #include "../../kernels/fixed_sum.hpp"
@@ -78,7 +79,13 @@ class qsgd_codec {
   }
   void begin_step(std::int64_t step) { step_ = step; }
   void bind_rank(int rank) { rank_ = rank; }
-  std::int64_t agreement(std::size_t) const { return s_; }
+  //! What every rank must share to decode the others' messages: a hash (62 bits) of the
+  //! levels and the bucket size for length n (two bucket sizes with as many buckets give
+  //! messages of one size, each decoded with the reader's own bucket bounds).
+  std::int64_t agreement(std::size_t n) const {
+    const std::int64_t w[] = {static_cast<std::int64_t>(s_), static_cast<std::int64_t>(bucket(n))};
+    return detail::hash_words(w);
+  }
   std::uint32_t levels() const { return s_; }
   //! Values per bucket (n for d = 0).
   std::size_t bucket(std::size_t n) const { return d_ ? d_ : std::max<std::size_t>(n, 1); }
