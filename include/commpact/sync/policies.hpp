@@ -27,6 +27,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 #include "../concepts.hpp"
 #include "../error.hpp"
@@ -113,6 +114,16 @@ class QSRPolicy {
   template <lr_has_warmup Lr>
   QSRPolicy(double alpha, std::int64_t h_base, const Lr& schedule)
       : QSRPolicy(alpha, h_base, static_cast<std::int64_t>(schedule.warmup())) {}
+  //! A schedule without warmup() (ConstantLr, ...): one sentence instead of a failed
+  //! overload resolution.
+  template <class Lr>
+    requires(!lr_has_warmup<Lr> && !std::is_arithmetic_v<Lr>)
+  QSRPolicy(double, std::int64_t, const Lr&) {
+    static_assert(lr_has_warmup<Lr>,
+                  "commpact::QSRPolicy{alpha, h_base, schedule}: this schedule has no warmup(), so QSRPolicy cannot "
+                  "take its warm-up from it; pass the number of warm-up steps instead: QSRPolicy{alpha, h_base, 0} "
+                  "for none (docs/sync.md lists the schedules with warmup()).");
+  }
 
   sync_plan plan(std::int64_t step, double lr) const {
     detail::check_step("commpact::QSRPolicy::plan", step);
