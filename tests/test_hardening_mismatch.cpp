@@ -284,6 +284,32 @@ TEST_CASE("ranks that disagree on random-k's seed or scaling, or on MajorityVote
   }
 }
 
+namespace {
+//! C built with on_nonfinite = on (its other options the defaults, density 0.1).
+template <class C>
+C built_with(TC& comm, nonfinite on) {
+  auto c = comm_for<C>(comm);
+  if constexpr (requires { C{c, sparse_options{}}; }) return C{c, sparse_options{.density = 0.1, .on_nonfinite = on}};
+  else if constexpr (requires { C{c, oktopk_options{}}; }) return C{c, oktopk_options{.density = 0.1, .on_nonfinite = on}};
+  else if constexpr (requires { C{c, dense_options{}}; }) return C{c, dense_options{.on_nonfinite = on}};
+  else if constexpr (requires { C{c, cast_allreduce_options{}}; }) return C{c, cast_allreduce_options{.on_nonfinite = on}};
+  else if constexpr (requires { C{c, majority_options{}}; }) return C{c, majority_options{.on_nonfinite = on}};
+  else if constexpr (requires { C{c, randomk_codec{}, on}; }) return C{c, randomk_codec{0.2, 7}, on};
+  else return C{c, typename C::codec_type{}, codec_options{.on_nonfinite = on}};
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("ranks built with another on_nonfinite raise mismatch_error on every rank at the first step, "
+                   "naming it (no rank would skip a non-finite step that the others raise on)",
+                   "[hardening][mismatch][nonfinite]", Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, OkTopK<TC>,
+                   (CodecCompressor<qsgd_codec, Allgather<TC>>), Fp16Allreduce<TC>, MajorityVote<TC>,
+                   (LinearCompressor<randomk_codec, TC>), Dense<DC>, gTopK<TreeComm<DC>>, OkTopK<DC>,
+                   (CodecCompressor<qsgd_codec, Allgather<DC>>)) {
+  one_rank_built_otherwise(
+      [](TC& comm, bool odd) { return built_with<TestType>(comm, odd ? nonfinite::skip_step : nonfinite::raise); },
+      "on_nonfinite");
+}
+
 // The same through Bucketed's overlap path: begin() agrees at the first step, and at a
 // later step the worker runs bucket 0 on the odd rank's longer workspace, whose length
 // bucket 0's compressor checks (over every kind of bucket compressor but

@@ -18,6 +18,7 @@
 #include <string>
 #include <string_view>
 
+#include "comm/agree.hpp"
 #include "error.hpp"
 #include "kernels/host/vector_ops.hpp"
 
@@ -27,6 +28,17 @@ namespace commpact {
 enum class nonfinite { raise, skip_step };
 
 namespace detail {
+
+//! The first-step agreement's item for the gradient length, with the compressor's
+//! on_nonfinite in the same two words (agreement_item's bit): ranks that would decide a
+//! non-finite step differently (one skips, the others raise) raise mismatch_error at the
+//! first step instead.
+inline agreement_item length_item(std::int64_t n, nonfinite on) {
+  return {.what = "the gradient length",
+          .value = n,
+          .bit_what = "on_nonfinite = nonfinite::skip_step (else nonfinite::raise)",
+          .bit = on == nonfinite::skip_step};
+}
 
 //! Index of the first NaN or Inf in v, or v.size(): a branch-free, vectorised test of the
 //! exponent bits, the index searched only in a block that holds one (host::first_nonfinite).

@@ -26,11 +26,17 @@ namespace detail {
 }  // namespace detail
 
 //! A value every rank must share, what to call it in the error and, optionally, the way
-//! out the error ends with (null: the caller's usual sentence).
+//! out the error ends with (null: the caller's usual sentence). `bit_what`, when set,
+//! names a yes/no setting (`bit`: "ranks disagree on whether <bit_what>") that rides in
+//! the same two words as the value (value x 2 + bit: no byte more on the wire), for
+//! values within +-2^62; the error names whichever of the two the ranks disagree on (the
+//! value first).
 struct agreement_item {
   const char* what;
   std::int64_t value;
   const char* hint = nullptr;
+  const char* bit_what = nullptr;
+  bool bit = false;
 };
 
 namespace detail {
@@ -46,17 +52,24 @@ void agree_items(C& comm, std::initializer_list<agreement_item> items, std::init
   require(items.size() <= 8 && extra.size() <= 1, "commpact::agree: at most 8 values, got ", items.size(), ".");
   const std::size_t m = items.size();
   std::size_t i = 0;
-  for (const auto& it : items) v[2 * i] = it.value, v[2 * i + 1] = -it.value, ++i;
+  auto word = [](const agreement_item& it) { return it.bit_what ? it.value * 2 + (it.bit ? 1 : 0) : it.value; };
+  for (const auto& it : items) v[2 * i] = word(it), v[2 * i + 1] = -word(it), ++i;
   std::size_t e = 2 * m;
   for (const std::int64_t x : extra) v[e++] = x;
   comm.allreduce(std::span<std::int64_t>(v, 2 * m + extra.size()), reduce_op::max);
   i = 0;
   for (const auto& it : items) {
     const std::int64_t hi = v[2 * i], lo = -v[2 * i + 1];
-    if (hi != lo)
-      throw mismatch_error(cat(prefix, "ranks disagree on ", it.what, ": rank ", comm.rank(), " has ", it.value,
-                               ", the values range over [", lo, ", ", hi, "]; ",
+    if (hi != lo && it.bit_what && (hi >> 1) == (lo >> 1))  // the values agree, the settings do not
+      throw mismatch_error(cat(prefix, "ranks disagree on whether ", it.bit_what, ": rank ", comm.rank(), " says ",
+                               it.bit ? "yes" : "no", ", another rank ", it.bit ? "no" : "yes", "; ",
                                it.hint ? std::string(it.hint) : tail(it)));
+    if (hi != lo) {
+      const std::int64_t h = it.bit_what ? hi >> 1 : hi, l = it.bit_what ? lo >> 1 : lo;
+      throw mismatch_error(cat(prefix, "ranks disagree on ", it.what, ": rank ", comm.rank(), " has ", it.value,
+                               ", the values range over [", l, ", ", h, "]; ",
+                               it.hint ? std::string(it.hint) : tail(it)));
+    }
     ++i;
   }
 }

@@ -36,7 +36,8 @@
 //!
 //! Messages (known-size point-to-point): reduce-scatter: a 40-byte header (u32 magic
 //! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation
-//! step; u64 count; i64 n, k, step), then count int32 indices (ascending, in the
+//! step, bit 3 on_nonfinite = skip_step; u64 count; i64 n, k, step), then count int32
+//! indices (ascending, in the
 //! receiver's region) and count float32 values, sent as two messages (the header, then
 //! the 8 count bytes of entries when count > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
 //! the origin's region) and count float32 values, sent as the 8-byte header (a ring of
@@ -117,6 +118,11 @@ class SparseReduceScatter {
     return std::min(k, (2 * k + static_cast<std::size_t>(P) - 1) / static_cast<std::size_t>(P));
   }
 
+  //! Whether the compressor skips a non-finite step (on_nonfinite = skip_step): carried in
+  //! every reduce-scatter header (flag_skips) and compared, so ranks built otherwise raise
+  //! mismatch_error on every rank instead of deciding a non-finite step differently.
+  void set_skips_nonfinite(bool skips) { skips_ = skips; }
+
   //! Starts a step over n entries, of which every rank contributes at most k (the same n,
   //! k and step on every rank). flags = 2 when this rank rejected its input (it then
   //! contributes nothing and every rank sees the flag; n-sized buffers are not grown).
@@ -181,7 +187,8 @@ class SparseReduceScatter {
     ops<space_type>::oktopk_frames(e, accepted ? lidx_.cview() : span<const std::int32_t>{},
                                    accepted ? lval_.cview() : span<const float>{}, dbounds_.cview(),
                                    span<const std::uint32_t>(status_),
-                                   my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u),
+                                   my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u) |
+                                       (skips_ ? host::oktopk::flag_skips : 0u),
                                    static_cast<std::int64_t>(n_),
                                    static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
                                    accepted ? pay_out() : span<std::byte>{});
@@ -373,7 +380,7 @@ class SparseReduceScatter {
     for (int j = 0; j < P_; ++j) {
       if (j == me) continue;
       const auto h = hok::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
-      if (h.magic != hok::magic || h.flags > (hok::stop_flags | hok::flag_estimate))
+      if (h.magic != hok::magic || h.flags > (hok::stop_flags | hok::flag_estimate | hok::flag_skips))
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
       if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
@@ -385,6 +392,12 @@ class SparseReduceScatter {
                                          " theta and this rank (rank ", me, ") ",
                                          estimate_ ? "does" : "does not",
                                          ". Every rank must be built with the same period (oktopk_options::period)."));
+      if ((h.flags ^ own.flags) & hok::flag_skips)
+        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: ranks disagree on on_nonfinite at step ", step_,
+                                         ": rank ", j, (h.flags & hok::flag_skips) ? " skips" : " raises",
+                                         " on a non-finite step and this rank (rank ", me, ") ",
+                                         skips_ ? "skips" : "raises",
+                                         ". Every rank must be built with the same options (on_nonfinite)."));
       if (h.flags & hok::stop_flags) {
         all |= h.flags & hok::stop_flags;
         continue;
@@ -414,6 +427,7 @@ class SparseReduceScatter {
   int P_ = 1;
   std::int64_t step_ = 0;
   std::uint32_t my_flags_ = 0, all_flags_ = 0;
+  bool skips_ = false;  // the compressor's on_nonfinite is skip_step (header bit flag_skips)
   bool reset_ = false, estimate_ = false, from_block_ = false;
   float theta_ = 0.0f, theta_step_ = 0.0f;
   bool theta_valid_ = false;

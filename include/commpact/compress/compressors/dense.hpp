@@ -66,7 +66,7 @@ class Dense {
     phase_.require_idle("Dense");
     const auto n = static_cast<std::int64_t>(grad.size());
     if (n != checked_size_) {
-      agree(comm_, "Dense", {{"the gradient length", n}}, "", steps_);
+      agree(comm_, "Dense", {detail::length_item(n, opt_.on_nonfinite)}, "", steps_);
       checked_size_ = n;
     }
     const auto e = comm_exec(comm_);

@@ -314,7 +314,7 @@ class gTopK {
     std::string problem = detail::sparse_problem("gTopK", n, std::max<std::int64_t>(detail::k_at(opt_, steps_, n), 0));
     if (problem.empty()) problem = detail::length_problem("gTopK", n, n_);
     commpact::agree(agg_.comm(), "gTopK",
-                    {{"the gradient length", n}, {"the largest k", km}, {"the step count", steps_},
+                    {detail::length_item(n, opt_.on_nonfinite), {"the largest k", km}, {"the step count", steps_},
                      {"the residual length", ef_.size()}},
                     problem, steps_);
     n_ = n;

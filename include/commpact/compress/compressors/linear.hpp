@@ -106,12 +106,12 @@ class LinearCompressor {
     if (!agreed_ || n != n_ || !problem.empty()) {
       if constexpr (req::codec_has_agreement<K>)
         commpact::agree(agg_.comm(), name_.c_str(),
-                        {{"the gradient length", n},
+                        {detail::length_item(n, policy_),
                          {"the codec's settings (its agreement value: random-k's seed, scaling and k)",
                           codec_.agreement(grad.size())}},
                         problem, steps_);
       else
-        commpact::agree(agg_.comm(), name_.c_str(), {{"the gradient length", n}}, problem, steps_);
+        commpact::agree(agg_.comm(), name_.c_str(), {detail::length_item(n, policy_)}, problem, steps_);
       n_ = n, agreed_ = true;
     }
     const std::size_t N = grad.size(), m = codec_.size(N);

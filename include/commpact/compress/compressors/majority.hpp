@@ -108,7 +108,7 @@ class MajorityVote {
     const std::size_t cap = block_bytes(n);
     if (!agreed_ || cap != cap_) {
       commpact::agree(agg_.comm(), "MajorityVote",
-                      {{"the gradient length", static_cast<std::int64_t>(n)},
+                      {detail::length_item(static_cast<std::int64_t>(n), opt_.on_nonfinite),
                        {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)},
                        {"`scaled` (1: the update has the mean |m|, 0: unit votes)", opt_.scaled ? 1 : 0}},
                       problem_, steps_);

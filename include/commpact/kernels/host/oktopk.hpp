@@ -4,7 +4,7 @@
 //! The host kernels of OkTopK (compress/compressors/oktopk.hpp), one per row of ops<Space>
 //! (kernels/ops.hpp). They read and write the step's frames in the space's memory:
 //! - reduce-scatter, per peer slot j of P: a 40-byte header (u32 magic "CPOK", u32 flags:
-//!   bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation step; u64 count;
+//!   bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation step, bit 3 skip_step; u64 count;
 //!   i64 n, k, step) and a
 //!   payload of 8k bytes' capacity: count int32 indices (ascending, in region j), then
 //!   count float32 values;
@@ -34,9 +34,12 @@ namespace commpact::host::oktopk {
 
 inline constexpr std::uint32_t magic = 0x4B4F5043u;  // "CPOK"
 //! The flags of a reduce-scatter header: bits 0 and 1 flag the step (its frames carry no
-//! entries), bit 2 marks an estimation step (the entries go as usual).
+//! entries), bit 2 marks an estimation step (the entries go as usual), bit 3 a rank built
+//! with on_nonfinite = skip_step (compared, so that ranks never decide a non-finite step
+//! differently).
 inline constexpr std::uint32_t stop_flags = 3u;
 inline constexpr std::uint32_t flag_estimate = 4u;
+inline constexpr std::uint32_t flag_skips = 8u;
 inline constexpr std::size_t header_bytes = 40;
 inline constexpr std::size_t block_header_bytes = 8;
 
