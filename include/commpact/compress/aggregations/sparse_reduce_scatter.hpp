@@ -37,8 +37,7 @@
 //! Messages (known-size point-to-point): reduce-scatter: a 40-byte header (u32 magic
 //! "CPOK", u32 flags: bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation
 //! step, bit 3 on_nonfinite = skip_step; u64 count; i64 n, k, step), then count int32
-//! indices (ascending, in the
-//! receiver's region) and count float32 values, sent as two messages (the header, then
+//! indices (ascending, in the receiver's region) and count float32 values, sent as two messages (the header, then
 //! the 8 count bytes of entries when count > 0). Allgather blocks: u32 origin rank, u32 count, count int32 indices (ascending, in
 //! the origin's region) and count float32 values, sent as the 8-byte header (a ring of
 //! P - 1 rounds) and then the entries (a second ring). Bytes per rank per step: sum over

@@ -115,8 +115,9 @@ class CastAllreduce {
     const auto e = exec();
     if (n != checked_size_) {
       const auto problem = detail::length_problem(who, n, ef_.size());
-      agree(comm_, who, {detail::length_item(n, opt_.on_nonfinite), {"the 16-bit format (fp16 1, bf16 2)", format_id()}}, problem,
-            steps_);
+      agree(comm_, who,
+            {detail::length_item(n, opt_.on_nonfinite), {"the 16-bit format (fp16 1, bf16 2)", format_id()}},
+            problem, steps_);
       checked_size_ = n;
       if (opt_.error_feedback && ef_.size() == 0) ef_.install_zeros(e, grad.size());
     }

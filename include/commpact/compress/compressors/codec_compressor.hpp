@@ -293,7 +293,8 @@ class CodecCompressor {
   //! rejected its input.
   void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
     commpact::agree(agg_.comm(), name_.c_str(),
-                    {detail::length_item(n, opt_.on_nonfinite), {"the message capacity in bytes", static_cast<std::int64_t>(cap)}},
+                    {detail::length_item(n, opt_.on_nonfinite),
+                     {"the message capacity in bytes", static_cast<std::int64_t>(cap)}},
                     problem, steps_);
     if constexpr (requires { agg_.reserve(cap); }) agg_.reserve(cap);
     cap_ = cap;

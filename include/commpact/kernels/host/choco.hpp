@@ -17,7 +17,8 @@
 namespace commpact::host::choco {
 
 //! When words[0] is 0: diff = x - hat, the codec encodes diff into msg (after a u32 length
-//! when framed) and writes q; unframed, a length other than the payload's sets words[0] = gossip::flag_short.
+//! when framed) and writes q; unframed, a length other than the payload's sets words[0] =
+//! gossip::flag_short.
 //! The rest of msg is zeroed (all of it when words[0] is not 0).
 template <class Codec>
 void encode(Codec& codec, std::span<const float> x, std::span<const float> hat, std::span<float> diff,
