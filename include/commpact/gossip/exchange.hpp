@@ -132,7 +132,7 @@ class neighbor_exchange {
   //! Queues the agreement on the round's flag: one 8-byte allreduce (max), unless
   //! check_finite is off.
   void agree_flag(const gossip_options& opt) {
-    if (flag_ != 0) K::fill(exec(), words_.view().first(1), std::exchange(flag_, 0));
+    if (flag_ != 0) K::fill(exec(), words_.view().first(1), flag_);  // begin_round clears flag_
     if (opt.check_finite) comm_.allreduce(words_.view().first(1), reduce_op::max);
   }
   span<std::int64_t> words() { return words_.view(); }
@@ -178,9 +178,10 @@ class neighbor_exchange {
 
   //! Fences once and reads the status words. A round that failed (any flag, a malformed
   //! message) leaves the counters as in `before`; a malformed message raises wire_error
-  //! on its receiver (nothing changed). Returns the agreed flag: 0 mixed, 1 a non-finite
-  //! model (nonfinite_round), 2 a codec's short message (the algorithm raises), 3 a
-  //! buffer of another length on some rank (GossipMixer::mix raises).
+  //! on its receiver (nothing changed). Returns the agreed flag (host::gossip): 0 mixed,
+  //! flag_nonfinite a non-finite model (nonfinite_round), flag_short a codec's short
+  //! message (the algorithm raises), flag_length a buffer of another length on some rank
+  //! (GossipMixer::mix raises).
   //! `why` is read after the fence (the decode kernel writes it).
   std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
     const auto e = exec();
