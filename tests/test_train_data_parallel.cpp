@@ -93,43 +93,6 @@ TEST_CASE("LocalSgd{1} equals EveryStep with Dense bit for bit", "[train][data_p
       quick));
 }
 
-namespace {
-// Local SGD written out serially: P models, each with its own Sgd; after each period
-// x = x0 + (sum over ranks in rank order of (x_r - x0)) * (1/P), and with state
-// averaging v = (sum of v_r) * (1/P).
-std::vector<float> serial_local_sgd(int P, const std::vector<sync_period>& periods, const WarmupCosineLr& lr,
-                                    const run_config& cfg) {
-  std::vector<float> x0 = initial_params(cfg.n), g(cfg.n);
-  std::vector<Sgd> opt(P, Sgd{cfg.n, cfg.sgd});
-  std::vector<std::vector<float>> x(P);
-  const auto fP = static_cast<float>(P);  // the mean divides by P (kernels/mean.hpp)
-  for (const auto& p : periods) {
-    for (int r = 0; r < P; ++r) {
-      x[r] = x0;
-      for (std::int64_t t = p.start; t <= p.last(); ++t) {
-        gradient(x[r], g, r, t);
-        opt[r](x[r], g, lr(t));
-      }
-    }
-    std::vector<float> sum(cfg.n);
-    for (std::size_t i = 0; i < cfg.n; ++i) {
-      float s = x[0][i] - x0[i];
-      for (int r = 1; r < P; ++r) s += x[r][i] - x0[i];
-      sum[i] = s / fP;
-    }
-    for (std::size_t i = 0; i < cfg.n; ++i) x0[i] = x0[i] + sum[i];
-    if (cfg.opt.average_optimizer_state && cfg.sgd.momentum > 0) {
-      for (std::size_t i = 0; i < cfg.n; ++i) {
-        float s = opt[0].state()[i];
-        for (int r = 1; r < P; ++r) s += opt[r].state()[i];
-        for (int r = 0; r < P; ++r) opt[r].state()[i] = s / fP;
-      }
-    }
-  }
-  return x0;
-}
-}  // namespace
-
 TEST_CASE("Local SGD and QSR equal a serial reference of Local SGD", "[train][data_parallel]") {
   const int P = GENERATE(1, 2, 3, 4, 8);
   const bool average_state = GENERATE(false, true);
@@ -140,7 +103,7 @@ TEST_CASE("Local SGD and QSR equal a serial reference of Local SGD", "[train][da
   SECTION("LocalSgd{4}") {
     const auto rs = train(P, LocalSgd{4}, lr, cfg);
     check_consistent(rs);
-    CHECK(bitwise_equal(rs[0].params, serial_local_sgd(P, plan_run(LocalSgd{4}, lr, 40), lr, cfg)));
+    CHECK(bitwise_equal(rs[0].params, commpact_test::serial_local_sgd(P, plan_run(LocalSgd{4}, lr, 40), lr, cfg)));
     CHECK(rs[0].state_rounds == (average_state ? 10 : 0));
   }
   SECTION("QSR (periods 3 in the warm-up, then growing)") {
@@ -149,7 +112,7 @@ TEST_CASE("Local SGD and QSR equal a serial reference of Local SGD", "[train][da
     REQUIRE(periods.size() >= 4);
     const auto rs = train(P, q, lr, cfg);
     check_consistent(rs);
-    CHECK(bitwise_equal(rs[0].params, serial_local_sgd(P, periods, lr, cfg)));
+    CHECK(bitwise_equal(rs[0].params, commpact_test::serial_local_sgd(P, periods, lr, cfg)));
   }
   SECTION("compress_deltas through Dense gives the same bits as dense averaging") {
     run_config c2 = cfg;
@@ -163,12 +126,20 @@ TEST_CASE("Local SGD and QSR equal a serial reference of Local SGD", "[train][da
   }
 }
 
-TEST_CASE("One-step periods after local periods average deltas, not gradients", "[train][data_parallel]") {
-  // QSR with h_base 1 and a large alpha late: periods of 1 during the warm-up (through the gradient), then
-  // longer ones; once momentum has diverged, a period of 1 must average deltas to keep ranks identical.
+TEST_CASE("One-step periods keep each rank's momentum: they average deltas unless the state is averaged",
+          "[train][data_parallel]") {
+  // QSR with h_base 1: periods of 1 during the warm-up, then longer ones. With momentum
+  // per rank (Local SGD's definition) a one-step period is a local step and an average of
+  // deltas, so the 3-step period after it starts from each rank's own momentum: the
+  // serial reference, bit for bit. Synchronising it through the mean gradient would give
+  // every rank the mean momentum (another run).
+  // With average_optimizer_state every one-step period goes through the gradient.
   const int P = GENERATE(2, 3, 4);
+  const bool average_state = GENERATE(false, true);
+  CAPTURE(P, average_state);
   run_config cfg;
   cfg.T = 30;
+  cfg.opt.average_optimizer_state = average_state;
   struct OneThreeOne {  // 1-step periods for steps < 5, then 3 steps, then 1-step periods again
     sync_plan plan(std::int64_t s, double) const {
       return {sync_plan::mode::parameters, (s >= 5 && s < 14) ? 3 : 1};
@@ -177,8 +148,13 @@ TEST_CASE("One-step periods after local periods average deltas, not gradients", 
   const ConstantLr lr{0.05};
   const auto rs = train(P, OneThreeOne{}, lr, cfg);
   check_consistent(rs);
-  CHECK(rs[0].shortcuts == 5);  // only before the first local period
   CHECK(rs[0].parameter_rounds == 5 + 3 + 16);
+  if (average_state) {
+    CHECK(rs[0].shortcuts == 5 + 16);
+  } else {
+    CHECK(rs[0].shortcuts == 0);
+    CHECK(bitwise_equal(rs[0].params, commpact_test::serial_local_sgd(P, plan_run(OneThreeOne{}, lr, 30), lr, cfg)));
+  }
 }
 
 TEST_CASE("PostLocal switches to Local SGD exactly at its step", "[train][data_parallel]") {
@@ -215,6 +191,37 @@ TEST_CASE("DataParallel with PowerCompressor keeps every rank identical (gradien
   CAPTURE(P);
   REQUIRE_NOTHROW(commpact_test::run_checked_threads(
       P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_data_parallel_powersgd(comm); }, quick));
+}
+
+TEST_CASE("An empty optimizer state is not averaged: no check, no collective", "[train][data_parallel][bytes]") {
+  // Sgd without momentum has an empty state(): average_optimizer_state has nothing to
+  // send, so the run's bytes and messages are those of the run without it.
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  using Counted = CountingComm<ThreadComm>;
+  auto run = [&](bool average_state) {
+    std::vector<std::uint64_t> out(2 * P);
+    std::vector<std::int64_t> state_rounds(P);
+    run_threads(P, [&](ThreadComm& comm) {
+      DataParallel dp{Dense<Counted>{Counted{comm}}, LocalSgd{4}, 12, {.average_optimizer_state = average_state}};
+      Sgd sgd{37};
+      auto x = initial_params(37);
+      std::vector<float> g(37);
+      for (std::int64_t t = 0; t < 12; ++t) {
+        gradient(x, g, comm.rank(), t);
+        dp.step(x, g, 0.05, sgd);
+      }
+      out[2 * comm.rank()] = dp.comm().stats().bytes_sent;
+      out[2 * comm.rank() + 1] = dp.comm().stats().messages_sent;
+      state_rounds[comm.rank()] = dp.state_rounds();
+    });
+    return std::pair{out, state_rounds};
+  };
+  REQUIRE(Sgd{37}.state().empty());
+  const auto [with, with_rounds] = run(true);
+  const auto [without, without_rounds] = run(false);
+  CHECK(with == without);
+  CHECK(with_rounds == std::vector<std::int64_t>(P, 0));
 }
 
 TEST_CASE("verify_plans catches ranks that decide differently; none hangs", "[train][data_parallel][errors]") {

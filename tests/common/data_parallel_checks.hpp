@@ -188,10 +188,46 @@ void check_rounds_equal_schedule(Comm& comm) {
   settle(comm, v, "check_rounds_equal_schedule");
 }
 
+// Local SGD written out serially: P models, each with its own Sgd (momentum per rank);
+// after each period x = x0 + (sum over ranks in rank order of (x_r - x0)) / P, and with
+// state averaging v = (sum of v_r) / P (divided in float, as kernels/mean.hpp).
+template <class Lr>
+std::vector<float> serial_local_sgd(int P, const std::vector<commpact::sync_period>& periods, const Lr& lr,
+                                    const run_config& cfg) {
+  std::vector<float> x0 = initial_params(cfg.n), g(cfg.n);
+  std::vector<commpact::Sgd> opt(P, commpact::Sgd{cfg.n, cfg.sgd});
+  std::vector<std::vector<float>> x(P);
+  const auto fP = static_cast<float>(P);
+  for (const auto& p : periods) {
+    for (int r = 0; r < P; ++r) {
+      x[r] = x0;
+      for (std::int64_t t = p.start; t <= p.last(); ++t) {
+        gradient(x[r], g, r, t);
+        opt[r](x[r], g, lr(t));
+      }
+    }
+    std::vector<float> sum(cfg.n);
+    for (std::size_t i = 0; i < cfg.n; ++i) {
+      float s = x[0][i] - x0[i];
+      for (int r = 1; r < P; ++r) s += x[r][i] - x0[i];
+      sum[i] = s / fP;
+    }
+    for (std::size_t i = 0; i < cfg.n; ++i) x0[i] = x0[i] + sum[i];
+    if (cfg.opt.average_optimizer_state && cfg.sgd.momentum > 0) {
+      for (std::size_t i = 0; i < cfg.n; ++i) {
+        float s = opt[0].state()[i];
+        for (int r = 1; r < P; ++r) s += opt[r].state()[i];
+        for (int r = 0; r < P; ++r) opt[r].state()[i] = s / fP;
+      }
+    }
+  }
+  return x0;
+}
+
 //! LocalSgd{1} equals EveryStep with Dense bit for bit (25 steps, warm-up cosine), and
 //! with P > 1 both differ from a run without communication (the check can fail).
 template <class Comm>
-void check_localsgd1_equals_everystep(Comm& comm, bool average_state, double momentum) {
+void check_localsgd1_equals_everystep(Comm& comm, bool average_state, double momentum, bool rank_order_sums = true) {
   using namespace commpact;
   verdict v;
   run_config cfg;
@@ -203,10 +239,32 @@ void check_localsgd1_equals_everystep(Comm& comm, bool average_state, double mom
   const auto local = train_rank(comm, LocalSgd{1}, lr, cfg);
   expect_consistent(comm, v, bsp, "EveryStep");
   expect_consistent(comm, v, local, "LocalSgd{1}");
-  v.expect(bitwise_equal(local.params, bsp.params), "LocalSgd{1} and EveryStep differ");
   v.expect(local.round_steps == bsp.round_steps, "LocalSgd{1} and EveryStep round at different steps");
-  v.expect(local.shortcuts == 25, "shortcuts ", local.shortcuts);
   v.expect(local.state_rounds == 0, "state rounds ", local.state_rounds);
+  if (average_state || momentum == 0) {
+    // The momentum is the same on every rank after each step either way: the one-step
+    // period goes through the gradient, bit for bit EveryStep's step.
+    v.expect(bitwise_equal(local.params, bsp.params), "LocalSgd{1} and EveryStep differ");
+    v.expect(local.shortcuts == 25, "shortcuts ", local.shortcuts);
+  } else {
+    // Momentum per rank (Local SGD's definition): each step is a local step and an average
+    // of deltas, the serial reference (bit for bit where the communicator sums in rank
+    // order, as ThreadComm; MpiComm's recursive doubling associates otherwise); the
+    // parameters equal EveryStep's in exact arithmetic, so they differ by rounding only.
+    std::vector<commpact::sync_period> ones;
+    for (std::int64_t t = 0; t < cfg.T; ++t) ones.push_back({t, 1, commpact::sync_plan::mode::parameters});
+    const auto ref = serial_local_sgd(comm.size(), ones, lr, cfg);
+    double off_ref = 0;
+    for (std::size_t i = 0; i < cfg.n; ++i)
+      off_ref = std::max(off_ref, std::abs(static_cast<double>(local.params[i]) - ref[i]));
+    v.expect(rank_order_sums ? bitwise_equal(local.params, ref) : off_ref <= 1e-6,
+             "LocalSgd{1} with per-rank momentum differs from the serial Local SGD reference by ", off_ref);
+    v.expect(local.shortcuts == 0, "shortcuts ", local.shortcuts);
+    double worst = 0;
+    for (std::size_t i = 0; i < cfg.n; ++i)
+      worst = std::max(worst, std::abs(static_cast<double>(local.params[i]) - bsp.params[i]));
+    v.expect(worst <= 1e-6, "LocalSgd{1} with per-rank momentum is ", worst, " from EveryStep");
+  }
   if (comm.size() > 1) {
     std::vector<float> alone = initial_params(cfg.n), g(cfg.n);
     Sgd sgd{cfg.n, cfg.sgd};
@@ -328,13 +386,14 @@ void check_verify_plans_mismatch(Comm& comm) {
 //! steps, and the one-time check before the first average raises mismatch_error on every
 //! rank there (the one-step shortcut through the gradient, H = 1 + rank, and plain
 //! parameter periods, H = 3 + rank), and leaves the driver as it was (rounds and position).
+//! The same with the deltas through the compressor (compress_deltas, and a second
+//! compressor for the deltas), whose first round is checked alike.
 template <class Comm>
 void check_first_round_mismatch(Comm& comm) {
   using namespace commpact;
   if (comm.size() < 2) return;
   verdict v;
-  for (const std::int64_t base : {1, 3}) {
-    DataParallel dp{Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10};
+  auto expect_first_round_raises = [&](auto& dp, std::int64_t base, const char* how) {
     Sgd sgd{4};
     std::vector<float> x(4, 1.f), g(4, 0.5f);
     std::string what;
@@ -344,11 +403,20 @@ void check_first_round_mismatch(Comm& comm) {
           for (; t < 10; ++t) dp.step(x, g, 0.1, sgd);
         },
         &what);
-    v.expect(got == 1, "H = ", base, " + rank: expected mismatch_error, got ", got, ": ", what);
-    v.expect(what.find("for the first time at different steps") != std::string::npos, "message: ", what);
-    v.expect(t == base + comm.rank() - 1, "H = ", base, " + rank: raised at step ", t, ", not at the first round");
-    v.expect(dp.rounds() == 0 && dp.steps() == t, "H = ", base, " + rank: the failed step moved the driver (",
+    v.expect(got == 1, how, ", H = ", base, " + rank: expected mismatch_error, got ", got, ": ", what);
+    v.expect(what.find("for the first time at different steps") != std::string::npos, how, ": message: ", what);
+    v.expect(t == base + comm.rank() - 1, how, ", H = ", base, " + rank: raised at step ", t,
+             ", not at the first round");
+    v.expect(dp.rounds() == 0 && dp.steps() == t, how, ", H = ", base, " + rank: the failed step moved the driver (",
              dp.rounds(), " rounds, at step ", dp.steps(), ")");
+  };
+  for (const std::int64_t base : {1, 3}) {
+    DataParallel dense{Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10};
+    expect_first_round_raises(dense, base, "dense average");
+    DataParallel deltas{Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10, {.compress_deltas = true}};
+    expect_first_round_raises(deltas, base, "compress_deltas");
+    DataParallel two{Dense<Comm>{comm}, Dense<Comm>{comm}, RankDependent{base + comm.rank()}, 10};
+    expect_first_round_raises(two, base, "a compressor for the deltas");
   }
   settle(comm, v, "check_first_round_mismatch");
 }

@@ -26,21 +26,25 @@
 //! - parameter period of H steps: `update(params, grads, lr)` locally; after the last step
 //!   the ranks average their parameters as x = x0 + mean_r(x_r - x0), x0 being the
 //!   parameters at the period's start (the same on every rank). The mean of the deltas
-//!   goes through the communicator (dense: sum in rank order, then times 1/P in float, the
+//!   goes through the communicator (dense: sum in rank order, then divided by P in float, the
 //!   same arithmetic as Dense), or with `compress_deltas` through `compressor.reduce`, whose
 //!   error feedback keeps what it did not send for the next round. With
 //!   `average_optimizer_state` the optimizer's `state()` (momentum) is averaged too.
 //!
-//! A one-step parameter period whose optimizer state is the same on every rank is
-//! synchronised through the gradient instead: mean of the gradients (the same dense
-//! arithmetic), then update. For an update that is linear in the gradient (SGD, with or
-//! without momentum and weight decay) this is the same step as a local step followed by
-//! parameter averaging, in exact arithmetic, and it sends the same bytes; in floating
-//! point it is bit for bit the step EveryStep takes with Dense, so LocalSgd{1} equals
-//! EveryStep with Dense exactly. Optimizer state is known to be the same on every rank
-//! until the first averaging of parameter deltas, and after each one when
-//! `average_optimizer_state` is on; otherwise a one-step period averages deltas like any
-//! other. With `compress_deltas` every parameter round sends deltas.
+//! A one-step parameter period is synchronised through the gradient instead (mean of the
+//! gradients, the same dense arithmetic, then update) when the optimizer state is the same
+//! on every rank before the step and stays so after it: the update keeps no state (none,
+//! or an empty state()), or `average_optimizer_state` is on. For an update that is linear
+//! in the gradient (SGD, with or without momentum and weight decay) this is the same step
+//! as a local step followed by parameter averaging (and state averaging), in exact
+//! arithmetic, and it sends the same bytes; in floating point it is bit for bit the step
+//! EveryStep takes with Dense, so LocalSgd{1} equals EveryStep with Dense exactly there.
+//! With momentum kept per rank (average_optimizer_state off, the default) a one-step
+//! period is a local step and an average of deltas like any other: each rank's momentum
+//! stays its own, as Local SGD defines it, and a longer period after it starts from it.
+//! State is known to be the same on every rank until the first averaging of parameter
+//! deltas, and after each one when `average_optimizer_state` is on. With `compress_deltas`
+//! every parameter round sends deltas.
 //!
 //! A compressor's error-feedback residual must not hold gradients and parameter deltas
 //! at once. Under `compress_deltas` with one compressor, a policy that mixes gradient and
@@ -70,9 +74,10 @@
 //! - Every rank passes the same learning rates; the policy's decisions are then the
 //!   same on every rank. `verify_plans` checks that at each period (one small allreduce).
 //! - One-time checks (an allreduce of four int64 per buffer kind: parameters, optimizer
-//!   state) guard the first dense average: the same length, and the same step on every
-//!   rank (ranks whose policies differ in their first period raise mismatch_error there);
-//!   Dense checks the gradient's length itself.
+//!   state) guard the first average (dense, or through the compressor under
+//!   compress_deltas): the same length, and the same step on every rank (ranks whose
+//!   policies differ in their first period raise mismatch_error there); Dense checks the
+//!   gradient's length itself.
 
 #include <algorithm>
 #include <cmath>
@@ -118,10 +123,20 @@ struct data_parallel_options {
 
 namespace req {
 template <class C>
-concept has_comm = requires(C& c) {
-  c.comm();
+concept has_comm_member = requires(C& c) { c.comm(); };
+template <class C>
+concept has_comm = has_comm_member<C> && requires(C& c) {
   requires Communicator<std::remove_cvref_t<decltype(c.comm())>>;
 };
+//! What comm() returns is a Communicator: diagnose_communicator names what it lacks.
+template <class C>
+constexpr bool diagnose_comm_of() {
+  if constexpr (has_comm_member<C>) {
+    return diagnose_communicator<std::remove_cvref_t<decltype(std::declval<C&>().comm())>>();
+  } else {
+    return true;
+  }
+}
 template <class U, class Space = host_space>
 concept has_optimizer_state = requires(U& u) {
   { u.state() } -> std::convertible_to<typename Space::template span<float>>;
@@ -142,7 +157,8 @@ template <class Compressor, class Policy>
 class DataParallel {
   static_assert(diagnose_compressor<Compressor>());
   static_assert(diagnose_sync_policy<Policy>());
-  static_assert(req::has_comm<Compressor>,
+  static_assert(req::diagnose_comm_of<Compressor>());  // what comm() returns: the missing piece, named
+  static_assert(req::has_comm_member<Compressor>,
                 "commpact::DataParallel: the compressor must expose its communicator as `comm()` (as Dense does); "
                 "parameter averaging in Local SGD rounds goes through it.");
 
@@ -196,7 +212,7 @@ class DataParallel {
     if (what != sync_plan::mode::gradients) return;
     overlap_snap_ = snapshot();
     try {
-      if (new_period) begin_period(grads, lr);  // a gradient period keeps no parameters
+      if (new_period) begin_period(grads, lr, false);  // a gradient period keeps no parameters
       compressor_.begin(grads);
     } catch (...) {
       restore(*overlap_snap_);
@@ -259,7 +275,7 @@ class DataParallel {
     bool synced = false;
     undo_ = undo_kind::none;
     try {
-      if (step_ == next_plan_ && !overlapped) begin_period(params, lr);
+      if (step_ == next_plan_ && !overlapped) begin_period(params, lr, keeps_local_state(update));
 
       if (period_.what == sync_plan::mode::gradients) {
         // Overlapped, the state average waits until the buckets are done (the communicator
@@ -275,7 +291,7 @@ class DataParallel {
         }
         ++gradient_rounds_;
         synced = true;
-      } else if (period_.length == 1 && !opt_.compress_deltas && state_in_sync_) {
+      } else if (one_step_shortcut(keeps_local_state(update))) {
         // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
         keep_for_undo(undo_grads_, span<const float>(grads), undo_kind::grads);
         dense_mean(grads, checked_params_, "gradient");
@@ -294,7 +310,7 @@ class DataParallel {
         if (step_ == period_.last()) {
           average_parameters(params);
           if constexpr (req::has_optimizer_state<U, space_type>) {
-            if (opt_.average_optimizer_state) {
+            if (opt_.average_optimizer_state && update.state().size() != 0) {  // nothing to send when empty
               dense_mean(update.state(), checked_state_, "optimizer state");
               ++state_rounds_;
             }
@@ -505,7 +521,23 @@ class DataParallel {
     x0_swapped_ = false;
   }
 
-  void begin_period(span<const float> params, double lr) {
+  //! True when a local step would leave each rank its own optimizer state: the update
+  //! has a non-empty state() and average_optimizer_state is off.
+  template <class U>
+  bool keeps_local_state(U& update) const {
+    if constexpr (req::has_optimizer_state<std::remove_cvref_t<U>, space_type>) {
+      return !opt_.average_optimizer_state && update.state().size() != 0;
+    } else {
+      return false;
+    }
+  }
+  //! Whether this period (one step, parameters) is synchronised through the gradient:
+  //! only where that is the local step + average exactly, state included (file comment).
+  bool one_step_shortcut(bool local_state) const {
+    return period_.length == 1 && !opt_.compress_deltas && state_in_sync_ && !local_state;
+  }
+
+  void begin_period(span<const float> params, double lr, bool local_state) {
     period_ = detail::next_period(policy_, step_, lr, total_);
     next_plan_ = step_ + period_.length;
     if (opt_.verify_plans) {
@@ -513,8 +545,7 @@ class DataParallel {
       require_same(c, period_.length, "sync period length (DataParallel verify_plans)");
       require_same(c, static_cast<std::int64_t>(period_.what), "sync mode (DataParallel verify_plans)");
     }
-    const bool shortcut = period_.length == 1 && !opt_.compress_deltas && state_in_sync_;
-    if (period_.what == sync_plan::mode::parameters && !shortcut) {
+    if (period_.what == sync_plan::mode::parameters && !one_step_shortcut(local_state)) {
       x0_prev_.swap(x0_);  // kept until the step completes, for restore()
       x0_swapped_ = true;
       const auto e = exec();
@@ -542,8 +573,10 @@ class DataParallel {
   void bring_state_in_sync(U& update) {
     if (state_in_sync_) return;
     if constexpr (req::has_optimizer_state<U, space_type>) {
-      dense_mean(update.state(), checked_state_, "optimizer state");
-      ++state_rounds_;
+      if (update.state().size() != 0) {
+        dense_mean(update.state(), checked_state_, "optimizer state");
+        ++state_rounds_;
+      }
     }
     state_in_sync_ = true;  // an update without state() is stateless by contract
   }
@@ -557,6 +590,11 @@ class DataParallel {
     ops<space_type>::copy(e, span<const float>(params), delta);
     ops<space_type>::sub(e, delta, x0_.cview());
     if (opt_.compress_deltas) {
+      if (!checked_params_) {  // the same one-time check as the dense average's (dense_mean)
+        first_average_check(delta_compressor_ ? delta_compressor_->comm() : compressor_.comm(),
+                            static_cast<std::int64_t>(delta.size()), "parameter delta");
+        checked_params_ = true;
+      }
       const bool sent = delta_compressor_ ? compressor_reduce(*delta_compressor_, delta, round_kind::none)
                                           : compressor_reduce(compressor_, delta, round_kind::deltas);
       if (!sent) ops<space_type>::fill(e, delta, 0.0f);  // the round is dropped
