@@ -16,7 +16,8 @@
 // blocking, so a bucket's communication overlaps the backward of the layers before it
 // only as far as DDP runs hooks while autograd goes on (it runs them on the autograd
 // thread). Each bucket has its own compressor (its own residual), rebuilt when DDP
-// rebuilds its buckets after the first iteration.
+// rebuilds its buckets after the first iteration; the residuals follow their parameters
+// into the new buckets (feedback_by_parameter.hpp).
 //
 // CUDA buckets (built with COMMPACT_HOOKS_CUDA, setup.py's CUDA variant): the step runs
 // in commpact's CUDA space (commpact_hooks_cuda.cu) on PyTorch's current stream, over
@@ -50,6 +51,7 @@
 
 #include "commpact_hooks_cuda.hpp"
 #endif
+#include "feedback_by_parameter.hpp"
 
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/tree_comm.hpp>
@@ -263,13 +265,24 @@ py::object completed_future(const at::Tensor& t) {
 }
 
 // The shapes of a bucket's tensors as PyTorch's PowerSGD views them: rows = dim 0.
+// An empty tensor (a zero-size parameter) has no place in the buffer and is left out.
 commpact::tensor_layout layout_of(const std::vector<at::Tensor>& grads) {
   commpact::tensor_layout l;
   for (const auto& g : grads) {
+    if (g.numel() == 0) continue;
     const std::int64_t n = g.dim() == 0 ? 1 : g.size(0);
     l.push_back({n, n == 0 ? 0 : g.numel() / n});
   }
   return l;
+}
+
+// A bucket's parameters as feedback_by_parameter.hpp knows them: identity, length, rows.
+commpact_hooks::bucket_params params_of(const py::object& bucket) {
+  commpact_hooks::bucket_params ps;
+  for (const auto& t : bucket.attr("parameters")().cast<std::vector<at::Tensor>>())
+    ps.push_back({reinterpret_cast<std::uintptr_t>(t.unsafeGetTensorImpl()), t.numel(),
+                  t.dim() == 0 ? 1 : t.size(0)});
+  return ps;
 }
 
 // ---- sparse hooks: TopK and gTopK --------------------------------------------------
@@ -288,15 +301,11 @@ struct SparseState : HookBase {
 #endif
   }
   commpact::sparse_options opt;
-  std::map<std::int64_t, std::pair<std::int64_t, std::unique_ptr<C>>> buckets;  // index -> (numel, compressor)
+  commpact_hooks::bucket_compressors<C> buckets;  // by bucket index, known by its parameters
 
-  void reduce(std::int64_t index, std::span<float> g) {
-    auto& b = buckets[index];
-    if (!b.second || b.first != static_cast<std::int64_t>(g.size())) {
-      b.second = std::make_unique<C>(comm, opt);
-      b.first = static_cast<std::int64_t>(g.size());
-    }
-    b.second->reduce(g);
+  void reduce(std::int64_t index, const commpact_hooks::bucket_params& ps, std::span<float> g) {
+    buckets.get(index, ps, static_cast<std::int64_t>(g.size()), [&] { return std::make_unique<C>(comm, opt); })
+        .reduce(g);
   }
 };
 using TopKState = SparseState<commpact::TopK<Comm>>;
@@ -306,14 +315,15 @@ template <class S>
 py::object sparse_hook(S& st, py::object bucket) {
   at::Tensor buf = bucket.attr("buffer")().cast<at::Tensor>();
   const auto index = bucket.attr("index")().cast<std::int64_t>();
+  const auto ps = params_of(bucket);
   if (buf.is_cuda())
     return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) {
-      cs.reduce(index, b, {});
+      cs.reduce(index, b, {}, ps);
     });
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, g); });  // an error reaches every rank
+    hook_guard(st.comm, [&] { st.reduce(index, ps, g); });  // an error reaches every rank
   }
   return completed_future(buf);
 }
@@ -337,6 +347,11 @@ struct PowerSGDState : HookBase {
         rng(py::module_::import("numpy").attr("random").attr("RandomState")(seed)), dense(comm) {
     commpact::require(rank >= 1, "commpact_hooks.PowerSGDState: matrix_approximation_rank is ", rank,
                       "; it must be >= 1.");
+    // As PyTorch's PowerSGDState: a bucket's compressor keeps its residual and warm-start
+    // factors by position, and DDP reorders its buckets after the first iteration.
+    commpact::require(start_iter >= 2, "commpact_hooks.PowerSGDState: start_powerSGD_iter is ", start_iter,
+                      "; it must be >= 2 (as PyTorch's PowerSGDState requires): DDP rebuilds its buckets after the "
+                      "first iteration, so compression starts after it.");
 #if defined(COMMPACT_HOOKS_CUDA)
     cuda_params.m = commpact_hooks_cuda::method::powersgd;
     cuda_params.rank = rank;
@@ -408,7 +423,7 @@ struct PowerSGDState : HookBase {
         py::gil_scoped_acquire gil;
         draw_q(v, l);
       }
-      cs.reduce(index, b, l);
+      cs.reduce(index, b, l, {});  // PowerSGD: compression starts after the rebuild
     }
     if (last) ++iter;
   }
@@ -436,28 +451,19 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
 }
 
 // ---- codec hooks: EF-SignSGD and QSGD ---------------------------------------------------
-// A bucket's codec compressor, rebuilt when the bucket's size or layout changes.
+// A bucket's codec compressor, rebuilt when the bucket holds other parameters (or
+// shapes, hence another layout), its residual following them (feedback_by_parameter.hpp).
 template <class C>
 struct CodecState : HookBase {
   using Make = std::function<C(Comm&, const commpact::tensor_layout&)>;
   CodecState(py::object pg, py::object store, double timeout_s, std::string name, Make make)
       : HookBase(pg, store, timeout_s, name), make(std::move(make)) {}
   Make make;
-  struct entry {
-    std::int64_t n = -1;
-    commpact::tensor_layout layout;
-    std::unique_ptr<C> c;
-  };
-  std::map<std::int64_t, entry> buckets;
-  void reduce(std::int64_t index, const commpact::tensor_layout& l, std::span<float> g) {
-    auto& e = buckets[index];
-    if (!e.c || e.n != static_cast<std::int64_t>(g.size()) || !(e.layout == l)) {
-      e.c.reset();
-      e.c = std::make_unique<C>(make(comm, l));
-      e.n = static_cast<std::int64_t>(g.size());
-      e.layout = l;
-    }
-    e.c->reduce(g);
+  commpact_hooks::bucket_compressors<C> buckets;
+  void reduce(std::int64_t index, const commpact_hooks::bucket_params& ps, const commpact::tensor_layout& l,
+              std::span<float> g) {
+    buckets.get(index, ps, static_cast<std::int64_t>(g.size()), [&] { return std::make_unique<C>(make(comm, l)); })
+        .reduce(g);
   }
 };
 using SignK = commpact::per_tensor<commpact::sign_codec>;
@@ -497,12 +503,13 @@ py::object codec_hook(S& st, py::object bucket) {
   at::Tensor buf = bucket.attr("buffer")().cast<at::Tensor>();
   const auto index = bucket.attr("index")().cast<std::int64_t>();
   const auto l = layout_of(bucket.attr("gradients")().cast<std::vector<at::Tensor>>());
+  const auto ps = params_of(bucket);
   if (buf.is_cuda())
-    return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) { cs.reduce(index, b, l); });
+    return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) { cs.reduce(index, b, l, ps); });
   auto g = float_span(buf, "commpact_hooks");
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, l, g); });
+    hook_guard(st.comm, [&] { st.reduce(index, ps, l, g); });
   }
   return completed_future(buf);
 }

@@ -81,11 +81,11 @@ struct state::impl {
   std::optional<cp::cuda_space::exec> exec;
   std::optional<Comm> comm;
   std::map<std::int64_t, slot<cp::Dense<Comm>>> dense;
-  std::map<std::int64_t, slot<GTopK>> gtopk;
-  std::map<std::int64_t, slot<TopK>> topk;
+  commpact_hooks::bucket_compressors<GTopK> gtopk;  // by bucket index, known by its parameters
+  commpact_hooks::bucket_compressors<TopK> topk;
   std::map<std::int64_t, slot<Power>> power;
-  std::map<std::int64_t, slot<EfSign>> efsign;
-  std::map<std::int64_t, slot<Qsgd>> qsgd;
+  commpact_hooks::bucket_compressors<EfSign> efsign;
+  commpact_hooks::bucket_compressors<Qsgd> qsgd;
   std::vector<step_in_flight> pending;  // in the order they were started
 
   ~impl() {
@@ -161,6 +161,14 @@ struct state::impl {
     }
     return *s.c;
   }
+  //! Bucket index's compressor for its parameters (commpact_hooks::bucket_compressors):
+  //! the steps in flight are finished before compressors give their feedback up.
+  template <class C, class Make>
+  C& get(commpact_hooks::bucket_compressors<C>& m, std::int64_t index, const bucket& b,
+         const commpact_hooks::bucket_params& ps, Make&& make) {
+    return m.get(
+        index, ps, static_cast<std::int64_t>(b.n), [&] { return std::make_unique<C>(make()); }, [this] { settle(); });
+  }
   Power& power_at(std::int64_t index) const {
     const auto it = power.find(index);
     cp::require(it != power.end() && it->second.c, "commpact_hooks: bucket ", index, " has no PowerSGD compressor; "
@@ -179,7 +187,8 @@ state::state(std::shared_ptr<cp::torch_group_link> link, params p, allocator a) 
 
 state::~state() = default;
 
-void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
+void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout& layout,
+                   const commpact_hooks::bucket_params& ps) {
   auto& I = *p_;
   Comm& c = I.comm_on(b);
   I.settle_before(index);
@@ -187,13 +196,13 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
   const auto& o = I.prm;
   switch (o.m) {
     case method::gtopk:
-      I.start(I.get(I.gtopk, index, b, nullptr, [&] {
+      I.start(I.get(I.gtopk, index, b, ps, [&] {
                 return GTopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
               }),
               index, g);
       break;
     case method::topk:
-      I.start(I.get(I.topk, index, b, nullptr, [&] {
+      I.start(I.get(I.topk, index, b, ps, [&] {
                 return TopK{c, cp::sparse_options{.density = o.density, .momentum = o.momentum}};
               }),
               index, g);
@@ -202,14 +211,14 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
       I.start(I.power_at(index), index, g);
       break;
     case method::efsign:
-      I.start(I.get(I.efsign, index, b, &layout, [&] {
+      I.start(I.get(I.efsign, index, b, ps, [&] {
                 return EfSign{c, SignK{cp::split_rows(layout), cp::sign_codec{}},
                               cp::codec_options{.momentum = o.momentum}};
               }),
               index, g);
       break;
     case method::qsgd:
-      I.start(I.get(I.qsgd, index, b, nullptr, [&] {
+      I.start(I.get(I.qsgd, index, b, ps, [&] {
                 return Qsgd{c, cp::qsgd_codec{o.levels, o.seed, o.qsgd_bucket},
                             cp::codec_options{.momentum = o.momentum}};
               }),

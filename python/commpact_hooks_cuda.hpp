@@ -9,6 +9,8 @@
 #include <commpact/compress/codecs/tensor_layout.hpp>
 #include <commpact/torch/group_link.hpp>
 
+#include "feedback_by_parameter.hpp"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -48,7 +50,7 @@ struct bucket {
 
 //! One hook state's CUDA side: a TorchCudaComm on the first bucket's stream (every later
 //! bucket must come on that stream) and one compressor per DDP bucket index, rebuilt when
-//! the bucket's size or layout changes. Each call queues its step on the stream.
+//! the bucket's parameters, size or layout change. Each call queues its step on the stream.
 //! Every method and reduce_dense return at once, the step in flight: its finish (one
 //! fence for that step's own work, its status read, an error raised alike on every rank)
 //! and commit run when the same bucket index comes again (the next DDP step: every step in
@@ -62,7 +64,11 @@ class state {
 
   //! Reduces the bucket in place with the state's method (powersgd: power_prepare first).
   //! `layout`: the bucket's tensors (efsign: a scale per row; powersgd: the matrices).
-  void reduce(std::int64_t index, const bucket& b, const commpact::tensor_layout& layout);
+  //! `params`: its parameters; when they change (DDP's rebuild), the new compressor
+  //! starts from their residuals (feedback_by_parameter.hpp; the steps in flight are
+  //! finished first).
+  void reduce(std::int64_t index, const bucket& b, const commpact::tensor_layout& layout,
+              const commpact_hooks::bucket_params& params);
   //! Reduces the bucket in place to the plain mean (powersgd before start_powerSGD_iter).
   void reduce_dense(std::int64_t index, const bucket& b);
   //! powersgd: makes bucket index's compressor for `layout` when it has none or another

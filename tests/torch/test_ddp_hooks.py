@@ -4,7 +4,7 @@
 Checks, each on every rank:
   * gtopk_hook, topk_hook, powersgd_hook, efsign_hook and qsgd_hook keep the parameters
     bit-identical across ranks (every rank gets the same reduced gradient) and the loss
-    falls;
+    falls; the residual follows its parameters when DDP rebuilds its buckets;
   * commpact's powersgd_hook equals PyTorch's powerSGD_hook within float tolerance at the
     same matrix_approximation_rank, start_powerSGD_iter and random_seed, while both
     differ clearly from plain allreduce (so the comparison can fail);
@@ -102,6 +102,69 @@ def worker(rank, path, failures):
             check(state.bytes_sent() > 0, f"{name}: no bytes counted")
             state.synchronize()  # CPU buckets: nothing in flight, returns at once
 
+        # 1b. DDP rebuilds its buckets after the first iteration (this model's one bucket
+        #     reverses its order: a, b -> b, a). The residual follows the parameters: `a` gets
+        #     the gradient 1..10 at step 0 only, on both ranks, and k = 1 of 20 (density 0.05),
+        #     so gTop-k and Top-k deliver a[9] = 10, then from the residual a[8] = 9 and a[7] = 8;
+        #     `b`, which never had a gradient, gets nothing. EF-SignSGD and QSGD: nothing in `b`.
+        class TwoParams(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.a = torch.nn.Parameter(torch.zeros(10))
+                self.b = torch.nn.Parameter(torch.zeros(10))
+
+            def forward(self, x, y):
+                return (self.a * x).sum() + (self.b * y).sum()
+
+        for name, hook, state in (("gtopk", ch.gtopk_hook, ch.GTopKState(density=0.05, name="t/rb-gtopk")),
+                                  ("topk", ch.topk_hook, ch.TopKState(density=0.05, name="t/rb-topk")),
+                                  ("efsign", ch.efsign_hook, ch.EFSignState(name="t/rb-efsign")),
+                                  ("qsgd", ch.qsgd_hook, ch.QSGDState(levels=4, bucket=5, name="t/rb-qsgd"))):
+            m = TwoParams()
+            ddp = DDP(m)
+            orders = []
+
+            def watch(st, bucket, hook=hook, m=m, orders=orders):
+                orders.append(["ab"[[id(m.a), id(m.b)].index(id(p))] for p in bucket.parameters()])
+                return hook(st, bucket)
+
+            ddp.register_comm_hook(state, watch)
+            zero = torch.zeros(10)
+            for t in range(3):
+                m.zero_grad()
+                ddp(torch.arange(1.0, 11.0) if t == 0 else zero, zero).backward()
+                check(not m.b.grad.any(), f"{name} step {t}: b, which never had a gradient, got {m.b.grad.tolist()}")
+                if name in ("gtopk", "topk"):
+                    want = torch.zeros(10)
+                    want[9 - t] = 10.0 - t
+                    check(torch.equal(m.a.grad, want),
+                          f"{name} step {t}: a.grad {m.a.grad.tolist()}, not {want.tolist()}")
+                elif t > 0:
+                    check(m.a.grad.any(), f"{name} step {t}: a's residual was not sent")
+            check(orders[0] != orders[1], f"DDP did not reorder the bucket ({orders[:2]}): the check tests nothing")
+
+        # 1c. A zero-size parameter (no place in the bucket) is left out of the layouts.
+        for name, hook, state in (("efsign", ch.efsign_hook, ch.EFSignState(name="t/empty-efsign")),
+                                  ("powersgd", ch.powersgd_hook,
+                                   ch.PowerSGDState(start_powerSGD_iter=2, name="t/empty-psgd"))):
+            class WithEmpty(torch.nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.body = model_fn()
+                    self.empty = torch.nn.Parameter(torch.zeros(0))
+
+                def forward(self, x):
+                    return self.body(x) + self.empty.sum()
+
+            net = WithEmpty()
+            ddp = DDP(net)
+            ddp.register_comm_hook(state, hook)
+            for x, y in batches(rank, 4):
+                ddp.zero_grad()
+                torch.nn.functional.cross_entropy(ddp(x), y).backward()
+            check(identical_across_ranks(torch.cat([p.grad.reshape(-1) for p in net.parameters()])),
+                  f"{name} with a zero-size parameter: gradients differ across ranks")
+
         # 2. commpact's PowerSGD against PyTorch's powerSGD_hook at the same rank and seed.
         for r in (1, 2):
             ref_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
@@ -153,7 +216,13 @@ def worker(rank, path, failures):
             check("step of this averaging round" in str(e), f"periods that differ: {e}")
         dist.barrier()
 
-        # 4. A bad density raises in the constructor; a state made after one that failed
+        # 4. start_powerSGD_iter < 2 raises as PyTorch's PowerSGDState does (the rebuild).
+        try:
+            ch.PowerSGDState(start_powerSGD_iter=1)
+            raise AssertionError("start_powerSGD_iter = 1 did not raise")
+        except (ValueError, RuntimeError) as e:
+            check("start_powerSGD_iter" in str(e), f"the bad start_powerSGD_iter's error does not name it: {e}")
+        #    A bad density raises in the constructor; a state made after one that failed
         #    (aborted on every rank) works under the same default name: it does not read the
         #    old state's failure notice.
         try:

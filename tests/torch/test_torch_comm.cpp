@@ -11,12 +11,17 @@
 #include <commpact/comm/known_size.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
+#include "../python/feedback_by_parameter.hpp"
 #include "common/collective_checks.hpp"
 #include "common/sparse_checks.hpp"
 #include "torch/gloo_world.hpp"
@@ -155,6 +160,76 @@ TEST_CASE("TorchComm: bad compressor input raises on every rank and the communic
       check_length_mismatch<TK>(comm);
     }));
   }
+}
+
+namespace {
+// The DDP hooks' compressors by bucket (python/feedback_by_parameter.hpp): when buckets
+// hold other parameters (DDP's rebuild), each new compressor starts from the residual and
+// velocity its parameters had, in its own order, zeros for a parameter never seen; a
+// bucket that did not change keeps its compressor. P = 2 ranks, momentum on.
+template <class C>
+void check_feedback_follows_parameters(TorchComm& comm) {
+  using commpact_hooks::bucket_params;
+  verdict v;
+  const sparse_options opt{.density = 0.25, .momentum = 0.9f};
+  commpact_hooks::bucket_compressors<C> bc;
+  auto make = [&] { return std::make_unique<C>(comm, opt); };
+  auto grad = [&](std::size_t n, int step) {
+    std::vector<float> g(n);
+    for (std::size_t i = 0; i < n; ++i)
+      g[i] = std::sin(1.7f * static_cast<float>(i + 1) + 0.9f * static_cast<float>(comm.rank() + 3 * step));
+    return g;
+  };
+  // Step 0: parameters 1 to 4 (lengths 3, 5, 4, 6) in buckets {1, 2} and {3, 4}.
+  const bucket_params old0{{1, 3, 3}, {2, 5, 5}}, old1{{3, 4, 4}, {4, 6, 6}};
+  // id -> (residual, velocity)
+  std::map<std::uintptr_t, std::pair<std::vector<float>, std::vector<float>>> had;
+  for (const auto& [index, ps] : {std::pair{0, old0}, std::pair{1, old1}}) {
+    auto g = grad(static_cast<std::size_t>(commpact_hooks::total_numel(ps)), 0);
+    C& c = bc.get(index, ps, static_cast<std::int64_t>(g.size()), make);
+    c.reduce(g);
+    v.expect(&bc.get(index, ps, static_cast<std::int64_t>(g.size()), make) == &c, "bucket ", index,
+             ": the same parameters got a new compressor");
+    std::size_t off = 0;
+    for (const auto& p : ps) {
+      const auto n = static_cast<std::size_t>(p.numel);
+      had[p.id] = {std::vector<float>(c.residual().begin() + off, c.residual().begin() + off + n),
+                   std::vector<float>(c.velocity().begin() + off, c.velocity().begin() + off + n)};
+      off += n;
+    }
+  }
+  // The rebuild: {4, 1}, {2}, and {3, 5} with parameter 5 new.
+  const bucket_params new0{{4, 6, 6}, {1, 3, 3}}, new1{{2, 5, 5}}, new2{{3, 4, 4}, {5, 2, 2}};
+  for (const auto& [index, ps] : {std::pair{0, new0}, std::pair{1, new1}, std::pair{2, new2}}) {
+    std::vector<float> want_r, want_v;
+    for (const auto& p : ps) {
+      const auto it = had.find(p.id);
+      const std::vector<float> zeros(static_cast<std::size_t>(p.numel), 0.0f);
+      want_r.insert(want_r.end(), it == had.end() ? zeros.begin() : it->second.first.begin(),
+                    it == had.end() ? zeros.end() : it->second.first.end());
+      want_v.insert(want_v.end(), it == had.end() ? zeros.begin() : it->second.second.begin(),
+                    it == had.end() ? zeros.end() : it->second.second.end());
+    }
+    auto g = grad(want_r.size(), 1);
+    C& c = bc.get(index, ps, static_cast<std::int64_t>(g.size()), make);
+    v.expect(std::equal(c.residual().begin(), c.residual().end(), want_r.begin(), want_r.end()), "bucket ", index,
+             ": the new compressor's residual is not its parameters' old one");
+    v.expect(std::equal(c.velocity().begin(), c.velocity().end(), want_v.begin(), want_v.end()), "bucket ", index,
+             ": the new compressor's velocity is not its parameters' old one");
+    c.reduce(g);  // the seeded compressor steps (and agrees) like any other
+    v.expect(c.steps() == 1, "bucket ", index, ": ", c.steps(), " steps");
+  }
+  v.expect(bc.kept() == 0, bc.kept(), " parameters' feedback kept for no bucket");
+  settle(comm, v, "check_feedback_follows_parameters");
+}
+}  // namespace
+
+TEST_CASE("The hooks' residual and velocity follow their parameters when DDP rebuilds its buckets",
+          "[torch][hooks]") {
+  REQUIRE_NOTHROW(run_gloo(2, [&](TorchComm& comm) {
+    check_feedback_follows_parameters<gTopK<TreeComm<TorchComm>>>(comm);
+    check_feedback_follows_parameters<TopK<TorchComm>>(comm);
+  }));
 }
 
 TEST_CASE("TorchComm rejects bad peers, roots and sizes alike on every rank", "[torch][errors]") {
