@@ -55,15 +55,18 @@ sync_period next_period(const S& policy, std::int64_t step, double lr, std::int6
 //! The periods of a run of `total_steps` steps under `policy` with learning rate
 //! `lr(step)`. Calls the policy's check_run and check_schedule first (so a QSR warm-up
 //! that differs from the schedule's is an error).
-template <SyncPolicy S, class Lr>
+template <class S, class Lr>
   requires std::invocable<const Lr&, std::int64_t>
 std::vector<sync_period> plan_run(const S& policy, const Lr& lr, std::int64_t total_steps) {
-  check_run(policy, total_steps);
-  check_schedule(policy, lr);
+  static_assert(diagnose_sync_policy<S>());  // a type that is not a SyncPolicy: the missing piece, named
   std::vector<sync_period> out;
-  for (std::int64_t step = 0; step < total_steps;) {
-    out.push_back(detail::next_period(policy, step, static_cast<double>(lr(step)), total_steps));
-    step += out.back().length;
+  if constexpr (SyncPolicy<S>) {  // else only the sentence above, no cascade
+    check_run(policy, total_steps);
+    check_schedule(policy, lr);
+    for (std::int64_t step = 0; step < total_steps;) {
+      out.push_back(detail::next_period(policy, step, static_cast<double>(lr(step)), total_steps));
+      step += out.back().length;
+    }
   }
   return out;
 }
