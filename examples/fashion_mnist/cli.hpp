@@ -24,7 +24,8 @@ inline void add_options(CLI::App& app, Cli& c) {
   auto& o = c.o;
   auto& out_dir = c.out_dir;
   auto& expect_accuracy = c.expect_accuracy;
-  app.add_option("--ranks", o.ranks, "number of in-process ranks (threads)")->check(CLI::Range(1, 64));
+  app.add_option("--ranks", o.ranks, "number of in-process ranks (threads; ignored under MPI: the world size)")
+      ->check(CLI::Range(1, 64));
   app.add_option("--epochs", o.epochs, "training epochs")->check(CLI::Range(1, 1000));
   app.add_option("--hidden", o.hidden, "hidden units")->check(CLI::Range(1, 4096));
   app.add_option("--batch", o.batch, "mini-batch per rank")->check(CLI::Range(1, 4096));
