@@ -108,17 +108,16 @@ class feedback_by_parameter {
   std::map<std::uintptr_t, saved> kept_;
 };
 
-//! Installs residual r and velocity v into a compressor that has made no step: the blob
-//! its save_state would write with them (error_feedback.hpp's save_feedback_state:
-//! the kind, counters 0 and 0, sections 10 and 11), through its load_state.
+//! Installs residual r and velocity v (empty without momentum) into a compressor that
+//! has made no step: the blob save_feedback_state writes for them with counters 0,
+//! through its load_state.
 template <class C>
-void seed_feedback(C& c, std::string_view kind, std::span<const float> r, std::span<const float> v) {
+void seed_feedback(C& c, std::string_view kind, std::vector<float> r, std::vector<float> v) {
+  const commpact::host_space::exec e{};
+  commpact::error_feedback ef{!v.empty()};
+  ef.install(e, {std::move(r), std::move(v)});
   std::vector<std::byte> blob;
-  commpact::state::writer w{blob, kind};
-  commpact::state::write_counters(w, 0, 0);
-  w.f32s(10, r);
-  w.f32s(11, v);
-  w.finish();
+  commpact::save_feedback_state(blob, kind, ef, e, 0, 0);
   c.load_state(blob);
 }
 
@@ -158,7 +157,7 @@ class bucket_compressors {
     b.n = n;
     if (total_numel(ps) == n) {
       auto [r, v] = kept_.take(ps, momentum_of(*b.c));
-      if (!r.empty()) seed_feedback(*b.c, kind_of(*b.c), r, v);
+      if (!r.empty()) seed_feedback(*b.c, kind_of(*b.c), std::move(r), std::move(v));
     }
     return *b.c;
   }

@@ -18,6 +18,7 @@
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -70,6 +71,14 @@ bool identical_on_all_ranks(Comm& comm, std::span<const T> v) {
   for (auto a : all)
     if (a != h) return false;
   return true;
+}
+
+//! The largest |a[i] - b[i]| (in double), over a's length; b is at least as long.
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(static_cast<double>(a[i]) - static_cast<double>(b[i])));
+  return worst;
 }
 
 inline bool bitwise_equal(const std::vector<float>& a, const std::vector<float>& b) {
@@ -254,15 +263,11 @@ void check_localsgd1_equals_everystep(Comm& comm, bool average_state, double mom
     std::vector<commpact::sync_period> ones;
     for (std::int64_t t = 0; t < cfg.T; ++t) ones.push_back({t, 1, commpact::sync_plan::mode::parameters});
     const auto ref = serial_local_sgd(comm.size(), ones, lr, cfg);
-    double off_ref = 0;
-    for (std::size_t i = 0; i < cfg.n; ++i)
-      off_ref = std::max(off_ref, std::abs(static_cast<double>(local.params[i]) - ref[i]));
+    const double off_ref = max_abs_diff(local.params, ref);
     v.expect(rank_order_sums ? bitwise_equal(local.params, ref) : off_ref <= 1e-6,
              "LocalSgd{1} with per-rank momentum differs from the serial Local SGD reference by ", off_ref);
     v.expect(local.shortcuts == 0, "shortcuts ", local.shortcuts);
-    double worst = 0;
-    for (std::size_t i = 0; i < cfg.n; ++i)
-      worst = std::max(worst, std::abs(static_cast<double>(local.params[i]) - bsp.params[i]));
+    const double worst = max_abs_diff(local.params, bsp.params);
     v.expect(worst <= 1e-6, "LocalSgd{1} with per-rank momentum is ", worst, " from EveryStep");
   }
   if (comm.size() > 1) {

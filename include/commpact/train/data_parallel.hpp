@@ -271,11 +271,12 @@ class DataParallel {
     // those are copied first and put back (undo_), so the retry equals a run that never
     // failed. (Gradient rounds: the compressors leave grads as they were, Dense excepted.)
     const bool overlapped = overlap_;
+    const bool local_state = keeps_local_state(update);
     const driver_snapshot snap = overlapped ? *overlap_snap_ : snapshot();
     bool synced = false;
     undo_ = undo_kind::none;
     try {
-      if (step_ == next_plan_ && !overlapped) begin_period(params, lr, keeps_local_state(update));
+      if (step_ == next_plan_ && !overlapped) begin_period(params, lr, local_state);
 
       if (period_.what == sync_plan::mode::gradients) {
         // Overlapped, the state average waits until the buckets are done (the communicator
@@ -291,7 +292,7 @@ class DataParallel {
         }
         ++gradient_rounds_;
         synced = true;
-      } else if (one_step_shortcut(keeps_local_state(update))) {
+      } else if (one_step_shortcut(local_state)) {
         // A one-step period through the gradient (see the file comment): bit for bit EveryStep.
         keep_for_undo(undo_grads_, span<const float>(grads), undo_kind::grads);
         dense_mean(grads, checked_params_, "gradient");
