@@ -19,7 +19,9 @@
 #include <commpact/compress/codecs/quantizers.hpp>
 #include <commpact/compress/codecs/topk_sign.hpp>
 #include <commpact/compress/step_status.hpp>
+#include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/kernels/deferred/ops.hpp>
+#include <commpact/topology/ring.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -162,6 +164,38 @@ TEST_CASE("checker: a buffer regrown or destroyed with work queued on it", "[spa
     CHECK(e.pending() == 0);
     CHECK(host_copy(e, keep.cview()) == std::vector<float>(4, 1.0f));  // the copy never ran
   }
+  SECTION("growing within its capacity over elements queued work uses raises (they are poisoned now); over "
+          "others it does not, nor does shrinking") {
+    deferred_space::buffer<float> b;
+    b.reserve(16);
+    b.resize(8);
+    ops_d::fill(e, b.view(), 3.0f);
+    std::vector<float> h(8);
+    ops_d::to_host(e, b.cview(), std::span<float>(h));
+    CHECK_NOTHROW(b.resize(9));  // element 8: no queued work uses it
+    CHECK_NOTHROW(b.resize(4));
+    CHECK_THROWS_AS(b.resize(8), usage_error);  // regrowing over what the queued fill and copy use
+    b.clear();
+    CHECK_THROWS_AS(b.resize(1), usage_error);
+    deferred_space::fence(e, no_deadline());
+    CHECK(h == std::vector<float>(8, 3.0f));  // the queued read saw its data, not poison
+    CHECK_NOTHROW(b.resize(8));
+    ops_d::fill(e, b.view().first(2), 5.0f);
+    CHECK_NOTHROW(b.resize(10));  // [8, 10): untouched by the queued fill
+    deferred_space::fence(e, no_deadline());
+    const auto got = host_copy(e, b.cview());
+    CHECK((got[0] == 5.0f && got[1] == 5.0f && std::isnan(got[2]) && std::isnan(got[9])));  // cleared, then poisoned
+  }
+  SECTION("assigning over it raises at once, and leaves it as it was") {
+    deferred_space::buffer<float> b, other;
+    b.resize(4);
+    other.resize(2);
+    ops_d::fill(e, b.view(), 2.0f);
+    CHECK_THROWS_AS(b = other, usage_error);
+    CHECK(b.size() == 4);
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, b.cview()) == std::vector<float>(4, 2.0f));
+  }
   SECTION("after a fence, destroying is fine") {
     {
       deferred_space::buffer<float> b;
@@ -171,6 +205,89 @@ TEST_CASE("checker: a buffer regrown or destroyed with work queued on it", "[spa
     }
     CHECK_NOTHROW(deferred_space::fence(e, no_deadline()));
   }
+}
+
+TEST_CASE("checker: work on disjoint parts of one buffer needs no join; overlapping parts do", "[space][checker]") {
+  auto e1 = deferred_space::make_exec();
+  auto e2 = deferred_space::make_exec();
+  deferred_space::buffer<float> a;
+  a.resize(8);
+  ops_d::fill(e1, a.view().first(4), 1.0f);
+  CHECK_NOTHROW(ops_d::fill(e2, a.view().subspan(4), 2.0f));          // another bucket of one gradient
+  CHECK_THROWS_AS(ops_d::fill(e2, a.view().subspan(3, 2), 5.0f), usage_error);  // one element in common
+  CHECK_THROWS_AS(ops_d::copy(e2, a.cview().first(1), a.view().subspan(7)), usage_error);  // reads e1's write
+  deferred_space::fence(e1, no_deadline());
+  deferred_space::fence(e2, no_deadline());
+  CHECK(host_copy(e1, a.cview()) == std::vector<float>{1, 1, 1, 1, 2, 2, 2, 2});
+}
+
+TEST_CASE("checker: pinned host memory is watched as device buffers are", "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  auto b = filled(e, 4, 6.0f);
+  SECTION("destroying it with a copy queued into it makes the next fence raise; the copy never runs") {
+    {
+      deferred_space::pinned<float> h;
+      h.resize(4);
+      ops_d::to_host(e, b.cview(), h.view());
+    }  // on a GPU the copy would land in freed memory
+    CHECK_THROWS_AS(deferred_space::fence(e, no_deadline()), usage_error);
+    CHECK(e.pending() == 0);
+  }
+  SECTION("another executor reading it without a join raises; with one it reads the copy") {
+    deferred_space::pinned<float> h;
+    h.resize(4);
+    ops_d::to_host(e, b.cview(), h.view());
+    auto e2 = deferred_space::make_exec();
+    deferred_space::buffer<float> c;
+    c.resize(4);
+    CHECK_THROWS_AS(ops_d::from_host(e2, std::span<const float>(h.view()), c.view()), usage_error);
+    deferred_space::wait(e2, deferred_space::record(e));
+    ops_d::from_host(e2, std::span<const float>(h.view()), c.view());
+    deferred_space::fence(e2, no_deadline());
+    CHECK(host_copy(e2, c.cview()) == std::vector<float>(4, 6.0f));
+  }
+  SECTION("growing it while a copy is queued into it raises") {
+    deferred_space::pinned<float> h;
+    h.resize(4);
+    ops_d::to_host(e, b.cview(), h.view());
+    CHECK_THROWS_AS(h.resize(5), usage_error);
+    deferred_space::fence(e, no_deadline());
+    CHECK(std::vector<float>(h.view().begin(), h.view().end()) == std::vector<float>(4, 6.0f));
+  }
+}
+
+TEST_CASE("checker: a from_host source that changes before the fence raises there", "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  deferred_space::buffer<float> d;
+  d.resize(3);
+  std::vector<float> src{1, 2, 3};
+  ops_d::from_host(e, std::span<const float>(src), d.view());
+  SECTION("changed: usage_error at the fence, the copy not made") {
+    src[1] = 20;  // on a GPU the copy could read 2 or 20
+    CHECK_THROWS_AS(deferred_space::fence(e, no_deadline()), usage_error);
+  }
+  SECTION("unchanged: copied") {
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, d.cview()) == src);
+  }
+}
+
+TEST_CASE("checker: a status word cleared for a new step reads 'not fenced' until that step's fetch is fenced",
+          "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  detail::status_word<deferred_space> st;
+  CHECK_THROWS_AS(st.bits("test"), usage_error);  // never fetched
+  st.clear(e);
+  st.fetch(e);
+  deferred_space::fence(e, no_deadline());
+  CHECK(st.bits("test") == 0u);
+  st.clear(e);  // the next step: the last step's healthy word is not this step's
+  CHECK_THROWS_AS(st.bits("test"), usage_error);
+  deferred_space::fence(e, no_deadline());
+  CHECK_THROWS_AS(st.bits("test"), usage_error);  // fenced, but never fetched
+  st.fetch(e);
+  deferred_space::fence(e, no_deadline());
+  CHECK(st.bits("test") == 0u);
 }
 
 namespace {
@@ -256,6 +373,50 @@ TEST_CASE("every compressor over the deferred space: start() only queues", "[spa
   }
   SECTION("OkTopK: its regions' sizes are read on the host mid-step, in two documented waits") {
     check_start_queues(P, 800, [](DC c) { return OkTopK<DC>{c, {.density = 0.02}}; }, 2);
+  }
+}
+
+TEST_CASE("GossipMixer::start() only queues the round (D-PSGD, CHOCO, PowerGossip); finish() fences once and "
+          "equals mix()",
+          "[space][checker][async]") {
+  const int P = GENERATE(2, 3);
+  CAPTURE(P);
+  auto check = [&](auto make) {
+    std::vector<int> ok(static_cast<std::size_t>(P), 0);
+    run_threads(P, [&](ThreadComm& comm) {
+      DC dc{comm}, dc2{comm};
+      auto split = make(dc);
+      auto whole = make(dc2);
+      const auto e = dc.exec();
+      auto x = device_copy(e, normal(300 + comm.rank(), kN));
+      auto y = device_copy(e, normal(300 + comm.rank(), kN));
+      bool good = true;
+      for (int round = 0; round < 3; ++round) {
+        const auto fences = e.q->fences, ran = e.q->ran;
+        split.start(x.view());
+        // After the first round (its one-time setup check is a host wait), start() only queues.
+        if (round > 0) good = good && e.q->fences == fences && e.q->ran == ran && e.pending() > 0;
+        CHECK_THROWS_AS(split.start(x.view()), usage_error);  // one round in flight at a time
+        const auto before_finish = e.q->fences;
+        const bool mixed = split.finish();
+        good = good && mixed && e.q->fences - before_finish == 1;
+        CHECK(whole.mix(y.view()));
+        good = good && same_bits(host_copy(e, x.cview()), host_copy(dc2.exec(), y.cview()));
+      }
+      CHECK_THROWS_AS(split.finish(), usage_error);  // nothing in flight
+      ok[static_cast<std::size_t>(comm.rank())] = good ? 1 : 0;
+    });
+    for (int r : ok) CHECK(r == 1);
+  };
+  SECTION("D-PSGD") { check([&](DC c) { return GossipMixer<Ring, exact_mixing, DC>{c, Ring(P), kLayout}; }); }
+  SECTION("CHOCO (top-k)") {
+    check([&](DC c) {
+      return GossipMixer<Ring, choco_gossip<topk_codec>, DC>{c, Ring(P), kLayout,
+                                                             choco_gossip<topk_codec>{topk_codec{0.1}, 0.5f}};
+    });
+  }
+  SECTION("PowerGossip") {
+    check([&](DC c) { return GossipMixer<Ring, power_gossip<1>, DC>{c, Ring(P), kLayout}; });
   }
 }
 

@@ -24,10 +24,14 @@ class status_word {
   using span = typename Space::template span<std::uint32_t>;
   using cspan = typename Space::template span<const std::uint32_t>;
 
-  //! One word, cleared on `e` (queued): call at the start of every step.
+  //! One word, cleared on `e` (queued): call at the start of every step. The host copy
+  //! reads "not fenced" until the step's fetch() has been fenced (the last step's word
+  //! is not this step's).
   void clear(const typename Space::exec& e) {
     buf_.resize(1, e);
     ops<Space>::fill(e, buf_.view(), std::uint32_t{0});
+    host_.resize(1);
+    host_.view()[0] = status_unfenced;
   }
   span view() { return buf_.view(); }
   cspan cview() const { return buf_.cview(); }
@@ -38,7 +42,7 @@ class status_word {
   }
   //! The word as the last fenced fetch() left it; usage_error when read before that fence.
   std::uint32_t bits(std::string_view who = "a compressor") const {
-    const std::uint32_t b = host_.size() ? host_.view()[0] : 0;
+    const std::uint32_t b = host_.size() ? host_.view()[0] : std::uint32_t{status_unfenced};
     require_fenced(b, who);
     return b;
   }

@@ -40,7 +40,8 @@
 //! queued (non-finite check, CHOCO's encode or PowerGossip's projections, the 8-byte
 //! agreement, the known-size exchange, decode, mix; kernels/host/gossip.hpp,
 //! kernels/host/choco.hpp, kernels/host/power_gossip.hpp) and fenced once, with the
-//! same bits as over a host communicator.
+//! same bits as over a host communicator. `start(x)` + `finish()` are mix() in two
+//! halves: start queues the round and returns, finish fences.
 
 #include <algorithm>
 #include <array>
@@ -161,23 +162,54 @@ class GossipMixer {
   //! the rank raises at once, alone, and the others wait for its messages until their
   //! communicator's deadline (or its guard reports the failure).
   bool mix(span<float> x) {
+    start(x);
+    return finish();
+  }
+
+  //! mix() in two halves, so that a round can overlap other work: start(x) queues the
+  //! whole round (on the communicator's executor; nothing has run on a device when it
+  //! returns, and the host has not waited, after the first round's setup check) and
+  //! finish() fences once and returns or raises what mix() would. x must stay alive and
+  //! untouched until finish(); every start() needs its finish() (a second start()
+  //! raises usage_error) on every rank, in the same order.
+  void start(span<float> x) {
+    if (round_.started)
+      throw usage_error("commpact::GossipMixer::start: the last round was started and not finished; call finish() "
+                        "first.");
     const bool fits = x.size() == n_;
     if (!fits && !opt_.check_finite) throw invalid_argument(length_problem(x.size(), false));
     ex_.check_setup(hash_);
     auto& st = ex_.stats();
     const gossip_stats before = st;
     const span<float> model = fits ? x : idle_model();
-    std::int64_t flag = 0;
     try {
       ex_.begin_round(span<const float>(model), algo_.round_bytes(), opt_, algorithm::own_message);
       if (!fits) ex_.flag_round(host::gossip::flag_length);
       algo_.queue(model, ex_, opt_);
-      flag = ex_.finish_round(before, algo_.why());
-    } catch (...) {  // a communicator's error (at once, or out of the fence): the round did not count
+    } catch (...) {  // a communicator's error: the round did not count
       st = before;
       throw;
     }
-    if (!fits) throw invalid_argument(length_problem(x.size(), true));
+    round_ = {true, fits, x.size(), before};
+  }
+
+  //! Waits for the round start() queued (one fence) and returns what mix() returns:
+  //! false when it was skipped (a non-finite model under nonfinite::skip_step; x
+  //! unchanged). A round that raises changes nothing (see mix()).
+  bool finish() {
+    if (!round_.started)
+      throw usage_error("commpact::GossipMixer::finish: no round was started; call start(x) first.");
+    const auto r = round_;
+    round_ = {};
+    auto& st = ex_.stats();
+    std::int64_t flag = 0;
+    try {
+      flag = ex_.finish_round(r.before, algo_.why());
+    } catch (...) {  // a communicator's error (out of the fence): the round did not count
+      st = r.before;
+      throw;
+    }
+    if (!r.fits) throw invalid_argument(length_problem(r.got, true));
     if (flag == host::gossip::flag_length)
       throw mismatch_error(detail::cat("commpact::GossipMixer::mix: another rank passed a buffer of another length "
                                        "than the registered shapes hold (", n_, " floats) at round ", st.steps,
@@ -203,6 +235,7 @@ class GossipMixer {
   //! built the same way on the same rank; a state from another setup or rank raises
   //! mismatch_error, a corrupted one wire_error, and nothing changes on failure.
   void save_state(std::vector<std::byte>& out) const {
+    require_no_round("save_state");
     state::writer w{out, "commpact.GossipMixer"};
     const auto& st = ex_.stats();
     w.i64s(1, std::array<std::int64_t, 4>{hash_, ex_.rank(), static_cast<std::int64_t>(st.steps),
@@ -212,6 +245,7 @@ class GossipMixer {
   }
 
   void load_state(std::span<const std::byte> in) {
+    require_no_round("load_state");
     state::reader r{in, "commpact.GossipMixer", "GossipMixer"};
     const auto h = r.i64s(1, 4);
     r.require_that<mismatch_error>(h[0] == hash_ && h[1] == ex_.rank(), "the state was saved by rank ", h[1],
@@ -246,6 +280,11 @@ class GossipMixer {
   }
 
  private:
+  void require_no_round(const char* what) const {
+    if (round_.started)
+      throw usage_error(detail::cat("commpact::GossipMixer::", what, ": a round is in flight (start() without "
+                                    "finish()); finish it first."));
+  }
   std::string length_problem(std::size_t got, bool told) const {
     return detail::cat("commpact::GossipMixer::mix: rank ", ex_.rank(), " passed ", got,
                        " floats but the registered shapes hold ", n_, "; pass the whole flat parameter buffer. ",
@@ -272,6 +311,13 @@ class GossipMixer {
   gossip_options opt_;
   std::int64_t hash_ = 0;
   typename space_type::template buffer<float> idle_;  // idle_model(), sized at the first use
+  //! The round between start() and finish().
+  struct round_in_flight {
+    bool started = false;
+    bool fits = true;
+    std::size_t got = 0;
+    gossip_stats before{};
+  } round_;
 };
 
 template <class Topology, class Codec, class Comm>

@@ -55,8 +55,13 @@ using deferred_queue = detail::deferred_check::queue_state;
 //! - an operation that touches a buffer which work queued on another executor uses (one
 //!   of the two writing) raises unless this executor waited for that work first
 //!   (`wait(e, record(other))`);
-//! - growing a buffer past its capacity while queued work uses it raises; destroying it
-//!   then makes the executor's next fence raise (and drops the work unrun);
+//!   Only the bytes an operation touches count: work on disjoint parts of one buffer
+//!   needs no join;
+//! - growing a buffer past its capacity while queued work uses it raises, as does growing
+//!   it within its capacity over elements queued work uses, or assigning over it; destroying it then makes the executor's next fence raise
+//!   (and drops the work unrun). Pinned host memory (`pinned<T>`) is watched alike;
+//! - a host source of from_host that changes between the call and the copy's run raises
+//!   at the fence (on a GPU the copy could read either);
 //! - the fence takes a deadline (timeout_error) and raises a queued operation's error.
 struct deferred_space {
   static constexpr const char* name = "deferred_space";
@@ -65,9 +70,10 @@ struct deferred_space {
   using span = deferred_span<T>;
   template <class T>
   using buffer = deferred_buffer<T>;
-  //! Host memory copies land in (poisoned when the copy is queued).
+  //! Host memory copies land in (poisoned when the copy is queued), watched by the
+  //! checker as device buffers are (deferred_pinned).
   template <class T>
-  using pinned = host_buffer<T>;
+  using pinned = deferred_pinned<T>;
 
   //! The executor: a handle to a FIFO queue (copies share it), like a CUDA stream.
   struct exec {

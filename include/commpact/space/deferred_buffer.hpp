@@ -2,7 +2,8 @@
 #pragma once
 //! \file deferred_buffer.hpp
 //! deferred_buffer<T>: the deferred space's grow-only storage, poisoned when it grows and
-//! watched by the checker (deferred_check.hpp). Part of deferred_space (include
+//! watched by the checker (deferred_check.hpp), and deferred_pinned<T>, its host-readable
+//! twin (deferred_space::pinned). Part of deferred_space (include
 //! commpact/space/deferred.hpp).
 
 #include <cstddef>
@@ -32,30 +33,40 @@ template <class T>
 class deferred_buffer {
  public:
   deferred_buffer() = default;
-  deferred_buffer(const deferred_buffer& o) {
+  deferred_buffer(const deferred_buffer& o) : kind_(o.kind_) {
     o.require_idle("copied");
     if (o.v_) {
       v_ = std::make_shared<std::vector<T>>(*o.v_);
       enroll();
     }
   }
+  //! Raises usage_error when work is queued on either buffer (this one's storage would
+  //! be freed under it).
   deferred_buffer& operator=(const deferred_buffer& o) {
     if (this != &o) {
+      require_idle("assigned over (its storage freed)");
       deferred_buffer t(o);
       swap(t);
     }
     return *this;
   }
-  deferred_buffer(deferred_buffer&& o) noexcept { swap(o); }
+  //! Moves and swaps exchange storage, which takes its queued work along (as a
+  //! cuda_buffer's does): the work still runs on that storage, under its new owner.
+  deferred_buffer(deferred_buffer&& o) noexcept : kind_(o.kind_) { swap(o); }
   deferred_buffer& operator=(deferred_buffer&& o) noexcept {
     swap(o);
     return *this;
   }
   ~deferred_buffer() { retire(); }
 
+  //! Growing past the capacity (a reallocation) raises usage_error while queued work uses
+  //! the storage; growing within it (the new elements are poisoned now, on the host)
+  //! raises while queued work uses those elements. Shrinking keeps the storage and is
+  //! always allowed.
   void resize(std::size_t n) {
     const std::size_t old = size();
     if (n > capacity()) regrow(n);
+    else if (n > old) require_idle_bytes(old * sizeof(T), n * sizeof(T), "grown over elements");
     vec().resize(n);
     poison(old);
   }
@@ -96,6 +107,20 @@ class deferred_buffer {
                                     " queued operations still use it; fence the executor first (on a GPU this "
                                     "would touch memory that queued kernels read or write)."));
   }
+  //! Raises when queued work uses bytes [from, to) of the storage.
+  void require_idle_bytes(std::size_t from, std::size_t to, const char* what) const {
+    if (!rec_) return;
+    std::lock_guard lk(detail::deferred_check::reg().m);
+    std::size_t uses = 0;
+    for (const auto& a : rec_->pending)
+      if (a.lo < rec_->lo + to && rec_->lo + from < a.hi) ++uses;
+    if (uses)
+      throw usage_error(detail::cat("commpact::deferred_space: ", detail::deferred_check::describe(*rec_), " was ",
+                                    what, " [", from / sizeof(T), ", ", to / sizeof(T), ") while ", uses,
+                                    " queued operations still use them; fence the executor first (its new "
+                                    "elements are poisoned now, under that work: on a GPU the poison is "
+                                    "stream-ordered)."));
+  }
   //! New storage of n elements, the contents kept: only when no queued work uses the old.
   void regrow(std::size_t n) {
     require_idle("regrown (reallocated)");
@@ -109,6 +134,7 @@ class deferred_buffer {
     auto r = std::make_shared<record>();
     r->lo = reinterpret_cast<const std::byte*>(v_->data());
     r->hi = r->lo + v_->capacity() * sizeof(T);
+    r->kind = kind_;
     r->type = type_name();
     std::lock_guard lk(detail::deferred_check::reg().m);
     detail::deferred_check::reg().by_lo[r->lo] = r;
@@ -143,6 +169,39 @@ class deferred_buffer {
   }
   std::shared_ptr<std::vector<T>> v_;
   std::shared_ptr<record> rec_;
+  const char* kind_ = "deferred_buffer";
+
+  template <class>
+  friend class deferred_pinned;
+};
+
+//! The deferred space's pinned host memory (deferred_space::pinned<T>): host code reads
+//! and writes it through std::span, as page-locked memory on CUDA, and the checker
+//! watches it as it watches a deferred_buffer: a copy queued into or out of it on one
+//! executor and touched by another's work without a join raises; growing it while queued
+//! work uses it raises; destroying it with a copy queued keeps the storage alive and
+//! makes that executor's next fence raise (on a GPU the copy would land in freed memory).
+//! New elements are poisoned (NaN bits for floats, 0xA5 bytes otherwise).
+template <class T>
+class deferred_pinned {
+ public:
+  deferred_pinned() { b_.kind_ = "pinned host buffer"; }
+  void resize(std::size_t n) { b_.resize(n); }
+  void reserve(std::size_t n) { b_.reserve(n); }
+  void resize(std::size_t n, const auto&) { resize(n); }
+  void reserve(std::size_t n, const auto&) { reserve(n); }
+  std::size_t size() const { return b_.size(); }
+  std::size_t capacity() const { return b_.capacity(); }
+  bool empty() const { return b_.empty(); }
+  void clear() { b_.clear(); }
+  std::span<T> view() { return deferred_access::host(b_.view()); }
+  std::span<const T> view() const { return deferred_access::host(b_.view()); }
+  std::span<const T> cview() const { return view(); }
+  const void* data() const { return b_.data(); }
+  void swap(deferred_pinned& o) noexcept { b_.swap(o.b_); }
+
+ private:
+  deferred_buffer<T> b_;
 };
 
 template <class T>

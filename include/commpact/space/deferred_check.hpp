@@ -29,11 +29,14 @@ namespace detail::deferred_check {
 
 struct queue_state;
 
-//! One queued item's use of a buffer's storage, until the item runs or is dropped.
+//! One queued item's use of bytes [lo, hi) of a buffer's storage, until the item runs or
+//! is dropped.
 struct access {
   const queue_state* q;
   std::uint64_t seq;
   bool write;
+  const std::byte* lo;
+  const std::byte* hi;
 };
 
 //! What the checker knows of one buffer's storage: its address range and the queued
@@ -42,6 +45,7 @@ struct access {
 struct record {
   const std::byte* lo = nullptr;
   const std::byte* hi = nullptr;
+  const char* kind = "deferred_buffer";  // or "pinned host buffer" (deferred_space::pinned)
   const char* type = "";
   std::vector<access> pending;
   std::shared_ptr<void> orphan;  // the storage, once its buffer died with work queued
@@ -78,7 +82,7 @@ inline void erase_locked(const std::shared_ptr<record>& r) {
 }
 
 inline std::string describe(const record& r) {
-  return cat("a deferred_buffer<", r.type, "> of ", static_cast<std::size_t>(r.hi - r.lo), " bytes at ",
+  return cat("a ", r.kind, "<", r.type, "> of ", static_cast<std::size_t>(r.hi - r.lo), " bytes at ",
              static_cast<const void*>(r.lo));
 }
 
@@ -194,17 +198,23 @@ struct touch {
 };
 
 //! Registers an item's accesses, raising usage_error (and queueing nothing) when one
-//! conflicts with work queued on another executor that this one has not joined.
+//! overlaps bytes that work queued on another executor, not joined by this one, uses
+//! (one of the two writing). Disjoint parts of one buffer are independent, as on a GPU.
 inline void check_and_register(queue_state& q, item& it, std::span<const touch> ts) {
   if (ts.empty()) return;
   std::lock_guard lk(reg().m);
+  std::vector<std::pair<const std::byte*, const std::byte*>> ranges;
   for (const auto& t : ts) {
     auto r = find_locked(t.p, t.bytes);
     if (!r) continue;
     const record& rec = *r;
+    const auto* lo = static_cast<const std::byte*>(t.p);
+    const auto* hi = lo + t.bytes;
     it.touches.emplace_back(std::move(r), t.write);  // registered below, once all are checked
+    ranges.emplace_back(lo, hi);
     for (const auto& a : rec.pending) {
       if (a.q == &q || !(a.write || t.write)) continue;
+      if (a.hi <= lo || hi <= a.lo) continue;
       if (a.seq < q.joined_bound(a.q)) continue;
       throw usage_error(cat("commpact::deferred_space: an operation queued on one executor ",
                             t.write ? "writes " : "reads ", describe(rec), " that an operation queued on another ",
@@ -213,7 +223,21 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
                             "before queueing (on a GPU the two streams would race)."));
     }
   }
-  for (auto& [r, w] : it.touches) r->pending.push_back({&q, it.seq, w});
+  for (std::size_t i = 0; i < it.touches.size(); ++i) {
+    auto& [r, w] = it.touches[i];
+    r->pending.push_back({&q, it.seq, w, ranges[i].first, ranges[i].second});
+  }
+}
+
+//! Whether queued work (on any executor) writes some of [p, p + bytes).
+inline bool written_by_queued_work(const void* p, std::size_t bytes) {
+  std::lock_guard lk(reg().m);
+  const auto r = find_locked(p, bytes);
+  if (!r) return false;
+  const auto* lo = static_cast<const std::byte*>(p);
+  for (const auto& a : r->pending)
+    if (a.write && a.lo < lo + bytes && lo < a.hi) return true;
+  return false;
 }
 
 template <class T>

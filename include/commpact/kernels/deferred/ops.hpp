@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 #include <functional>
 #include <span>
@@ -72,10 +73,15 @@ inline host_tree_views un(const sparse_tree_views<deferred_span>& v) {
 }
 
 // The storage an argument touches, for the checker (space/deferred.hpp): a deferred
-// span (const: read; otherwise written), every span of a tree's views (written).
+// span (const: read; otherwise written), every span of a tree's views (written), and a
+// host span (the host side of a copy: the checker watches it when it is pinned memory).
 template <class T>
 void touches(std::vector<deferred_check::touch>& ts, deferred_span<T> s) {
   ts.push_back(deferred_check::touch_of(s));
+}
+template <class T>
+void touches(std::vector<deferred_check::touch>& ts, std::span<T> s) {
+  ts.push_back({s.data(), s.size_bytes(), !std::is_const_v<T>});
 }
 inline void touches(std::vector<deferred_check::touch>& ts, const sparse_tree_views<deferred_span>& v) {
   (void)v.map<deferred_span>([&](auto s) {
@@ -140,7 +146,30 @@ struct ops<deferred_space> {
     deferred_row(e, [](auto&&... x) { H::to_host({}, x...); }, src, host);
     detail::deferred::poison_host(host);
   }
-  COMMPACT_DEFERRED_OP(from_host)
+  //! Queued like every row; the host side is read when the copy runs (kernels/ops.hpp),
+  //! so the host must not change it before the fence: a source that changed in between
+  //! raises usage_error there (on a GPU the copy could read either value). A source that
+  //! queued work writes (pinned memory a copy lands in first) is ordered by the checker's
+  //! rules instead.
+  template <class U, class T>
+  static void from_host(const exec& e, std::span<U> host, deferred_span<T> dst) {
+    std::shared_ptr<std::vector<std::byte>> as_queued;
+    if (!detail::deferred_check::written_by_queued_work(host.data(), host.size_bytes()))
+      as_queued = std::make_shared<std::vector<std::byte>>(std::as_bytes(host).begin(), std::as_bytes(host).end());
+    deferred_row(
+        e,
+        [as_queued](std::span<U> h, std::span<T> d) {
+          if (as_queued && !h.empty() && std::memcmp(h.data(), as_queued->data(), h.size_bytes()) != 0)
+            throw usage_error(detail::cat(
+                "commpact::deferred_space: the host source of a from_host copy (", h.size_bytes(), " bytes at ",
+                static_cast<const void*>(h.data()), ") changed between the call and the fence that ran the copy: "
+                "the host wrote it, or a to_host queued before it lands there (host memory is read and written "
+                "when the work runs, kernels/ops.hpp; fence first, or copy through pinned memory). Keep it "
+                "unchanged (and alive) until that fence (on a GPU the copy could read either value)."));
+          H::from_host({}, h, d);
+        },
+        host, dst);
+  }
   COMMPACT_DEFERRED_OP(mean)
   COMMPACT_DEFERRED_OP(mean_into)
   COMMPACT_DEFERRED_OP(frame_gate)
