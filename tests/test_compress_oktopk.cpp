@@ -303,6 +303,71 @@ TEST_CASE("OkTopK: NaN on one rank raises on every rank and changes nothing", "[
   CHECK(good == std::vector<int>(P, 1));
 }
 
+TEST_CASE("OkTopK restored from a state saved at any step continues with the same bits (regions and theta "
+          "included); states of another rank or period are refused",
+          "[compress][oktopk][state]") {
+  const int P = GENERATE(2, 3);
+  const int T1 = GENERATE(1, 2, 3, 5, 7, 11);  // between estimations (period 4) and next to them
+  CAPTURE(P, T1);
+  constexpr int T = 12;
+  constexpr std::size_t n = 400;
+  const oktopk_options opt{.density = 0.05, .period = 4};
+  std::vector<int> same(static_cast<std::size_t>(P), 0), refused(static_cast<std::size_t>(P), 0);
+  std::vector<std::vector<std::byte>> blobs(static_cast<std::size_t>(P));
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    using OK = OkTopK<commpact_test::checked_thread_comm>;
+    std::vector<vec> whole;
+    OK a{comm, opt};
+    for (int s = 0; s < T; ++s) {
+      vec g = grad(s, comm.rank(), n);
+      a.reduce(std::span<float>(g));
+      whole.push_back(g);
+    }
+    OK b{comm, opt};
+    std::vector<std::byte> blob;
+    for (int s = 0; s < T1; ++s) {
+      vec g = grad(s, comm.rank(), n);
+      b.reduce(std::span<float>(g));
+    }
+    b.save_state(blob);
+    OK c{comm, opt};  // a fresh compressor: nothing but the state carries the regions and theta
+    c.load_state(blob);
+    bool ok = c.steps() == T1 && std::equal(c.bounds().begin(), c.bounds().end(), b.bounds().begin(), b.bounds().end()) &&
+              c.theta() == b.theta();
+    for (int s = T1; s < T; ++s) {
+      vec g = grad(s, comm.rank(), n);
+      c.reduce(std::span<float>(g));
+      ok = ok && g == whole[static_cast<std::size_t>(s)];
+    }
+    same[static_cast<std::size_t>(comm.rank())] = ok ? 1 : 0;
+    blobs[static_cast<std::size_t>(comm.rank())] = blob;
+  });
+  CHECK(same == std::vector<int>(static_cast<std::size_t>(P), 1));
+  // Another period's compressor, or another rank, refuses the state (and stays as it was).
+  commpact_test::run_checked_threads(P, [&](commpact_test::checked_thread_comm& comm) {
+    using OK = OkTopK<commpact_test::checked_thread_comm>;
+    const auto r = static_cast<std::size_t>(comm.rank());
+    int n_refused = 0;
+    OK other_period{comm, {.density = 0.05, .period = 8}};
+    OK mine{comm, opt};
+    for (auto* load : {&other_period, &mine}) {
+      const auto& blob = load == &mine ? blobs[(r + 1) % static_cast<std::size_t>(P)] : blobs[r];
+      try {
+        load->load_state(blob);
+      } catch (const mismatch_error&) {
+        n_refused += load->steps() == 0 ? 1 : 0;
+      }
+    }
+    try {
+      mine.load_state(blobs[r]);  // its own loads
+      n_refused += mine.steps() == T1 ? 10 : 0;
+    } catch (...) {
+    }
+    refused[r] = n_refused;
+  });
+  CHECK(refused == std::vector<int>(static_cast<std::size_t>(P), 12));  // two refused, its own loaded
+}
+
 // Not a check: how many entries Ok-Topk selects and how many of them are the exact
 // global top-k of the summed accumulators (sum over ranks of g + residual), at the
 // estimation steps and between them (docs/compressors.md quotes it). Run with

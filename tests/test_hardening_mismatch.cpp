@@ -24,7 +24,9 @@
 #include <commpact/compress/compressors/topk.hpp>
 #include <commpact/kernels/deferred/ops.hpp>
 
+#include <atomic>
 #include <cctype>
+#include <limits>
 #include <span>
 #include <string>
 #include <tuple>
@@ -400,4 +402,157 @@ TEST_CASE("k > n on one rank only: mismatch_error on every rank, and that rank's
   SECTION("TopK") {
     run([](TC& comm, sparse_options o) { return TopK<TC>{comm, o}; });
   }
+}
+
+TEST_CASE("a CodecCompressor's state loads only into the same codec and options, on the rank and with the ranks "
+          "that saved it; a refused state changes nothing",
+          "[hardening][state]") {
+  using Q = CodecCompressor<qsgd_codec, Allgather<ThreadComm>>;
+  using S = CodecCompressor<sign_codec, Allgather<ThreadComm>>;
+  constexpr std::size_t n = 300;
+  // Every rank saves after two steps of each compressor (P = 2 and 3).
+  auto saved = [&](int P, auto make) {
+    std::vector<std::vector<std::byte>> blobs(static_cast<std::size_t>(P));
+    run_threads(P, [&](ThreadComm& comm) {
+      auto c = make(comm);
+      for (int s = 0; s < 2; ++s) {
+        auto g = normal(10 * s + comm.rank(), n);
+        c.reduce(std::span<float>(g));
+      }
+      c.save_state(blobs[static_cast<std::size_t>(comm.rank())]);
+    });
+    return blobs;
+  };
+  auto qsgd = [](ThreadComm& c) { return Q{c, qsgd_codec{16, 5, 64}}; };
+  const auto q2 = saved(2, qsgd);
+  const auto q3 = saved(3, qsgd);
+  const auto t2 = saved(2, [](ThreadComm& c) { return TopK<ThreadComm>{c, {.density = 0.05}}; });
+  std::atomic<int> good{0};
+  run_threads(2, [&](ThreadComm& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    int ok = 0;
+    auto refused = [&](auto& c, const std::vector<std::byte>& blob, const char* says) {
+      std::vector<std::byte> before;
+      c.save_state(before);
+      try {
+        c.load_state(blob);
+        return;  // loaded: not counted
+      } catch (const mismatch_error& e) {
+        std::vector<std::byte> after;
+        c.save_state(after);
+        ok += std::string(e.what()).find(says) != std::string::npos && after == before;  // nothing changed
+      }
+    };
+    S sign{comm};
+    refused(sign, q2[r], "with other options");  // QSGD's state into EF-SignSGD
+    Q q4{comm, qsgd_codec{4, 5, 64}};
+    refused(q4, q2[r], "with other options");  // other levels
+    TopK<ThreadComm> dense_k{comm, {.density = 0.1}};
+    refused(dense_k, t2[r], "with other options");  // another density
+    Q q{comm, qsgd_codec{16, 5, 64}};
+    refused(q, q2[1 - r], "Load each rank's own state");  // the other rank's
+    refused(q, q3[r], "Load each rank's own state");      // saved with 3 ranks
+    q.load_state(q2[r]);                                 // its own: loads, and steps on
+    auto g = normal(99 + comm.rank(), n);
+    q.reduce(std::span<float>(g));
+    ok += q.steps() == 3;
+    good += ok == 6 ? 1 : 0;
+  });
+  CHECK(good == 2);
+}
+
+namespace {
+//! Compressors whose state differs by rank (a residual, a momentum): another rank's state
+//! is refused. Dense and the casts keep counters only, the same on every rank.
+template <class C>
+constexpr bool per_rank_state = true;
+template <class Comm>
+constexpr bool per_rank_state<Dense<Comm>> = false;
+template <class Comm>
+constexpr bool per_rank_state<Fp16Allreduce<Comm>> = false;
+template <class Comm>
+constexpr bool per_rank_state<Bf16Allreduce<Comm>> = false;
+template <class Comm>
+constexpr bool per_rank_state<Bucketed<Dense<Comm>>> = false;
+//! The option maker<C> varies changes what a state holds on rank 0 (PowerCompressor's
+//! differs on ranks 1 and 2 only; Bucketed's bucket size is its own check).
+template <class C>
+constexpr bool option_in_state = maker<C>::has_option;
+template <class S>
+constexpr bool option_in_state<PowerCompressor<2, S>> = false;
+template <class C>
+constexpr bool option_in_state<Bucketed<C>> = false;
+}  // namespace
+
+TEMPLATE_LIST_TEST_CASE("a state saved by another rank, or with another option, is refused with mismatch_error and "
+                        "changes nothing; each rank's own state loads",
+                        "[hardening][state]", every_compressor) {
+  using C = TestType;
+  std::vector<std::vector<std::byte>> blobs(kP);
+  run_threads(kP, [&](TC& comm) {
+    auto c = maker<C>::make(comm, false);
+    for (int s = 0; s < 2; ++s) {
+      auto g = normal(40 + 10 * s + comm.rank(), kN);
+      step(c, g);
+    }
+    blobs[static_cast<std::size_t>(comm.rank())] = saved(c);
+  });
+  std::vector<int> refused_rank(kP, 0), refused_option(kP, 0), own(kP, 0);
+  run_threads(kP, [&](TC& comm) {
+    const auto r = static_cast<std::size_t>(comm.rank());
+    auto refuses = [&](auto& c, const std::vector<std::byte>& blob) {
+      const auto before = saved(c);
+      try {
+        c.load_state(blob);
+      } catch (const mismatch_error&) {
+        return saved(c) == before ? 1 : 0;
+      } catch (const commpact::error&) {
+        return 0;
+      }
+      return 0;
+    };
+    auto c = maker<C>::make(comm, false);
+    refused_rank[r] = refuses(c, blobs[(r + 1) % kP]);
+    if constexpr (option_in_state<C>) {
+      auto odd = maker<C>::make(comm, true);
+      refused_option[r] = refuses(odd, blobs[r]);
+    }
+    try {
+      c.load_state(blobs[r]);
+      own[r] = saved(c) == blobs[r] ? 1 : 0;
+    } catch (const commpact::error&) {
+    }
+  });
+  INFO(typeid(C).name());
+  CHECK(own == std::vector<int>(kP, 1));
+  if constexpr (per_rank_state<C>) CHECK(refused_rank == std::vector<int>(kP, 1));
+  if constexpr (option_in_state<C>) CHECK(refused_option == std::vector<int>(kP, 1));
+}
+
+TEST_CASE("Signum whose every step so far was skipped (no momentum yet) reloads its own state; signSGD's state "
+          "after kept steps is refused",
+          "[hardening][state]") {
+  std::atomic<int> own{0}, refused{0}, skipped{0};
+  run_threads(2, [&](TC& comm) {
+    const majority_options o{.momentum = 0.9f, .on_nonfinite = nonfinite::skip_step};
+    MajorityVote<TC> a{comm, o};
+    std::vector<float> g(16, 1.0f);
+    if (comm.rank() == 0) g[3] = std::numeric_limits<float>::quiet_NaN();
+    skipped += a.reduce(std::span<float>(g)) ? 0 : 1;  // skipped on every rank
+    MajorityVote<TC> b{comm, o};
+    b.load_state(saved(a));
+    own += b.steps() == 1 ? 1 : 0;
+    MajorityVote<TC> sign{comm, {}};
+    std::vector<float> h(16, 1.0f);
+    sign.reduce(std::span<float>(h));
+    MajorityVote<TC> c{comm, o};
+    try {
+      c.load_state(saved(sign));
+    } catch (const mismatch_error&) {
+      ++refused;
+    }
+  });
+  CHECK(skipped == 2);
+  CHECK(own == 2);
+  CHECK(refused == 2);
 }

@@ -268,6 +268,44 @@ TEST_CASE("DataParallel over the deferred space: the step's result shows only af
   });
 }
 
+TEST_CASE("DataParallel with a second compressor on another executor joins the two (no host wait) and equals the "
+          "host run bit for bit",
+          "[space][train][join]") {
+  constexpr std::size_t n = 40;
+  constexpr std::int64_t T = 6;
+  auto run = [&](auto make_comm, std::vector<std::vector<float>>& out) {
+    run_threads(2, [&](ThreadComm& c) {
+      auto ca = make_comm(c);
+      auto cb = make_comm(c);  // another executor over the deferred space
+      using Comm = decltype(ca);
+      using S = comm_space_t<Comm>;
+      DataParallel dp{TopK<Comm>{ca, {.density = 0.2}}, TopK<Comm>{cb, {.density = 0.2}}, LocalSgd{2}, T};
+      const auto e = comm_exec(dp.comm());
+      BasicSgd<S> sgd{n, {}, e};
+      typename S::template buffer<float> params, grads;
+      params.resize(n);
+      grads.resize(n);
+      const auto x0 = normal(5, n);
+      ops<S>::from_host(e, std::span<const float>(x0), params.view());
+      for (std::int64_t t = 0; t < T; ++t) {
+        const auto g = normal(300 + static_cast<std::uint64_t>(c.rank()) * 31 + static_cast<std::uint64_t>(t), n);
+        ops<S>::from_host(e, std::span<const float>(g), grads.view());
+        S::fence(e, no_deadline());
+        dp.step(params.view(), grads.view(), 0.1, sgd);
+      }
+      std::vector<float> x(n);
+      ops<S>::to_host(e, params.cview(), std::span<float>(x));
+      S::fence(e, no_deadline());
+      out[static_cast<std::size_t>(c.rank())] = x;
+    });
+  };
+  std::vector<std::vector<float>> host(2), deferred(2);
+  run([](ThreadComm& c) { return c; }, host);
+  REQUIRE_NOTHROW(run([](ThreadComm& c) { return DC{c}; }, deferred));
+  for (int r = 0; r < 2; ++r) CHECK(same_bits(host[static_cast<std::size_t>(r)], deferred[static_cast<std::size_t>(r)]));
+  CHECK(same_bits(host[0], host[1]));  // the run ends on a period boundary
+}
+
 TEST_CASE("Sgd: the ops row sgd_step is the host loop, in both spaces", "[space][train]") {
   for (double mu : {0.0, 0.9}) {
     const auto x = normal(3, 257), g = normal(4, 257);

@@ -21,6 +21,7 @@
 #include <cmath>
 #include <cstdint>
 #include <exception>
+#include <limits>
 #include <string>
 #include <vector>
 #include <cstring>
@@ -440,6 +441,20 @@ TEST_CASE("save_state and load_state resume a run bit for bit", "[train][data_pa
       } catch (const wire_error&) {
         bad_rejected[r] = 1;
       }
+      // A driver made with another policy or options refuses the state (nothing changes).
+      int refused = 0;
+      auto refuse = [&](auto&& other) {
+        try {
+          other.load_state(saved);
+        } catch (const invalid_argument& e) {
+          refused += std::string(e.what()).find("another policy") != std::string::npos && other.steps() == 0;
+        }
+      };
+      refuse(DataParallel{Dense<ThreadComm>{comm}, QSRPolicy{0.2, 2, 3}, T, {.average_optimizer_state = true}});
+      refuse(DataParallel{Dense<ThreadComm>{comm}, QSRPolicy{0.3, 4, 3}, T, {.average_optimizer_state = true}});
+      refuse(DataParallel{Dense<ThreadComm>{comm}, LocalSgd{4}, T, {.average_optimizer_state = true}});
+      refuse(DataParallel{Dense<ThreadComm>{comm}, q, T});  // without average_optimizer_state
+      bad_rejected[r] = bad_rejected[r] && refused == 4;
       dp.load_state(saved);
       for (std::int64_t t = dp.steps(); t < T; ++t) {
         gradient(x, g, r, t);
@@ -454,6 +469,47 @@ TEST_CASE("save_state and load_state resume a run bit for bit", "[train][data_pa
     CHECK(rounds_resumed[r] == rounds_straight[r]);
     CHECK(bad_rejected[r]);
   }
+}
+
+TEST_CASE("a saved DataParallel refuses policies that differ only at small learning rates or late steps; a run "
+          "of INT64_MAX steps saves and loads",
+          "[train][data_parallel][state]") {
+  int refused = 0, loaded = 0;
+  run_threads(1, [&](ThreadComm& comm) {
+    const std::size_t n = 6;
+    auto run_and_save = [&](auto policy, std::int64_t T, std::int64_t steps) {
+      DataParallel dp{Dense<ThreadComm>{comm}, policy, T};
+      Sgd sgd{n, {}};
+      auto x = initial_params(n);
+      std::vector<float> g(n);
+      for (std::int64_t t = 0; t < steps; ++t) {
+        gradient(x, g, 0, t);
+        dp.step(x, g, 3e-4, sgd);
+      }
+      std::vector<std::byte> b;
+      dp.save_state(b);
+      return b;
+    };
+    auto refuses = [&](auto&& dp, const std::vector<std::byte>& b) {
+      try {
+        dp.load_state(b);
+      } catch (const invalid_argument&) {
+        ++refused;
+      }
+    };
+    // QSR's periods at lr = 3e-4 are 11 and 25: they differ at the probes' 1e-4.
+    const auto qsr = run_and_save(QSRPolicy{0.001, 2}, 100, 5);
+    refuses(DataParallel{Dense<ThreadComm>{comm}, QSRPolicy{0.0015, 2}, 100}, qsr);
+    // The switch at 101 or 110: every step below 1024 is probed.
+    const auto post = run_and_save(PostLocal{101, 4}, 1000, 50);
+    refuses(DataParallel{Dense<ThreadComm>{comm}, PostLocal{110, 4}, 1000}, post);
+    const auto endless = run_and_save(EveryStep{}, std::numeric_limits<std::int64_t>::max(), 2);
+    DataParallel again{Dense<ThreadComm>{comm}, EveryStep{}, std::numeric_limits<std::int64_t>::max()};
+    again.load_state(endless);
+    loaded = again.steps() == 2 ? 1 : 0;
+  });
+  CHECK(refused == 2);
+  CHECK(loaded == 1);
 }
 
 TEST_CASE("compress_deltas keeps gradient and delta residuals apart", "[train][data_parallel][compress]") {

@@ -36,6 +36,7 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string_view>
 #include <utility>
@@ -47,6 +48,7 @@
 #include "../kernels/copies.hpp"
 #include "../space/host.hpp"
 #include "../state.hpp"
+#include "state_identity.hpp"
 
 namespace commpact {
 
@@ -240,13 +242,18 @@ class basic_error_feedback {
 using error_feedback = basic_error_feedback<host_space>;
 
 //! The whole state of a compressor that is error feedback plus step counters (TopK,
-//! gTopK, every CodecCompressor, OkTopK, LinearCompressor): one blob of `kind`.
-template <class Space>
+//! gTopK, every CodecCompressor, OkTopK, LinearCompressor): one blob of `kind`, then
+//! (when `id` is given) who saved it (section 20, state_identity.hpp). `more(w)` appends
+//! the owner's own sections before that (OkTopK's regions and threshold).
+template <class Space, class More = void (*)(state::writer&)>
 void save_feedback_state(std::vector<std::byte>& out, std::string_view kind, const basic_error_feedback<Space>& ef,
-                         const typename Space::exec& e, std::int64_t steps, std::int64_t skipped) {
+                         const typename Space::exec& e, std::int64_t steps, std::int64_t skipped,
+                         const state_identity* id = nullptr, More&& more = [](state::writer&) {}) {
   state::writer w{out, kind};
   state::write_counters(w, steps, skipped);
   ef.save(w, e);
+  more(w);
+  if (id) state::write_identity(w, *id);
   w.finish();
 }
 
@@ -256,17 +263,35 @@ struct feedback_state {
   std::int64_t steps = 0, skipped = 0;
 };
 
+//! What load_feedback_state checks of who saved a blob (state_identity.hpp): this rank,
+//! the number of ranks and this object's fingerprint at the state's length and step.
+struct identity_check {
+  std::int64_t rank = 0, size = 1;
+  std::function<std::int64_t(std::size_t, std::int64_t)> fingerprint;
+};
+
 //! Reads what save_feedback_state wrote; raises and changes nothing on a malformed blob
-//! (the caller installs it: ef.install(e, std::move(s.ef))).
-inline feedback_state load_feedback_state(std::span<const std::byte> in, std::string_view kind, std::string_view who,
-                                          bool momentum) {
+//! (the caller installs it: ef.install(e, std::move(s.ef))). `more(r, loaded)` reads the
+//! owner's own sections (and checks them against what was loaded). With `id`, a blob
+//! saved by another rank, number of ranks or other options raises mismatch_error;
+//! without, its section 20 is skipped (the DDP hooks hand residuals over by parameter).
+template <class More = void (*)(state::reader&, const feedback_state&)>
+feedback_state load_feedback_state(std::span<const std::byte> in, std::string_view kind, std::string_view who,
+                                   bool momentum, const identity_check* id = nullptr,
+                                   More&& more = [](state::reader&, const feedback_state&) {}) {
   state::reader r{in, kind, who};
   const auto [s, k] = state::read_counters(r);
-  auto l = error_feedback::load(r, state::reader::npos, momentum);
-  r.fail_unless(l.residual.size() < (std::size_t{1} << 31), "a residual of ", l.residual.size(),
+  feedback_state st{error_feedback::load(r, state::reader::npos, momentum), s, k};
+  r.fail_unless(st.ef.residual.size() < (std::size_t{1} << 31), "a residual of ", st.ef.residual.size(),
                 " values is longer than sparse indices allow.");
+  more(r, st);
+  if (id)
+    state::check_identity(r, who, true, id->rank, id->size, st.ef.residual.size(), s,
+                          [&](std::size_t n, std::int64_t step) { return id->fingerprint ? id->fingerprint(n, step) : 0; });
+  else
+    state::check_identity(r, who, false, 0, 1, 0, 0, [](std::size_t, std::int64_t) { return std::int64_t{0}; });
   r.done();
-  return {std::move(l), s, k};
+  return st;
 }
 
 }  // namespace commpact

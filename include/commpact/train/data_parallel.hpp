@@ -80,12 +80,14 @@
 //!   gradient's length itself.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <exception>
+#include <limits>
 #include <optional>
 #include <span>
 #include <type_traits>
@@ -98,6 +100,7 @@
 #include "../kernels/copies.hpp"
 #include "../compress/transaction.hpp"
 #include "../concepts.hpp"
+#include "../detail/hash.hpp"
 #include "../error.hpp"
 #include "../state.hpp"
 #include "../sync/policies.hpp"
@@ -381,6 +384,7 @@ class DataParallel {
     w.f32s(2, to_host(x0_));
     w.nested(3, [&](std::vector<std::byte>& o) { compressor_.save_state(o); });
     if (delta_compressor_) w.nested(4, [&](std::vector<std::byte>& o) { delta_compressor_->save_state(o); });
+    w.i64s(5, std::array<std::int64_t, 1>{setup_fingerprint(step_, next_plan_, period_.start)});
     w.finish();
   }
 
@@ -420,6 +424,13 @@ class DataParallel {
                                      ". Load it into a driver of the same model.");
     const auto main = r.bytes(3);
     const auto delta = delta_compressor_ ? r.bytes(4) : std::span<const std::byte>{};
+    if (r.next_is(5)) {  // states saved before the policy was recorded have none
+      const auto f = r.i64s(5, 1);
+      r.require_that<invalid_argument>(f[0] == setup_fingerprint(step, next, start),
+                                       "the state was saved by a DataParallel with another policy (or another "
+                                       "average_optimizer_state or compress_deltas); make it with the saved run's "
+                                       "policy and options.");
+    }
     r.done();
     // Compressors load all or nothing each; keep the first one's state to put back if the second fails.
     std::vector<std::byte> backup;
@@ -596,7 +607,7 @@ class DataParallel {
                             static_cast<std::int64_t>(delta.size()), "parameter delta");
         checked_params_ = true;
       }
-      const bool sent = delta_compressor_ ? compressor_reduce(*delta_compressor_, delta, round_kind::none)
+      const bool sent = delta_compressor_ ? reduce_deltas_apart(delta)
                                           : compressor_reduce(compressor_, delta, round_kind::deltas);
       if (!sent) ops<space_type>::fill(e, delta, 0.0f);  // the round is dropped
     } else {
@@ -606,6 +617,19 @@ class DataParallel {
     ops<space_type>::copy(e, span<const float>(delta), params);
   }
 
+
+  //! The delta round through the second compressor, whose communicator may queue on an
+  //! executor of its own (its own stream): it first waits for the delta queued here, and
+  //! this executor then waits for its result, with no host wait (events; nothing on the
+  //! host).
+  bool reduce_deltas_apart(span<float> delta) {
+    auto& d = *delta_compressor_;
+    constexpr bool events = requires { comm_wait(d.comm(), comm_record(compressor_.comm())); };
+    if constexpr (events) comm_wait(d.comm(), comm_record(compressor_.comm()));
+    const bool sent = compressor_reduce(d, delta, round_kind::none);
+    if constexpr (events) comm_wait(compressor_.comm(), comm_record(d.comm()));
+    return sent;
+  }
 
   //! Reduces through c; `kind` (none for the separate delta compressor) guards the shared
   //! compressor's residual against holding gradients and parameter deltas at once.
@@ -636,6 +660,40 @@ class DataParallel {
     mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_,
                    "Fix the gradient (lower the learning rate, clip) and call step() again: a step that raises "
                    "changes nothing (parameters, optimizer state and gradients are put back).");
+  }
+
+  //! What a saved state must be loaded with (section 5): the policy's plans at a fixed
+  //! set of steps (every step below 1024, then a geometric grid, and the state's own
+  //! step, period start and next plan) and learning rates (1 to 1e-6 by 1, 2, 5 per
+  //! decade, and 0), and the options that change what a round does. A policy that raises for an
+  //! input counts that as its answer. Policies that differ only where it does not probe
+  //! are not told apart.
+  std::int64_t setup_fingerprint(std::int64_t step, std::int64_t next, std::int64_t start) const {
+    std::vector<std::int64_t> w{opt_.average_optimizer_state ? 1 : 0, opt_.compress_deltas ? 1 : 0};
+    std::vector<std::int64_t> steps{step, next, start};
+    for (std::int64_t s = 0; s < 1024; ++s) steps.push_back(s);
+    for (std::int64_t s = 1024; s < total_;) {
+      steps.push_back(s);
+      if (s > std::numeric_limits<std::int64_t>::max() - s / 4) break;
+      s += s / 4;
+    }
+    // Decimal literals, the same bits on every machine (a state may be loaded elsewhere).
+    constexpr std::array<double, 20> lrs{1.0,  0.5,  0.2,  0.1,  0.05, 0.02, 0.01, 5e-3, 2e-3, 1e-3,
+                                         5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 0.0};
+    for (const std::int64_t s : steps) {
+      if (s < 0 || s >= total_) continue;
+      for (const double lr : lrs) {
+        try {
+          const sync_plan p = policy_.plan(s, lr);
+          w.push_back(static_cast<std::int64_t>(p.what));
+          w.push_back(p.period);
+        } catch (const std::exception&) {
+          w.push_back(-1);
+          w.push_back(-1);
+        }
+      }
+    }
+    return detail::hash_words(w);
   }
 
   //! Before the first dense average of a buffer kind, one allreduce (require_same, four

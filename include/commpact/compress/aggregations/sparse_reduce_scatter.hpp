@@ -314,6 +314,14 @@ class SparseReduceScatter {
   }
   //! The regions and theta restart (an even split and a new estimate at the next step).
   void reset() { bounds_.clear(), theta_valid_ = false; }
+  //! Installs saved regions and theta (OkTopK::load_state, which checked them).
+  void restore(std::vector<std::int64_t> bounds, float theta, bool theta_valid) {
+    bounds_ = std::move(bounds);
+    theta_ = theta;
+    theta_valid_ = theta_valid;
+  }
+  //! Whether theta() holds an estimate the next step may reuse.
+  bool theta_valid() const { return theta_valid_; }
 
   //! The region boundaries for the next step (P + 1 values; empty before the first) and
   //! the current threshold.

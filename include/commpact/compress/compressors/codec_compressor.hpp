@@ -35,6 +35,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -201,18 +202,28 @@ class CodecCompressor {
     ef_.cancel();
   }
 
-  //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>").
+  //! Saves the counters, the residual and the velocity (state.hpp, kind "commpact.<name>"),
+  //! then who saved it (section 20, state_identity.hpp: the codec's fingerprint at the
+  //! residual's length and this step, this rank, the number of ranks).
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight(name_, "save_state");
-    save_feedback_state(out, kind(), ef_, exec(), steps_, skipped_);
+    const auto& c = const_cast<Aggregation&>(agg_).comm();
+    const state_identity id{detail::codec_fingerprint(codec_, static_cast<std::size_t>(ef_.size()), steps_), c.rank(),
+                            c.size()};
+    save_feedback_state(out, kind(), ef_, exec(), steps_, skipped_, &id);
   }
-  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state, and
+  //! mismatch_error on a state another codec (or the same codec with other options: k,
+  //! density, levels, bucket size), another rank or another number of ranks saved.
   //! An agreed compressor stays agreed when the state's residual has the agreed length:
   //! the headers' step counts then tell a rank restored alone (mismatch_error on every
   //! rank), where a re-agreement only it called would not. Otherwise the next step agrees.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight(name_, "load_state");
-    auto st = load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f);
+    const identity_check id{agg_.comm().rank(), agg_.comm().size(), [this](std::size_t n, std::int64_t step) {
+                              return detail::codec_fingerprint(codec_, n, step);
+                            }};
+    auto st = load_feedback_state(in, kind(), name_, opt_.momentum > 0.0f, &id);
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;

@@ -64,6 +64,7 @@
 //! peer_failure at their next communication.
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -237,10 +238,14 @@ class gTopK {
     ef_.cancel();
   }
 
-  //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK").
+  //! Saves the counters, the residual and the velocity (state.hpp format, kind "commpact.gTopK"),
+  //! then who saved it (section 20, state_identity.hpp: k at the residual's length and
+  //! this step, this rank, the number of ranks).
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("gTopK", "save_state");
-    save_feedback_state(out, "commpact.gTopK", ef_, exec(), steps_, skipped_);
+    auto& c = const_cast<TreeMerge<tree_type>&>(agg_).comm();
+    const state_identity id{fingerprint(static_cast<std::size_t>(ef_.size()), steps_), c.rank(), c.size()};
+    save_feedback_state(out, "commpact.gTopK", ef_, exec(), steps_, skipped_, &id);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   //! A compressor that has agreed keeps its agreement when the state's residual has the
@@ -249,7 +254,9 @@ class gTopK {
   //! called would wait for the deadline. Otherwise the next step agrees again.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("gTopK", "load_state");
-    auto st = load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f);
+    const identity_check id{agg_.comm().rank(), agg_.comm().size(),
+                            [this](std::size_t n, std::int64_t step) { return fingerprint(n, step); }};
+    auto st = load_feedback_state(in, "commpact.gTopK", "gTopK", opt_.momentum > 0.0f, &id);
     const std::int64_t agreed_n = n_;
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
@@ -324,6 +331,14 @@ class gTopK {
     scale_.resize(1, e);
     ef_.reserve(e, static_cast<std::size_t>(n));
     agreed_ = true;
+  }
+
+  //! What the ranks agree on at length n and step `step` (state_identity.hpp): k.
+  std::int64_t fingerprint(std::size_t n, std::int64_t step) const {
+    if (n == 0) return 0;
+    const std::array<std::int64_t, 2> w{static_cast<std::int64_t>(n),
+                                        detail::k_at(opt_, step, static_cast<std::int64_t>(n))};
+    return detail::hash_words(w);
   }
 
   phase phase_;  // first: a move checks it before any other member has moved

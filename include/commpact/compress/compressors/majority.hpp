@@ -48,6 +48,7 @@
 #include "../../nonfinite.hpp"
 #include "../../kernels/copies.hpp"
 #include "../../state.hpp"
+#include "../state_identity.hpp"
 #include "../aggregations/vote.hpp"
 #include "../codecs/sparse_options.hpp"
 #include "../codecs/topk_sign.hpp"
@@ -192,15 +193,29 @@ class MajorityVote {
     state::writer w{out, "commpact.MajorityVote"};
     state::write_counters(w, steps_, skipped_);
     w.f32s(10, m);
+    auto& c = const_cast<aggregation_type&>(agg_).comm();
+    state::write_identity(w, {0, c.rank(), c.size()});  // section 20: this rank, the number of ranks
     w.finish();
   }
-  //! Restores what save_state wrote; raises and changes nothing on a malformed state.
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state, and
+  //! mismatch_error on a state another rank or number of ranks saved, or one with
+  //! Signum's momentum into signSGD (or the reverse).
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("MajorityVote", "load_state");
     state::reader r{in, "commpact.MajorityVote", "MajorityVote"};
     const auto [s, k] = state::read_counters(r);
     auto m = r.f32s(10);
+    state::check_identity(r, "MajorityVote", true, agg_.comm().rank(), agg_.comm().size(), m.size(), s,
+                          [](std::size_t, std::int64_t) { return std::int64_t{0}; });
     r.done();
+    r.require_that<mismatch_error>(m.empty() || opt_.momentum > 0.0f, "the state holds Signum's momentum (",
+                                   m.size(), " values) but this MajorityVote is signSGD (momentum 0); load it into "
+                                   "one built with the same momentum.");
+    // Signum's momentum exists from its first kept step on (a run whose steps were all
+    // skipped has none yet).
+    r.require_that<mismatch_error>(!m.empty() || s == k || opt_.momentum == 0.0f, "the state was saved by signSGD "
+                                   "(no momentum) after ", s - k, " kept steps but this MajorityVote is Signum "
+                                   "(momentum ", opt_.momentum, "); load it into one built with the same momentum.");
     copy_from_host<space_type>(exec(), std::span<const float>(m), m_);
     m_n_ = m.size(), steps_ = s, skipped_ = k, agreed_ = false;
   }

@@ -20,7 +20,8 @@
 //! non-finite input anywhere raises (or skips) on every rank alike; a rank whose gradient
 //! length changed after a good step rejects its input, and the length its header carries
 //! makes that a mismatch_error on every rank. load_state restores
-//! the residual and the counters; the regions and theta restart.
+//! the residual, the counters, the regions and theta: a restored compressor continues
+//! with the same bits.
 //!
 //! Space (v3): the data plane runs in the communicator's space (host_space for ThreadComm
 //! and MpiComm, deferred_space for DeferredComm<C>) through the oktopk_ rows of ops<Space>.
@@ -32,6 +33,7 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <array>
 #include <cstdint>
 #include <exception>
 #include <span>
@@ -81,6 +83,12 @@ class OkTopK {
   static std::size_t region_cap(std::size_t kk, int P) { return aggregation_type::region_cap(kk, P); }
   std::size_t k(std::size_t n) const {
     return static_cast<std::size_t>(std::max<std::int64_t>(detail::k_of_density(opt_.density, static_cast<std::int64_t>(n)), 1));
+  }
+  //! What the ranks agree on at length n (state_identity.hpp): k and the period.
+  std::int64_t fingerprint(std::size_t n) const {
+    if (n == 0) return 0;
+    const std::array<std::int64_t, 3> w{static_cast<std::int64_t>(n), static_cast<std::int64_t>(k(n)), opt_.period};
+    return detail::hash_words(w);
   }
 
   //! The same sparse average on every rank, in place: start + finish + commit. Returns
@@ -188,17 +196,52 @@ class OkTopK {
     pending_ = nullptr;
   }
 
+  //! Saves the counters, the residual, the regions and the threshold (sections 12 and
+  //! 13: theta's validity and the P + 1 bounds; theta), then who saved it (section 20:
+  //! k and the period at the residual's length, this rank, the number of ranks). So a
+  //! restored compressor continues with the same bits.
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("OkTopK", "save_state");
-    save_feedback_state(out, kind, ef_, exec(), steps_, skipped_);
+    auto& c = const_cast<aggregation_type&>(agg_).comm();
+    const state_identity id{fingerprint(static_cast<std::size_t>(ef_.size())), c.rank(), c.size()};
+    save_feedback_state(out, kind, ef_, exec(), steps_, skipped_, &id, [&](state::writer& w) {
+      std::vector<std::int64_t> b{agg_.theta_valid() ? 1 : 0};
+      b.insert(b.end(), agg_.bounds().begin(), agg_.bounds().end());
+      w.i64s(12, b);
+      w.f32s(13, std::vector<float>{agg_.theta()});
+    });
   }
+  //! Restores what save_state wrote; raises and changes nothing on a malformed state
+  //! (wire_error) or one another rank, number of ranks, density or period saved
+  //! (mismatch_error). A state without the regions (saved before they were) restarts
+  //! them: an even split and a new estimate at the next step.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("OkTopK", "load_state");
-    auto st = load_feedback_state(in, kind, who, false);
+    const int P = agg_.sources();
+    std::vector<std::int64_t> bounds;
+    float theta = 0.0f;
+    bool theta_valid = false;
+    const identity_check id{agg_.comm().rank(), P, [this](std::size_t n, std::int64_t) { return fingerprint(n); }};
+    auto st = load_feedback_state(in, kind, who, false, &id, [&](state::reader& r, const feedback_state& f) {
+      if (!r.next_is(12)) return;
+      auto b = r.i64s(12);
+      const auto t = r.f32s(13, 1);
+      const auto n = static_cast<std::int64_t>(f.ef.residual.size());
+      r.fail_unless(!b.empty() && (b[0] == 0 || b[0] == 1), "section 12 does not start with theta's validity (0 or "
+                    "1); the state is corrupted.");
+      bounds.assign(b.begin() + 1, b.end());
+      const bool ok = bounds.empty() || (bounds.size() == static_cast<std::size_t>(P) + 1 && bounds.front() == 0 &&
+                                         bounds.back() == n && std::is_sorted(bounds.begin(), bounds.end()));
+      r.fail_unless(ok, "the ", bounds.size(), " region bounds are not P + 1 = ", P + 1, " non-decreasing values "
+                    "from 0 to the residual's length ", n, "; the state is corrupted or from another number of ranks.");
+      r.fail_unless(t[0] >= 0.0f, "the threshold ", t[0], " is negative; the state is corrupted.");
+      theta = t[0];
+      theta_valid = b[0] == 1;
+    });
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;
-    agg_.reset();
+    agg_.restore(std::move(bounds), theta, theta_valid);
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }

@@ -96,6 +96,7 @@
 #include "../../kernels/status.hpp"
 #include "../../state.hpp"
 #include "../error_feedback.hpp"
+#include "../state_identity.hpp"
 #include "../../nonfinite.hpp"
 #include "../step_check.hpp"
 #include "../step_phase.hpp"
@@ -279,6 +280,8 @@ class PowerCompressor {
     w.i64s(1, std::array<std::int64_t, 4>{steps_, skipped_, q_ready_ ? 1 : 0, layout_hash_});
     ef_.save(w, exec());
     w.f32s(12, copy_to_host<Space>(exec(), std::as_const(factors_).q()));
+    auto& c = const_cast<PowerCompressor&>(*this).comm();
+    state::write_identity(w, {0, c.rank(), c.size()});  // section 20: this rank, the number of ranks
     w.finish();
   }
 
@@ -301,6 +304,8 @@ class PowerCompressor {
     r.require_that<wire_error>(l.residual.empty() || l.residual.size() == compressed_, "the residual holds ",
                                l.residual.size(), " values, this layout compresses ", compressed_, ".");
     auto q = r.f32s(12, factors_.q_floats());
+    state::check_identity(r, "PowerCompressor", true, comm().rank(), comm().size(), l.residual.size(), c[0],
+                          [](std::size_t, std::int64_t) { return std::int64_t{0}; });
     r.done();
     const auto e = exec();
     ef_.install(e, std::move(l));

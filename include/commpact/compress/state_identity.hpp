@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file state_identity.hpp
+//! Who saved a compressor's state: section 20 of its blob (state.hpp), three int64 —
+//! a fingerprint of what the ranks agree on at the saved step (k, a codec's agreement
+//! value and message size; 0: nothing to compare), the saving rank and the number of
+//! ranks. load_state() refuses, with mismatch_error and changing nothing, a state that
+//! another rank, another number of ranks or other options saved: such a state would
+//! load and train on silently, with other results. Blobs without the section (saved
+//! before it existed) load as before.
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+
+#include "../concepts/codec.hpp"
+#include "../detail/hash.hpp"
+#include "../error.hpp"
+#include "../state.hpp"
+
+namespace commpact {
+
+//! What save_state writes into section 20.
+struct state_identity {
+  std::int64_t fingerprint = 0;  //!< 0: nothing to compare
+  std::int64_t rank = 0;
+  std::int64_t size = 1;
+};
+
+namespace state {
+inline constexpr std::uint32_t identity_tag = 20;
+
+inline void write_identity(writer& w, const state_identity& id) {
+  w.i64s(identity_tag, std::array<std::int64_t, 3>{id.fingerprint, id.rank, id.size});
+}
+
+//! Reads section 20 when it is the next one. `fingerprint_now(n, step)` is the loading
+//! object's fingerprint at the state's residual length n and step count; both
+//! fingerprints non-zero and different, or another rank or number of ranks, raise
+//! mismatch_error "commpact::<who>::load_state: ...". `check` false: read and ignored
+//! (the DDP hooks hand one rank's residuals between its compressors by parameter).
+template <class F>
+void check_identity(reader& r, std::string_view who, bool check, std::int64_t rank, std::int64_t size, std::size_t n,
+                    std::int64_t step, F&& fingerprint_now) {
+  if (!r.next_is(identity_tag)) return;
+  const auto id = r.i64s(identity_tag, 3);
+  if (!check) return;
+  r.require_that<mismatch_error>(id[1] == rank && id[2] == size, "the state was saved by rank ", id[1], " of ", id[2],
+                                 "; this is rank ", rank, " of ", size,
+                                 ". Load each rank's own state, with as many ranks.");
+  if (id[0] == 0) return;
+  const std::int64_t now = fingerprint_now(n, step);
+  r.require_that<mismatch_error>(now == 0 || now == id[0], "the state was saved by a ", who,
+                                 " with other options (k or density, levels, bucket size, seed, period, or another "
+                                 "codec) than this one has at step ", step, "; load it into a compressor built the "
+                                 "same way.");
+}
+}  // namespace state
+
+namespace detail {
+//! A codec's fingerprint at length n and step `step` (0 for n = 0, or for a codec that
+//! cannot be copied): its agreement value (k, the levels' hash, ...) and its message's
+//! largest size there, which tell the library's codecs and their options apart.
+template <class Codec>
+std::int64_t codec_fingerprint(const Codec& codec, std::size_t n, std::int64_t step) {
+  if constexpr (!std::is_copy_constructible_v<Codec>) {
+    return 0;
+  } else {
+    if (n == 0) return 0;
+    Codec at = codec;
+    if constexpr (req::codec_has_begin_step<Codec>) at.begin_step(step);
+    std::int64_t agreement = 0;
+    if constexpr (req::codec_has_agreement<Codec>) agreement = at.agreement(n);
+    const std::array<std::int64_t, 3> w{static_cast<std::int64_t>(n), agreement,
+                                        static_cast<std::int64_t>(at.max_encoded_bytes(n))};
+    return hash_words(w);
+  }
+}
+}  // namespace detail
+
+}  // namespace commpact
