@@ -68,6 +68,7 @@
 #include <commpact/torch/torch_comm.hpp>
 
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
@@ -101,6 +102,10 @@ c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
 //! (after a bad argument, say) does not read the old one's notice. Every rank makes its
 //! states in the same order, as DDP needs of its hooks anyway.
 commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
+  if (!(timeout_s > 0.0) || !std::isfinite(timeout_s) || timeout_s * 1000.0 < 1.0)
+    throw py::value_error(commpact::detail::cat("commpact_hooks: timeout=", timeout_s,
+                                                " must be a finite number of seconds, at least 0.001 (the default is "
+                                                "300): it bounds every wait on a peer."));
   static std::mutex m;
   static std::map<std::string, std::int64_t> made;
   commpact::torch_options o;
@@ -111,6 +116,19 @@ commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
 }
 
 #if defined(COMMPACT_HOOKS_CUDA)
+//! Whether the group reduces CUDA tensors with NCCL: a group made for NCCL, or one made
+//! for several devices whose CUDA backend is NCCL (PyTorch 2's init_process_group() with
+//! no backend gives "cpu:gloo,cuda:nccl", whose ProcessGroup does not name itself "nccl").
+bool cuda_backend_is_nccl(const py::object& pg, const c10d::ProcessGroup& group) {
+  std::string b;
+  try {
+    b = py::str(py::module_::import("torch.distributed").attr("get_backend")(pg));
+  } catch (const py::error_already_set&) {
+    b = group.getBackendName();
+  }
+  return b == "nccl" || b.find("cuda:nccl") != std::string::npos;
+}
+
 // PyTorch's caching allocator as commpact's stream-ordered allocator hook. PyTorch names
 // its default (legacy NULL) stream nullptr; the hooks' executor names it cudaStreamLegacy
 // (commpact_hooks_cuda.cu, comm_on), mapped back here so that both use one pool.
@@ -131,7 +149,11 @@ void torch_free(void* p, std::size_t, void*, void*) { c10::cuda::CUDACachingAllo
 struct HookBase {
   HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
       : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),
-        comm(commpact::TorchComm{group, st, opt}) {}
+        comm(commpact::TorchComm{group, st, opt}) {
+#if defined(COMMPACT_HOOKS_CUDA)
+    cuda_on_nccl = cuda_backend_is_nccl(pg, *group);
+#endif
+  }
   c10::intrusive_ptr<c10d::ProcessGroup> group;
   c10::intrusive_ptr<c10d::Store> st;
   commpact::torch_options opt;
@@ -139,12 +161,12 @@ struct HookBase {
 #if defined(COMMPACT_HOOKS_CUDA)
   commpact_hooks_cuda::params cuda_params;
   std::shared_ptr<commpact_hooks_cuda::state> cuda;
+  bool cuda_on_nccl = false;
   commpact_hooks_cuda::state& cuda_state() {
     if (!cuda) {
       // NCCL takes the device buffers; any other backend (Gloo) is staged through the host.
-      const bool staged = group->getBackendName() != "nccl";
       cuda = std::make_shared<commpact_hooks_cuda::state>(
-          commpact::make_torch_group_link(group, st, opt, staged), cuda_params,
+          commpact::make_torch_group_link(group, st, opt, !cuda_on_nccl), cuda_params,
           commpact_hooks_cuda::allocator{&torch_alloc, &torch_free, nullptr});
     }
     return *cuda;
@@ -627,6 +649,18 @@ struct ModelAverager : HookBase {
 
 }  // namespace
 
+namespace {
+//! A commpact message as a Python user reads it: the C++ option that bounds a wait on a
+//! peer is the state's `timeout=` argument here (in seconds).
+std::string python_advice(std::string msg) {
+  constexpr std::string_view cxx = "raise torch_options::timeout";
+  constexpr std::string_view py = "raise the state's timeout= (seconds)";
+  for (auto at = msg.find(cxx); at != std::string::npos; at = msg.find(cxx, at + py.size()))
+    msg.replace(at, cxx.size(), py);
+  return msg;
+}
+}  // namespace
+
 #if defined(__GLIBC__)
 #include <execinfo.h>
 #include <unistd.h>
@@ -667,6 +701,15 @@ PYBIND11_MODULE(commpact_hooks, m) {
   m.doc() = "PyTorch DDP communication hooks and a model averager backed by commpact (TorchComm over the group)";
   py::module_::import("torch.distributed");  // registers ProcessGroup and Store with pybind11
   install_native_frames();
+  // commpact's errors reach Python as RuntimeError, as before; their advice names the
+  // states' Python argument where the C++ message names torch_options::timeout.
+  py::register_local_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const commpact::error& e) {
+      PyErr_SetString(PyExc_RuntimeError, python_advice(e.what()).c_str());
+    }
+  });
 
   py::class_<GTopKState>(m, "GTopKState")
       .def(py::init<py::object, double, float, py::object, double, std::string>(), py::arg("process_group") = py::none(),

@@ -89,6 +89,7 @@ struct state::impl {
   std::vector<step_in_flight> pending;  // in the order they were started
 
   ~impl() {
+    const cp::cuda_device_guard on_device(exec ? exec->device() : -1, std::nothrow);
     for (auto& p : pending) p.cancel();  // noexcept: completes the queued work, drops the step
   }
 
@@ -96,6 +97,7 @@ struct state::impl {
   //! work only); the first error cancels the rest and is raised.
   void settle() {
     if (pending.empty()) return;
+    const cp::cuda_device_guard on_device(exec->device());  // synchronize() comes from any thread
     auto list = std::move(pending);
     pending.clear();
     std::exception_ptr err;
@@ -187,8 +189,14 @@ state::state(std::shared_ptr<cp::torch_group_link> link, params p, allocator a) 
 
 state::~state() = default;
 
+// Every entry point makes the bucket's device current for its launches (and for
+// cudaStreamLegacy, which names the current device's NULL stream): DDP calls the hooks on
+// its autograd thread, on that device, but synchronize() and ModelAverager come from
+// Python's thread, whose current device may be another (a model moved to cuda:r without
+// torch.cuda.set_device(r)).
 void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout& layout,
                    const commpact_hooks::bucket_params& ps) {
+  const cp::cuda_device_guard on_device(b.device);
   auto& I = *p_;
   Comm& c = I.comm_on(b);
   I.settle_before(index);
@@ -228,6 +236,7 @@ void state::reduce(std::int64_t index, const bucket& b, const cp::tensor_layout&
 }
 
 void state::reduce_dense(std::int64_t index, const bucket& b) {
+  const cp::cuda_device_guard on_device(b.device);
   auto& I = *p_;
   Comm& c = I.comm_on(b);
   I.settle_before(index);
@@ -235,6 +244,7 @@ void state::reduce_dense(std::int64_t index, const bucket& b) {
 }
 
 bool state::power_prepare(std::int64_t index, const bucket& b, const cp::tensor_layout& layout) {
+  const cp::cuda_device_guard on_device(b.device);
   auto& I = *p_;
   Comm& c = I.comm_on(b);
   I.settle_before(index);
@@ -255,6 +265,7 @@ std::size_t state::rank_of(std::int64_t index, std::size_t tensor) const {
   return p_->power_at(index).rank_of(tensor);
 }
 void state::set_q_factor(std::int64_t index, std::size_t tensor, std::span<const float> q) {
+  const cp::cuda_device_guard on_device(p_->exec ? p_->exec->device() : -1);
   p_->power_at(index).set_q_factor(tensor, q);
 }
 

@@ -10,7 +10,9 @@ Checks, each on every rank:
     differ clearly from plain allreduce (so the comparison can fail);
   * ModelAverager (Local SGD, QSR) leaves identical parameters after an averaging step
     and different ones between them; QSR's periods stop at lr = 0;
-  * a NaN bucket on one rank raises on both, with advice that holds in Python.
+  * a NaN bucket on one rank raises on both, with advice that holds in Python;
+  * a bad timeout= is refused; a peer that never joins makes the hook raise after it,
+    naming the Python argument.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 tests/torch/test_ddp_hooks.py
 """
 import datetime
@@ -84,6 +86,14 @@ def worker(rank, path, failures):
         dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=WORLD,
                                 timeout=datetime.timedelta(seconds=120))
         import commpact_hooks as ch
+
+        # 0. A timeout that is not a positive number of seconds is refused, naming the argument.
+        for bad in (0.0, -1.0, float("nan"), float("inf")):
+            try:
+                ch.GTopKState(timeout=bad, name="t/bad-timeout")
+                raise AssertionError(f"timeout={bad} was accepted")
+            except ValueError as e:
+                check("timeout=" in str(e), f"the timeout error does not name the argument: {e}")
 
         # 1. Each hook: identical parameters on every rank, the loss falls.
         states = {
@@ -284,28 +294,71 @@ def worker(rank, path, failures):
         raise
 
 
+def worker_timeout(rank, path, failures):
+    """6. (fresh processes: the abandoned collective leaves the group unusable) A peer that
+    never joins makes the hook raise after the state's timeout, and the advice names the
+    Python argument (timeout=), not the C++ option."""
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=120))
+        import commpact_hooks as ch
+        state = ch.GTopKState(density=0.1, timeout=1.0, name="t/timeout")
+        model = DDP(model_fn(), bucket_cap_mb=0.01)
+        model.register_comm_hook(state, ch.gtopk_hook)
+        x, y = batches(rank, 1)[0]
+        for _ in range(2):  # good steps (the bucket rebuild is collective)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        if rank == 1:
+            time.sleep(6)  # never joins the third step; stays until rank 0 timed out
+        else:
+            t0 = time.monotonic()
+            try:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                raise AssertionError("backward returned although rank 1 never joined")
+            except RuntimeError as e:
+                waited, msg = time.monotonic() - t0, str(e)
+                check("timed out" in msg and "timeout= (seconds)" in msg, f"the timeout error: {msg}")
+                check("torch_options" not in msg, f"the timeout error names the C++ option: {msg}")
+                check(waited < 5, f"the hook raised only after {waited:.1f} s (timeout=1.0)")
+        failures.put("ok")
+        os._exit(0)
+    except Exception:
+        failures.put(f"rank {rank}:\n{traceback.format_exc()}")
+        raise
+
+
+def run_world(target, tmp):
+    """Runs target(rank, rendezvous, failures) on WORLD processes; returns the failures' text or None."""
+    ctx = mp.get_context("spawn")
+    failures = ctx.SimpleQueue()
+    procs = [ctx.Process(target=target, args=(r, os.path.join(tmp, target.__name__), failures)) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=500)
+    bad = [p for p in procs if p.exitcode != 0]
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    msgs = []
+    while not failures.empty():
+        msgs.append(failures.get())
+    done = msgs.count("ok")
+    msgs = [m for m in msgs if m != "ok"]
+    if bad or msgs or done != WORLD:
+        return "\n".join(msgs) or f"{target.__name__}: exit codes {[p.exitcode for p in procs]}"
+    return None
+
+
 def main():
     sys.path.insert(0, os.environ.get("PYTHONPATH", "."))
     with tempfile.TemporaryDirectory() as tmp:
-        ctx = mp.get_context("spawn")
-        failures = ctx.SimpleQueue()
-        procs = [ctx.Process(target=worker, args=(r, os.path.join(tmp, "rdzv"), failures)) for r in range(WORLD)]
-        for p in procs:
-            p.start()
-        for p in procs:
-            p.join(timeout=500)
-        bad = [p for p in procs if p.exitcode != 0]
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-        msgs = []
-        while not failures.empty():
-            msgs.append(failures.get())
-        done = msgs.count("ok")
-        msgs = [m for m in msgs if m != "ok"]
-        if bad or msgs or done != WORLD:
-            print("\n".join(msgs) or f"exit codes {[p.exitcode for p in procs]}", file=sys.stderr)
-            return 1
+        for target in (worker, worker_timeout):
+            failed = run_world(target, tmp)
+            if failed:
+                print(failed, file=sys.stderr)
+                return 1
     print("test_ddp_hooks: all checks passed")
     return 0
 
