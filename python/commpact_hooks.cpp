@@ -102,7 +102,7 @@ c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
 //! (after a bad argument, say) does not read the old one's notice. Every rank makes its
 //! states in the same order, as DDP needs of its hooks anyway.
 commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
-  if (!(timeout_s > 0.0) || !std::isfinite(timeout_s) || timeout_s * 1000.0 < 1.0)
+  if (!std::isfinite(timeout_s) || timeout_s * 1000.0 < 1.0)
     throw py::value_error(commpact::detail::cat("commpact_hooks: timeout=", timeout_s,
                                                 " must be a finite number of seconds, at least 0.001 (the default is "
                                                 "300): it bounds every wait on a peer."));

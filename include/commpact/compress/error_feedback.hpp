@@ -264,7 +264,8 @@ struct feedback_state {
 };
 
 //! What load_feedback_state checks of who saved a blob (state_identity.hpp): this rank,
-//! the number of ranks and this object's fingerprint at the state's length and step.
+//! the number of ranks and this object's fingerprint at the state's length and step
+//! (required).
 struct identity_check {
   std::int64_t rank = 0, size = 1;
   std::function<std::int64_t(std::size_t, std::int64_t)> fingerprint;
@@ -286,10 +287,9 @@ feedback_state load_feedback_state(std::span<const std::byte> in, std::string_vi
                 " values is longer than sparse indices allow.");
   more(r, st);
   if (id)
-    state::check_identity(r, who, true, id->rank, id->size, st.ef.residual.size(), s,
-                          [&](std::size_t n, std::int64_t step) { return id->fingerprint ? id->fingerprint(n, step) : 0; });
+    state::check_identity(r, who, id->rank, id->size, st.ef.residual.size(), s, id->fingerprint);
   else
-    state::check_identity(r, who, false, 0, 1, 0, 0, [](std::size_t, std::int64_t) { return std::int64_t{0}; });
+    state::skip_identity(r);
   r.done();
   return st;
 }

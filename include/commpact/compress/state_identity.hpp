@@ -39,14 +39,12 @@ inline void write_identity(writer& w, const state_identity& id) {
 //! Reads section 20 when it is the next one. `fingerprint_now(n, step)` is the loading
 //! object's fingerprint at the state's residual length n and step count; both
 //! fingerprints non-zero and different, or another rank or number of ranks, raise
-//! mismatch_error "commpact::<who>::load_state: ...". `check` false: read and ignored
-//! (the DDP hooks hand one rank's residuals between its compressors by parameter).
+//! mismatch_error "commpact::<who>::load_state: ...".
 template <class F>
-void check_identity(reader& r, std::string_view who, bool check, std::int64_t rank, std::int64_t size, std::size_t n,
+void check_identity(reader& r, std::string_view who, std::int64_t rank, std::int64_t size, std::size_t n,
                     std::int64_t step, F&& fingerprint_now) {
   if (!r.next_is(identity_tag)) return;
   const auto id = r.i64s(identity_tag, 3);
-  if (!check) return;
   r.require_that<mismatch_error>(id[1] == rank && id[2] == size, "the state was saved by rank ", id[1], " of ", id[2],
                                  "; this is rank ", rank, " of ", size,
                                  ". Load each rank's own state, with as many ranks.");
@@ -57,12 +55,23 @@ void check_identity(reader& r, std::string_view who, bool check, std::int64_t ra
                                  "codec) than this one has at step ", step, "; load it into a compressor built the "
                                  "same way.");
 }
+//! The same for an object whose options its own state checks (no fingerprint): the
+//! rank and the number of ranks only.
+inline void check_identity(reader& r, std::string_view who, std::int64_t rank, std::int64_t size) {
+  check_identity(r, who, rank, size, 0, 0, [](std::size_t, std::int64_t) { return std::int64_t{0}; });
+}
+//! Reads section 20 when it is the next one, and ignores it (the DDP hooks hand one
+//! rank's residuals between its compressors by parameter).
+inline void skip_identity(reader& r) {
+  if (r.next_is(identity_tag)) (void)r.i64s(identity_tag, 3);
+}
 }  // namespace state
 
 namespace detail {
 //! A codec's fingerprint at length n and step `step` (0 for n = 0, or for a codec that
 //! cannot be copied): its agreement value (k, the levels' hash, ...) and its message's
-//! largest size there, which tell the library's codecs and their options apart.
+//! largest size there (a linear codec's: its size(n) floats), which tell the library's
+//! codecs and their options apart. CodecCompressor and LinearCompressor use it.
 template <class Codec>
 std::int64_t codec_fingerprint(const Codec& codec, std::size_t n, std::int64_t step) {
   if constexpr (!std::is_copy_constructible_v<Codec>) {
@@ -73,8 +82,10 @@ std::int64_t codec_fingerprint(const Codec& codec, std::size_t n, std::int64_t s
     if constexpr (req::codec_has_begin_step<Codec>) at.begin_step(step);
     std::int64_t agreement = 0;
     if constexpr (req::codec_has_agreement<Codec>) agreement = at.agreement(n);
-    const std::array<std::int64_t, 3> w{static_cast<std::int64_t>(n), agreement,
-                                        static_cast<std::int64_t>(at.max_encoded_bytes(n))};
+    std::int64_t message = 0;
+    if constexpr (requires { at.max_encoded_bytes(n); }) message = static_cast<std::int64_t>(at.max_encoded_bytes(n));
+    else message = static_cast<std::int64_t>(at.size(n));
+    const std::array<std::int64_t, 3> w{static_cast<std::int64_t>(n), agreement, message};
     return hash_words(w);
   }
 }

@@ -190,7 +190,7 @@ class GossipMixer {
       st = before;
       throw;
     }
-    round_ = {true, fits, x.size(), before};
+    round_ = {true, x.size(), before};
   }
 
   //! Waits for the round start() queued (one fence) and returns what mix() returns:
@@ -209,7 +209,7 @@ class GossipMixer {
       st = r.before;
       throw;
     }
-    if (!r.fits) throw invalid_argument(length_problem(r.got, true));
+    if (r.got != n_) throw invalid_argument(length_problem(r.got, true));
     if (flag == host::gossip::flag_length)
       throw mismatch_error(detail::cat("commpact::GossipMixer::mix: another rank passed a buffer of another length "
                                        "than the registered shapes hold (", n_, " floats) at round ", st.steps,
@@ -314,8 +314,7 @@ class GossipMixer {
   //! The round between start() and finish().
   struct round_in_flight {
     bool started = false;
-    bool fits = true;
-    std::size_t got = 0;
+    std::size_t got = 0;  // the length start() was given (the layout's n_, or a rank's wrong one)
     gossip_stats before{};
   } round_;
 };

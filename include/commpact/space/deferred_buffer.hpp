@@ -113,7 +113,7 @@ class deferred_buffer {
     std::lock_guard lk(detail::deferred_check::reg().m);
     std::size_t uses = 0;
     for (const auto& a : rec_->pending)
-      if (a.lo < rec_->lo + to && rec_->lo + from < a.hi) ++uses;
+      if (a.overlaps(rec_->lo + from, rec_->lo + to)) ++uses;
     if (uses)
       throw usage_error(detail::cat("commpact::deferred_space: ", detail::deferred_check::describe(*rec_), " was ",
                                     what, " [", from / sizeof(T), ", ", to / sizeof(T), ") while ", uses,

@@ -37,6 +37,8 @@ struct access {
   bool write;
   const std::byte* lo;
   const std::byte* hi;
+  //! Whether this access uses some of [from, to).
+  bool overlaps(const std::byte* from, const std::byte* to) const { return lo < to && from < hi; }
 };
 
 //! What the checker knows of one buffer's storage: its address range and the queued
@@ -214,7 +216,7 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
     ranges.emplace_back(lo, hi);
     for (const auto& a : rec.pending) {
       if (a.q == &q || !(a.write || t.write)) continue;
-      if (a.hi <= lo || hi <= a.lo) continue;
+      if (!a.overlaps(lo, hi)) continue;
       if (a.seq < q.joined_bound(a.q)) continue;
       throw usage_error(cat("commpact::deferred_space: an operation queued on one executor ",
                             t.write ? "writes " : "reads ", describe(rec), " that an operation queued on another ",
@@ -236,7 +238,7 @@ inline bool written_by_queued_work(const void* p, std::size_t bytes) {
   if (!r) return false;
   const auto* lo = static_cast<const std::byte*>(p);
   for (const auto& a : r->pending)
-    if (a.write && a.lo < lo + bytes && lo < a.hi) return true;
+    if (a.write && a.overlaps(lo, lo + bytes)) return true;
   return false;
 }
 

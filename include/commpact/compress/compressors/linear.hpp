@@ -38,14 +38,12 @@
 //! drops the step; `reduce` = start + finish + commit.
 
 #include <algorithm>
-#include <array>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <string_view>
-#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -185,14 +183,16 @@ class LinearCompressor {
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight(name_, "save_state");
     auto& c = const_cast<aggregation_type&>(agg_).comm();
-    const state_identity id{fingerprint(static_cast<std::size_t>(ef_.size()), steps_), c.rank(), c.size()};
+    const state_identity id{detail::codec_fingerprint(codec_, static_cast<std::size_t>(ef_.size()), steps_), c.rank(),
+                            c.size()};
     save_feedback_state(out, "commpact." + name_, ef_, exec(), steps_, skipped_, &id);
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight(name_, "load_state");
-    const identity_check id{agg_.comm().rank(), agg_.comm().size(),
-                            [this](std::size_t n, std::int64_t step) { return fingerprint(n, step); }};
+    const identity_check id{agg_.comm().rank(), agg_.comm().size(), [this](std::size_t n, std::int64_t step) {
+                              return detail::codec_fingerprint(codec_, n, step);
+                            }};
     // A residual in a compressor that keeps none is the clearer error: checked first.
     auto st = load_feedback_state(in, "commpact." + name_, name_, false, &id,
                                   [this](state::reader&, const feedback_state& f) {
@@ -260,20 +260,6 @@ class LinearCompressor {
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
-  //! What the ranks agree on at length n and step `step` (state_identity.hpp): the
-  //! codec's agreement value (random-k: k, the seed, the scaling) and its message size.
-  std::int64_t fingerprint(std::size_t n, std::int64_t step) const {
-    if constexpr (!std::is_copy_constructible_v<K>) {
-      return 0;
-    } else {
-      if (n == 0) return 0;
-      K at = codec_;
-      if constexpr (requires { at.begin_step(step); }) at.begin_step(step);
-      const std::array<std::int64_t, 3> w{static_cast<std::int64_t>(n), static_cast<std::int64_t>(at.agreement(n)),
-                                          static_cast<std::int64_t>(at.size(n))};
-      return detail::hash_words(w);
-    }
-  }
 };
 
 }  // namespace commpact

@@ -205,8 +205,7 @@ class MajorityVote {
     state::reader r{in, "commpact.MajorityVote", "MajorityVote"};
     const auto [s, k] = state::read_counters(r);
     auto m = r.f32s(10);
-    state::check_identity(r, "MajorityVote", true, agg_.comm().rank(), agg_.comm().size(), m.size(), s,
-                          [](std::size_t, std::int64_t) { return std::int64_t{0}; });
+    state::check_identity(r, "MajorityVote", agg_.comm().rank(), agg_.comm().size());
     r.done();
     r.require_that<mismatch_error>(m.empty() || opt_.momentum > 0.0f, "the state holds Signum's momentum (",
                                    m.size(), " values) but this MajorityVote is signSGD (momentum 0); load it into "
