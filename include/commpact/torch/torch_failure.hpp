@@ -110,11 +110,13 @@ class torch_failure {
   }
 
   //! Marks the communicator failed here and writes the notice for the other ranks.
-  void fail_and_tell(const std::string& why) noexcept {
+  //! `own_timeout`: this rank's deadline passed (a wait, or a send no peer received).
+  void fail_and_tell(const std::string& why, bool own_timeout = false) noexcept {
     {
       std::lock_guard<std::mutex> g(m_);
       if (failed_.load()) return;
       failure_ = why;
+      own_timeout_ = own_timeout;
       failed_.store(true, std::memory_order_release);
     }
     if (!store_.defined()) return;
@@ -123,6 +125,22 @@ class torch_failure {
       store_->set(key_, v);
     } catch (...) {
     }
+  }
+
+  //! Raises for a communicator that failed while `what` waited: timeout_error with the
+  //! advice when this rank's own deadline passed first (another thread's wait, the send
+  //! reaper), peer_failure otherwise. Every wait of a rank whose deadline passed says so,
+  //! whichever of its waits noticed first.
+  [[noreturn]] void raise_failed(std::string_view who, const char* what) const {
+    std::string why;
+    bool own = false;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      why = failure_;
+      own = own_timeout_;
+    }
+    if (own) throw timeout_error(cat(who, what, ": ", why, "; raise torch_options::timeout if the ranks are just slow."));
+    throw peer_failure(cat(who, what, ": rank ", rank_, " gave up waiting: ", why));
   }
 
   //! Raises peer_failure when another rank left a notice.
@@ -162,7 +180,7 @@ class torch_failure {
     while (!w->isCompleted()) {
       if (failed()) {
         if (abortable) abort_work(w);
-        throw peer_failure(cat("commpact::TorchComm::", what, ": rank ", rank_, " gave up waiting: ", failure()));
+        raise_failed("commpact::TorchComm::", what);
       }
       if (++spins < 64) {
         std::this_thread::yield();
@@ -182,7 +200,7 @@ class torch_failure {
         if (abortable) abort_work(w);
         const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
                              " (a rank did not join, or ranks called different operations)");
-        fail_and_tell(why);
+        fail_and_tell(why, true);
         throw timeout_error(cat("commpact::TorchComm::", what, ": ", why,
                                 "; raise torch_options::timeout if the ranks are just slow."));
       }
@@ -230,6 +248,7 @@ class torch_failure {
   std::atomic<bool> failed_{false};
   std::atomic<std::int64_t> last_look_{0};
   std::string failure_;
+  bool own_timeout_ = false;  // under m_: the failure is this rank's own deadline
 };
 
 }  // namespace detail

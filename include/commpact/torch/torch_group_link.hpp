@@ -140,8 +140,7 @@ class torch_group_link_impl final : public torch_group_link {
   }
 
   void poll() override {
-    if (dev_.failed())
-      throw peer_failure(cat("commpact::torch_group_link: rank ", rank(), " gave up waiting: ", dev_.failure()));
+    if (dev_.failed()) dev_.raise_failed("commpact::torch_group_link::", "poll");
     std::vector<c10::intrusive_ptr<c10d::Work>> failed;
     {
       std::lock_guard<std::mutex> g(m_);
@@ -176,7 +175,8 @@ class torch_group_link_impl final : public torch_group_link {
     }
     try {
       dev_.fail_and_tell(cat("rank ", rank(), " timed out after ", timeout().count(), " ms in ", what,
-                             " (a rank did not join, or ranks called different operations)"));
+                             " (a rank did not join, or ranks called different operations)"),
+                         true);
     } catch (...) {
     }
   }

@@ -10,6 +10,7 @@
 #include <ATen/ATen.h>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
@@ -56,20 +57,31 @@ class torch_state : public torch_failure {
     }
     unwatch(w);
     if (ok && !ex) return;
-    if (failed())
-      throw peer_failure(cat("commpact::TorchComm::", what, ": rank ", rank_, " gave up waiting: ", failure()));
+    if (failed()) raise_failed("commpact::TorchComm::", what);
     check_notice(what);
     if (clk::now() - t0 >= opt_.timeout) {
       const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
                            " (the peer did not send, or ranks called different operations)");
-      fail_and_tell(why);
+      fail_and_tell(why, true);
       throw timeout_error(cat("commpact::TorchComm::", what, ": ", why,
                               "; raise torch_options::timeout if the ranks are just slow."));
     }
+    if (settle_sends()) raise_failed("commpact::TorchComm::", what);
     const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ",
                          ex ? exception_text(ex) : std::string("the operation was aborted"));
     fail_and_tell(why);
     throw comm_error(cat("commpact::TorchComm::", what, ": ", why));
+  }
+
+  //! A send or receive failed with no verdict yet: when sends are in flight, waits (at most
+  //! a second) for the reaper's verdict on them, since a send's deadline closes the pair
+  //! under a receive before the reaper records it. True when a verdict arrived.
+  bool settle_sends() {
+    std::unique_lock<std::mutex> g(m_);
+    if (sends_.empty() && sending_ == 0) return failed();
+    cv_.wait_for(g, std::min<std::chrono::milliseconds>(opt_.timeout, std::chrono::seconds(1)),
+                 [&] { return failed() || (sends_.empty() && sending_ == 0); });
+    return failed();
   }
 
   //! A receive: its header Work, then (once the header arrived) its payload Work.
@@ -152,8 +164,8 @@ class torch_state : public torch_failure {
     if (!done) {
       const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(),
                            " ms in flush: a peer did not receive a message sent to it");
-      fail_and_tell(why);
-      throw timeout_error(cat("commpact::TorchComm::flush: ", why, "."));
+      fail_and_tell(why, true);
+      throw timeout_error(cat("commpact::TorchComm::flush: ", why, "; raise torch_options::timeout if the ranks are just slow."));
     }
   }
 
@@ -223,10 +235,29 @@ class torch_state : public torch_failure {
       watched_.push_back(w);
       if (failed()) abort_work(w);
       g.unlock();
+      const auto t0 = std::chrono::steady_clock::now();
       bool ok = false;
+      std::exception_ptr ex;
       try {
         ok = w->wait(opt_.timeout);
       } catch (...) {
+        ex = std::current_exception();
+      }
+      const bool late = std::chrono::steady_clock::now() - t0 >= opt_.timeout;
+      g.lock();
+      const bool stopping = stop_;
+      g.unlock();
+      // The verdict before sending_ drops: a receive that saw the pair close waits for it
+      // (wait_p2p). Gloo closes the pair when a wait times out, so a receive from the same
+      // peer fails at once with "pair closure"; the cause is this deadline.
+      if (!ok && !stopping && !failed()) {
+        if (late)
+          fail_and_tell(cat("rank ", rank_, " timed out after ", opt_.timeout.count(),
+                            " ms: a message it sent was not received (the peer did not receive it)"),
+                        true);
+        else
+          fail_and_tell(cat("rank ", rank_, ": the connection closed while a message it sent was in flight: ",
+                            ex ? exception_text(ex) : std::string("the send was aborted")));
       }
       g.lock();
       for (auto it = watched_.begin(); it != watched_.end(); ++it)
@@ -235,12 +266,6 @@ class torch_state : public torch_failure {
           break;
         }
       --sending_;
-      if (!ok && !stop_ && !failed()) {
-        g.unlock();
-        fail_and_tell(cat("rank ", rank_, ": a message it sent was not received within ", opt_.timeout.count(),
-                          " ms (or the connection closed)"));
-        g.lock();
-      }
       cv_.notify_all();
     }
   }
