@@ -158,6 +158,7 @@ struct HookBase {
   c10::intrusive_ptr<c10d::Store> st;
   commpact::torch_options opt;
   Comm comm;
+  std::int64_t iteration = 0;  // DDP iterations whose last bucket went through a CPU hook (errors name it)
 #if defined(COMMPACT_HOOKS_CUDA)
   commpact_hooks_cuda::params cuda_params;
   std::shared_ptr<commpact_hooks_cuda::state> cuda;
@@ -201,11 +202,26 @@ struct HookBase {
   }
 };
 
+// Where a CPU hook's step is in DDP's terms: the iteration (the state's count of buckets
+// with is_last()) and the bucket's index; -1: not a bucket (ModelAverager).
+struct ddp_where {
+  std::int64_t iteration = -1, bucket = -1;
+};
+
 // A non-finite step's error ends with the C++ advice to set on_nonfinite
 // (nonfinite_default_remedy), which the Python states do not have: a hook's error says
-// what holds in Python instead.
-[[noreturn]] void raise_for_python(const commpact::numeric_error& e) {
+// what holds in Python instead. Its "at step S" counts the bucket's compressor's steps,
+// which start again from 0 when DDP rebuilds its buckets: a hook's error names the
+// iteration (counted by the state from its first backward) and DDP's bucket instead.
+[[noreturn]] void raise_for_python(const commpact::numeric_error& e, ddp_where where = {}) {
   std::string m = e.what();
+  if (constexpr std::string_view at_step = " at step "; where.iteration >= 0)
+    if (const auto at = m.find(at_step); at != std::string::npos) {
+      auto end = at + at_step.size();
+      while (end < m.size() && m[end] >= '0' && m[end] <= '9') ++end;
+      m.replace(at, end - at,
+                commpact::detail::cat(" at iteration ", where.iteration, " of this state (DDP bucket ", where.bucket, ")"));
+    }
   constexpr std::string_view cpp_remedy = commpact::detail::nonfinite_default_remedy;
   // Its first sentence ("Fix the gradient (...)") holds in Python too; the clause from ", or"
   // on names the C++ option.
@@ -220,11 +236,11 @@ struct HookBase {
 
 // torch_guard (an error reaches every rank) with raise_for_python's message.
 template <class F>
-void hook_guard(Comm& comm, F&& f) {
+void hook_guard(Comm& comm, F&& f, ddp_where where = {}) {
   try {
     commpact::torch_guard(comm, std::forward<F>(f));
   } catch (const commpact::numeric_error& e) {
-    raise_for_python(e);
+    raise_for_python(e, where);
   }
 }
 
@@ -343,10 +359,12 @@ py::object sparse_hook(S& st, py::object bucket) {
       cs.reduce(index, b, {}, ps);
     });
   auto g = float_span(buf, "commpact_hooks");
+  const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, ps, g); });  // an error reaches every rank
+    hook_guard(st.comm, [&] { st.reduce(index, ps, g); }, {st.iteration, index});  // an error reaches every rank
   }
+  if (last) ++st.iteration;
   return completed_future(buf);
 }
 
@@ -467,7 +485,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, l, g, last); });
+    hook_guard(st.comm, [&] { st.reduce(index, l, g, last); }, {st.iter, index});
   }
   return completed_future(buf);
 }
@@ -529,10 +547,12 @@ py::object codec_hook(S& st, py::object bucket) {
   if (buf.is_cuda())
     return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) { cs.reduce(index, b, l, ps); });
   auto g = float_span(buf, "commpact_hooks");
+  const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, ps, l, g); });
+    hook_guard(st.comm, [&] { st.reduce(index, ps, l, g); }, {st.iteration, index});
   }
+  if (last) ++st.iteration;
   return completed_future(buf);
 }
 

@@ -251,6 +251,7 @@ def worker(rank, path, failures):
         model = DDP(model_fn(), bucket_cap_mb=0.01)
         model.register_comm_hook(state, ch.gtopk_hook)
         x, y = batches(rank, 1)[0]
+        torch.nn.functional.cross_entropy(model(x), y).backward()  # a good iteration 0 (DDP rebuilds after it)
         if rank == 1:
             x = x.clone()
             x[0, 0] = float("inf")
@@ -261,6 +262,9 @@ def worker(rank, path, failures):
             msg = str(e)
             check("not finite" in msg and "Fix the gradient (lower the learning rate, clip); commpact_hooks cannot skip" in msg
                   and "GradScaler" in msg, f"the non-finite error: {msg}")
+            # DDP's count, not the rebuilt bucket compressor's (its step 0)
+            check("at iteration 1 of this state (DDP bucket " in msg and "at step" not in msg,
+                  f"the non-finite error does not name the iteration: {msg}")
             check("on_nonfinite" not in msg, f"the error names the C++ option on_nonfinite: {msg}")
         dist.barrier()
 
