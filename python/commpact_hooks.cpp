@@ -200,6 +200,32 @@ struct HookBase {
     if (cuda) cuda->abort(why);
 #endif
   }
+
+  // The hook and its state's arguments, as the ranks must agree on them ("gtopk_hook(density=0.1,
+  // momentum=0)"); set by each state.
+  std::string hook;
+  bool hook_agreed = false;
+  // At the first CPU bucket: one allreduce (max) of a 62-bit hash of the hook, its arguments
+  // and the state's name, and its negation, on the uncounted communicator (bytes_sent() stays
+  // what the compressors send). Ranks that registered different hooks, arguments or names
+  // raise mismatch_error alike, instead of pairing unrelated messages (a size mismatch, or a
+  // wait until the timeout: gTop-k's tree against Top-k's allgather) or watching different
+  // failure notices (the name keys them).
+  void agree_hook() {
+    if (hook_agreed) return;
+    const std::string key = hook + "|" + opt.name;
+    std::uint64_t h = 1469598103934665603ull;  // FNV-1a
+    for (const unsigned char c : key) h = (h ^ c) * 1099511628211ull;
+    const auto mine = static_cast<std::int64_t>(h >> 2);
+    std::int64_t v[2] = {mine, -mine};
+    comm.inner().allreduce(std::span<std::int64_t>(v), commpact::reduce_op::max);
+    if (v[0] != mine || v[1] != -mine)
+      throw commpact::mismatch_error(commpact::detail::cat(
+          "commpact_hooks: the ranks registered different hooks, state arguments or names: rank ", comm.rank(),
+          " runs ", hook, " with name=\"", opt.name, "\" and another rank does not. Register the same hook with "
+          "the same state arguments on every rank."));
+    hook_agreed = true;
+  }
 };
 
 // Where a CPU hook's step is in DDP's terms: the iteration (the state's count of buckets
@@ -331,6 +357,8 @@ struct SparseState : HookBase {
     // Here, not at the first backward (where the error would also abort the state).
     commpact::detail::validate_sparse_options(
         opt, std::is_same_v<C, commpact::TopK<Comm>> ? "commpact_hooks.TopKState" : "commpact_hooks.GTopKState");
+    hook = commpact::detail::cat(std::is_same_v<C, commpact::TopK<Comm>> ? "topk_hook" : "gtopk_hook",
+                                 "(density=", density, ", momentum=", momentum, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
     cuda_params.m = std::is_same_v<C, commpact::TopK<Comm>> ? commpact_hooks_cuda::method::topk
                                                             : commpact_hooks_cuda::method::gtopk;
@@ -362,7 +390,10 @@ py::object sparse_hook(S& st, py::object bucket) {
   const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, ps, g); }, {st.iteration, index});  // an error reaches every rank
+    hook_guard(st.comm, [&] {
+      st.agree_hook();
+      st.reduce(index, ps, g);
+    }, {st.iteration, index});  // an error reaches every rank
   }
   if (last) ++st.iteration;
   return completed_future(buf);
@@ -392,6 +423,8 @@ struct PowerSGDState : HookBase {
     commpact::require(start_iter >= 2, "commpact_hooks.PowerSGDState: start_powerSGD_iter is ", start_iter,
                       "; it must be >= 2 (as PyTorch's PowerSGDState requires): DDP rebuilds its buckets after the "
                       "first iteration, so compression starts after it.");
+    hook = commpact::detail::cat("powersgd_hook(matrix_approximation_rank=", rank, ", start_powerSGD_iter=", start_iter,
+                                 ", min_compression_rate=", min_rate, ", random_seed=", seed, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
     cuda_params.m = commpact_hooks_cuda::method::powersgd;
     cuda_params.rank = rank;
@@ -485,7 +518,10 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, l, g, last); }, {st.iter, index});
+    hook_guard(st.comm, [&] {
+      st.agree_hook();
+      st.reduce(index, l, g, last);
+    }, {st.iter, index});
   }
   return completed_future(buf);
 }
@@ -516,6 +552,7 @@ EFSignState make_efsign(py::object pg, float momentum, py::object store, double 
     return EFSignState::Make::result_type{c, SignK{commpact::split_rows(l), commpact::sign_codec{}},
                                           commpact::codec_options{.momentum = momentum}};
   });
+  s.hook = commpact::detail::cat("efsign_hook(momentum=", momentum, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
   s.cuda_params.m = commpact_hooks_cuda::method::efsign;
   s.cuda_params.momentum = momentum;
@@ -528,6 +565,8 @@ QSGDState make_qsgd(py::object pg, std::uint32_t levels, std::size_t bucket, std
     return QSGDState::Make::result_type{c, commpact::qsgd_codec{levels, seed, bucket},
                                         commpact::codec_options{.momentum = momentum}};
   });
+  s.hook = commpact::detail::cat("qsgd_hook(levels=", levels, ", bucket=", bucket, ", seed=", seed, ", momentum=",
+                                 momentum, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
   s.cuda_params.m = commpact_hooks_cuda::method::qsgd;
   s.cuda_params.levels = levels;
@@ -550,7 +589,10 @@ py::object codec_hook(S& st, py::object bucket) {
   const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] { st.reduce(index, ps, l, g); }, {st.iteration, index});
+    hook_guard(st.comm, [&] {
+      st.agree_hook();
+      st.reduce(index, ps, l, g);
+    }, {st.iteration, index});
   }
   if (last) ++st.iteration;
   return completed_future(buf);

@@ -11,6 +11,7 @@ Checks, each on every rank:
   * ModelAverager (Local SGD, QSR) leaves identical parameters after an averaging step
     and different ones between them; QSR's periods stop at lr = 0;
   * a NaN bucket on one rank raises on both, with advice that holds in Python;
+  * ranks that register different hooks or state arguments raise alike at once;
   * a bad timeout= is refused; a peer that never joins makes the hook raise after it,
     naming the Python argument.
 Run: PYTHONPATH=<build>/python /usr/bin/python3 tests/torch/test_ddp_hooks.py
@@ -267,6 +268,26 @@ def worker(rank, path, failures):
                   f"the non-finite error does not name the iteration: {msg}")
             check("on_nonfinite" not in msg, f"the error names the C++ option on_nonfinite: {msg}")
         dist.barrier()
+
+        # 4c. Ranks that register different hooks (gTop-k's tree against Top-k's allgather
+        #     waited until the timeout) or other state arguments raise alike at once.
+        x, y = batches(rank, 1)[0]
+        for case, mine in enumerate((("gtopk", "topk"), ("gtopk", "gtopk"))):
+            dens = (0.1, 0.1) if mine[0] != mine[1] else (0.1, 0.2)
+            kind = (ch.gtopk_hook, ch.GTopKState) if mine[rank] == "gtopk" else (ch.topk_hook, ch.TopKState)
+            hook, state = kind[0], kind[1](density=dens[rank], timeout=60.0, name=f"t/differ{case}")
+            model = DDP(model_fn(), bucket_cap_mb=0.01)
+            model.register_comm_hook(state, hook)
+            t0 = time.monotonic()
+            try:
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                raise AssertionError(f"ranks with {mine} and densities {dens} did not raise")
+            except RuntimeError as e:
+                msg = str(e)
+                check("registered different hooks" in msg and f"{mine[rank]}_hook(density={dens[rank]}" in msg,
+                      f"the different hooks' error: {msg}")
+                check(time.monotonic() - t0 < 10, "the different hooks' error came late")
+            dist.barrier()
 
         # 5. A rank that fails (and aborts the hook's communicator) makes the other rank's
         #    hook raise within seconds instead of waiting for the 60 s deadline. Last: the
