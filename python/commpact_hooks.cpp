@@ -715,8 +715,8 @@ namespace {
 //! A commpact message as a Python user reads it: the C++ option that bounds a wait on a
 //! peer is the state's `timeout=` argument here (in seconds).
 std::string python_advice(std::string msg) {
-  constexpr std::string_view cxx = "raise torch_options::timeout";
-  constexpr std::string_view py = "raise the state's timeout= (seconds)";
+  constexpr std::string_view cxx = "torch_options::timeout";  // "raise ..." or "Raise ..." in the advice
+  constexpr std::string_view py = "the state's timeout= (seconds)";
   for (auto at = msg.find(cxx); at != std::string::npos; at = msg.find(cxx, at + py.size()))
     msg.replace(at, cxx.size(), py);
   return msg;

@@ -394,20 +394,20 @@ TEST_CASE("TorchComm: a rank that never joins makes the others time out at the d
 
 TEST_CASE("TorchComm: a send no peer receives makes the sender's next wait raise timeout_error with the advice",
           "[torch][failure]") {
-  // Rank 1 neither receives nor sends. Rank 0's send reaper reaches its deadline 500 ms
+  // Rank 1 neither receives nor sends. Rank 0's send reaper reaches its deadline 1 s
   // before rank 0's receive would: the receive is cut short and says that this rank timed
   // out (timeout_error, with the advice), as its own deadline would have; it used to raise
   // peer_failure "gave up waiting" with no advice (a DDP hook's error read that way at random).
-  std::string what;
+  std::string what, later;
   double waited = -1;
   bool timed_out = false;
   REQUIRE_THROWS(run_gloo(2, [&](TorchComm& comm) {
     if (comm.rank() == 1) {
-      std::this_thread::sleep_for(2500ms);
+      std::this_thread::sleep_for(4500ms);
       return;
     }
     comm.send(1, std::span<const std::byte>(rank_bytes(3, 0, 1, 4096)));
-    std::this_thread::sleep_for(500ms);
+    std::this_thread::sleep_for(1s);
     const auto t1 = clk::now();
     try {
       std::vector<std::byte> buf;
@@ -416,17 +416,25 @@ TEST_CASE("TorchComm: a send no peer receives makes the sender's next wait raise
       what = e.what();
       timed_out = true;
       waited = seconds_since(t1);
-      throw;
     } catch (const std::exception& e) {
       what = e.what();
       throw;
     }
-  }, {.timeout = 1s}));
+    try {  // every later call says so too
+      comm.barrier();
+    } catch (const timeout_error& e) {
+      later = e.what();
+      throw;
+    }
+  }, {.timeout = 2s}));
+  INFO(later);
+  CHECK_THAT(later, Catch::Contains("failed earlier (rank 0 timed out after 2000 ms") &&
+                        Catch::Contains("raise torch_options::timeout"));
   INFO(what);
   REQUIRE(timed_out);
-  CHECK_THAT(what, Catch::Contains("rank 0 timed out after 1000 ms") && Catch::Contains("was not received") &&
+  CHECK_THAT(what, Catch::Contains("rank 0 timed out after 2000 ms") && Catch::Contains("was not received") &&
                        Catch::Contains("raise torch_options::timeout"));
-  CHECK(waited < 0.9);  // the reaper's deadline ended the receive, not the receive's own
+  CHECK(waited < 1.5);  // the reaper's deadline ended the receive, not the receive's own (2 s)
 }
 
 TEST_CASE("TorchComm construction checks its arguments", "[torch][errors]") {

@@ -99,8 +99,21 @@ class torch_failure {
   //! Also looks for a notice when the last look is older than `poll`: a rank that comes
   //! back late must not join collectives the others abandoned.
   void enter(const char* what) {
-    if (failed()) throw peer_failure(cat("commpact::TorchComm::", what, ": the communicator failed earlier (",
-                                         failure(), "); no further operation runs on it. Build a new group."));
+    if (failed()) {
+      std::string why;
+      bool own = false;
+      {
+        std::lock_guard<std::mutex> g(m_);
+        why = failure_;
+        own = own_timeout_;
+      }
+      if (own)
+        throw timeout_error(cat("commpact::TorchComm::", what, ": the communicator failed earlier (", why,
+                                "; raise torch_options::timeout if the ranks are just slow); no further operation "
+                                "runs on it. Build a new group."));
+      throw peer_failure(cat("commpact::TorchComm::", what, ": the communicator failed earlier (", why,
+                             "); no further operation runs on it. Build a new group."));
+    }
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
     const auto poll = std::chrono::duration_cast<std::chrono::steady_clock::duration>(opt_.poll).count();
     if (now - last_look_.load(std::memory_order_relaxed) >= poll) {
