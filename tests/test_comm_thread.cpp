@@ -100,12 +100,15 @@ TEST_CASE("ThreadComm: a rank that fails mid-collective makes the others raise",
 
 TEST_CASE("ThreadComm: a missing rank makes the others time out, and a rank that returns early is noticed",
           "[comm][thread]") {
-  std::atomic<int> timeouts{0}, failures{0};
+  std::atomic<int> timeouts{0}, failures{0}, others{0};
   REQUIRE_THROWS(run_threads(
       3,
       [&](ThreadComm& comm) {
-        if (comm.rank() == 2) {
-          std::this_thread::sleep_for(600ms);  // late, past the others' deadline
+        if (comm.rank() == 2) {  // late, past the others' deadline: it returns once they raised
+          // (a sleep would not order it: a late start of the others let this rank leave first)
+          const auto cap = std::chrono::steady_clock::now() + 20s;
+          while (timeouts + failures + others < 2 && std::chrono::steady_clock::now() < cap)
+            std::this_thread::sleep_for(1ms);
           return;
         }
         try {
@@ -115,6 +118,9 @@ TEST_CASE("ThreadComm: a missing rank makes the others time out, and a rank that
           throw;
         } catch (const peer_failure&) {
           ++failures;
+          throw;
+        } catch (...) {
+          ++others;
           throw;
         }
       },

@@ -158,13 +158,15 @@ TEST_CASE("ThreadComm: a message of the wrong size fails the receive and reaches
 
 TEST_CASE("ThreadComm: a receive nobody answers times out through test() and wait()", "[comm][thread][async]") {
   const bool poll = GENERATE(true, false);
-  std::atomic<int> timed_out{0};
+  std::atomic<int> timed_out{0}, settled{0};
   std::chrono::steady_clock::duration took{};
   REQUIRE_THROWS(run_threads(
       2,
       [&](ThreadComm& comm) {
-        if (comm.rank() == 1) {
-          std::this_thread::sleep_for(400ms);  // stays in the world, sends nothing
+        if (comm.rank() == 1) {  // stays in the world, sends nothing, until rank 0 raised (a
+          // sleep would not order it: a late start of rank 0 let this rank leave first)
+          const auto cap = std::chrono::steady_clock::now() + 20s;
+          while (settled == 0 && std::chrono::steady_clock::now() < cap) std::this_thread::sleep_for(1ms);
           return;
         }
         std::vector<std::byte> buf(8);
@@ -179,6 +181,10 @@ TEST_CASE("ThreadComm: a receive nobody answers times out through test() and wai
         } catch (const timeout_error&) {
           ++timed_out;
           took = std::chrono::steady_clock::now() - t0;
+          ++settled;
+          throw;
+        } catch (...) {
+          ++settled;
           throw;
         }
       },

@@ -41,8 +41,9 @@ using ops_d = ops<deferred_space>;
 
 deferred_span<const float> span_of(const deferred_space::buffer<float>& b) { return b.cview(); }
 
-deferred_space::buffer<float> filled(const deferred_space::exec& e, std::size_t n, float x) {
-  deferred_space::buffer<float> b;
+template <class T>
+deferred_space::buffer<T> filled(const deferred_space::exec& e, std::size_t n, T x) {
+  deferred_space::buffer<T> b;
   b.resize(n);
   ops_d::fill(e, b.view(), x);
   deferred_space::fence(e, no_deadline());
@@ -253,6 +254,31 @@ TEST_CASE("checker: pinned host memory is watched as device buffers are", "[spac
     CHECK_THROWS_AS(h.resize(5), usage_error);
     deferred_space::fence(e, no_deadline());
     CHECK(std::vector<float>(h.view().begin(), h.view().end()) == std::vector<float>(4, 6.0f));
+  }
+  SECTION("a host write to it while a copy is queued into it raises at the fence") {
+    deferred_space::pinned<float> h;
+    h.resize(4);
+    deferred_space::pinned<std::uint32_t> w;
+    w.resize(2);
+    auto words = filled(e, 2, std::uint32_t{7});
+    ops_d::to_host(e, b.cview(), h.view());
+    ops_d::to_host(e, words.cview(), w.view());
+    SECTION("a float") {
+      h.view()[2] = 1.0f;  // on a GPU the copy overwrites it, or not
+    }
+    SECTION("a word") {
+      w.view()[1] = 0;
+    }
+    CHECK_THROWS_WITH(deferred_space::fence(e, no_deadline()), Catch::Contains("the host wrote the pinned memory"));
+  }
+  SECTION("two copies into it before one fence: the later one wins, no false alarm") {
+    deferred_space::pinned<float> h;
+    h.resize(4);
+    auto c = filled(e, 4, 9.0f);
+    ops_d::to_host(e, b.cview(), h.view());
+    ops_d::to_host(e, c.cview().first(2), h.view().first(2));
+    deferred_space::fence(e, no_deadline());
+    CHECK(std::vector<float>(h.view().begin(), h.view().end()) == std::vector<float>{9, 9, 6, 6});
   }
 }
 

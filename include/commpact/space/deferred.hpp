@@ -51,7 +51,8 @@ using deferred_queue = detail::deferred_check::queue_state;
 //! silently, and raises usage_error where one is broken:
 //! - a host copy (ops<deferred_space>::to_host) is poisoned when it is queued (NaN for
 //!   floats, 0xFF bytes otherwise, so a status word reads status_unfenced): a read
-//!   before the fence that covers the copy sees poison, never stale or final data;
+//!   before the fence that covers the copy sees poison, never stale or final data; a
+//!   host write to the pinned memory it lands in before that fence raises there;
 //! - an operation that touches a buffer which work queued on another executor uses (one
 //!   of the two writing) raises unless this executor waited for that work first
 //!   (`wait(e, record(other))`);

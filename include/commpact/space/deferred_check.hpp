@@ -232,6 +232,13 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
 }
 
 //! Whether queued work (on any executor) writes some of [p, p + bytes).
+//! Whether [p, p + bytes) lies in watched storage (a deferred buffer, or pinned host
+//! memory: deferred_space::pinned).
+inline bool watched(const void* p, std::size_t bytes) {
+  std::lock_guard lk(reg().m);
+  return find_locked(p, bytes) != nullptr;
+}
+
 inline bool written_by_queued_work(const void* p, std::size_t bytes) {
   std::lock_guard lk(reg().m);
   const auto r = find_locked(p, bytes);

@@ -6,6 +6,8 @@
 //! So the deferred space computes exactly the host's bits, only later. Every row tells
 //! the checker which buffers it touches, and to_host poisons its host side when queued.
 
+#include <algorithm>
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -102,6 +104,17 @@ void poison_host(std::span<T> h) {
     std::memset(static_cast<void*>(h.data()), 0xFF, h.size_bytes());
   }
 }
+//! Whether h still holds what poison_host wrote.
+template <class T>
+bool poisoned(std::span<T> h) {
+  if constexpr (std::is_same_v<std::remove_cv_t<T>, float>) {
+    const auto nan = std::bit_cast<std::uint32_t>(std::numeric_limits<float>::quiet_NaN());
+    return std::all_of(h.begin(), h.end(), [&](float x) { return std::bit_cast<std::uint32_t>(x) == nan; });
+  } else {
+    const auto* b = reinterpret_cast<const unsigned char*>(h.data());
+    return std::all_of(b, b + h.size_bytes(), [](unsigned char c) { return c == 0xFF; });
+  }
+}
 }  // namespace detail::deferred
 
 //! Queues host_row(host storage of args...) on e, to run at the next fence, and tells the
@@ -140,10 +153,26 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(fill)
   COMMPACT_DEFERRED_OP(copy)
   //! Queued like every row, and the host side is poisoned now: a read before the fence
-  //! that covers the copy sees poison, never stale or final data.
+  //! that covers the copy sees poison, never stale or final data. When the host side is
+  //! pinned memory (deferred_space::pinned) that no earlier queued work writes, a host
+  //! write to it before the copy runs raises usage_error at the fence (on a GPU the copy
+  //! would overwrite it, or not, depending on timing).
   template <class Src, class T>
   static void to_host(const exec& e, Src src, std::span<T> host) {
-    deferred_row(e, [](auto&&... x) { H::to_host({}, x...); }, src, host);
+    const bool watch = !host.empty() && detail::deferred_check::watched(host.data(), host.size_bytes()) &&
+                       !detail::deferred_check::written_by_queued_work(host.data(), host.size_bytes());
+    deferred_row(
+        e,
+        [watch](auto s, auto h) {
+          if (watch && !detail::deferred::poisoned(h))
+            throw usage_error(detail::cat(
+                "commpact::deferred_space: the host wrote the pinned memory a queued to_host copy lands in (",
+                h.size_bytes(), " bytes at ", static_cast<const void*>(h.data()),
+                ") before the fence that ran the copy: on a GPU the copy overwrites that write, or not, "
+                "depending on timing. Fence first, or write elsewhere."));
+          H::to_host({}, s, h);
+        },
+        src, host);
     detail::deferred::poison_host(host);
   }
   //! Queued like every row; the host side is read when the copy runs (kernels/ops.hpp),
