@@ -146,6 +146,38 @@ void torch_free(void* p, std::size_t, void*, void*) { c10::cuda::CUDACachingAllo
 
 // What every hook state keeps: its communicator over the group (CPU buckets) and, for
 // CUDA buckets, the CUDA side (made at the first CUDA bucket).
+// Where a CPU hook's step is in DDP's terms: the iteration (the state's count of buckets
+// with is_last()) and the bucket's index; -1: not a bucket (ModelAverager).
+struct ddp_where {
+  std::int64_t iteration = -1, bucket = -1;
+};
+
+// A non-finite step's error ends with the C++ advice to set on_nonfinite
+// (nonfinite_default_remedy), which the Python states do not have: a hook's error says
+// what holds in Python instead. Its "at step S" counts the bucket's compressor's steps,
+// which start again from 0 when DDP rebuilds its buckets: a hook's error names the
+// iteration (counted by the state from its first backward) and DDP's bucket instead.
+[[noreturn]] void raise_for_python(const commpact::numeric_error& e, ddp_where where = {}) {
+  std::string m = e.what();
+  if (constexpr std::string_view at_step = " at step "; where.iteration >= 0)
+    if (const auto at = m.find(at_step); at != std::string::npos) {
+      auto end = at + at_step.size();
+      while (end < m.size() && m[end] >= '0' && m[end] <= '9') ++end;
+      m.replace(at, end - at,
+                commpact::detail::cat(" at iteration ", where.iteration, " of this state (DDP bucket ", where.bucket, ")"));
+    }
+  constexpr std::string_view cpp_remedy = commpact::detail::nonfinite_default_remedy;
+  // Its first sentence ("Fix the gradient (...)") holds in Python too; the clause from ", or"
+  // on names the C++ option.
+  constexpr std::size_t keep = cpp_remedy.find(", or ");
+  static_assert(keep != std::string_view::npos, "nonfinite_default_remedy's option clause moved");
+  if (const auto at = m.find(cpp_remedy); at != std::string::npos)
+    m.replace(at + keep, cpp_remedy.size() - keep,
+              "; commpact_hooks cannot skip such a step, so dynamic loss scaling (AMP's GradScaler) is not "
+              "supported yet (docs/pytorch.md).");
+  throw commpact::numeric_error(m);
+}
+
 struct HookBase {
   HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
       : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),
@@ -188,6 +220,9 @@ struct HookBase {
     py::gil_scoped_release nogil;
     try {
       cuda->settle();
+    } catch (const commpact::numeric_error& e) {
+      abort(e.what());
+      raise_for_python(e);
     } catch (const std::exception& e) {
       abort(e.what());
       throw;
@@ -201,8 +236,9 @@ struct HookBase {
 #endif
   }
 
-  // The hook and its state's arguments, as the ranks must agree on them ("gtopk_hook(density=0.1,
-  // momentum=0)"); set by each state.
+  // The hook and the state arguments the ranks must agree on ("gtopk_hook(density=0.1)"; not
+  // momentum, a rank's own error feedback, nor QSGD's seed, which each rank's stream mixes
+  // with its rank: the compressors' own agreements leave them out too); set by each state.
   std::string hook;
   bool hook_agreed = false;
   // At the first CPU bucket: one allreduce (max) of a 62-bit hash of the hook, its arguments
@@ -228,37 +264,6 @@ struct HookBase {
   }
 };
 
-// Where a CPU hook's step is in DDP's terms: the iteration (the state's count of buckets
-// with is_last()) and the bucket's index; -1: not a bucket (ModelAverager).
-struct ddp_where {
-  std::int64_t iteration = -1, bucket = -1;
-};
-
-// A non-finite step's error ends with the C++ advice to set on_nonfinite
-// (nonfinite_default_remedy), which the Python states do not have: a hook's error says
-// what holds in Python instead. Its "at step S" counts the bucket's compressor's steps,
-// which start again from 0 when DDP rebuilds its buckets: a hook's error names the
-// iteration (counted by the state from its first backward) and DDP's bucket instead.
-[[noreturn]] void raise_for_python(const commpact::numeric_error& e, ddp_where where = {}) {
-  std::string m = e.what();
-  if (constexpr std::string_view at_step = " at step "; where.iteration >= 0)
-    if (const auto at = m.find(at_step); at != std::string::npos) {
-      auto end = at + at_step.size();
-      while (end < m.size() && m[end] >= '0' && m[end] <= '9') ++end;
-      m.replace(at, end - at,
-                commpact::detail::cat(" at iteration ", where.iteration, " of this state (DDP bucket ", where.bucket, ")"));
-    }
-  constexpr std::string_view cpp_remedy = commpact::detail::nonfinite_default_remedy;
-  // Its first sentence ("Fix the gradient (...)") holds in Python too; the clause from ", or"
-  // on names the C++ option.
-  constexpr std::size_t keep = cpp_remedy.find(", or ");
-  static_assert(keep != std::string_view::npos, "nonfinite_default_remedy's option clause moved");
-  if (const auto at = m.find(cpp_remedy); at != std::string::npos)
-    m.replace(at + keep, cpp_remedy.size() - keep,
-              "; commpact_hooks cannot skip such a step, so dynamic loss scaling (AMP's GradScaler) is not "
-              "supported yet (docs/pytorch.md).");
-  throw commpact::numeric_error(m);
-}
 
 // torch_guard (an error reaches every rank) with raise_for_python's message.
 template <class F>
@@ -358,7 +363,7 @@ struct SparseState : HookBase {
     commpact::detail::validate_sparse_options(
         opt, std::is_same_v<C, commpact::TopK<Comm>> ? "commpact_hooks.TopKState" : "commpact_hooks.GTopKState");
     hook = commpact::detail::cat(std::is_same_v<C, commpact::TopK<Comm>> ? "topk_hook" : "gtopk_hook",
-                                 "(density=", density, ", momentum=", momentum, ")");
+                                 "(density=", density, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
     cuda_params.m = std::is_same_v<C, commpact::TopK<Comm>> ? commpact_hooks_cuda::method::topk
                                                             : commpact_hooks_cuda::method::gtopk;
@@ -552,7 +557,7 @@ EFSignState make_efsign(py::object pg, float momentum, py::object store, double 
     return EFSignState::Make::result_type{c, SignK{commpact::split_rows(l), commpact::sign_codec{}},
                                           commpact::codec_options{.momentum = momentum}};
   });
-  s.hook = commpact::detail::cat("efsign_hook(momentum=", momentum, ")");
+  s.hook = "efsign_hook()";
 #if defined(COMMPACT_HOOKS_CUDA)
   s.cuda_params.m = commpact_hooks_cuda::method::efsign;
   s.cuda_params.momentum = momentum;
@@ -565,8 +570,7 @@ QSGDState make_qsgd(py::object pg, std::uint32_t levels, std::size_t bucket, std
     return QSGDState::Make::result_type{c, commpact::qsgd_codec{levels, seed, bucket},
                                         commpact::codec_options{.momentum = momentum}};
   });
-  s.hook = commpact::detail::cat("qsgd_hook(levels=", levels, ", bucket=", bucket, ", seed=", seed, ", momentum=",
-                                 momentum, ")");
+  s.hook = commpact::detail::cat("qsgd_hook(levels=", levels, ", bucket=", bucket, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
   s.cuda_params.m = commpact_hooks_cuda::method::qsgd;
   s.cuda_params.levels = levels;

@@ -231,7 +231,6 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
   }
 }
 
-//! Whether queued work (on any executor) writes some of [p, p + bytes).
 //! Whether [p, p + bytes) lies in watched storage (a deferred buffer, or pinned host
 //! memory: deferred_space::pinned).
 inline bool watched(const void* p, std::size_t bytes) {
@@ -239,6 +238,7 @@ inline bool watched(const void* p, std::size_t bytes) {
   return find_locked(p, bytes) != nullptr;
 }
 
+//! Whether queued work (on any executor) writes some of [p, p + bytes).
 inline bool written_by_queued_work(const void* p, std::size_t bytes) {
   std::lock_guard lk(reg().m);
   const auto r = find_locked(p, bytes);

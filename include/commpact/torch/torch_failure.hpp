@@ -124,12 +124,15 @@ class torch_failure {
 
   //! Marks the communicator failed here and writes the notice for the other ranks.
   //! `own_timeout`: this rank's deadline passed (a wait, or a send no peer received).
-  void fail_and_tell(const std::string& why, bool own_timeout = false) noexcept {
+  //! `closed`: a send's connection closed before its deadline, which this rank's own
+  //! receive timing out also causes (Gloo closes the pairs): see timed_out_over_closed.
+  void fail_and_tell(const std::string& why, bool own_timeout = false, bool closed = false) noexcept {
     {
       std::lock_guard<std::mutex> g(m_);
       if (failed_.load()) return;
       failure_ = why;
       own_timeout_ = own_timeout;
+      closed_ = closed;
       failed_.store(true, std::memory_order_release);
     }
     if (!store_.defined()) return;
@@ -138,6 +141,18 @@ class torch_failure {
       store_->set(key_, v);
     } catch (...) {
     }
+  }
+
+  //! A wait of this rank reached its own deadline: when the failure recorded so far is a
+  //! send's closed connection (which that timeout may have caused), `why` (this rank's
+  //! timeout) replaces it, so that this rank's waits say that it timed out. The notice the
+  //! peers read is not rewritten.
+  void timed_out_over_closed(const std::string& why) noexcept {
+    std::lock_guard<std::mutex> g(m_);
+    if (!failed_.load() || !closed_) return;
+    failure_ = why;
+    own_timeout_ = true;
+    closed_ = false;
   }
 
   //! Raises for a communicator that failed while `what` waited: timeout_error with the
@@ -262,6 +277,7 @@ class torch_failure {
   std::atomic<std::int64_t> last_look_{0};
   std::string failure_;
   bool own_timeout_ = false;  // under m_: the failure is this rank's own deadline
+  bool closed_ = false;       // under m_: a send's connection closed (see fail_and_tell)
 };
 
 }  // namespace detail

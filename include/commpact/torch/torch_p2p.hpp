@@ -57,13 +57,17 @@ class torch_state : public torch_failure {
     }
     unwatch(w);
     if (ok && !ex) return;
+    const bool late = clk::now() - t0 >= opt_.timeout;
+    const auto timed_out = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
+                               " (the peer did not send, or ranks called different operations)");
+    // This wait's own deadline passed: it replaces a closed-connection verdict of the send
+    // reaper, which the timeout itself may have caused (Gloo closes the pairs).
+    if (late) timed_out_over_closed(timed_out);
     if (failed()) raise_failed("commpact::TorchComm::", what);
     check_notice(what);
-    if (clk::now() - t0 >= opt_.timeout) {
-      const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
-                           " (the peer did not send, or ranks called different operations)");
-      fail_and_tell(why, true);
-      throw timeout_error(cat("commpact::TorchComm::", what, ": ", why,
+    if (late) {
+      fail_and_tell(timed_out, true);
+      throw timeout_error(cat("commpact::TorchComm::", what, ": ", timed_out,
                               "; raise torch_options::timeout if the ranks are just slow."));
     }
     if (settle_sends()) raise_failed("commpact::TorchComm::", what);
@@ -257,7 +261,8 @@ class torch_state : public torch_failure {
                         true);
         else
           fail_and_tell(cat("rank ", rank_, ": the connection closed while a message it sent was in flight: ",
-                            ex ? exception_text(ex) : std::string("the send was aborted")));
+                            ex ? exception_text(ex) : std::string("the send was aborted")),
+                        false, true);
       }
       g.lock();
       for (auto it = watched_.begin(); it != watched_.end(); ++it)
