@@ -144,8 +144,6 @@ void* torch_alloc(std::size_t bytes, void* stream, void*) {
 void torch_free(void* p, std::size_t, void*, void*) { c10::cuda::CUDACachingAllocator::raw_delete(p); }
 #endif
 
-// What every hook state keeps: its communicator over the group (CPU buckets) and, for
-// CUDA buckets, the CUDA side (made at the first CUDA bucket).
 // Where a CPU hook's step is in DDP's terms: the iteration (the state's count of buckets
 // with is_last()) and the bucket's index; -1: not a bucket (ModelAverager).
 struct ddp_where {
@@ -178,6 +176,8 @@ struct ddp_where {
   throw commpact::numeric_error(m);
 }
 
+// What every hook state keeps: its communicator over the group (CPU buckets) and, for
+// CUDA buckets, the CUDA side (made at the first CUDA bucket).
 struct HookBase {
   HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
       : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),
@@ -190,7 +190,9 @@ struct HookBase {
   c10::intrusive_ptr<c10d::Store> st;
   commpact::torch_options opt;
   Comm comm;
-  std::int64_t iteration = 0;  // DDP iterations whose last bucket went through a CPU hook (errors name it)
+  // DDP iterations this state has seen, counted at each is_last() bucket: PowerSGD's (PyTorch's
+  // state.iter; CPU and CUDA), the others' CPU buckets (a non-finite error names it).
+  std::int64_t iteration = 0;
 #if defined(COMMPACT_HOOKS_CUDA)
   commpact_hooks_cuda::params cuda_params;
   std::shared_ptr<commpact_hooks_cuda::state> cuda;
@@ -437,7 +439,7 @@ struct PowerSGDState : HookBase {
 #endif
   }
   int rank;
-  std::int64_t start_iter, iter = 0;
+  std::int64_t start_iter;
   double min_rate;
   py::object rng;
   commpact::Dense<Comm> dense;
@@ -473,7 +475,7 @@ struct PowerSGDState : HookBase {
   }
 
   void reduce(std::int64_t index, const commpact::tensor_layout& l, std::span<float> g, bool last) {
-    if (iter < start_iter) {
+    if (iteration < start_iter) {
       dense.reduce(g);
     } else {
       auto& e = buckets[index];
@@ -486,14 +488,14 @@ struct PowerSGDState : HookBase {
       }
       e.psgd->reduce(g);
     }
-    if (last) ++iter;
+    if (last) ++iteration;
   }
 #if defined(COMMPACT_HOOKS_CUDA)
   // The same steps in the CUDA space: dense before start_iter, then PowerSGD with
   // PyTorch's first Q.
   void reduce_cuda(commpact_hooks_cuda::state& cs, std::int64_t index, const commpact::tensor_layout& l,
                    const commpact_hooks_cuda::bucket& b, bool last) {
-    if (iter < start_iter) {
+    if (iteration < start_iter) {
       cs.reduce_dense(index, b);
     } else {
       if (cs.power_prepare(index, b, l)) {
@@ -503,7 +505,7 @@ struct PowerSGDState : HookBase {
       }
       cs.reduce(index, b, l, {});  // PowerSGD: compression starts after the rebuild
     }
-    if (last) ++iter;
+    if (last) ++iteration;
   }
 #endif
 };
@@ -526,7 +528,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
     hook_guard(st.comm, [&] {
       st.agree_hook();
       st.reduce(index, l, g, last);
-    }, {st.iter, index});
+    }, {st.iteration, index});
   }
   return completed_future(buf);
 }
@@ -719,7 +721,7 @@ namespace {
 //! A commpact message as a Python user reads it: the C++ option that bounds a wait on a
 //! peer is the state's `timeout=` argument here (in seconds).
 std::string python_advice(std::string msg) {
-  constexpr std::string_view cxx = "torch_options::timeout";  // "raise ..." or "Raise ..." in the advice
+  constexpr std::string_view cxx = "torch_options::timeout";  // detail::torch_timeout_advice names it
   constexpr std::string_view py = "the state's timeout= (seconds)";
   for (auto at = msg.find(cxx); at != std::string::npos; at = msg.find(cxx, at + py.size()))
     msg.replace(at, cxx.size(), py);
@@ -803,7 +805,7 @@ PYBIND11_MODULE(commpact_hooks, m) {
            "CUDA buckets: waits for the steps in flight and raises their error (call after the last backward)")
       .def("bytes_sent", &PowerSGDState::bytes_sent)
       .def("abort", &PowerSGDState::abort, py::arg("why"))
-      .def_readonly("iter", &PowerSGDState::iter);
+      .def_readonly("iter", &PowerSGDState::iteration);
   py::class_<EFSignState>(m, "EFSignState")
       .def(py::init(&make_efsign), py::arg("process_group") = py::none(), py::arg("momentum") = 0.f,
            py::arg("store") = py::none(), py::arg("timeout") = 300.0, py::arg("name") = "commpact_hooks/efsign")

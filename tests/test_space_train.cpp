@@ -293,10 +293,7 @@ TEST_CASE("DataParallel with a second compressor on another executor joins the t
         S::fence(e, no_deadline());
         dp.step(params.view(), grads.view(), 0.1, sgd);
       }
-      std::vector<float> x(n);
-      ops<S>::to_host(e, params.cview(), std::span<float>(x));
-      S::fence(e, no_deadline());
-      out[static_cast<std::size_t>(c.rank())] = x;
+      out[static_cast<std::size_t>(c.rank())] = copy_to_host<S>(e, params.cview());
     });
   };
   std::vector<std::vector<float>> host(2), deferred(2);

@@ -18,6 +18,7 @@
 #include <exception>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <type_traits>
 #include <utility>
@@ -51,6 +52,9 @@ at::ScalarType torch_dtype() {
   else if constexpr (std::is_same_v<T, std::int32_t>) return at::kInt;
   else return at::kLong;
 }
+
+//! The advice a timeout's message ends with (the hooks name their timeout= for the option).
+inline constexpr std::string_view torch_timeout_advice = "; raise torch_options::timeout if the ranks are just slow";
 
 inline at::Tensor torch_bytes(std::size_t n) {
   return at::empty({static_cast<std::int64_t>(n)}, at::TensorOptions().dtype(at::kByte));
@@ -100,19 +104,12 @@ class torch_failure {
   //! back late must not join collectives the others abandoned.
   void enter(const char* what) {
     if (failed()) {
-      std::string why;
-      bool own = false;
-      {
-        std::lock_guard<std::mutex> g(m_);
-        why = failure_;
-        own = own_timeout_;
-      }
-      if (own)
-        throw timeout_error(cat("commpact::TorchComm::", what, ": the communicator failed earlier (", why,
-                                "; raise torch_options::timeout if the ranks are just slow); no further operation "
-                                "runs on it. Build a new group."));
-      throw peer_failure(cat("commpact::TorchComm::", what, ": the communicator failed earlier (", why,
-                             "); no further operation runs on it. Build a new group."));
+      const auto [why, own] = verdict();
+      const auto msg = cat("commpact::TorchComm::", what, ": the communicator failed earlier (", why,
+                           own ? torch_timeout_advice : std::string_view(),
+                           "); no further operation runs on it. Build a new group.");
+      if (own) throw timeout_error(msg);
+      throw peer_failure(msg);
     }
     const auto now = std::chrono::steady_clock::now().time_since_epoch().count();
     const auto poll = std::chrono::duration_cast<std::chrono::steady_clock::duration>(opt_.poll).count();
@@ -160,15 +157,15 @@ class torch_failure {
   //! reaper), peer_failure otherwise. Every wait of a rank whose deadline passed says so,
   //! whichever of its waits noticed first.
   [[noreturn]] void raise_failed(std::string_view who, const char* what) const {
-    std::string why;
-    bool own = false;
-    {
-      std::lock_guard<std::mutex> g(m_);
-      why = failure_;
-      own = own_timeout_;
-    }
-    if (own) throw timeout_error(cat(who, what, ": ", why, "; raise torch_options::timeout if the ranks are just slow."));
+    const auto [why, own] = verdict();
+    if (own) throw timeout_error(cat(who, what, ": ", why, torch_timeout_advice, "."));
     throw peer_failure(cat(who, what, ": rank ", rank_, " gave up waiting: ", why));
+  }
+
+  //! The failure recorded so far, and whether it is this rank's own deadline.
+  std::pair<std::string, bool> verdict() const {
+    std::lock_guard<std::mutex> g(m_);
+    return {failure_, own_timeout_};
   }
 
   //! Raises peer_failure when another rank left a notice.
@@ -229,8 +226,7 @@ class torch_failure {
         const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(), " ms in ", what,
                              " (a rank did not join, or ranks called different operations)");
         fail_and_tell(why, true);
-        throw timeout_error(cat("commpact::TorchComm::", what, ": ", why,
-                                "; raise torch_options::timeout if the ranks are just slow."));
+        throw timeout_error(cat("commpact::TorchComm::", what, ": ", why, torch_timeout_advice, "."));
       }
       std::this_thread::sleep_for(std::chrono::microseconds(spins < 2000 ? 20 : 200));
     }

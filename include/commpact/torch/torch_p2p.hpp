@@ -67,8 +67,7 @@ class torch_state : public torch_failure {
     check_notice(what);
     if (late) {
       fail_and_tell(timed_out, true);
-      throw timeout_error(cat("commpact::TorchComm::", what, ": ", timed_out,
-                              "; raise torch_options::timeout if the ranks are just slow."));
+      throw timeout_error(cat("commpact::TorchComm::", what, ": ", timed_out, torch_timeout_advice, "."));
     }
     if (settle_sends()) raise_failed("commpact::TorchComm::", what);
     const auto why = cat("rank ", rank_, ": the process group failed in ", what, ": ",
@@ -169,7 +168,7 @@ class torch_state : public torch_failure {
       const auto why = cat("rank ", rank_, " timed out after ", opt_.timeout.count(),
                            " ms in flush: a peer did not receive a message sent to it");
       fail_and_tell(why, true);
-      throw timeout_error(cat("commpact::TorchComm::flush: ", why, "; raise torch_options::timeout if the ranks are just slow."));
+      throw timeout_error(cat("commpact::TorchComm::flush: ", why, torch_timeout_advice, "."));
     }
   }
 
