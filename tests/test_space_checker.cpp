@@ -298,6 +298,71 @@ TEST_CASE("checker: a from_host source that changes before the fence raises ther
   }
 }
 
+TEST_CASE("checker: a to_host into pinned memory that a queued from_host reads is ordered after it",
+          "[space][checker]") {
+  // Legal on one GPU stream: the first copy reads the staging memory before the second
+  // lands there. The second copy still poisons it at once.
+  auto e = deferred_space::make_exec();
+  deferred_space::pinned<float> h;
+  h.resize(4);
+  for (std::size_t i = 0; i < 4; ++i) h.view()[i] = static_cast<float>(i + 1);
+  deferred_space::buffer<float> d;
+  d.resize(4);
+  auto b = filled(e, 4, 6.0f);
+  ops_d::from_host(e, std::span<const float>(h.view()), d.view());
+  SECTION("the first copy reads what the memory held, the second lands after it") {
+    ops_d::to_host(e, b.cview(), h.view());
+    CHECK(std::isnan(h.view()[0]));  // poisoned until the fence
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, d.cview()) == std::vector<float>{1, 2, 3, 4});
+    CHECK(std::vector<float>(h.view().begin(), h.view().end()) == std::vector<float>(4, 6.0f));
+  }
+  SECTION("two later copies, one over part of it: no false alarm") {
+    auto c = filled(e, 2, 9.0f);
+    ops_d::to_host(e, c.cview(), h.view().subspan(1, 2));
+    ops_d::to_host(e, b.cview(), h.view());
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, d.cview()) == std::vector<float>{1, 2, 3, 4});
+    CHECK(std::vector<float>(h.view().begin(), h.view().end()) == std::vector<float>(4, 6.0f));
+  }
+  SECTION("the host changed the source before the later copy was queued: raises at that call") {
+    h.view()[1] = 20;  // on a GPU the first copy could read 2 or 20
+    CHECK_THROWS_WITH(ops_d::to_host(e, b.cview(), h.view()), Catch::Contains("changed the source of a queued from_host"));
+    CHECK_THROWS_AS(deferred_space::fence(e, no_deadline()), usage_error);
+  }
+  SECTION("the host changed bytes the later copy does not cover: raises at the fence") {
+    ops_d::to_host(e, b.cview().first(2), h.view().first(2));
+    h.view()[3] = 40;
+    CHECK_THROWS_WITH(deferred_space::fence(e, no_deadline()), Catch::Contains("changed between the call and the fence"));
+  }
+  SECTION("the host wrote what the later copy lands in: that copy raises at the fence") {
+    ops_d::to_host(e, b.cview(), h.view());
+    h.view()[0] = 1;
+    CHECK_THROWS_WITH(deferred_space::fence(e, no_deadline()), Catch::Contains("the host wrote the pinned memory"));
+  }
+}
+
+TEST_CASE("checker: a to_host into host memory that a queued from_host reads is ordered after it (not pinned)",
+          "[space][checker]") {
+  auto e = deferred_space::make_exec();
+  std::vector<float> h{1, 2, 3, 4};
+  deferred_space::buffer<float> d;
+  d.resize(4);
+  auto b = filled(e, 4, 6.0f);
+  ops_d::from_host(e, std::span<const float>(h), d.view());
+  SECTION("in order") {
+    ops_d::to_host(e, b.cview(), std::span<float>(h));
+    deferred_space::fence(e, no_deadline());
+    CHECK(host_copy(e, d.cview()) == std::vector<float>{1, 2, 3, 4});
+    CHECK(h == std::vector<float>(4, 6.0f));
+  }
+  SECTION("the host changed the source first: raises at the later copy's call") {
+    h[0] = 10;
+    CHECK_THROWS_AS(ops_d::to_host(e, b.cview(), std::span<float>(h)), usage_error);
+    CHECK_THROWS_AS(deferred_space::fence(e, no_deadline()), usage_error);
+  }
+}
+
 TEST_CASE("checker: a status word cleared for a new step reads 'not fenced' until that step's fetch is fenced",
           "[space][checker]") {
   auto e = deferred_space::make_exec();

@@ -59,10 +59,12 @@ using deferred_queue = detail::deferred_check::queue_state;
 //!   Only the bytes an operation touches count: work on disjoint parts of one buffer
 //!   needs no join;
 //! - growing a buffer past its capacity while queued work uses it raises, as does growing
-//!   it within its capacity over elements queued work uses, or assigning over it; destroying it then makes the executor's next fence raise
+//!   it within its capacity over elements queued work uses, or assigning over it;
+//!   destroying it then makes the executor's next fence raise
 //!   (and drops the work unrun). Pinned host memory (`pinned<T>`) is watched alike;
 //! - a host source of from_host that changes between the call and the copy's run raises
-//!   at the fence (on a GPU the copy could read either);
+//!   at the fence (on a GPU the copy could read either); a to_host queued later into the
+//!   same memory is ordered after it, as on one stream;
 //! - the fence takes a deadline (timeout_error) and raises a queued operation's error.
 struct deferred_space {
   static constexpr const char* name = "deferred_space";

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <deque>
 #include <functional>
 #include <map>
@@ -28,6 +29,19 @@ namespace commpact {
 namespace detail::deferred_check {
 
 struct queue_state;
+
+//! A from_host copy's source as it was when the copy was queued. When the source is
+//! pinned memory and a to_host queued after the copy lands in the same bytes, that later
+//! copy poisons them at once (a host read before its fence must see poison), while stream
+//! order makes the earlier copy read them first: it reads the bytes recorded here, and
+//! `overlaid` lists the ranges a later to_host poisoned (that copy checks them at its own
+//! fence). Guarded by reg().m once registered.
+struct host_source {
+  const std::byte* lo = nullptr;
+  const std::byte* hi = nullptr;
+  const std::byte* as_queued = nullptr;  // hi - lo bytes, owned by the copy
+  std::vector<std::pair<const std::byte*, const std::byte*>> overlaid;
+};
 
 //! One queued item's use of bytes [lo, hi) of a buffer's storage, until the item runs or
 //! is dropped.
@@ -50,13 +64,16 @@ struct record {
   const char* kind = "deferred_buffer";  // or "pinned host buffer" (deferred_space::pinned)
   const char* type = "";
   std::vector<access> pending;
+  std::vector<std::weak_ptr<host_source>> sources;  // queued from_host copies from this storage
   std::shared_ptr<void> orphan;  // the storage, once its buffer died with work queued
 };
 
-//! Every live buffer's storage by its first byte (all ranks' threads share it).
+//! Every live buffer's storage by its first byte (all ranks' threads share it), and the
+//! queued from_host sources in host memory no buffer owns.
 struct registry {
   std::mutex m;
   std::map<const std::byte*, std::shared_ptr<record>> by_lo;
+  std::vector<std::weak_ptr<host_source>> loose;
 };
 inline registry& reg() {
   static registry r;
@@ -247,6 +264,81 @@ inline bool written_by_queued_work(const void* p, std::size_t bytes) {
   for (const auto& a : r->pending)
     if (a.write && a.overlaps(lo, lo + bytes)) return true;
   return false;
+}
+
+//! Whether bytes [lo, hi) of `now` equal those of `then` (both laid over [base, ...)),
+//! ignoring the ranges in `skip`.
+inline bool same_outside(const std::byte* base, const std::byte* now, const std::byte* then, const std::byte* lo,
+                         const std::byte* hi,
+                         const std::vector<std::pair<const std::byte*, const std::byte*>>& skip) {
+  if (skip.empty()) return std::memcmp(now + (lo - base), then + (lo - base), static_cast<std::size_t>(hi - lo)) == 0;
+  std::vector<char> skipped(static_cast<std::size_t>(hi - lo), 0);
+  for (const auto& [a, b] : skip)
+    for (const auto* x = std::max(a, lo); x < std::min(b, hi); ++x) skipped[static_cast<std::size_t>(x - lo)] = 1;
+  for (const auto* x = lo; x < hi; ++x) {
+    const auto i = static_cast<std::size_t>(x - base);
+    if (!skipped[static_cast<std::size_t>(x - lo)] && now[i] != then[i]) return false;
+  }
+  return true;
+}
+
+//! The list of queued from_host sources that [p, p + bytes) would be found in: its
+//! storage's, or the registry's list for memory no buffer owns. Caller holds reg().m.
+inline std::vector<std::weak_ptr<host_source>>& sources_locked(const void* p, std::size_t bytes) {
+  if (auto r = find_locked(p, bytes)) return r->sources;
+  return reg().loose;
+}
+
+//! Registers a queued from_host copy's source, so that a to_host queued later into the
+//! same memory finds it (sources_under).
+inline void register_source(const std::shared_ptr<host_source>& s) {
+  std::lock_guard lk(reg().m);
+  auto& list = sources_locked(s->lo, static_cast<std::size_t>(s->hi - s->lo));
+  std::erase_if(list, [](const auto& w) { return w.expired(); });
+  list.push_back(s);
+}
+
+//! Whether the source still holds, outside the ranges later copies overlaid, what it held
+//! when its copy was queued.
+inline bool source_unchanged(const host_source& s) {
+  std::lock_guard lk(reg().m);
+  return same_outside(s.lo, s.lo, s.as_queued, s.lo, s.hi, s.overlaid);
+}
+
+//! The queued from_host sources that a to_host into [p, p + bytes) overlays. Raises
+//! usage_error when the host changed one of them since its copy was queued (the later
+//! copy's poison would hide that write; on a GPU the earlier copy could read either).
+inline std::vector<std::shared_ptr<host_source>> sources_under(const void* p, std::size_t bytes) {
+  std::vector<std::shared_ptr<host_source>> out;
+  if (p == nullptr || bytes == 0) return out;
+  std::lock_guard lk(reg().m);
+  const auto* lo = static_cast<const std::byte*>(p);
+  const auto* hi = lo + bytes;
+  for (const auto& w : sources_locked(p, bytes)) {
+    auto s = w.lock();
+    if (!s || !(s->lo < hi && lo < s->hi)) continue;
+    if (!same_outside(s->lo, s->lo, s->as_queued, std::max(lo, s->lo), std::min(hi, s->hi), s->overlaid))
+      throw usage_error(cat("commpact::deferred_space: the host changed the source of a queued from_host copy (",
+                            static_cast<std::size_t>(s->hi - s->lo), " bytes at ", static_cast<const void*>(s->lo),
+                            ") before a to_host into the same memory was queued: on a GPU the first copy "
+                            "could read either value. Keep a from_host source unchanged until the fence that "
+                            "runs the copy."));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+//! Records that a to_host queued into [p, p + bytes) overlays those bytes of `under`,
+//! and runs poison() (the copy's poisoning) under the same lock, so that a source's
+//! check on another thread sees both or neither.
+template <class Poison>
+void overlay(const std::vector<std::shared_ptr<host_source>>& under, const void* p, std::size_t bytes,
+             Poison&& poison) {
+  if (under.empty()) return poison();
+  std::lock_guard lk(reg().m);
+  const auto* lo = static_cast<const std::byte*>(p);
+  for (const auto& s : under) s->overlaid.emplace_back(std::max(lo, s->lo), std::min(lo + bytes, s->hi));
+  poison();
 }
 
 template <class T>

@@ -157,10 +157,13 @@ struct ops<deferred_space> {
   //! pinned memory (deferred_space::pinned) that no earlier queued work writes, a host
   //! write to it before the copy runs raises usage_error at the fence (on a GPU the copy
   //! would overwrite it, or not, depending on timing).
+  //! A from_host copy from the same memory queued before this one (and not yet fenced)
+  //! reads what the memory held when it was queued, as stream order gives on a GPU.
   template <class Src, class T>
   static void to_host(const exec& e, Src src, std::span<T> host) {
     const bool watch = !host.empty() && detail::deferred_check::watched(host.data(), host.size_bytes()) &&
                        !detail::deferred_check::written_by_queued_work(host.data(), host.size_bytes());
+    const auto under = detail::deferred_check::sources_under(host.data(), host.size_bytes());
     deferred_row(
         e,
         [watch](auto s, auto h) {
@@ -173,29 +176,42 @@ struct ops<deferred_space> {
           H::to_host({}, s, h);
         },
         src, host);
-    detail::deferred::poison_host(host);
+    detail::deferred_check::overlay(under, host.data(), host.size_bytes(),
+                                    [&] { detail::deferred::poison_host(host); });
   }
   //! Queued like every row; the host side is read when the copy runs (kernels/ops.hpp),
   //! so the host must not change it before the fence: a source that changed in between
   //! raises usage_error there (on a GPU the copy could read either value). A source that
   //! queued work writes (pinned memory a copy lands in first) is ordered by the checker's
-  //! rules instead.
+  //! rules instead. A to_host queued later into the same memory is no change: the copy
+  //! reads what the source held when it was queued (stream order).
   template <class U, class T>
   static void from_host(const exec& e, std::span<U> host, deferred_span<T> dst) {
-    std::shared_ptr<std::vector<std::byte>> as_queued;
-    if (!detail::deferred_check::written_by_queued_work(host.data(), host.size_bytes()))
-      as_queued = std::make_shared<std::vector<std::byte>>(std::as_bytes(host).begin(), std::as_bytes(host).end());
+    using V = std::remove_cv_t<U>;
+    struct source : detail::deferred_check::host_source {
+      std::vector<V> v;
+    };
+    std::shared_ptr<source> as_queued;
+    if (!host.empty() && !detail::deferred_check::written_by_queued_work(host.data(), host.size_bytes())) {
+      as_queued = std::make_shared<source>();
+      as_queued->v.assign(host.begin(), host.end());
+      as_queued->lo = reinterpret_cast<const std::byte*>(host.data());
+      as_queued->hi = as_queued->lo + host.size_bytes();
+      as_queued->as_queued = reinterpret_cast<const std::byte*>(as_queued->v.data());
+      detail::deferred_check::register_source(as_queued);
+    }
     deferred_row(
         e,
         [as_queued](std::span<U> h, std::span<T> d) {
-          if (as_queued && !h.empty() && std::memcmp(h.data(), as_queued->data(), h.size_bytes()) != 0)
+          if (!as_queued) return H::from_host({}, h, d);
+          if (!detail::deferred_check::source_unchanged(*as_queued))
             throw usage_error(detail::cat(
                 "commpact::deferred_space: the host source of a from_host copy (", h.size_bytes(), " bytes at ",
                 static_cast<const void*>(h.data()), ") changed between the call and the fence that ran the copy: "
                 "the host wrote it, or a to_host queued before it lands there (host memory is read and written "
                 "when the work runs, kernels/ops.hpp; fence first, or copy through pinned memory). Keep it "
                 "unchanged (and alive) until that fence (on a GPU the copy could read either value)."));
-          H::from_host({}, h, d);
+          H::from_host({}, std::span<const V>(as_queued->v), d);
         },
         host, dst);
   }
