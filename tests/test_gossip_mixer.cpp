@@ -264,6 +264,14 @@ TEST_CASE("gossip: a buffer of another length on one rank: it raises invalid_arg
       P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_length_mismatch(comm); }, quick));
 }
 
+TEST_CASE("gossip: one rank restored alone from an older state: every rank raises mismatch_error, nothing changes",
+          "[gossip][errors]") {
+  const int P = GENERATE(2, 3, 4);
+  CAPTURE(P);
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P, [&](commpact_test::checked_thread_comm& comm) { commpact_test::check_gossip_restored_alone(comm); }, quick));
+}
+
 TEST_CASE("gossip: ranks that build different mixers all raise mismatch_error", "[gossip][errors]") {
   const int P = GENERATE(2, 4);
   CAPTURE(P);

@@ -168,6 +168,15 @@ TEST_CASE("GossipMixer over a space: a malformed message raises wire_error on it
         } else {
           s.expect(mixed && what.empty() && !same_bits(x, now), "the other ranks mix: " + what);
         }
+        // The receiver did not count its round: at the next one every rank raises.
+        std::string next;
+        try {
+          d.mix(xd.view());
+        } catch (const mismatch_error& e) {
+          next = e.what();
+        }
+        s.expect(next.find("different rounds (from 0 to 1") != std::string::npos, "the next round: " + next);
+        s.expect(same_bits(now, host_copy(dc.exec(), xd.cview())), "the next round changed the model");
       },
       quick);
   for (int r = 0; r < P; ++r) {
@@ -191,6 +200,7 @@ TEST_CASE("gossip checks over DeferredComm<CheckedComm<ThreadComm>>: average, co
         commpact_test::check_gossip_topology_size(comm);
         commpact_test::check_gossip_mixer_mismatch(comm);
         commpact_test::check_gossip_length_mismatch(comm);
+        commpact_test::check_gossip_restored_alone(comm);
       },
       quick));
 }

@@ -25,5 +25,5 @@ set output 'scaling_model.png'
 set logscale xy
 set xlabel 'measured communication ms'
 set ylabel 'model ms'
-set title 'alpha-beta model against every measured point'
-plot 'scaling_model.dat' using 1:2 pt 7 title 'runs', x title 'exact', 1.25*x dt 2 title '+25%', 0.8*x dt 2 title '-20%'
+set title 'models against every measured point'
+plot 'scaling_model.dat' using 1:2 pt 7 title 'alpha-beta', '' using 1:3 pt 5 title 'host-aware', x title 'exact', 1.25*x dt 2 title '+25%', 0.75*x dt 2 title '-25%'

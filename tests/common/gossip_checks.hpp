@@ -362,6 +362,55 @@ void check_gossip_length_mismatch(Comm& comm) {
   settle(comm, v, "check_gossip_length_mismatch");
 }
 
+//! The last rank loads, alone, the state it saved two rounds earlier (D-PSGD, PowerGossip,
+//! CHOCO top-k; two, so that PowerGossip's phase, and its message sizes, agree): at the
+//! next round every rank raises mismatch_error naming the round counts, and nothing
+//! changed (models, counters). Then every rank loads its state of that round and mixes
+//! twice: the models equal, bit for bit, those the first run reached. Needs P >= 2.
+template <class Comm>
+void check_gossip_restored_alone(Comm& comm) {
+  using namespace commpact;
+  const int P = comm.size();
+  if (P < 2) return;
+  verdict v;
+  const bool odd = comm.rank() == P - 1;
+  auto run = [&]<class Mode>(Mode mode, const char* name) {
+    GossipMixer<Ring, Mode, Comm> a{comm, Ring(P), kGossipLayout, mode};
+    auto x = rank_model(comm.rank(), 13);
+    mix_host(a, comm, x);
+    std::vector<std::byte> at1;
+    a.save_state(at1);
+    const auto x1 = x;
+    mix_host(a, comm, x);
+    mix_host(a, comm, x);
+    const auto x3 = x;
+    if (odd) a.load_state(at1);  // round 1 here, round 3 on the others
+    const auto x_before = odd ? x1 : x3;
+    x = x_before;
+    const gossip_stats st = a.stats();
+    std::string what;
+    const int got = throws_as<mismatch_error>([&] { mix_host(a, comm, x); }, &what);
+    v.expect(got == 1, name, ": expected mismatch_error, got ", got, ": ", what);
+    v.expect(what.find("different rounds (from 1 to 3") != std::string::npos &&
+                 what.find("at " + std::to_string(odd ? 1 : 3) + ")") != std::string::npos,
+             name, ": message: ", what);
+    v.expect(x == x_before, name, ": the failed round changed the model");
+    v.expect(a.stats().steps == st.steps && a.stats().bytes_sent == st.bytes_sent, name,
+             ": the failed round counted");
+    a.load_state(at1);  // every rank back at round 1
+    x = x1;
+    mix_host(a, comm, x);
+    mix_host(a, comm, x);
+    v.expect(std::memcmp(x.data(), x3.data(), x.size() * sizeof(float)) == 0, name,
+             ": restored on every rank, the rounds differ from the first run's");
+    v.expect(a.stats().steps == 3, name, ": steps ", a.stats().steps, " after the restored rounds");
+  };
+  run(exact_mixing{}, "D-PSGD");
+  run(power_gossip<1>{}, "PowerGossip");
+  run(choco_gossip<topk_codec>{topk_codec{0.1}, 0.3}, "CHOCO top-k");
+  settle(comm, v, "check_gossip_restored_alone");
+}
+
 //! The same layout and topology, but the last rank built with another parameter or
 //! option (PowerGossip's seed or gamma, CHOCO's gamma or its codec's k, the gossip
 //! options): every rank raises mismatch_error at the first mix, none waits (a pair that

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 // For tests/cuda/test_cuda_rows_cast_vote.cu (namespace rows_test): GossipMixer's
-// rows (gossip_check, gossip_pack, gossip_mix, choco_update) and TreeMerge's tree_begin
+// rows (gossip_check, gossip_agree_begin/end, gossip_pack, gossip_mix, choco_update) and TreeMerge's tree_begin
 // against ops<host_space>, on fresh random inputs with poisoned outputs.
 
 #include <cstddef>
@@ -18,6 +18,26 @@
 namespace rows_test {
 
 inline void check_gossip_rows(std::mt19937_64& rng) {
+  // gossip_agree_begin / gossip_agree_end: the agreement's words, on the flag and round
+  // cases (the allreduce between them is stood in for by the words as written).
+  for (std::int64_t flag : {0, 1, 3})
+    for (std::int64_t round : {std::int64_t{0}, std::int64_t{5}, (std::int64_t{1} << 62)}) {
+      std::vector<std::int64_t> hw{flag, 17, 0, -9, -9, -9};
+      cp::cuda_buffer<std::int64_t> dw;
+      upload(dw, hw);
+      H::gossip_agree_begin({}, round, std::span<std::int64_t>(hw));
+      D::gossip_agree_begin(E, round, dw.view());
+      EXPECT(download(dw) == hw, "gossip_agree_begin flag=%d: words differ", int(flag));
+      for (std::int64_t other : {round, round - 1}) {  // max(-round) from a rank at `other`
+        auto h2 = hw;
+        h2[5] = -other;
+        upload(dw, h2);
+        H::gossip_agree_end({}, std::span<std::int64_t>(h2));
+        D::gossip_agree_end(E, dw.view());
+        EXPECT(download(dw) == h2 && (h2[0] == 4) == (other != round), "gossip_agree_end flag=%d: words differ",
+               int(flag));
+      }
+    }
   std::normal_distribution<float> d;
   std::uniform_real_distribution<double> wd(0.05, 0.5);
   for (std::size_t n : {1u, 33u, 70001u})

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // ops<cuda_space>'s rows of CastAllreduce (cast_encode, cast_add, cast_decode_mean),
 // LinearCompressor (linear_encode/decode/feedback over random-k), MajorityVote
-// (signum_update, sign_vote), GossipMixer (gossip_check, gossip_pack, gossip_mix,
+// (signum_update, sign_vote), GossipMixer (gossip_check, gossip_agree_begin/end, gossip_pack, gossip_mix,
 // choco_update) and TreeMerge (tree_begin) against ops<host_space>, row by row, on fresh
 // random inputs with poisoned outputs: bits and status words. Adversarial inputs: +-0,
 // float and half denormals, values that saturate or overflow to Inf in the 16-bit add,

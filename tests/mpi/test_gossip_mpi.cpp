@@ -47,6 +47,7 @@ TEST_CASE("MPI: gossip bad input raises on every rank and leaves the communicato
     check_gossip_topology_size(comm);
     check_gossip_mixer_mismatch(comm);
     check_gossip_length_mismatch(comm);
+    check_gossip_restored_alone(comm);
     check_average_preserved<Ring>(comm, exact_mixing{}, "D-PSGD ring after the errors");
   }));
 }
@@ -70,6 +71,7 @@ TEST_CASE("MPI: gossip checks over DeferredComm<MpiComm>: average, contraction, 
     check_gossip_topology_size(dc);
     check_gossip_mixer_mismatch(dc);
     check_gossip_length_mismatch(dc);
+    check_gossip_restored_alone(dc);
   }));
 }
 

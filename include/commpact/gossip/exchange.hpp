@@ -48,10 +48,12 @@ struct gossip_stats {
 //! Options every gossip algorithm takes.
 struct gossip_options {
   //! A model holding NaN or Inf on any rank: raise numeric_error on every rank (default)
-  //! or skip the round on every rank (models unchanged). Detected with one 8-byte
-  //! allreduce per round.
+  //! or skip the round on every rank (models unchanged). Detected with one 24-byte
+  //! allreduce per round, which also raises mismatch_error on every rank when the ranks'
+  //! round counts differ (a rank restored alone from an older state).
   nonfinite on_nonfinite = nonfinite::raise;
-  //! false: no check and no allreduce; a NaN then spreads to the neighbours' models.
+  //! false: no check and no allreduce; a NaN then spreads to the neighbours' models, and
+  //! ranks at different rounds are not detected.
   bool check_finite = true;
 };
 
@@ -116,7 +118,7 @@ class neighbor_exchange {
     const auto e = exec();
     msg_bytes_ = msg_bytes;
     flag_ = 0;
-    words_.resize(host::gossip::status_words, e);
+    words_.resize(host::gossip::status_words + host::gossip::agreement_words, e);
     send_dev_.resize(own_message ? msg_bytes : 0, e);
     recv_dev_.resize(msg_bytes * nb_.size(), e);
     if (w_dev_.size() != nb_.size()) {
@@ -129,12 +131,19 @@ class neighbor_exchange {
   //! agree_flag() writes it into words[0] just before the allreduce, after the round's
   //! own checks (an algorithm's gossip_check rewrites words[0]).
   void flag_round(std::int64_t flag) { flag_ = flag; }
-  //! Queues the agreement on the round's flag: one 8-byte allreduce (max), unless
-  //! check_finite is off.
+  //! Queues the agreement on the round's flag and on the round count (stats().steps, the
+  //! rounds completed): one 24-byte allreduce (max) of {flag, round, -round}, unless
+  //! check_finite is off. Ranks whose counts differ read flag_rounds (finish_round).
   void agree_flag(const gossip_options& opt) {
-    if (flag_ != 0) K::fill(exec(), words_.view().first(1), flag_);  // begin_round clears flag_
-    if (opt.check_finite) comm_.allreduce(words_.view().first(1), reduce_op::max);
+    const auto e = exec();
+    if (flag_ != 0) K::fill(e, words_.view().first(1), flag_);  // begin_round clears flag_
+    if (!opt.check_finite) return;
+    constexpr auto s = host::gossip::status_words, a = host::gossip::agreement_words;
+    K::gossip_agree_begin(e, static_cast<std::int64_t>(stats_.steps), words_.view());
+    comm_.allreduce(words_.view().subspan(s, a), reduce_op::max);
+    K::gossip_agree_end(e, words_.view());
   }
+  //! The round's status words (host::gossip::status_words, then the agreement's).
   span<std::int64_t> words() { return words_.view(); }
   span<const double> weights() const { return w_dev_.cview(); }
   //! The send buffer (sized by begin_round when own_message) and this round's message size.
@@ -181,15 +190,16 @@ class neighbor_exchange {
   //! on its receiver (nothing changed). Returns the agreed flag (host::gossip): 0 mixed,
   //! flag_nonfinite a non-finite model (nonfinite_round), flag_short a codec's short
   //! message (the algorithm raises), flag_length a buffer of another length on some rank
-  //! (GossipMixer::mix raises).
+  //! (GossipMixer::mix raises), flag_rounds ranks at different round counts (agreed_rounds;
+  //! GossipMixer::mix raises).
   //! `why` is read after the fence (the decode kernel writes it).
   std::int64_t finish_round(const gossip_stats& before, const std::string& why) {
     const auto e = exec();
-    words_host_.resize(host::gossip::status_words);
+    words_host_.resize(host::gossip::status_words + host::gossip::agreement_words);
     K::to_host(e, words_.cview(), words_host_.view());
     comm_fence(comm_);
     const auto w = std::span<const std::int64_t>(words_host_.view());
-    // The flag is 0 to 3; a copy read before its fence holds all-ones bytes (-1).
+    // The flag is 0 to 4; a copy read before its fence holds all-ones bytes (-1).
     require_fenced(static_cast<std::uint32_t>(w[0] >> 32), "GossipMixer::mix");
     if (w[0] == 0 && w[2] == 0) return 0;
     stats_ = before;
@@ -198,6 +208,12 @@ class neighbor_exchange {
                                    nb_[static_cast<std::size_t>(w[2] - 1)], ": ", why,
                                    " The round changed nothing on this rank."));
     return w[0];
+  }
+  //! The highest and lowest round count of the ranks at the last finish_round that
+  //! returned flag_rounds.
+  std::pair<std::int64_t, std::int64_t> agreed_rounds() const {
+    const auto w = std::span<const std::int64_t>(words_host_.view());
+    return {w[host::gossip::status_words + 1], -w[host::gossip::status_words + 2]};
   }
   //! This rank's first non-finite index at the last finish_round (n when none).
   std::size_t bad_index() const { return static_cast<std::size_t>(std::span<const std::int64_t>(words_host_.view())[1]); }

@@ -3,8 +3,9 @@
 //! \file gossip_mixer.hpp
 //! GossipMixer<Topology, Codec, Comm>: decentralised training. Each rank keeps its own
 //! model and, once per round, mixes it with its neighbours' in a Topology over a
-//! point-to-point communicator. No allreduce on the hot path (one 8-byte allreduce per
-//! round checks that every model is finite; gossip_options::check_finite turns it off).
+//! point-to-point communicator. No allreduce on the hot path (one 24-byte allreduce per
+//! round checks that every model is finite and that the ranks are at the same round;
+//! gossip_options::check_finite turns it off).
 //!
 //! The second parameter says what crosses an edge; one class per algorithm
 //! (gossip/dpsgd.hpp, power_gossip.hpp, choco.hpp) shares the neighbour exchange
@@ -32,12 +33,12 @@
 //! the mixing matrix is symmetric and doubly stochastic and each PowerGossip edge applies
 //! opposite updates at its two ends. mix() is collective over the ranks of the topology;
 //! the first call checks with one small allreduce that every rank built the same mixer.
-//! A round that raises (a malformed message, a non-finite model) leaves the model and
-//! the mixer's state as they were.
+//! A round that raises (a malformed message, a non-finite model, ranks at different
+//! round counts) leaves the model and the mixer's state as they were.
 //!
 //! Space (v3): every algorithm runs in the communicator's space (comm_space_t<Comm>;
 //! `mix` takes its span, a deferred_span<float> over DeferredComm<C>): the round is
-//! queued (non-finite check, CHOCO's encode or PowerGossip's projections, the 8-byte
+//! queued (non-finite check, CHOCO's encode or PowerGossip's projections, the 24-byte
 //! agreement, the known-size exchange, decode, mix; kernels/host/gossip.hpp,
 //! kernels/host/choco.hpp, kernels/host/power_gossip.hpp) and fenced once, with the
 //! same bits as over a host communicator. `start(x)` + `finish()` are mix() in two
@@ -216,6 +217,14 @@ class GossipMixer {
                                        "; every rank raises at this round (that rank invalid_argument, naming its "
                                        "length) and nothing changed. Pass the whole flat parameter buffer on every "
                                        "rank."));
+    if (flag == host::gossip::flag_rounds) {
+      const auto [hi, lo] = ex_.agreed_rounds();
+      throw mismatch_error(detail::cat(
+          "commpact::GossipMixer::mix: the ranks are at different rounds (from ", lo, " to ", hi, "; this rank, ",
+          ex_.rank(), ", at ", st.steps, "): a rank restored alone from an older state, or one rank mixed a round "
+          "the others did not (a rank that raised wire_error did not count its round). Every rank raises at this "
+          "round and nothing changed; load every rank's state saved at the same round (save_state/load_state)."));
+    }
     if (flag == host::gossip::flag_short) algo_.raise_short();
     if (flag == host::gossip::flag_nonfinite) {
       std::size_t none = n_;  // the index of "none on this rank" in the checked values

@@ -35,6 +35,7 @@
 //! | `gaussian(e, v, seed)` | v = host::fill_gaussian(seed): Box-Muller over splitmix64, in double (PowerCompressor) |
 //! | `redraw_zero_columns(e, q, rows, cols, seed, t, step)` | every column j of column-major q that is exactly zero = gaussian(mix_seed(seed, t, step, j + 1)) (PowerCompressor) |
 //! | `gossip_check(e, x, on, words)` | GossipMixer: words = {1 when on and x holds a NaN/Inf else 0, x's first non-finite index (n when none), 0} (kernels/host/gossip.hpp) |
+//! | `gossip_agree_begin(e, round, words)`, `gossip_agree_end(e, words)` | GossipMixer's agreement (6 words): words[3..5] = {words[0], round, -round} before the allreduce (max) of words[3..5]; after it words[0] = 4 (flag_rounds) when words[4] + words[5] != 0, else words[3] |
 //! | `gossip_pack(e, x, msg)` | GossipMixer: msg = the 4n bytes of x |
 //! | `gossip_mix(e, x, recv, w, w_self, acc, words)` | GossipMixer (D-PSGD): when words[0] = words[2] = 0, x = float(w_self x + sum_k w[k] x_k) in double (acc), x_k the k-th 4n bytes of recv, k ascending |
 //! | `choco_update(e, x, hat, q, hat_nb, q_nb, w, gamma, acc, words)` | GossipMixer (CHOCO): when words[0] = words[2] = 0, hat += q, hat_nb += q_nb, then x = float(x + gamma sum_k w[k] (hat_nb[k] - hat)) in double |

@@ -294,11 +294,12 @@ inline step_cost powersgd(int P, std::span<const shape> layout, int r, double mi
   return c;
 }
 
-//! GossipMixer's per-round agreement that every model is finite: one allreduce of one
-//! int64 (gossip_options::check_finite, on by default). Add it to dpsgd() and
+//! GossipMixer's per-round agreement that every model is finite and that the ranks are at
+//! the same round: one allreduce of three int64 (gossip_options::check_finite, on by
+//! default). Add it to dpsgd() and
 //! power_gossip() for a mixer with the default options.
 inline step_cost gossip_check(int P, allreduce_algorithm algo = allreduce_algorithm::openmpi) {
-  return allreduce(P, 1, 8, algo);
+  return allreduce(P, 3, 8, algo);
 }
 
 namespace detail {

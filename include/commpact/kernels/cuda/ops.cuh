@@ -34,7 +34,7 @@
 //! | linear_encode, linear_decode, linear_feedback (randomk_codec only) | indices drawn on the host, copied to the executor's scratch; gather; mean + zero + scatter; zero_delivered | bits; other LinearCodecs: static_assert |
 //! | signum_update, sign_vote | signum_value; per-block check and rank-order double scale sum in every block, one sign byte per thread | bits |
 //! | choco_encode, choco_decode (rows_choco.cuh; choco_workspace<Codec> holds device_codec<Codec> and the staging blocks) | choco::diff, the codec's encode_frame into a frame block, choco::scatter (sparse codecs) and choco::message; choco::frames, the codec's decode_sum per neighbour, choco::first_malformed | bits of q, q_nb; messages byte for byte; the same messages rejected |
-//! | gossip_check, gossip_pack, gossip_mix, choco_update (rows_gossip.cuh) | atomicMin of the first bad index; memcpy; one thread per entry, k ascending (host/gossip.hpp's mix_term/choco_term) | bits |
+//! | gossip_check, gossip_agree_begin/end, gossip_pack, gossip_mix, choco_update (rows_gossip.cuh) | atomicMin of the first bad index; one warp's decision; memcpy; one thread per entry, k ascending (host/gossip.hpp's mix_term/choco_term) | bits |
 //! | oktopk_local (rows_oktopk.cuh) | select.cuh's radix select; k gated to 0 on the device by the status | bits |
 //! | oktopk_frames | one block: region ends + 40-byte headers; payload scatter | bits (frames byte for byte) |
 //! | oktopk_region_sum | entry checks (host::oktopk::entry_ok); per 2048-position chunk, slots in rank order with __fadd_rn | bits; status_wire and status[1] as the host |

@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 //! \file rows_gossip.cuh
-//! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: GossipMixer's rows (gossip_check, gossip_pack,
-//! gossip_mix, choco_update). Each row implements the specification of kernels/ops.hpp on the executor's stream.
+//! ops<cuda_space> (kernels/cuda/ops.cuh) inherits these rows: GossipMixer's rows (gossip_check,
+//! gossip_agree_begin/end, gossip_pack, gossip_mix, choco_update). Each row implements the specification of kernels/ops.hpp on the executor's stream.
 //!
 //! Bits. One thread per model entry runs host/gossip.hpp's per-element formulas
 //! (mix_init, mix_term, choco_term, choco_result: COMMPACT_HOST_DEVICE, in
@@ -62,6 +62,16 @@ __global__ void check_end(std::int64_t* words, std::size_t n) {
   words[0] = words[1] != static_cast<std::int64_t>(n) ? host::gossip::flag_nonfinite : 0;
 }
 
+//! The agreement's two ends (host::gossip::agree_begin_words, agree_end_words).
+__global__ void agree_begin(std::int64_t* words, std::int64_t round) {
+  if (!decision_lane()) return;
+  host::gossip::agree_begin_words(words, round);
+}
+__global__ void agree_end(std::int64_t* words) {
+  if (!decision_lane()) return;
+  host::gossip::agree_end_words(words);
+}
+
 //! D-PSGD's mix (host::gossip::mix_exact), one thread per entry, k ascending.
 __global__ void mix_kernel(float* x, const float* recv, const double* w, std::size_t deg, double self_w, double* acc,
                            std::size_t n, const std::int64_t* words) {
@@ -114,6 +124,19 @@ struct gossip {
     if (on && n) kd::check_scan<<<kd::vec_grid(n), kd::vec_block, 0, s>>>(cuda_access::ptr(x), n, w);
     cuda_kernels::decision_launch(kd::check_end, s, w, n);
     ck(cudaGetLastError(), "gossip_check");
+  }
+  static void gossip_agree_begin(const exec& e, std::int64_t round, span<std::int64_t> words) {
+    constexpr std::size_t need = host::gossip::status_words + host::gossip::agreement_words;
+    require(words.size() >= need, "commpact::ops::gossip_agree_begin: ", words.size(), " words; pass ", need, ".");
+    cuda_kernels::decision_launch(cuda_kernels::gossip_detail::agree_begin, e.stream(), cuda_access::ptr(words),
+                                  round);
+    ck(cudaGetLastError(), "gossip_agree_begin");
+  }
+  static void gossip_agree_end(const exec& e, span<std::int64_t> words) {
+    constexpr std::size_t need = host::gossip::status_words + host::gossip::agreement_words;
+    require(words.size() >= need, "commpact::ops::gossip_agree_end: ", words.size(), " words; pass ", need, ".");
+    cuda_kernels::decision_launch(cuda_kernels::gossip_detail::agree_end, e.stream(), cuda_access::ptr(words));
+    ck(cudaGetLastError(), "gossip_agree_end");
   }
   static void gossip_pack(const exec& e, span<const float> x, span<std::byte> msg) {
     require(msg.size() >= x.size_bytes(), "commpact::ops::gossip_pack: the message holds ", msg.size(),

@@ -245,6 +245,8 @@ struct ops<deferred_space> {
   COMMPACT_DEFERRED_OP(redraw_zero_columns)
   // GossipMixer
   COMMPACT_DEFERRED_OP(gossip_check)
+  COMMPACT_DEFERRED_OP(gossip_agree_begin)
+  COMMPACT_DEFERRED_OP(gossip_agree_end)
   COMMPACT_DEFERRED_OP(gossip_pack)
   COMMPACT_DEFERRED_OP(gossip_mix)
   COMMPACT_DEFERRED_OP(choco_update)

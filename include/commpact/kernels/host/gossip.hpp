@@ -6,15 +6,22 @@
 //! CHOCO's update of the public copies and of the model. They are the reference of the
 //! ops rows `gossip_check`, `gossip_pack`, `gossip_mix`, `choco_update` (kernels/ops.hpp).
 //!
-//! Every round keeps a status of three int64 words in the space's memory:
+//! Every round keeps a status of three int64 words in the space's memory (six with the
+//! agreement's, below):
 //! words[0] the round's flag (0 clear; flag_nonfinite: a non-finite model; flag_short: a
 //! codec wrote a message shorter than its known size; flag_length: a rank passed a buffer
 //! of another length),
-//! allreduced with max so that every rank reads the same;
+//! agreed over the ranks (below) so that every rank reads the same;
 //! words[1] the first non-finite index of this rank's model (n when none); words[2]
 //! 1 + k when neighbour k's message was malformed (0 when none). The kernels that change
 //! the model or the mixer's state do nothing unless words[0] and words[2] are 0, so a
 //! failed round changes nothing and no kernel throws.
+//!
+//! Three more words carry the agreement (one allreduce, max, of words[3..5]):
+//! agree_begin writes {words[0], round, -round} there, and after the allreduce
+//! agree_end sets words[0] to the agreed flag, or to flag_rounds when the ranks' round
+//! counts differ (max round + max(-round) != 0: a rank restored alone from an older
+//! checkpoint, which would mix stale state into its neighbours').
 
 #include <cstddef>
 #include <cstdint>
@@ -37,6 +44,10 @@ inline constexpr std::int64_t flag_short = 2;
 //! words[0] of a rank whose buffer is not the registered length (GossipMixer::mix runs its
 //! round on zeros, so that its neighbours' exchanges stay whole, and every rank raises).
 inline constexpr std::int64_t flag_length = 3;
+//! words[0] after the agreement when the ranks' round counts differ (agree_end).
+inline constexpr std::int64_t flag_rounds = 4;
+//! The words the agreement adds after the status words: {flag, round, -round}.
+inline constexpr std::size_t agreement_words = 3;
 
 //! True when the round may change the model: no rank flagged it, no message was malformed.
 inline bool clear(std::span<const std::int64_t> words) { return words[0] == 0 && words[2] == 0; }
@@ -48,6 +59,20 @@ inline void check(std::span<const float> x, bool on, std::span<std::int64_t> wor
   words[1] = static_cast<std::int64_t>(bad);
   words[2] = 0;
 }
+
+//! words[3..5] = {words[0], round, -round}, to be allreduced (max).
+COMMPACT_HOST_DEVICE inline void agree_begin_words(std::int64_t* words, std::int64_t round) {
+  words[3] = words[0];
+  words[4] = round;
+  words[5] = -round;
+}
+//! After the allreduce of words[3..5]: words[0] = flag_rounds when the ranks' round
+//! counts differ, else the agreed flag.
+COMMPACT_HOST_DEVICE inline void agree_end_words(std::int64_t* words) {
+  words[0] = words[4] + words[5] != 0 ? flag_rounds : words[3];
+}
+inline void agree_begin(std::int64_t round, std::span<std::int64_t> words) { agree_begin_words(words.data(), round); }
+inline void agree_end(std::span<std::int64_t> words) { agree_end_words(words.data()); }
 
 //! msg = the bytes of x (4n bytes).
 inline void pack(std::span<const float> x, std::span<std::byte> msg) {

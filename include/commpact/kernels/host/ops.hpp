@@ -191,9 +191,23 @@ struct ops<host_space> {
         host::fill_gaussian(q.subspan(j * rows, rows), host::mix_seed(seed, tensor, step, j + 1));
   }
 
-  // ---- GossipMixer (kernels/host/gossip.hpp); words: the round's 3 status words -------
+  // ---- GossipMixer (kernels/host/gossip.hpp); words: the round's 3 status words (6 with
+  // the agreement's) --------------------------------------------------------------------
   static void gossip_check(exec, span<const float> x, bool on, span<std::int64_t> words) {
     host::gossip::check(x, on, words);
+  }
+  //! words: status_words + agreement_words.
+  static void gossip_agree_begin(exec, std::int64_t round, span<std::int64_t> words) {
+    require_agreement_words(words.size(), "gossip_agree_begin");
+    host::gossip::agree_begin(round, words);
+  }
+  static void gossip_agree_end(exec, span<std::int64_t> words) {
+    require_agreement_words(words.size(), "gossip_agree_end");
+    host::gossip::agree_end(words);
+  }
+  static void require_agreement_words(std::size_t got, const char* row) {
+    constexpr std::size_t need = host::gossip::status_words + host::gossip::agreement_words;
+    require(got >= need, "commpact::ops::", row, ": ", got, " words; pass ", need, ".");
   }
   static void gossip_pack(exec, span<const float> x, span<std::byte> msg) { host::gossip::pack(x, msg); }
   static void gossip_mix(exec, span<float> x, span<const std::byte> recv, span<const double> w, double self_w,
