@@ -6,6 +6,8 @@
 
 #include <mutex>
 
+#include "common/rank_checks.hpp"
+
 using namespace commpact;
 
 namespace {
@@ -86,7 +88,7 @@ TEST_CASE("CountingComm totals equal the messages passed", "[comm][counting]") {
     const int r = c.rank();
     std::vector<float> g(1001, 1.f);
     c.allreduce(std::span<float>(g));
-    REQUIRE(g[0] == float(P));
+    RANK_REQUIRE(g[0] == float(P));
     std::vector<double> in(7, r), out(7 * P);
     c.allgather(std::span<const double>(in), std::span<double>(out));
     std::vector<std::int32_t> b(33, r);
@@ -99,7 +101,7 @@ TEST_CASE("CountingComm totals equal the messages passed", "[comm][counting]") {
       if (peer >= P) continue;
       std::vector<std::byte> msg(static_cast<std::size_t>(r * 10 + bit));
       c.sendrecv(peer, msg, buf);
-      REQUIRE(buf.size() == static_cast<std::size_t>(peer * 10 + bit));
+      RANK_REQUIRE(buf.size() == static_cast<std::size_t>(peer * 10 + bit));
       p2p_sent += msg.size();
       p2p_recv += buf.size();
       ++msgs;
@@ -114,15 +116,15 @@ TEST_CASE("CountingComm totals equal the messages passed", "[comm][counting]") {
     };
     add(wire::ring_allgather(r, P, 7 * 8));
     add(wire::binomial_broadcast(r, P, P - 1, 33 * 4));
-    REQUIRE(s.collectives == 4);
-    REQUIRE(s.point_to_point_bytes_sent == p2p_sent);
-    REQUIRE(s.bytes_sent == expect.bytes_sent + p2p_sent);
-    REQUIRE(s.bytes_received == expect.bytes_received + p2p_recv);
-    REQUIRE(s.messages_sent == expect.messages_sent + msgs);
-    REQUIRE(s.messages_received == expect.messages_received + msgs);
+    RANK_REQUIRE(s.collectives == 4);
+    RANK_REQUIRE(s.point_to_point_bytes_sent == p2p_sent);
+    RANK_REQUIRE(s.bytes_sent == expect.bytes_sent + p2p_sent);
+    RANK_REQUIRE(s.bytes_received == expect.bytes_received + p2p_recv);
+    RANK_REQUIRE(s.messages_sent == expect.messages_sent + msgs);
+    RANK_REQUIRE(s.messages_received == expect.messages_received + msgs);
     all[r] = s;
     c.reset_stats();
-    REQUIRE(c.stats() == comm_stats{});
+    RANK_REQUIRE(c.stats() == comm_stats{});
   });
   // Across ranks, everything sent is received.
   std::uint64_t sent = 0, recv = 0, ms = 0, mr = 0;
@@ -142,7 +144,7 @@ TEST_CASE("CountingComm copies share one counter", "[comm][counting]") {
     auto given = kept;  // e.g. handed to a compressor
     std::vector<float> g(10, 1.f);
     given.allreduce(std::span<float>(g));
-    REQUIRE(kept.stats().collectives == 1);
-    REQUIRE(kept.stats().bytes_sent == wire::ring_allreduce(tc.rank(), 2, 10, 4).bytes_sent);
+    RANK_REQUIRE(kept.stats().collectives == 1);
+    RANK_REQUIRE(kept.stats().bytes_sent == wire::ring_allreduce(tc.rank(), 2, 10, 4).bytes_sent);
   });
 }

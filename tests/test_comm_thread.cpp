@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/collective_checks.hpp"
+#include "common/rank_checks.hpp"
 
 using namespace commpact;
 using namespace std::chrono_literals;
@@ -18,7 +19,7 @@ TEST_CASE("ThreadComm collectives match the serial reference", "[comm][thread]")
   const std::uint64_t seed = GENERATE(11u, 12345u);
   std::atomic<int> ran{0};
   run_threads(P, [&](ThreadComm& comm) {
-    REQUIRE(comm.size() == P);
+    RANK_REQUIRE(comm.size() == P);
     commpact_test::check_all_collectives(comm, seed, /*rank_order_bitwise=*/true);
     ++ran;
   });
@@ -188,7 +189,7 @@ TEST_CASE("ThreadComm: point-to-point reuses message storage", "[comm][thread]")
     }
     // Steady state: buffers circulate between the mailbox and the receiver.
     const bool stable = buf.capacity() >= 4096 && buf.size() == 4096;
-    REQUIRE(stable);
+    RANK_REQUIRE(stable);
     (void)p;
   });
 }

@@ -23,6 +23,7 @@
 
 #include "common/checked_runs.hpp"
 #include "common/random.hpp"
+#include "common/rank_checks.hpp"
 
 using namespace commpact;
 using namespace commpact_test;
@@ -139,9 +140,9 @@ TEMPLATE_TEST_CASE("CastAllreduce equals the ring-order reference bit for bit on
         CastAllreduce<TestType, checked_thread_comm> c{comm, {.error_feedback = ef}};
         for (int s = 0; s < steps; ++s) {
           auto g = rank_grad(seed, comm.rank(), s, n, scale(s));
-          REQUIRE(c.reduce(g));
+          RANK_REQUIRE(c.reduce(g));
           for (std::size_t i = 0; i < n; ++i)
-            REQUIRE(std::bit_cast<std::uint32_t>(g[i]) == std::bit_cast<std::uint32_t>(want[s][i]));
+            RANK_REQUIRE(std::bit_cast<std::uint32_t>(g[i]) == std::bit_cast<std::uint32_t>(want[s][i]));
         }
         got_res[comm.rank()].assign(c.residual().begin(), c.residual().end());
       },
@@ -167,12 +168,12 @@ TEMPLATE_TEST_CASE("CastAllreduce sends exactly half of Dense's ring allreduce",
         const auto w = wire::ring_allreduce(tc.rank(), P, n, 2), dense = wire::ring_allreduce(tc.rank(), P, n, 4);
         // Every step: the step count (6 floats, compress/step_check.hpp), then the ring.
         const auto a = wire::ring_allreduce(tc.rank(), P, 6, 4);
-        REQUIRE(after.bytes_sent - before.bytes_sent == w.bytes_sent + a.bytes_sent);
-        REQUIRE(after.bytes_received - before.bytes_received == w.bytes_received + a.bytes_received);
-        REQUIRE(after.messages_sent - before.messages_sent == a.messages_sent + 2 * static_cast<std::uint64_t>(P - 1));
-        REQUIRE(2 * w.bytes_sent == dense.bytes_sent);
+        RANK_REQUIRE(after.bytes_sent - before.bytes_sent == w.bytes_sent + a.bytes_sent);
+        RANK_REQUIRE(after.bytes_received - before.bytes_received == w.bytes_received + a.bytes_received);
+        RANK_REQUIRE(after.messages_sent - before.messages_sent == a.messages_sent + 2 * static_cast<std::uint64_t>(P - 1));
+        RANK_REQUIRE(2 * w.bytes_sent == dense.bytes_sent);
         // The allgather form of the same codec sends (P - 1)(48 + 2n) rounded to 4.
-        REQUIRE(w.bytes_sent < static_cast<std::uint64_t>(P - 1) * (48 + 2 * n));
+        RANK_REQUIRE(w.bytes_sent < static_cast<std::uint64_t>(P - 1) * (48 + 2 * n));
       },
       quick));
 }
@@ -189,41 +190,41 @@ TEMPLATE_TEST_CASE("CastAllreduce: NaN on one rank, an overflowing sum and a len
         const std::size_t n = 64;
         C c{comm};
         auto g = rank_grad(9, comm.rank(), 0, n, 1.0f);
-        REQUIRE(c.reduce(g));  // a first step: the residual is not empty
+        RANK_REQUIRE(c.reduce(g));  // a first step: the residual is not empty
         const std::vector<float> res0(c.residual().begin(), c.residual().end());
         // NaN (and Inf) on the last rank only.
         for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
           auto h = rank_grad(9, comm.rank(), 1, n, 1.0f);
           if (comm.rank() == P - 1) h[17] = bad;
           const auto before = h;
-          REQUIRE_THROWS_AS(c.reduce(h), numeric_error);
+          RANK_REQUIRE_THROWS_AS(c.reduce(h), numeric_error);
           for (std::size_t i = 0; i < n; ++i)
-            REQUIRE(std::bit_cast<std::uint32_t>(h[i]) == std::bit_cast<std::uint32_t>(before[i]));
-          REQUIRE(std::vector<float>(c.residual().begin(), c.residual().end()) == res0);
+            RANK_REQUIRE(std::bit_cast<std::uint32_t>(h[i]) == std::bit_cast<std::uint32_t>(before[i]));
+          RANK_REQUIRE(std::vector<float>(c.residual().begin(), c.residual().end()) == res0);
         }
-        REQUIRE(c.steps() == 1);
+        RANK_REQUIRE(c.steps() == 1);
         // skip_step: every rank skips, grad zeroed, the residual kept, the step counted.
         C skip{comm, {.on_nonfinite = nonfinite::skip_step}};
         auto h = rank_grad(9, comm.rank(), 2, n, 1.0f);
         if (comm.rank() == 0) h[3] = std::numeric_limits<float>::quiet_NaN();
-        REQUIRE_FALSE(skip.reduce(h));
-        REQUIRE(std::all_of(h.begin(), h.end(), [](float v) { return v == 0.0f; }));
-        REQUIRE(std::all_of(skip.residual().begin(), skip.residual().end(), [](float v) { return v == 0.0f; }));
-        REQUIRE(skip.skipped_steps() == 1);
+        RANK_REQUIRE_FALSE(skip.reduce(h));
+        RANK_REQUIRE(std::all_of(h.begin(), h.end(), [](float v) { return v == 0.0f; }));
+        RANK_REQUIRE(std::all_of(skip.residual().begin(), skip.residual().end(), [](float v) { return v == 0.0f; }));
+        RANK_REQUIRE(skip.skipped_steps() == 1);
         // Finite inputs whose 16-bit sum overflows (fp16 only: bf16 has float's range).
         if constexpr (std::is_same_v<TestType, fp16_codec>) {
           if (P > 1) {
             C o{comm};
             std::vector<float> big(n, 60000.0f);
-            REQUIRE_THROWS_AS(o.reduce(big), numeric_error);
-            REQUIRE(big == std::vector<float>(n, 60000.0f));
+            RANK_REQUIRE_THROWS_AS(o.reduce(big), numeric_error);
+            RANK_REQUIRE(big == std::vector<float>(n, 60000.0f));
           }
         }
         // One rank with another length: mismatch_error on every rank.
         if (P > 1) {
           C m{comm};
           std::vector<float> x(comm.rank() == 1 ? 33 : 32, 1.0f);
-          REQUIRE_THROWS_AS(m.reduce(x), mismatch_error);
+          RANK_REQUIRE_THROWS_AS(m.reduce(x), mismatch_error);
         }
         ++done;
       },
@@ -257,20 +258,20 @@ TEMPLATE_TEST_CASE("CastAllreduce: save/load and cancel continue as if nothing h
           auto g1 = rank_grad(3, comm.rank(), s, n, 0.01f), g2 = g1;
           a.reduce(g1);
           b.reduce(g2);
-          REQUIRE(g1 == g2);
+          RANK_REQUIRE(g1 == g2);
         }
-        REQUIRE(std::vector<float>(a.residual().begin(), a.residual().end()) ==
+        RANK_REQUIRE(std::vector<float>(a.residual().begin(), a.residual().end()) ==
                 std::vector<float>(b.residual().begin(), b.residual().end()));
-        REQUIRE(a.steps() == b.steps());
+        RANK_REQUIRE(a.steps() == b.steps());
         // a blob cut short, or from another compressor, raises and changes nothing
         std::vector<std::byte> cut(blob.begin(), blob.end() - 8);
-        REQUIRE_THROWS(b.load_state(cut));
-        REQUIRE(b.steps() == a.steps());
+        RANK_REQUIRE_THROWS(b.load_state(cut));
+        RANK_REQUIRE(b.steps() == a.steps());
         // a residual of another length is rejected at the next step, on that rank and the others alike
         C d{comm};
         d.load_state(blob);
         std::vector<float> shorter(n - 1, 1.0f);
-        REQUIRE_THROWS(d.reduce(shorter));
+        RANK_REQUIRE_THROWS(d.reduce(shorter));
       },
       quick));
 }
@@ -285,7 +286,7 @@ TEST_CASE("CastAllreduce at P = 1 gives the codec's own round trip, as its allga
           auto g1 = rank_grad(1, 0, s, 257, 1.0f), g2 = g1;
           ar.reduce(g1);
           ag.reduce(g2);
-          REQUIRE(g1 == g2);
+          RANK_REQUIRE(g1 == g2);
         }
       },
       quick));

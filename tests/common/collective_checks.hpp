@@ -8,6 +8,8 @@
 #include <catch2/catch.hpp>
 #include <commpact/concepts.hpp>
 
+#include "rank_checks.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -67,7 +69,7 @@ void require_identical_on_all_ranks(Comm& comm, std::span<const T> data) {
   for (std::size_t i = 0; i < data.size_bytes(); ++i) h = (h ^ p[i]) * 1099511628211ull;
   std::vector<std::uint64_t> all(comm.size());
   comm.allgather(std::span<const std::uint64_t>(&h, 1), std::span<std::uint64_t>(all));
-  for (int r = 0; r < comm.size(); ++r) REQUIRE(all[r] == h);
+  for (int r = 0; r < comm.size(); ++r) RANK_REQUIRE(all[r] == h);
 }
 
 template <class Comm>
@@ -82,7 +84,7 @@ void check_allreduce(Comm& comm, std::uint64_t seed, std::size_t n, bool rank_or
       for (std::size_t i = 0; i < n; ++i) ref[i] += v[i];
     }
     comm.allreduce(std::span<float>(mine), commpact::reduce_op::sum);
-    REQUIRE(mine == ref);
+    RANK_REQUIRE(mine == ref);
   }
   // Real values: identical on every rank; rank-order sum bit for bit where promised.
   {
@@ -95,9 +97,9 @@ void check_allreduce(Comm& comm, std::uint64_t seed, std::size_t n, bool rank_or
     comm.allreduce(std::span<float>(mine), commpact::reduce_op::sum);
     require_identical_on_all_ranks(comm, std::span<const float>(mine));
     if (rank_order_bitwise) {
-      REQUIRE((n == 0 || std::memcmp(mine.data(), ref.data(), n * sizeof(float)) == 0));
+      RANK_REQUIRE((n == 0 || std::memcmp(mine.data(), ref.data(), n * sizeof(float)) == 0));
     } else {
-      for (std::size_t i = 0; i < n; ++i) REQUIRE(mine[i] == Approx(ref[i]).margin(1e-5));
+      for (std::size_t i = 0; i < n; ++i) RANK_REQUIRE(mine[i] == Approx(ref[i]).margin(1e-5));
     }
   }
   // min / max on doubles and int64.
@@ -119,9 +121,9 @@ void check_allreduce(Comm& comm, std::uint64_t seed, std::size_t n, bool rank_or
         hi = std::max(hi, std::sin(double(i) * 0.37 + r));
         ihi = std::max<std::int64_t>(ihi, static_cast<std::int64_t>((i * 31 + r * 17) % 101) - 50);
       }
-      REQUIRE(mn[i] == lo);
-      REQUIRE(mx[i] == hi);
-      REQUIRE(imx[i] == ihi);
+      RANK_REQUIRE(mn[i] == lo);
+      RANK_REQUIRE(mx[i] == hi);
+      RANK_REQUIRE(imx[i] == ihi);
     }
   }
 }
@@ -134,7 +136,7 @@ void check_allgather(Comm& comm, std::uint64_t seed, std::size_t block) {
   comm.allgather(std::span<const float>(mine), std::span<float>(out));
   for (int r = 0; r < P; ++r) {
     auto v = rank_floats(seed, r, block);
-    REQUIRE(std::equal(v.begin(), v.end(), out.begin() + r * block));
+    RANK_REQUIRE(std::equal(v.begin(), v.end(), out.begin() + r * block));
   }
 }
 
@@ -143,7 +145,7 @@ void check_broadcast(Comm& comm, std::uint64_t seed, std::size_t n) {
   for (int root = 0; root < comm.size(); ++root) {
     auto data = rank_floats(seed + root, comm.rank(), n);
     comm.broadcast(std::span<float>(data), root);
-    REQUIRE(data == rank_floats(seed + root, root, n));
+    RANK_REQUIRE(data == rank_floats(seed + root, root, n));
   }
 }
 
@@ -159,7 +161,7 @@ void check_point_to_point(Comm& comm, std::uint64_t seed) {
     const auto len_to = [&](int a, int b) { return static_cast<std::size_t>((a * 37 + b * 11 + bit) % 97); };
     auto msg = rank_bytes(seed, r, peer, len_to(r, peer));
     comm.sendrecv(peer, std::span<const std::byte>(msg), buf);
-    REQUIRE(buf == rank_bytes(seed, peer, r, len_to(peer, r)));
+    RANK_REQUIRE(buf == rank_bytes(seed, peer, r, len_to(peer, r)));
   }
   if (P > 1) {
     const int next = (r + 1) % P, prev = (r + P - 1) % P;
@@ -169,7 +171,7 @@ void check_point_to_point(Comm& comm, std::uint64_t seed) {
     }
     for (int round = 0; round < 3; ++round) {
       comm.recv(prev, buf);
-      REQUIRE(buf == rank_bytes(seed + round, prev, r, 1000 + 10 * prev + round));
+      RANK_REQUIRE(buf == rank_bytes(seed + round, prev, r, 1000 + 10 * prev + round));
     }
   }
   comm.barrier();
@@ -199,10 +201,10 @@ void check_nonblocking_collectives(Comm& comm, std::uint64_t seed, std::size_t n
   }
   h4.wait();
   h1.wait();
-  REQUIRE(a == ra);
-  REQUIRE(b == rb);
-  REQUIRE(all == ref_all);
-  REQUIRE(bc == ref_bc);
+  RANK_REQUIRE(a == ra);
+  RANK_REQUIRE(b == rb);
+  RANK_REQUIRE(all == ref_all);
+  RANK_REQUIRE(bc == ref_bc);
 }
 
 template <class Comm>
