@@ -494,7 +494,7 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length raises mismatch_
       }
       same[r] = s.save() == before;
       // The ranks are in step afterwards: the next step works on every rank.
-      RANK_REQUIRE(run_step(s, normal(9 + r, kN)) == "ok");
+      RANK_REQUIRE_EQ(run_step(s, normal(9 + r, kN)), std::string("ok"));
     };
     if (deferred_space_too) {
       subject<power_case, true> s{comm, nonfinite::raise};
@@ -520,7 +520,7 @@ TEST_CASE("PowerCompressor: one rank's buffer of another length after the first 
   run_threads(kP, [&](ThreadComm& comm) {
     const auto r = static_cast<std::size_t>(comm.rank());
     auto body = [&](auto& s) {
-      RANK_REQUIRE(run_step(s, normal(3 + r, kN)) == "ok");
+      RANK_REQUIRE_EQ(run_step(s, normal(3 + r, kN)), std::string("ok"));
       const bytes before = s.save();
       std::vector<float> g = normal(5 + r, comm.rank() == 1 ? odd : kN);
       const std::vector<float> g_in = g;
@@ -617,7 +617,7 @@ TEST_CASE("PowerCompressor: every rank's buffer of another length than its layou
     } catch (const invalid_argument& e) {
       cls[comm.rank()] = std::string(e.what()).find("registered shapes hold") != std::string::npos ? "ok" : e.what();
     }
-    RANK_REQUIRE(run_step(s, normal(9, kN)) == "ok");
+    RANK_REQUIRE_EQ(run_step(s, normal(9, kN)), std::string("ok"));
   });
   for (int r = 0; r < kP; ++r) CHECK(cls[r] == "ok");
 }

@@ -8,6 +8,7 @@
 // ranks (processes) they behave the same.
 //   RANK_REQUIRE(cond)                            cond holds
 //   RANK_REQUIRE_FALSE(cond)                      cond does not hold
+//   RANK_REQUIRE_EQ(a, b)                         a == b (the message prints both)
 //   RANK_REQUIRE_NOTHROW(expr)                    expr throws nothing
 //   RANK_REQUIRE_THROWS(expr)                     expr throws something
 //   RANK_REQUIRE_THROWS_AS(expr, Type)            expr throws a Type (any other exception
@@ -15,6 +16,11 @@
 //   RANK_REQUIRE_THROWS_WITH(expr, piece...)      expr throws a std::exception whose what()
 //                                                 contains every piece
 //   RANK_REQUIRE_THROWS_AS_WITH(expr, Type, piece...)  both of the above
+// A peer_failure (another rank failed first) and a failed RANK_ check inside expr pass
+// through every one of them unchanged: run_threads then reports the rank that failed
+// first, not this one.
+#include <commpact/error.hpp>
+
 #include <exception>
 #include <initializer_list>
 #include <sstream>
@@ -37,6 +43,10 @@ struct rank_check_failed : std::runtime_error {
 [[noreturn]] inline void rank_check_threw_other(const char* file, int line, const char* check) {
   try {
     throw;
+  } catch (const commpact::peer_failure&) {
+    throw;  // another rank failed first
+  } catch (const rank_check_failed&) {
+    throw;  // a check inside the expression
   } catch (const std::exception& e) {
     rank_check_fail(file, line, std::string(check) + " threw an unexpected exception: " + e.what());
   } catch (...) {
@@ -69,6 +79,17 @@ inline bool rank_message_contains(const char* what, std::initializer_list<std::s
       ::commpact_test::rank_check_fail(__FILE__, __LINE__, "RANK_REQUIRE_FALSE(" #__VA_ARGS__ ") failed"); \
   } while (0)
 
+#define RANK_REQUIRE_EQ(a, b)                                                                          \
+  do {                                                                                                 \
+    const auto& rank_check_a_ = (a);                                                                   \
+    const auto& rank_check_b_ = (b);                                                                   \
+    if (!(rank_check_a_ == rank_check_b_)) {                                                           \
+      std::ostringstream rank_check_os_;                                                               \
+      rank_check_os_ << "RANK_REQUIRE_EQ(" #a ", " #b ") failed: " << rank_check_a_ << " != " << rank_check_b_; \
+      ::commpact_test::rank_check_fail(__FILE__, __LINE__, rank_check_os_.str());                      \
+    }                                                                                                  \
+  } while (0)
+
 #define RANK_REQUIRE_NOTHROW(...)                                                                            \
   do {                                                                                                       \
     try {                                                                                                    \
@@ -83,6 +104,10 @@ inline bool rank_message_contains(const char* what, std::initializer_list<std::s
     bool rank_check_threw_ = false;                                                                                \
     try {                                                                                                          \
       static_cast<void>(__VA_ARGS__);                                                                              \
+    } catch (const ::commpact::peer_failure&) {                                                                    \
+      throw;                                                                                                       \
+    } catch (const ::commpact_test::rank_check_failed&) {                                                          \
+      throw;                                                                                                       \
     } catch (...) {                                                                                                \
       rank_check_threw_ = true;                                                                                    \
     }                                                                                                              \
