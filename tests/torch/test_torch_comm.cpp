@@ -17,12 +17,14 @@
 #include <cmath>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
 
 #include "../python/feedback_by_parameter.hpp"
 #include "common/collective_checks.hpp"
+#include "common/rank_checks.hpp"
 #include "common/sparse_checks.hpp"
 #include "torch/gloo_world.hpp"
 
@@ -45,6 +47,36 @@ static_assert(Compressor<gTopK<TreeComm<TorchComm>>> && Compressor<TopK<TorchCom
 
 namespace {
 double seconds_since(clk::time_point t0) { return std::chrono::duration<double>(clk::now() - t0).count(); }
+
+// Checks on the ranks' threads are RANK_REQUIREs (rank_checks.hpp): a failed one throws
+// rank_check_failed, which run_gloo rethrows on the main thread unless a lower rank failed
+// first (it rethrows the lowest rank's root cause). Where a test expects run_gloo to throw,
+// REQUIRE_THROWS would take a failed check for the expected exception, or another rank's
+// exception would hide it: such a test runs its ranks through note(fn), which keeps the
+// first failed check's message, and requires first() == "" on the main thread.
+class failed_checks {
+ public:
+  template <class F>
+  auto note(F fn) {
+    return [this, fn](TorchComm& comm) {
+      try {
+        fn(comm);
+      } catch (const rank_check_failed& e) {
+        std::lock_guard lock(m_);
+        if (first_.empty()) first_ = e.what();
+        throw;
+      }
+    };
+  }
+  std::string first() {
+    std::lock_guard lock(m_);
+    return first_;
+  }
+
+ private:
+  std::mutex m_;
+  std::string first_;
+};
 }  // namespace
 
 TEST_CASE("TorchComm collectives and point to point match the serial reference, P = 1..4", "[torch][comm]") {
@@ -52,7 +84,7 @@ TEST_CASE("TorchComm collectives and point to point match the serial reference, 
     CAPTURE(P);
     std::atomic<int> ran{0};
     run_gloo(P, [&](TorchComm& comm) {
-      REQUIRE(comm.size() == P);
+      RANK_REQUIRE_EQ(comm.size(), P);
       check_all_collectives(comm, 11u + P, /*rank_order_bitwise=*/false);
       // Gloo's sums are bit-identical on every rank (each element is reduced on one rank).
       auto f = rank_floats(99, comm.rank(), 100003);
@@ -89,9 +121,9 @@ TEST_CASE("TorchComm allreduce over int32 and int64, sum, min and max", "[torch]
         const auto v = static_cast<std::int32_t>((i * 7 + q * 13) % 50);
         sum += v, lo = std::min(lo, v), hi = std::max(hi, v);
       }
-      REQUIRE(s[i] == sum);
-      REQUIRE(mn[i] == lo);
-      REQUIRE(mx[i] == hi);
+      RANK_REQUIRE_EQ(s[i], sum);
+      RANK_REQUIRE_EQ(mn[i], lo);
+      RANK_REQUIRE_EQ(mx[i], hi);
     }
   });
 }
@@ -108,11 +140,11 @@ TEST_CASE("TorchComm known-size point to point: exchange, send_known/recv_known,
         if (peer < P) {
           auto o = rank_bytes(n + 1, r, peer, n);
           exchange(comm, peer, std::span<const std::byte>(o), std::span<std::byte>(in));
-          REQUIRE(in == rank_bytes(n + 1, peer, r, n));
+          RANK_REQUIRE(in == rank_bytes(n + 1, peer, r, n));
         }
         send_known(comm, next, std::span<const std::byte>(out));
         recv_known(comm, prev, std::span<std::byte>(in));
-        REQUIRE(in == rank_bytes(n, prev, r, n));
+        RANK_REQUIRE(in == rank_bytes(n, prev, r, n));
       }
       // Several irecvs posted before the matching sends, completed out of order.
       std::vector<std::byte> a(10), b(70000);
@@ -126,10 +158,10 @@ TEST_CASE("TorchComm known-size point to point: exchange, send_known/recv_known,
       ra.wait();
       sb.wait();
       sa.wait();
-      REQUIRE(a == rank_bytes(1, prev, r, 10));
-      REQUIRE(b == rank_bytes(2, prev, r, 70000));
+      RANK_REQUIRE(a == rank_bytes(1, prev, r, 10));
+      RANK_REQUIRE(b == rank_bytes(2, prev, r, 70000));
       comm.flush();
-      REQUIRE(comm.pending_sends() == 0);
+      RANK_REQUIRE(comm.pending_sends() == 0);
     });
   }
 }
@@ -238,38 +270,38 @@ TEST_CASE("TorchComm rejects bad peers, roots and sizes alike on every rank", "[
       const int r = comm.rank();
       std::vector<std::byte> buf;
       std::byte b[1]{};
-      REQUIRE_THROWS_AS(comm.send(r, b), invalid_argument);
-      REQUIRE_THROWS_AS(comm.send(P, b), invalid_argument);
-      REQUIRE_THROWS_AS(comm.recv(-1, buf), invalid_argument);
-      REQUIRE_THROWS_WITH(comm.send(-2, b), Catch::Contains("peer -2") && Catch::Contains("another rank in [0, "));
-      REQUIRE_FALSE(comm.failed());
+      RANK_REQUIRE_THROWS_AS(comm.send(r, b), invalid_argument);
+      RANK_REQUIRE_THROWS_AS(comm.send(P, b), invalid_argument);
+      RANK_REQUIRE_THROWS_AS(comm.recv(-1, buf), invalid_argument);
+      RANK_REQUIRE_THROWS_AS_WITH(comm.send(-2, b), std::exception, "peer -2", "another rank in [0, ");
+      RANK_REQUIRE_FALSE(comm.failed());
       std::vector<float> v(5, float(r));
-      REQUIRE_THROWS_WITH(comm.broadcast(std::span<float>(v), P),
-                          Catch::Contains("root " + std::to_string(P)) && Catch::Contains("outside [0, "));
+      RANK_REQUIRE_THROWS_AS_WITH(comm.broadcast(std::span<float>(v), P), std::exception, "root " + std::to_string(P),
+                                  "outside [0, ");
       // A wrong output size on one rank: its own message there, invalid_argument naming it elsewhere.
       std::vector<float> in(3, 1.f), out(3 * P + (r == P - 1 ? 1 : 0));
       const auto t0 = clk::now();
       try {
         comm.allgather(std::span<const float>(in), std::span<float>(out));
-        FAIL("allgather with a wrong output size did not throw");
-      } catch (const invalid_argument& e) {
+        rank_check_fail(__FILE__, __LINE__, "allgather with a wrong output size did not throw");
+      } catch (const invalid_argument& e) {  // not a rank_check_failed (a std::runtime_error, not a commpact::error)
         const std::string what = e.what();
-        if (r == P - 1) REQUIRE_THAT(what, Catch::Contains("must hold size() * in.size()"));
-        else REQUIRE_THAT(what, Catch::Contains("rank " + std::to_string(P - 1) + " passed an invalid argument"));
+        if (r == P - 1) RANK_REQUIRE(what.find("must hold size() * in.size()") != std::string::npos);
+        else RANK_REQUIRE(what.find("rank " + std::to_string(P - 1) + " passed an invalid argument") != std::string::npos);
       }
-      REQUIRE(seconds_since(t0) < 10);
+      RANK_REQUIRE(seconds_since(t0) < 10);
       // Different sizes on one rank: mismatch_error on every rank, before data moves.
       std::vector<float> g(10 + (r == 0 ? 1 : 0));
-      REQUIRE_THROWS_WITH(comm.allreduce(std::span<float>(g)), Catch::Contains("ranks disagree on the size"));
+      RANK_REQUIRE_THROWS_AS_WITH(comm.allreduce(std::span<float>(g)), std::exception, "ranks disagree on the size");
       // Different collectives at the same point.
       std::vector<float> h(4);
-      if (r == 0) REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(h), 0), mismatch_error);
-      else REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(h)), mismatch_error);
+      if (r == 0) RANK_REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(h), 0), mismatch_error);
+      else RANK_REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(h)), mismatch_error);
       // Still usable and exact afterwards.
       std::vector<std::int32_t> x(4, 1);
       comm.allreduce(std::span<std::int32_t>(x));
-      REQUIRE(x == std::vector<std::int32_t>(4, P));
-      REQUIRE_FALSE(comm.failed());
+      RANK_REQUIRE(x == std::vector<std::int32_t>(4, P));
+      RANK_REQUIRE_FALSE(comm.failed());
     });
   }
 }
@@ -301,39 +333,42 @@ TEST_CASE("TorchComm: a rank that aborts mid-collective makes the others raise p
   for (int P : {2, 3, 4}) {
     std::atomic<int> peer_failures{0};
     std::atomic<double> slowest{0};
+    failed_checks checks;
     const auto t0 = clk::now();
-    REQUIRE_THROWS_WITH(run_gloo(P, [&](TorchComm& comm) {
+    REQUIRE_THROWS_WITH(run_gloo(P, checks.note([&](TorchComm& comm) {
       const TorchComm alias = comm;  // copies share the failure state
       std::vector<float> g(100000, 1.f);
       comm.allreduce(std::span<float>(g));
-      REQUIRE(g[0] == float(P));
+      RANK_REQUIRE_EQ(g[0], float(P));
       if (comm.rank() == P - 1) {
         std::this_thread::sleep_for(200ms);
         comm.abort("disk full while writing a checkpoint");
-        REQUIRE(alias.failed());
+        RANK_REQUIRE(alias.failed());
         const auto t1 = clk::now();
-        REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(g)), peer_failure);
-        REQUIRE_THROWS_AS(comm.barrier(), peer_failure);
-        REQUIRE(seconds_since(t1) < 1.0);
+        RANK_REQUIRE_THROWS_AS(comm.allreduce(std::span<float>(g)), peer_failure);
+        RANK_REQUIRE_THROWS_AS(comm.barrier(), peer_failure);
+        RANK_REQUIRE(seconds_since(t1) < 1.0);
         throw std::runtime_error("the aborting rank");
       }
       const auto t1 = clk::now();
       try {
         comm.allreduce(std::span<float>(g));
-        FAIL("allreduce returned although a rank aborted");
+        rank_check_fail(__FILE__, __LINE__, "allreduce returned although a rank aborted");
       } catch (const peer_failure& e) {
         const double w = seconds_since(t1);
         if (w > slowest) slowest = w;
-        REQUIRE_THAT(std::string(e.what()), Catch::Contains("rank " + std::to_string(P - 1) + " aborted") &&
-                                                Catch::Contains("disk full while writing a checkpoint"));
+        const std::string what = e.what();
+        RANK_REQUIRE(what.find("rank " + std::to_string(P - 1) + " aborted") != std::string::npos &&
+                     what.find("disk full while writing a checkpoint") != std::string::npos);
         ++peer_failures;
       }
-      REQUIRE(alias.failed());
+      RANK_REQUIRE(alias.failed());
       std::vector<std::byte> buf;
-      REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(g), 0), peer_failure);
-      REQUIRE_THROWS_AS(comm.send(P - 1, std::span<const std::byte>()), peer_failure);
-      REQUIRE_THROWS_AS(comm.recv(P - 1, buf), peer_failure);
-    }, {.timeout = 30s}), Catch::Contains("the aborting rank"));
+      RANK_REQUIRE_THROWS_AS(comm.broadcast(std::span<float>(g), 0), peer_failure);
+      RANK_REQUIRE_THROWS_AS(comm.send(P - 1, std::span<const std::byte>()), peer_failure);
+      RANK_REQUIRE_THROWS_AS(comm.recv(P - 1, buf), peer_failure);
+    }), {.timeout = 30s}), Catch::Contains("the aborting rank"));
+    REQUIRE(checks.first() == "");
     REQUIRE(peer_failures == P - 1);
     REQUIRE(slowest < 5.0);  // the notice, not the 30 s deadline, ended the wait
     REQUIRE(seconds_since(t0) < 20.0);
@@ -343,7 +378,8 @@ TEST_CASE("TorchComm: a rank that aborts mid-collective makes the others raise p
 TEST_CASE("TorchComm: an exception inside torch_guard reaches every rank, also one blocked in recv",
           "[torch][failure]") {
   std::atomic<int> peer_failures{0};
-  REQUIRE_THROWS_WITH(run_gloo(3, [&](TorchComm& comm) {
+  failed_checks checks;
+  REQUIRE_THROWS_WITH(run_gloo(3, checks.note([&](TorchComm& comm) {
     torch_guard(comm, [&] {
       try {
         if (comm.rank() == 1) {
@@ -354,39 +390,42 @@ TEST_CASE("TorchComm: an exception inside torch_guard reaches every rank, also o
         if (comm.rank() == 0) comm.recv(1, buf);  // rank 1 never sends
         else comm.barrier();
       } catch (const peer_failure& e) {
-        REQUIRE_THAT(std::string(e.what()), Catch::Contains("out of memory in backward"));
+        RANK_REQUIRE(std::string(e.what()).find("out of memory in backward") != std::string::npos);
         ++peer_failures;
         throw;
       }
     });
-  }, {.timeout = 30s}), Catch::Contains("out of memory in backward"));
+  }), {.timeout = 30s}), Catch::Contains("out of memory in backward"));
+  REQUIRE(checks.first() == "");
   REQUIRE(peer_failures == 2);
 }
 
 TEST_CASE("TorchComm: a rank that never joins makes the others time out at the deadline", "[torch][failure]") {
   std::atomic<int> timeouts{0}, failures{0};
+  failed_checks checks;
   const auto t0 = clk::now();
-  REQUIRE_THROWS(run_gloo(3, [&](TorchComm& comm) {
+  REQUIRE_THROWS(run_gloo(3, checks.note([&](TorchComm& comm) {
     if (comm.rank() == 2) {
       std::this_thread::sleep_for(3s);  // late, past the others' deadline
       const auto t1 = clk::now();       // it learns that the group gave up from the notice
-      REQUIRE_THROWS_WITH(comm.barrier(), Catch::Contains("timed out after 1000 ms"));
-      REQUIRE(comm.failed());
-      REQUIRE(seconds_since(t1) < 0.9);
+      RANK_REQUIRE_THROWS_AS_WITH(comm.barrier(), std::exception, "timed out after 1000 ms");
+      RANK_REQUIRE(comm.failed());
+      RANK_REQUIRE(seconds_since(t1) < 0.9);
       return;
     }
     try {
       std::vector<double> x(10, 1.0);
       comm.allreduce(std::span<double>(x));
     } catch (const timeout_error& e) {
-      REQUIRE_THAT(std::string(e.what()), Catch::Contains("timed out after 1000 ms"));
+      RANK_REQUIRE(std::string(e.what()).find("timed out after 1000 ms") != std::string::npos);
       ++timeouts;
       throw;
     } catch (const peer_failure&) {
       ++failures;  // the other waiting rank may see the first one's notice first
       throw;
     }
-  }, {.timeout = 1s}));
+  }), {.timeout = 1s}));
+  REQUIRE(checks.first() == "");
   REQUIRE(timeouts + failures == 2);
   REQUIRE(timeouts >= 1);
   REQUIRE(seconds_since(t0) < 30.0);
@@ -440,7 +479,7 @@ TEST_CASE("TorchComm: a send no peer receives makes the sender's next wait raise
 TEST_CASE("TorchComm construction checks its arguments", "[torch][errors]") {
   REQUIRE_THROWS_AS(TorchComm(c10::intrusive_ptr<c10d::ProcessGroup>()), invalid_argument);
   run_gloo(1, [&](TorchComm& comm) {
-    REQUIRE_THROWS_WITH(TorchComm(comm.group(), {}, {.timeout = 0ms}), Catch::Contains("must be positive"));
+    RANK_REQUIRE_THROWS_AS_WITH(TorchComm(comm.group(), {}, {.timeout = 0ms}), std::exception, "must be positive");
   });
 }
 
@@ -453,7 +492,7 @@ TEST_CASE("TorchComm: Dense averages exactly over the process group", "[torch][d
     for (std::size_t i = 0; i < g.size(); i += 97) {
       float s = 0;
       for (int q = 0; q < 4; ++q) s += float((i + 3 * q) % 17);
-      REQUIRE(g[i] == s * (1.f / 4.f));
+      RANK_REQUIRE_EQ(g[i], s * (1.f / 4.f));
     }
   });
 }
@@ -473,7 +512,7 @@ TEST_CASE("TorchComm: a communicator destroyed right after a send still delivers
       std::this_thread::sleep_for(300ms);  // rank 0's communicator is gone by now
       std::vector<std::byte> got;
       mine.recv(0, got);
-      REQUIRE(got == rank_bytes(7, 0, 1, n));
+      RANK_REQUIRE(got == rank_bytes(7, 0, 1, n));
     }
     comm.barrier();
   });
