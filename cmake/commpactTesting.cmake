@@ -43,6 +43,25 @@ set(COMMPACT_TEST_TIMEOUT 600 CACHE STRING "Per-test timeout in seconds")
 # commpact-long-test 30 (4 to 40 s there), every other test none.
 set(COMMPACT_LONG_COST 30)
 
+# COMMPACT_TEST_PCH: <catch2/catch.hpp> is precompiled once (commpact_catch_pch, and
+# commpact_mpi_catch_pch for the MPI tests, whose MPI flags differ) and every test of the
+# same flags reuses it (REUSE_FROM), instead of each parsing Catch2's 17,000 lines: about
+# 1 s of g++'s compile of a test and 0.5-0.9 s of clang++'s (docs/notes/ci-time.md). A
+# test built with COMMPACT_LONG_TEST_FLAGS has other flags (clang++ refuses a PCH built
+# at another -O), so it parses the header itself.
+option(COMMPACT_TEST_PCH "Precompile <catch2/catch.hpp> once for the Catch2 tests" ON)
+
+# The target whose precompiled Catch2 header tests linking `libs` reuse (none: "").
+function(commpact_catch_pch target)
+  if(NOT COMMPACT_TEST_PCH)
+    return()
+  endif()
+  add_library(${target} OBJECT ${PROJECT_SOURCE_DIR}/tests/common/catch_pch.cpp)
+  target_link_libraries(${target} PRIVATE ${ARGN} Catch2::Catch2 commpact_test_flags)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  target_precompile_headers(${target} PRIVATE <catch2/catch.hpp>)
+endfunction()
+
 function(commpact_add_catch_test src)
   get_filename_component(name ${src} NAME_WE)
   add_executable(${name} ${src})
@@ -52,6 +71,8 @@ function(commpact_add_catch_test src)
   if(long_line AND COMMPACT_LONG_TEST_FLAGS)
     separate_arguments(long_flags UNIX_COMMAND "${COMMPACT_LONG_TEST_FLAGS}")
     target_compile_options(${name} PRIVATE ${long_flags})
+  elseif(TARGET commpact_catch_pch)
+    target_precompile_headers(${name} REUSE_FROM commpact_catch_pch)
   endif()
   add_test(NAME ${name} COMMAND ${name})
   set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
@@ -88,11 +109,17 @@ function(commpact_add_mpi_test src)
     target_link_libraries(${name} PRIVATE commpact::mpi Catch2::Catch2 commpact_test_flags)
     target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
     target_compile_options(${name} PRIVATE -fsyntax-only)
+    if(TARGET commpact_mpi_catch_pch)
+      target_precompile_headers(${name} REUSE_FROM commpact_mpi_catch_pch)
+    endif()
     return()
   endif()
   add_executable(${name} ${src})
   target_link_libraries(${name} PRIVATE commpact::mpi commpact_mpi_catch_main commpact_test_flags)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  if(TARGET commpact_mpi_catch_pch)
+    target_precompile_headers(${name} REUSE_FROM commpact_mpi_catch_pch)
+  endif()
   file(STRINGS ${src} ranks_line REGEX "commpact-mpi-ranks:")
   if(ranks_line)
     string(REGEX REPLACE ".*commpact-mpi-ranks:[ ]*" "" ranks "${ranks_line}")
