@@ -369,3 +369,30 @@ TEST_CASE("run_threads: when every rank fails for the same local reason, each ra
     REQUIRE(own == P);
   }
 }
+
+TEST_CASE("ThreadComm's timeout must be positive and at most max_timeout (a longer one overflowed the deadline)",
+          "[comm][thread][errors]") {
+  for (const auto bad : {0ms, -1ms, max_timeout + 1ms, std::chrono::milliseconds::max()}) {
+    CAPTURE(bad.count());
+    REQUIRE_THROWS_MATCHES(run_threads(2, [](ThreadComm&) {}, {.timeout = bad}), invalid_argument,
+                           Catch::Matchers::Message(
+                               "commpact::ThreadComm: thread_options::timeout is " + std::to_string(bad.count()) +
+                               " ms; it must be positive and at most 1000000000000 ms (commpact::max_timeout, about "
+                               "31 years)."));
+  }
+  // The longest one waits as any other: a rank that never comes is still seen (its failure
+  // ends the wait), and collectives complete.
+  std::atomic<int> done{0};
+  run_threads(3, [&](ThreadComm& comm) {
+    std::vector<float> v{1.f};
+    comm.allreduce(std::span<float>(v));
+    RANK_REQUIRE_EQ(v[0], 3.f);
+    comm.barrier();
+    ++done;
+  }, {.timeout = max_timeout});
+  REQUIRE(done == 3);
+  REQUIRE_THROWS_AS(run_threads(2, [](ThreadComm& comm) {
+    if (comm.rank() == 0) throw std::runtime_error("rank 0 leaves");
+    comm.barrier();  // ended by rank 0's failure, not by the 31-year deadline
+  }, {.timeout = max_timeout}), std::runtime_error);
+}

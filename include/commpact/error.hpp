@@ -4,9 +4,11 @@
 //! Error types. Every error commpact raises derives from commpact::error, and its
 //! message names the value, the rule it broke and the way out.
 
+#include <chrono>
 #include <sstream>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <utility>
 
 namespace commpact {
@@ -88,5 +90,20 @@ template <class E = invalid_argument, class... Args>
 inline void require(bool cond, Args&&... args) {
   if (!cond) throw E(detail::cat(std::forward<Args>(args)...));
 }
+
+//! The longest timeout a communicator takes (ThreadComm, MpiComm, TorchComm): 10^12 ms,
+//! about 31.7 years. Their deadlines are steady_clock time points (nanoseconds in 64
+//! bits), as are the waits of PyTorch's process groups: a longer timeout would overflow
+//! into a deadline in the past and time out at once.
+inline constexpr std::chrono::milliseconds max_timeout{1'000'000'000'000};
+
+namespace detail {
+//! invalid_argument unless 0 < t <= max_timeout; `option` names it
+//! ("commpact::MpiComm: mpi_options::timeout").
+inline void require_timeout(std::chrono::milliseconds t, std::string_view option) {
+  require(t.count() > 0 && t <= max_timeout, option, " is ", t.count(), " ms; it must be positive and at most ",
+          max_timeout.count(), " ms (commpact::max_timeout, about 31 years).");
+}
+}  // namespace detail
 
 }  // namespace commpact

@@ -228,6 +228,9 @@ bool world_handler_is_fatal() {
 TEST_CASE("MpiComm construction checks its arguments and leaves the user's communicator alone", "[comm][mpi][errors]") {
   REQUIRE_THROWS_AS(MpiComm(MPI_COMM_NULL), invalid_argument);
   REQUIRE_THROWS_WITH(MpiComm(MPI_COMM_WORLD, {.timeout = 0ms}), Catch::Contains("must be positive"));
+  // A longer timeout than max_timeout overflowed the deadlines (a wait timed out at once).
+  REQUIRE_THROWS_WITH(MpiComm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds::max()}),
+                      Catch::Contains("at most 1000000000000 ms (commpact::max_timeout"));
   REQUIRE(world_handler_is_fatal());  // the default, untouched by construction ...
   MpiComm comm{MPI_COMM_WORLD};
   MPI_Errhandler h = MPI_ERRHANDLER_NULL;

@@ -480,6 +480,9 @@ TEST_CASE("TorchComm construction checks its arguments", "[torch][errors]") {
   REQUIRE_THROWS_AS(TorchComm(c10::intrusive_ptr<c10d::ProcessGroup>()), invalid_argument);
   run_gloo(1, [&](TorchComm& comm) {
     RANK_REQUIRE_THROWS_AS_WITH(TorchComm(comm.group(), {}, {.timeout = 0ms}), std::exception, "must be positive");
+    // Longer than max_timeout: Gloo's waits (nanoseconds) overflowed and timed out at once.
+    RANK_REQUIRE_THROWS_AS_WITH(TorchComm(comm.group(), {}, {.timeout = max_timeout + 1ms}), invalid_argument,
+                                "at most 1000000000000 ms (commpact::max_timeout");
   });
 }
 

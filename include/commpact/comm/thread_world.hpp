@@ -97,6 +97,7 @@ class thread_world {
         scratch_(static_cast<std::size_t>(size_)), left_(static_cast<std::size_t>(size_), false),
         dead_(static_cast<std::size_t>(size_), false), arrived_(static_cast<std::size_t>(size_), false),
         boxes_(static_cast<std::size_t>(size_) * static_cast<std::size_t>(size_)) {
+    require_timeout(opt_.timeout, "commpact::ThreadComm: thread_options::timeout");
     workers_.reserve(static_cast<std::size_t>(size_));
     for (int r = 0; r < size_; ++r) workers_.push_back(std::make_unique<serial_worker>());
   }

@@ -80,8 +80,7 @@ class torch_failure {
   torch_failure(c10::intrusive_ptr<c10d::ProcessGroup> pg, c10::intrusive_ptr<c10d::Store> store, torch_options opt)
       : pg_(std::move(pg)), store_(std::move(store)), opt_(std::move(opt)) {
     require(pg_.defined(), "commpact::TorchComm: the process group is null; pass the group the ranks share.");
-    require(opt_.timeout.count() > 0, "commpact::TorchComm: torch_options::timeout is ", opt_.timeout.count(),
-            " ms; it must be positive.");
+    detail::require_timeout(opt_.timeout, "commpact::TorchComm: torch_options::timeout");
     require(opt_.poll.count() > 0, "commpact::TorchComm: torch_options::poll must be positive.");
     require(!opt_.name.empty(), "commpact::TorchComm: torch_options::name is empty; name the communicator.");
     rank_ = pg_->getRank();

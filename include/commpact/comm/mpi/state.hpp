@@ -52,8 +52,7 @@ class mpi_state {
           "an MpiComm and destroy every MpiComm before MPI_Finalize.");
     require(parent != MPI_COMM_NULL,
             "commpact::MpiComm: the communicator is MPI_COMM_NULL; pass a valid communicator such as MPI_COMM_WORLD.");
-    require(opt_.timeout.count() > 0, "commpact::MpiComm: mpi_options::timeout is ", opt_.timeout.count(),
-            " ms; it must be positive.");
+    detail::require_timeout(opt_.timeout, "commpact::MpiComm: mpi_options::timeout");
     // Errors of the duplication itself must not abort either: switch the parent to
     // MPI_ERRORS_RETURN for the duration and restore the user's handler afterwards.
     MPI_Errhandler old = MPI_ERRHANDLER_NULL;
