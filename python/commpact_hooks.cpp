@@ -90,11 +90,24 @@ namespace {
 
 c10::intrusive_ptr<c10d::ProcessGroup> group_or_default(py::object pg) {
   if (pg.is_none()) pg = py::module_::import("torch.distributed.distributed_c10d").attr("_get_default_group")();
-  return pg.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  try {
+    return pg.cast<c10::intrusive_ptr<c10d::ProcessGroup>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(commpact::detail::cat(
+        "commpact_hooks: process_group= must be a torch.distributed ProcessGroup this process belongs to (from "
+        "init_process_group or new_group), or None for the default group; got ",
+        py::str(py::repr(pg)).cast<std::string>(), "."));
+  }
 }
 c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
   if (store.is_none()) store = py::module_::import("torch.distributed.distributed_c10d").attr("_get_default_store")();
-  return store.cast<c10::intrusive_ptr<c10d::Store>>();
+  try {
+    return store.cast<c10::intrusive_ptr<c10d::Store>>();
+  } catch (const py::cast_error&) {
+    throw py::type_error(commpact::detail::cat(
+        "commpact_hooks: store= must be a torch.distributed Store (TCPStore, FileStore, ...) that every rank of "
+        "the group shares, or None for the default group's; got ", py::str(py::repr(store)).cast<std::string>(), "."));
+  }
 }
 
 //! The options of a new state. Its store keys (the failure notice) are `<name>#<i>`, the
@@ -102,10 +115,12 @@ c10::intrusive_ptr<c10d::Store> store_or_default(py::object store) {
 //! (after a bad argument, say) does not read the old one's notice. Every rank makes its
 //! states in the same order, as DDP needs of its hooks anyway.
 commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
-  if (!std::isfinite(timeout_s) || timeout_s * 1000.0 < 1.0)
+  // At most commpact::max_timeout (10^12 ms): a longer one overflowed the deadlines.
+  constexpr double max_s = static_cast<double>(commpact::max_timeout.count()) / 1000.0;
+  if (!std::isfinite(timeout_s) || timeout_s * 1000.0 < 1.0 || timeout_s > max_s)
     throw py::value_error(commpact::detail::cat("commpact_hooks: timeout=", timeout_s,
-                                                " must be a finite number of seconds, at least 0.001 (the default is "
-                                                "300): it bounds every wait on a peer."));
+                                                " must be a finite number of seconds, at least 0.001 and at most 1e9 "
+                                                "(about 31 years; the default is 300): it bounds every wait on a peer."));
   static std::mutex m;
   static std::map<std::string, std::int64_t> made;
   commpact::torch_options o;
@@ -223,8 +238,7 @@ struct HookBase {
     try {
       cuda->settle();
     } catch (const commpact::numeric_error& e) {
-      abort(e.what());
-      raise_for_python(e);
+      abort_for_python(e);
     } catch (const std::exception& e) {
       abort(e.what());
       throw;
@@ -236,6 +250,15 @@ struct HookBase {
 #if defined(COMMPACT_HOOKS_CUDA)
     if (cuda) cuda->abort(why);
 #endif
+  }
+  //! Aborts with e's message as a Python user reads it (raise_for_python) and raises it.
+  [[noreturn]] void abort_for_python(const commpact::numeric_error& e) {
+    try {
+      raise_for_python(e);
+    } catch (const commpact::numeric_error& p) {
+      abort(p.what());
+      throw;
+    }
   }
 
   // The hook and the state arguments the ranks must agree on ("gtopk_hook(density=0.1)"; not
@@ -261,20 +284,25 @@ struct HookBase {
       throw commpact::mismatch_error(commpact::detail::cat(
           "commpact_hooks: the ranks registered different hooks, state arguments or names: rank ", comm.rank(),
           " runs ", hook, " with name=\"", opt.name, "\" and another rank does not. Register the same hook with "
-          "the same state arguments on every rank."));
+          "the same state arguments on every rank. A name counts the states made with it in this process (#i): "
+          "where ranks make states for different process groups, give each group's states a name of their own "
+          "(name=...)."));
     hook_agreed = true;
   }
 };
 
 
-// torch_guard (an error reaches every rank) with raise_for_python's message.
+// torch_guard (an error reaches every rank) with raise_for_python's message, which is
+// also the reason the communicator keeps (a later call's "failed earlier (...)" quotes it).
 template <class F>
 void hook_guard(Comm& comm, F&& f, ddp_where where = {}) {
-  try {
-    commpact::torch_guard(comm, std::forward<F>(f));
-  } catch (const commpact::numeric_error& e) {
-    raise_for_python(e, where);
-  }
+  commpact::torch_guard(comm, [&] {
+    try {
+      f();
+    } catch (const commpact::numeric_error& e) {
+      raise_for_python(e, where);
+    }
+  });
 }
 
 std::span<float> float_span(const at::Tensor& t, const char* who) {
@@ -301,14 +329,13 @@ commpact_hooks_cuda::bucket bucket_of(const at::Tensor& t, const char* who) {
 template <class F>
 py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
 #if defined(COMMPACT_HOOKS_CUDA)
-  const commpact_hooks_cuda::bucket b = bucket_of(t, who);
   {
     py::gil_scoped_release nogil;
     try {
+      const commpact_hooks_cuda::bucket b = bucket_of(t, who);  // not float32: the others raise too
       f(st.cuda_state(), b);
     } catch (const commpact::numeric_error& e) {
-      st.abort(e.what());
-      raise_for_python(e);
+      st.abort_for_python(e);
     } catch (const std::exception& e) {
       st.abort(e.what());
       throw;
@@ -393,14 +420,14 @@ py::object sparse_hook(S& st, py::object bucket) {
     return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) {
       cs.reduce(index, b, {}, ps);
     });
-  auto g = float_span(buf, "commpact_hooks");
   const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
-    hook_guard(st.comm, [&] {
+    hook_guard(st.comm, [&] {  // an error reaches every rank, a bucket that is not float32 too
+      const auto g = float_span(buf, "commpact_hooks");
       st.agree_hook();
       st.reduce(index, ps, g);
-    }, {st.iteration, index});  // an error reaches every rank
+    }, {st.iteration, index});
   }
   if (last) ++st.iteration;
   return completed_future(buf);
@@ -425,6 +452,9 @@ struct PowerSGDState : HookBase {
         rng(py::module_::import("numpy").attr("random").attr("RandomState")(seed)), dense(comm) {
     commpact::require(rank >= 1, "commpact_hooks.PowerSGDState: matrix_approximation_rank is ", rank,
                       "; it must be >= 1.");
+    commpact::require(std::isfinite(min_rate) && min_rate >= 0, "commpact_hooks.PowerSGDState: min_compression_rate is ",
+                      min_rate, "; it must be a finite number >= 0 (0 compresses every matrix; 2 is PyTorch's "
+                      "default).");
     // As PyTorch's PowerSGDState: a bucket's compressor keeps its residual and warm-start
     // factors by position, and DDP reorders its buckets after the first iteration.
     commpact::require(start_iter >= 2, "commpact_hooks.PowerSGDState: start_powerSGD_iter is ", start_iter,
@@ -445,6 +475,7 @@ struct PowerSGDState : HookBase {
   commpact::Dense<Comm> dense;
   struct entry {
     commpact::tensor_layout layout;
+    commpact_hooks::bucket_params params;
     std::unique_ptr<commpact::PowerCompressor<1>> psgd;
   };
   std::map<std::int64_t, entry> buckets;
@@ -474,13 +505,18 @@ struct PowerSGDState : HookBase {
       }
   }
 
-  void reduce(std::int64_t index, const commpact::tensor_layout& l, std::span<float> g, bool last) {
+  // A bucket's compressor (residual and warm-start Q) is known by its parameters: one
+  // that comes with other parameters (a state registered on two models) starts afresh
+  // instead of compressing one model's gradient with the other's residual.
+  void reduce(std::int64_t index, const commpact::tensor_layout& l, const commpact_hooks::bucket_params& ps,
+              std::span<float> g, bool last) {
     if (iteration < start_iter) {
       dense.reduce(g);
     } else {
       auto& e = buckets[index];
-      if (!e.psgd || !(e.layout == l)) {
+      if (!e.psgd || !(e.layout == l) || !(e.params == ps)) {
         e.layout = l;
+        e.params = ps;
         e.psgd = std::make_unique<commpact::PowerCompressor<1>>(
             comm, l, commpact::power_options{.approximation_rank = rank, .min_compression_rate = min_rate});
         py::gil_scoped_acquire gil;
@@ -515,6 +551,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   const auto index = bucket.attr("index")().cast<std::int64_t>();
   const bool last = bucket.attr("is_last")().cast<bool>();
   const auto l = layout_of(bucket.attr("gradients")().cast<std::vector<at::Tensor>>());
+  const auto ps = params_of(bucket);
 #if defined(COMMPACT_HOOKS_CUDA)
   if (buf.is_cuda())
     return run_cuda(st, buf, "commpact_hooks.powersgd_hook",
@@ -522,12 +559,12 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
 #else
   if (buf.is_cuda()) return run_cuda(st, buf, "commpact_hooks.powersgd_hook", [](auto&, const auto&) {});
 #endif
-  auto g = float_span(buf, "commpact_hooks.powersgd_hook");
   {
     py::gil_scoped_release nogil;
     hook_guard(st.comm, [&] {
+      const auto g = float_span(buf, "commpact_hooks.powersgd_hook");
       st.agree_hook();
-      st.reduce(index, l, g, last);
+      st.reduce(index, l, ps, g, last);
     }, {st.iteration, index});
   }
   return completed_future(buf);
@@ -553,7 +590,15 @@ using SignK = commpact::per_tensor<commpact::sign_codec>;
 using EFSignState = CodecState<commpact::CodecCompressor<SignK, commpact::Allgather<Comm>>>;
 using QSGDState = CodecState<commpact::CodecCompressor<commpact::qsgd_codec, commpact::Allgather<Comm>>>;
 
+// Checked when the state is made, not at the first backward (where the error would also
+// abort the state): the codec compressors' own checks name C++ classes.
+void check_codec_momentum(float momentum, const char* who) {
+  commpact::require(momentum >= 0.0f && momentum < 1.0f, who, ": momentum is ", momentum,
+                    "; it must be in [0, 1) (0 turns momentum correction off).");
+}
+
 EFSignState make_efsign(py::object pg, float momentum, py::object store, double timeout_s, std::string name) {
+  check_codec_momentum(momentum, "commpact_hooks.EFSignState");
   EFSignState s(pg, store, timeout_s, std::move(name), [momentum](Comm& c, const commpact::tensor_layout& l) {
     // A scale per row of each weight matrix and per bias (split_rows), as the LibTorch CNN.
     return EFSignState::Make::result_type{c, SignK{commpact::split_rows(l), commpact::sign_codec{}},
@@ -568,6 +613,10 @@ EFSignState make_efsign(py::object pg, float momentum, py::object store, double 
 }
 QSGDState make_qsgd(py::object pg, std::uint32_t levels, std::size_t bucket, std::uint64_t seed, float momentum,
                     py::object store, double timeout_s, std::string name) {
+  check_codec_momentum(momentum, "commpact_hooks.QSGDState");
+  commpact::require(levels >= 1 && levels <= commpact::qsgd_codec::max_levels, "commpact_hooks.QSGDState: levels is ",
+                    levels, "; it must be in [1, ", commpact::qsgd_codec::max_levels, "] (256 is the default; with "
+                    "error feedback, few levels can make training diverge: docs/pytorch.md).");
   QSGDState s(pg, store, timeout_s, std::move(name), [=](Comm& c, const commpact::tensor_layout&) {
     return QSGDState::Make::result_type{c, commpact::qsgd_codec{levels, seed, bucket},
                                         commpact::codec_options{.momentum = momentum}};
@@ -591,11 +640,11 @@ py::object codec_hook(S& st, py::object bucket) {
   const auto ps = params_of(bucket);
   if (buf.is_cuda())
     return run_cuda(st, buf, "commpact_hooks", [&](auto& cs, const auto& b) { cs.reduce(index, b, l, ps); });
-  auto g = float_span(buf, "commpact_hooks");
   const bool last = bucket.attr("is_last")().cast<bool>();
   {
     py::gil_scoped_release nogil;
     hook_guard(st.comm, [&] {
+      const auto g = float_span(buf, "commpact_hooks");
       st.agree_hook();
       st.reduce(index, ps, l, g);
     }, {st.iteration, index});
@@ -629,12 +678,15 @@ struct ModelAverager : HookBase {
     if (next_ < 0) next_ = end_of_period(lr);
     ++step_;
     if (step_ < next_) return false;
-    {  // one allreduce of 2 int64 per round: ranks whose periods differ raise here, alike
+    {  // one allreduce of 4 int64 per round: ranks whose periods or parameters differ raise here, alike
       py::gil_scoped_release nogil;
       hook_guard(comm, [&] {
+        check_float32(params);  // inside the guard: the other ranks raise too
         commpact::require_same(comm, {{"the step of this averaging round (ModelAverager)", step_,
                                        "every rank must pass the same period, qsr_alpha, warmup and learning "
-                                       "rates, and call step() after every optimizer step."}});
+                                       "rates, and call step() after every optimizer step."},
+                                      {"parameter shapes, in order (ModelAverager; a hash of them)", shapes_hash(params),
+                                       "every rank must pass the same parameters in the same order."}});
       });
     }
     if (!params.empty() && params.front().is_cuda()) average_on_device(params);
@@ -642,6 +694,27 @@ struct ModelAverager : HookBase {
     ++rounds_;
     next_ = end_of_period(lr);
     return true;
+  }
+  //! The average is taken in float32: another dtype would be rounded (float64) or
+  //! truncated (integers) silently.
+  static void check_float32(const std::vector<at::Tensor>& params) {
+    for (std::size_t i = 0; i < params.size(); ++i)
+      commpact::require(params[i].scalar_type() == at::kFloat, "commpact_hooks.ModelAverager.step: parameter ", i,
+                        " is ", c10::toString(params[i].scalar_type()), "; the averager averages float32 "
+                        "parameters only (another dtype would be rounded or truncated). Pass the float32 ones.");
+  }
+  //! A 62-bit FNV-1a hash of the number of tensors and each one's shape, in order.
+  static std::int64_t shapes_hash(const std::vector<at::Tensor>& params) {
+    std::uint64_t h = 1469598103934665603ull;
+    auto mix = [&](std::int64_t v) {
+      for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<std::uint64_t>(v) >> (8 * b)) & 0xff)) * 1099511628211ull;
+    };
+    mix(static_cast<std::int64_t>(params.size()));
+    for (const auto& p : params) {
+      mix(p.dim());
+      for (const auto s : p.sizes()) mix(s);
+    }
+    return static_cast<std::int64_t>(h >> 2);
   }
   //! The step after which the period that starts now ends: saturated, since QSR's period
   //! at lr = 0 (or a tiny lr) is INT64_MAX: the run has no end known here, so no round.
@@ -663,7 +736,16 @@ struct ModelAverager : HookBase {
     }
     {
       py::gil_scoped_release nogil;
-      hook_guard(comm, [&] { dense.reduce(flat); });
+      hook_guard(comm, [&] {
+        try {
+          dense.reduce(flat);
+        } catch (const commpact::numeric_error&) {  // Dense's message speaks of gradients
+          throw commpact::numeric_error(
+              "commpact_hooks.ModelAverager.step: the average of the parameters is not finite (NaN or Inf) on "
+              "some rank: a parameter is NaN or Inf, or the sum overflowed. No parameter changed; the averager "
+              "cannot go on (make a new one after fixing the model).");
+        }
+      });
     }
     off = 0;
     at::NoGradGuard ng;
@@ -725,6 +807,10 @@ std::string python_advice(std::string msg) {
   constexpr std::string_view py = "the state's timeout= (seconds)";
   for (auto at = msg.find(cxx); at != std::string::npos; at = msg.find(cxx, at + py.size()))
     msg.replace(at, cxx.size(), py);
+  // A failed TorchComm's advice (torch_failure.hpp); in Python a new state makes a new one.
+  constexpr std::string_view rebuild = "Build a new group.";
+  if (const auto at = msg.find(rebuild); at != std::string::npos)
+    msg.replace(at, rebuild.size(), "Make a new state (and register it) to go on.");
   return msg;
 }
 }  // namespace
@@ -826,7 +912,23 @@ PYBIND11_MODULE(commpact_hooks, m) {
            py::arg("process_group") = py::none(), py::arg("period") = 4, py::arg("qsr_alpha") = 0.0,
            py::arg("warmup") = 0, py::arg("store") = py::none(), py::arg("timeout") = 300.0,
            py::arg("name") = "commpact_hooks/averager")
-      .def("step", &ModelAverager::step, py::arg("params"), py::arg("lr"))
+      .def(
+          "step",
+          [](ModelAverager& a, py::iterable params, double lr) {
+            std::vector<at::Tensor> v;  // model.parameters() (a generator) as well as a list
+            for (const auto& p : params) {
+              try {
+                v.push_back(p.cast<at::Tensor>());
+              } catch (const py::cast_error&) {
+                throw py::type_error(commpact::detail::cat(
+                    "commpact_hooks.ModelAverager.step: params must hold tensors (model.parameters() or a list of "
+                    "them); got ", py::str(py::repr(p)).cast<std::string>(), "."));
+              }
+            }
+            return a.step(v, lr);
+          },
+          py::arg("params"), py::arg("lr"),
+          "after each optimizer step: averages the parameters (in place) when the period ends; returns whether it did")
       .def_readonly("rounds", &ModelAverager::rounds_)
       .def("bytes_sent", &ModelAverager::bytes_sent)
       .def("abort", &ModelAverager::abort, py::arg("why"));

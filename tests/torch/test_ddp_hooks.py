@@ -88,13 +88,34 @@ def worker(rank, path, failures):
                                 timeout=datetime.timedelta(seconds=120))
         import commpact_hooks as ch
 
-        # 0. A timeout that is not a positive number of seconds is refused, naming the argument.
-        for bad in (0.0, -1.0, float("nan"), float("inf")):
+        # 0. A timeout that is not a positive number of seconds is refused, naming the argument;
+        #    so is one longer than 1e9 s (it overflowed the deadlines: timed out at once).
+        for bad in (0.0, -1.0, float("nan"), float("inf"), 1e10, 1e16):
             try:
                 ch.GTopKState(timeout=bad, name="t/bad-timeout")
                 raise AssertionError(f"timeout={bad} was accepted")
             except ValueError as e:
                 check("timeout=" in str(e), f"the timeout error does not name the argument: {e}")
+
+        #    Arguments the compressors check are checked when the state is made (not at the
+        #    first backward, where the error would also end the state), naming the argument;
+        #    a process_group= or store= of another type is a TypeError naming it.
+        for make, arg in ((lambda: ch.EFSignState(momentum=float("nan")), "momentum"),
+                          (lambda: ch.EFSignState(momentum=1.0), "momentum"),
+                          (lambda: ch.QSGDState(momentum=-0.5), "momentum"),
+                          (lambda: ch.QSGDState(levels=0), "levels"),
+                          (lambda: ch.QSGDState(levels=70000), "levels"),
+                          (lambda: ch.PowerSGDState(min_compression_rate=float("nan")), "min_compression_rate"),
+                          (lambda: ch.PowerSGDState(min_compression_rate=-1.0), "min_compression_rate"),
+                          (lambda: ch.GTopKState(process_group=123), "process_group="),
+                          (lambda: ch.TopKState(store="a store"), "store="),
+                          (lambda: ch.ModelAverager(process_group=object()), "process_group=")):
+            try:
+                make()
+                raise AssertionError(f"a bad {arg} was accepted")
+            except (ValueError, RuntimeError, TypeError) as e:
+                check(arg in str(e) and "Unable to cast" not in str(e), f"the bad {arg}'s error: {e}")
+                check(isinstance(e, TypeError) == arg.endswith("="), f"the bad {arg}'s error type: {type(e)}")
 
         # 1. Each hook: identical parameters on every rank, the loss falls.
         states = {
@@ -205,7 +226,7 @@ def worker(rank, path, failures):
                 opt.zero_grad()
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
-                did = avg.step(list(model.parameters()), 0.1)
+                did = avg.step(model.parameters(), 0.1)  # a generator, as PyTorch's averagers take
                 same = identical_across_ranks(flat_params(model))
                 check(same == did, f"averager: averaged={did} but identical={same}")
                 synced.append(did)
@@ -225,6 +246,16 @@ def worker(rank, path, failures):
             raise AssertionError("averagers with periods 2 and 3 did not raise")
         except RuntimeError as e:
             check("step of this averaging round" in str(e), f"periods that differ: {e}")
+        dist.barrier()
+        #    Ranks that pass parameters of the same total length in another order raise alike
+        #    (the shapes are agreed with the step), before anything is averaged.
+        ps = [torch.ones(6), torch.ones(2)] if rank == 0 else [torch.ones(2), torch.ones(6)]
+        try:
+            ch.ModelAverager(period=1, name="t/order").step(ps, 0.1)
+            raise AssertionError("parameters in another order were averaged")
+        except RuntimeError as e:
+            check("parameter shapes" in str(e) and "same order" in str(e), f"parameters in another order: {e}")
+        check(all(bool((p == 1).all()) for p in ps), "parameters in another order: a parameter changed")
         dist.barrier()
 
         # 4. start_powerSGD_iter < 2 raises as PyTorch's PowerSGDState does (the rebuild).
@@ -267,6 +298,63 @@ def worker(rank, path, failures):
             check("at iteration 1 of this state (DDP bucket " in msg and "at step" not in msg,
                   f"the non-finite error does not name the iteration: {msg}")
             check("on_nonfinite" not in msg, f"the error names the C++ option on_nonfinite: {msg}")
+        #    The state failed; a later backward (a new DDP model: the failed backward leaves
+        #    DDP's reducer unusable) says so with the same Python advice (the reason the
+        #    communicator keeps is the Python message) and asks for a new state.
+        model = DDP(model_fn(), bucket_cap_mb=0.01)
+        model.register_comm_hook(state, ch.gtopk_hook)
+        try:
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            raise AssertionError("a failed state ran another step")
+        except RuntimeError as e:
+            msg = str(e)
+            check("failed earlier" in msg and "at iteration 1 of this state" in msg and "on_nonfinite" not in msg
+                  and "Make a new state" in msg and "Build a new group" not in msg,
+                  f"the failed state's later error: {msg}")
+        dist.barrier()
+
+        # 4b'. One PowerSGDState on two models (the docs ask for one per model): a bucket that
+        #      comes with other parameters gets a compressor of its own, so the second model,
+        #      whose gradient is zero, gets zero (the first model's residual used to reach it).
+        state = ch.PowerSGDState(matrix_approximation_rank=1, start_powerSGD_iter=2, name="t/psgd-two")
+        m1, m2 = DDP(model_fn()), DDP(model_fn())
+        m1.register_comm_hook(state, ch.powersgd_hook)
+        m2.register_comm_hook(state, ch.powersgd_hook)
+        for x, y in batches(rank, 4):
+            for m, scale in ((m1, 1.0), (m2, 0.0)):
+                m.zero_grad()
+                (scale * torch.nn.functional.cross_entropy(m(x), y)).backward()
+            top = max(p.grad.abs().max().item() for p in m2.parameters())
+            check(top == 0.0, f"one PowerSGD state on two models: the zero-loss model got gradients up to {top}")
+        dist.barrier()
+
+        # 4d. A bucket that is not float32 on one rank (a float64 model there; a float64
+        #     ModelAverager parameter): that rank raises at once, and the abort reaches the other
+        #     rank at once too, instead of after its timeout. Each on a group of its own: the
+        #     other rank's abandoned collective stays there.
+        g = dist.new_group([0, 1])
+        state = ch.GTopKState(process_group=g, density=0.1, timeout=60.0, name="t/dtype")
+        model = DDP(model_fn().double() if rank == 1 else model_fn(), process_group=g)
+        model.register_comm_hook(state, ch.gtopk_hook)
+        x, y = batches(rank, 1)[0]
+        t0 = time.monotonic()
+        try:
+            torch.nn.functional.cross_entropy(model(x.double() if rank == 1 else x), y).backward()
+            raise AssertionError("a float64 bucket on rank 1 did not raise")
+        except RuntimeError as e:
+            check("float32" in str(e), f"the float64 bucket's error: {e}")
+            check(time.monotonic() - t0 < 10, "the float64 bucket's error came late")
+        g = dist.new_group([0, 1])
+        avg = ch.ModelAverager(process_group=g, period=1, timeout=60.0, name="t/dtype-avg")
+        p = torch.ones(4, dtype=torch.float64 if rank == 1 else torch.float32)
+        t0 = time.monotonic()
+        try:
+            avg.step([p], 0.1)
+            raise AssertionError("a float64 parameter on rank 1 was averaged")
+        except RuntimeError as e:
+            check("float32" in str(e), f"the float64 parameter's error: {e}")
+            check(time.monotonic() - t0 < 10, "the float64 parameter's error came late")
+        check(bool((p == 1).all()), "the float64 parameter's error: a parameter changed")
         dist.barrier()
 
         # 4c. Ranks that register different hooks (gTop-k's tree against Top-k's allgather
