@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   const auto& o = c.o;
   try {
     demo::validate(c);
+    demo::check_out(c);
     demo::Data data{demo::load_idx(o.data_dir, "train", o.limit), demo::load_idx(o.data_dir, "t10k")};
     std::printf("commpact demo: Fashion-MNIST, %zu training / %zu test images, MLP 784-%d-10, %d ranks (threads), "
                 "batch %d per rank, %d epochs\n",

@@ -26,6 +26,18 @@ int main(int argc, char** argv) {
       c.o.ranks = world.size();
       const auto& o = c.o;
       demo::validate(c);
+      // Rank 0 writes the results: it checks --out, and every rank learns the verdict.
+      int out_ok = 1;
+      std::string why;
+      if (world.rank() == 0) try {
+          demo::check_out(c);
+        } catch (const commpact::error& e) {
+          out_ok = 0;
+          why = e.what();
+        }
+      world.broadcast(std::span<int>(&out_ok, 1), 0);
+      if (!out_ok)
+        throw commpact::invalid_argument(world.rank() == 0 ? why : "demo: rank 0 cannot write --out (its message says why).");
       demo::Data data{demo::load_idx(o.data_dir, "train", o.limit), demo::load_idx(o.data_dir, "t10k")};
       if (world.rank() == 0)
         std::printf("commpact demo: Fashion-MNIST, %zu training / %zu test images, MLP 784-%d-10, %d MPI ranks, "

@@ -3,11 +3,14 @@
 #include <CLI/CLI.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <system_error>
+#include <utility>
 #include <vector>
 
 #include "trainer.hpp"
@@ -40,7 +43,7 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_flag("--overlap", o.overlap,
                "reduce gradients in buckets during backward (dense, topk, gtopk, powersgd, localsgd, qsr)");
   app.add_option("--bucket-kb", o.bucket_kb, "bucket cap with --overlap, KB")->check(CLI::NonNegativeNumber);
-  app.add_option("--limit", o.limit, "use only the first N training images (0: all)");
+  app.add_option("--limit", o.limit, "use only the first N training images (0: all)")->check(CLI::NonNegativeNumber);
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST *.gz files");
   app.add_option("--methods", o.methods,
@@ -51,8 +54,16 @@ inline void add_options(CLI::App& app, Cli& c) {
       ->check(CLI::Range(0.0, 1.0));
 }
 
-// Rejects unknown methods before any data is read.
+// Rejects unknown methods, and values CLI11's range checks let through (NaN), before any
+// data is read: a bad value must not end the run after the methods before it trained.
 inline void validate(const Cli& c) {
+  const auto& o = c.o;
+  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", o.lr}, {"--density", o.density},
+                                {"--qsr-alpha", o.qsr_alpha}, {"--bucket-kb", o.bucket_kb},
+                                {"--expect-accuracy", c.expect_accuracy}})
+    if (!std::isfinite(v) || (std::string(name) == "--bucket-kb" && v > 1e9))
+      throw commpact::invalid_argument(commpact::detail::cat("demo: ", name, " = ", v,
+                                                             " is not a finite number in its range; see --help."));
   for (const auto& m : c.o.methods)
     if (std::find(method_names().begin(), method_names().end(), m) == method_names().end()) {
       std::string known;
@@ -61,20 +72,25 @@ inline void validate(const Cli& c) {
     }
 }
 
+// Raises invalid_argument unless --out can hold the CSV (the folder is created): checked
+// before training, so that a bad --out (a file, a folder that cannot be written) does not
+// lose the run at its end. Opening the CSV to append changes no earlier content.
+inline void check_out(const Cli& c) {
+  std::error_code ec;
+  if (!c.out_dir.empty()) std::filesystem::create_directories(c.out_dir, ec);
+  const auto csv = std::filesystem::path(c.out_dir) / "fashion_mnist.csv";
+  if (c.out_dir.empty() || ec || !std::ofstream(csv, std::ios::app))
+    throw commpact::invalid_argument("demo: --out '" + c.out_dir + "': cannot write " + csv.string() +
+                                     (ec ? " (" + ec.message() + ")" : std::string()) +
+                                     "; pass a folder that can be created and written.");
+}
+
 // Prints the summary table, writes <out>/fashion_mnist.csv and the gnuplot PNG; returns
-// 2 if a method ended below --expect-accuracy.
+// 2 if a method ended below --expect-accuracy, 1 if the CSV could not be written.
 inline int report(const std::vector<EpochRow>& all, const Cli& c) {
   const auto& o = c.o;
   const auto& out_dir = c.out_dir;
   const double expect_accuracy = c.expect_accuracy;
-    std::filesystem::create_directories(out_dir);
-    const auto csv = std::filesystem::path(out_dir) / "fashion_mnist.csv";
-    std::ofstream f(csv);
-    f << "method,epoch,train_loss,test_acc,mb_sent_per_rank,sync_rounds,seconds,bytes_sent_per_rank\n";
-    for (auto& r : all)
-      f << r.method << ',' << r.epoch << ',' << r.train_loss << ',' << r.test_acc << ',' << r.mb_sent << ','
-        << r.sync_rounds << ',' << r.seconds << ',' << r.bytes_sent << '\n';
-    f.close();
 
     std::printf("\n%-10s %10s %12s %14s %10s %9s\n", "method", "test acc", "train loss", "MB sent/rank", "vs dense",
                 "seconds");
@@ -88,8 +104,23 @@ inline int report(const std::vector<EpochRow>& all, const Cli& c) {
       std::printf("%-10s %9.2f%% %12.4f %14.3f %10s %9.1f\n", r.method.c_str(), 100 * r.test_acc, r.train_loss,
                   r.mb_sent, ratio, r.seconds);
     }
-    std::printf("\nwrote %s\n", csv.c_str());
     int status = 0;
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);
+    const auto csv = std::filesystem::path(out_dir) / "fashion_mnist.csv";
+    {
+      std::ofstream f(csv);
+      f << "method,epoch,train_loss,test_acc,mb_sent_per_rank,sync_rounds,seconds,bytes_sent_per_rank\n";
+      for (auto& r : all)
+        f << r.method << ',' << r.epoch << ',' << r.train_loss << ',' << r.test_acc << ',' << r.mb_sent << ','
+          << r.sync_rounds << ',' << r.seconds << ',' << r.bytes_sent << '\n';
+      f.close();
+      if (!f) {
+        std::fprintf(stderr, "error: could not write %s (the table above is the run's result)\n", csv.c_str());
+        return 1;
+      }
+    }
+    std::printf("\nwrote %s\n", csv.c_str());
     for (auto& r : all)
       if (r.epoch == o.epochs && r.test_acc < expect_accuracy) {
         std::fprintf(stderr, "error: %s reached %.2f%% test accuracy, below the expected %.2f%%\n", r.method.c_str(),
