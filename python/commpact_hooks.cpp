@@ -60,6 +60,7 @@
 #include <commpact/compress/codecs/topk_sign.hpp>
 #include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/comm/agree.hpp>
+#include <commpact/detail/hash.hpp>
 #include <commpact/compress/compressors/dense.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>
 #include <commpact/compress/compressors/power.hpp>
@@ -551,7 +552,6 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
   const auto index = bucket.attr("index")().cast<std::int64_t>();
   const bool last = bucket.attr("is_last")().cast<bool>();
   const auto l = layout_of(bucket.attr("gradients")().cast<std::vector<at::Tensor>>());
-  const auto ps = params_of(bucket);
 #if defined(COMMPACT_HOOKS_CUDA)
   if (buf.is_cuda())
     return run_cuda(st, buf, "commpact_hooks.powersgd_hook",
@@ -559,6 +559,7 @@ py::object powersgd_hook(PowerSGDState& st, py::object bucket) {
 #else
   if (buf.is_cuda()) return run_cuda(st, buf, "commpact_hooks.powersgd_hook", [](auto&, const auto&) {});
 #endif
+  const auto ps = params_of(bucket);  // CPU buckets only: the CUDA side keys PowerSGD by layout
   {
     py::gil_scoped_release nogil;
     hook_guard(st.comm, [&] {
@@ -703,18 +704,14 @@ struct ModelAverager : HookBase {
                         " is ", c10::toString(params[i].scalar_type()), "; the averager averages float32 "
                         "parameters only (another dtype would be rounded or truncated). Pass the float32 ones.");
   }
-  //! A 62-bit FNV-1a hash of the number of tensors and each one's shape, in order.
+  //! A 62-bit hash (detail::hash_words) of the number of tensors and each one's shape, in order.
   static std::int64_t shapes_hash(const std::vector<at::Tensor>& params) {
-    std::uint64_t h = 1469598103934665603ull;
-    auto mix = [&](std::int64_t v) {
-      for (int b = 0; b < 8; ++b) h = (h ^ ((static_cast<std::uint64_t>(v) >> (8 * b)) & 0xff)) * 1099511628211ull;
-    };
-    mix(static_cast<std::int64_t>(params.size()));
+    std::vector<std::int64_t> w{static_cast<std::int64_t>(params.size())};
     for (const auto& p : params) {
-      mix(p.dim());
-      for (const auto s : p.sizes()) mix(s);
+      w.push_back(p.dim());
+      w.insert(w.end(), p.sizes().begin(), p.sizes().end());
     }
-    return static_cast<std::int64_t>(h >> 2);
+    return commpact::detail::hash_words(w);
   }
   //! The step after which the period that starts now ends: saturated, since QSR's period
   //! at lr = 0 (or a tiny lr) is INT64_MAX: the run has no end known here, so no round.

@@ -8,9 +8,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <string>
 #include <system_error>
-#include <utility>
 #include <vector>
 
 #include "trainer.hpp"
@@ -58,10 +58,15 @@ inline void add_options(CLI::App& app, Cli& c) {
 // data is read: a bad value must not end the run after the methods before it trained.
 inline void validate(const Cli& c) {
   const auto& o = c.o;
-  for (const auto& [name, v] : {std::pair<const char*, double>{"--lr", o.lr}, {"--density", o.density},
-                                {"--qsr-alpha", o.qsr_alpha}, {"--bucket-kb", o.bucket_kb},
-                                {"--expect-accuracy", c.expect_accuracy}})
-    if (!std::isfinite(v) || (std::string(name) == "--bucket-kb" && v > 1e9))
+  struct bounded {
+    const char* name;
+    double v, max;
+  };
+  constexpr double any = std::numeric_limits<double>::max();
+  for (const auto& [name, v, max] : {bounded{"--lr", o.lr, any}, bounded{"--density", o.density, any},
+                                     bounded{"--qsr-alpha", o.qsr_alpha, any}, bounded{"--bucket-kb", o.bucket_kb, 1e9},
+                                     bounded{"--expect-accuracy", c.expect_accuracy, any}})
+    if (!std::isfinite(v) || v > max)
       throw commpact::invalid_argument(commpact::detail::cat("demo: ", name, " = ", v,
                                                              " is not a finite number in its range; see --help."));
   for (const auto& m : c.o.methods)
