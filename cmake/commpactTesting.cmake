@@ -259,3 +259,15 @@ function(commpact_add_compile_fail_test src)
     COMMAND ${CMAKE_CXX_COMPILER} -std=c++20 -fsyntax-only -I${PROJECT_SOURCE_DIR}/include ${src})
   set_tests_properties(compile_fail_${name} PROPERTIES LABELS compile_fail PASS_REGULAR_EXPRESSION "${expect}")
 endfunction()
+
+# commpact_usage_test(<test> <target> <expect-regex> <args>...): runs <target> with
+# arguments a user could get wrong and requires a clean refusal, as tests/check_usage.cmake
+# checks it: an exit status of 1 to 127 within 30 s (no signal, no abort, no hang, no run
+# that trains first and fails after) and output matching <expect-regex>. Label "usage".
+function(commpact_usage_test name target expect)
+  list(JOIN ARGN "|" args)
+  add_test(NAME ${name}
+    COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:${target}> "-DARGS=${args}" "-DEXPECT=${expect}" -DTIMEOUT=30
+            -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/tests/check_usage.cmake)
+  set_tests_properties(${name} PROPERTIES LABELS usage TIMEOUT 60)
+endfunction()

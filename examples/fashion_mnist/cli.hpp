@@ -13,6 +13,7 @@
 #include <system_error>
 #include <vector>
 
+#include "number_check.hpp"
 #include "trainer.hpp"
 
 namespace demo {
@@ -32,18 +33,18 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--epochs", o.epochs, "training epochs")->check(CLI::Range(1, 1000));
   app.add_option("--hidden", o.hidden, "hidden units")->check(CLI::Range(1, 4096));
   app.add_option("--batch", o.batch, "mini-batch per rank")->check(CLI::Range(1, 4096));
-  app.add_option("--lr", o.lr, "peak learning rate")->check(CLI::PositiveNumber);
-  app.add_option("--momentum", o.momentum, "SGD momentum")->check(CLI::Range(0.0, 0.999));
+  app.add_option("--lr", o.lr, "peak learning rate")->check(positive_number());
+  app.add_option("--momentum", o.momentum, "SGD momentum")->check(number_in(0, 0.999));
   app.add_option("--density", o.density, "fraction of gradient entries sent by top-k methods")
-      ->check(CLI::Range(1e-6, 1.0));
+      ->check(number_in(1e-6, 1));
   app.add_option("--qsgd-levels", o.qsgd_levels, "QSGD's quantisation levels s (method qsgd)")->check(CLI::Range(1, 65535));
   app.add_option("--local-h", o.local_h, "period H of Local SGD (and QSR's H_base)")->check(CLI::Range(1, 100000));
-  app.add_option("--qsr-alpha", o.qsr_alpha, "QSR's alpha")->check(CLI::PositiveNumber);
+  app.add_option("--qsr-alpha", o.qsr_alpha, "QSR's alpha")->check(positive_number());
   app.add_option("--staleness", o.staleness, "SSP's staleness bound s (method ssp)")->check(CLI::Range(0, 100000));
   app.add_flag("--overlap", o.overlap,
                "reduce gradients in buckets during backward (dense, topk, gtopk, powersgd, localsgd, qsr)");
-  app.add_option("--bucket-kb", o.bucket_kb, "bucket cap with --overlap, KB")->check(CLI::NonNegativeNumber);
-  app.add_option("--limit", o.limit, "use only the first N training images (0: all)")->check(CLI::NonNegativeNumber);
+  app.add_option("--bucket-kb", o.bucket_kb, "bucket cap with --overlap, KB")->check(number_in(0, 1e9));
+  app.add_option("--limit", o.limit, "use only the first N training images (0: all)")->check(number_in(0));
   app.add_option("--seed", o.seed, "random seed");
   app.add_option("--data-dir", o.data_dir, "folder with the Fashion-MNIST *.gz files");
   app.add_option("--methods", o.methods,
@@ -51,30 +52,25 @@ inline void add_options(CLI::App& app, Cli& c) {
   app.add_option("--out", out_dir, "folder for the CSV and the plot");
   app.add_option("--expect-accuracy", expect_accuracy,
                  "exit with status 2 if any method ends below this test accuracy (0..1); used by the tests")
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0, 1));
 }
 
-// Rejects unknown methods, and values CLI11's range checks let through (NaN), before any
-// data is read: a bad value must not end the run after the methods before it trained.
+// Rejects unknown, empty and repeated methods before any data is read: a bad name must
+// not end the run after the methods before it trained. (Real-valued options are checked
+// as they are parsed: number_check.hpp refuses NaN, which CLI11's ranges let through.)
 inline void validate(const Cli& c) {
-  const auto& o = c.o;
-  struct bounded {
-    const char* name;
-    double v, max;
-  };
-  constexpr double any = std::numeric_limits<double>::max();
-  for (const auto& [name, v, max] : {bounded{"--lr", o.lr, any}, bounded{"--density", o.density, any},
-                                     bounded{"--qsr-alpha", o.qsr_alpha, any}, bounded{"--bucket-kb", o.bucket_kb, 1e9},
-                                     bounded{"--expect-accuracy", c.expect_accuracy, any}})
-    if (!std::isfinite(v) || v > max)
-      throw commpact::invalid_argument(commpact::detail::cat("demo: ", name, " = ", v,
-                                                             " is not a finite number in its range; see --help."));
-  for (const auto& m : c.o.methods)
+  const auto& methods = c.o.methods;
+  if (methods.empty()) throw commpact::invalid_argument("demo: --methods names no method; see --help.");
+  for (std::size_t i = 0; i < methods.size(); ++i) {
+    const auto& m = methods[i];
     if (std::find(method_names().begin(), method_names().end(), m) == method_names().end()) {
       std::string known;
       for (auto& k : method_names()) known += (known.empty() ? "" : ", ") + k;
       throw commpact::invalid_argument("demo: unknown method '" + m + "' in --methods; use one of: " + known + ".");
     }
+    if (std::find(methods.begin(), methods.begin() + std::ptrdiff_t(i), m) != methods.begin() + std::ptrdiff_t(i))
+      throw commpact::invalid_argument("demo: method '" + m + "' is named twice in --methods.");
+  }
 }
 
 // Raises invalid_argument unless --out can hold the CSV (the folder is created): checked

@@ -70,10 +70,13 @@ struct Data {
   Dataset train, test;
 };
 
+// Warm-up: the first 5% of steps, at least one; a run of one step has none.
+inline std::int64_t warmup_steps(std::int64_t total) { return total > 1 ? std::max<std::int64_t>(1, total / 20) : 0; }
+
 // Learning rate: linear warm-up over the first 5% of steps, then cosine decay to 1% of
 // the peak (QSR needs lr > 0 at every step).
 inline double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
-  const commpact::WarmupCosineLr lr{o.lr, std::max<std::int64_t>(1, total / 20), total, 0.01 * o.lr};
+  const commpact::WarmupCosineLr lr{o.lr, warmup_steps(total), total, 0.01 * o.lr};
   return lr(step);
 }
 
@@ -234,7 +237,7 @@ template <class Comm>
 Method make_method(const std::string& name, Comm comm, const Options& o, const Mlp& model, std::int64_t total,
                    std::int64_t& rounds) {
   const std::size_t n = model.size();
-  const std::int64_t warmup = std::max<std::int64_t>(1, total / 20);
+  const std::int64_t warmup = warmup_steps(total);
   using commpact::bucket_info;
   auto dense = [comm](const bucket_info& = {}) { return commpact::Dense<Comm>{comm}; };
   if (name == "dense") return drive_buckets(dense, dense, commpact::EveryStep{}, o, model, total, rounds);

@@ -41,6 +41,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -52,6 +53,7 @@
 #include <vector>
 
 #include "../fashion_mnist/idx.hpp"
+#include "../fashion_mnist/number_check.hpp"
 
 namespace {
 
@@ -101,6 +103,9 @@ struct Method {
   std::function<std::int64_t()> rounds;
 };
 
+// 5% of the run warms up, at least one step; a run of one step has no warm-up.
+std::int64_t warmup_steps(std::int64_t total) { return total > 1 ? std::max<std::int64_t>(1, total / 20) : 0; }
+
 template <class Comp, class Policy>
 Method drive(std::vector<std::size_t> layers, std::function<Comp(const commpact::bucket_info&)> make, Policy policy,
              const Options& o, std::size_t n, std::int64_t total) {
@@ -133,7 +138,7 @@ Method make_method(const Options& o, Comm comm, const std::vector<std::vector<st
   auto bucket_layout = [all](const bucket_info& b) {
     return tensor_layout(all.begin() + std::ptrdiff_t(b.first_layer), all.begin() + std::ptrdiff_t(b.end_layer));
   };
-  const std::int64_t warmup = std::max<std::int64_t>(1, total / 20);
+  const std::int64_t warmup = warmup_steps(total);
   const auto& name = o.method;
   if (name == "dense" || name == "localsgd" || name == "qsr") {
     std::function<Dense<Comm>(const bucket_info&)> make = [comm](const bucket_info&) { return Dense<Comm>{comm}; };
@@ -221,11 +226,11 @@ Result train_rank(const Options& o, Comm comm, const Data& data) {
 
   const std::size_t per_rank = data.train.count / std::size_t(P);
   const std::int64_t steps_per_epoch = std::int64_t(per_rank) / o.batch;
-  require(steps_per_epoch > 0, "train_cnn: ", data.train.count, " images are too few for ", P, " ranks of batch ",
-          o.batch, ".");
+  require(steps_per_epoch > 0, data.train.count, " training images are too few for ", P,
+          " ranks with --batch ", o.batch, " each; raise --limit or lower --ranks or --batch.");
   const std::int64_t total = steps_per_epoch * o.epochs;
   Method m = make_method(o, comm, shapes, n, total);
-  const WarmupCosineLr lr_at{o.lr, std::max<std::int64_t>(1, total / 20), total, 0.01 * o.lr};
+  const WarmupCosineLr lr_at{o.lr, warmup_steps(total), total, 0.01 * o.lr};
 
   // Hooks: copy each gradient into the flat buffer, then mark its tensor ready.
   for (std::size_t t = 0; t < params.size(); ++t) {
@@ -286,37 +291,71 @@ Result train_rank(const Options& o, Comm comm, const Data& data) {
   return res;
 }
 
+// Refuses, before any data is read, what would otherwise fail after training or wait:
+// --rank not below --world, a --csv that cannot be appended to, and a --store in a folder
+// that does not exist (c10d's FileStore retries opening it until its timeout).
+void check_paths(const Options& o) {
+  using commpact::invalid_argument;
+  if (o.rank >= 0 && o.rank >= o.world)
+    throw invalid_argument(commpact::detail::cat("--rank ", o.rank, " must be below --world ", o.world,
+                                                 "; ranks count from 0."));
+  if (!o.csv.empty() && !std::ofstream(o.csv, std::ios::app))
+    throw invalid_argument("--csv '" + o.csv + "' cannot be opened to append; pass a file in a folder that exists.");
+  if (o.rank >= 0) {
+    const auto dir = std::filesystem::path(o.store).parent_path();
+    std::error_code ec;
+    if (!dir.empty() && !std::filesystem::is_directory(dir, ec))
+      throw invalid_argument("--store '" + o.store + "': the folder " + dir.string() +
+                             " does not exist; every process must name one file in a folder they share.");
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   Options o;
   CLI::App app{"LibTorch CNN on Fashion-MNIST, gradients reduced per bucket by a commpact compressor"};
-  app.add_option("--method", o.method, "dense, topk, gtopk, powersgd, efsign, localsgd or qsr")->capture_default_str();
+  app.add_option("--method", o.method, "dense, topk, gtopk, powersgd, efsign, localsgd or qsr")
+      ->check(CLI::IsMember({"dense", "topk", "gtopk", "powersgd", "efsign", "localsgd", "qsr"}))
+      ->capture_default_str();
   app.add_option("--comm", o.comm, "thread (ThreadComm) or gloo (TorchComm over ProcessGroupGloo)")
       ->check(CLI::IsMember({"thread", "gloo"}))
       ->capture_default_str();
-  app.add_option("--ranks", o.ranks, "data-parallel ranks (threads of this process)")->capture_default_str();
-  app.add_option("--rank", o.rank, "this process's rank (one process per rank, over TorchComm; needs --world, --store)");
-  app.add_option("--world", o.world, "ranks in all (with --rank)");
-  app.add_option("--store", o.store, "a FileStore path every process shares (with --rank)");
-  app.add_option("--epochs", o.epochs)->capture_default_str();
-  app.add_option("--batch", o.batch, "per rank")->capture_default_str();
-  app.add_option("--lr", o.lr, "peak learning rate (warm-up, cosine decay)")->capture_default_str();
-  app.add_option("--momentum", o.momentum)->capture_default_str();
-  app.add_option("--density", o.density, "top-k and gTop-k density")->capture_default_str();
-  app.add_option("--local-h", o.local_h, "Local SGD period, QSR's base period")->capture_default_str();
-  app.add_option("--qsr-alpha", o.qsr_alpha)->capture_default_str();
-  app.add_option("--bucket-kb", o.bucket_kb, "bucket cap")->capture_default_str();
-  app.add_option("--limit", o.limit, "use only this many training images (0: all)");
-  app.add_option("--test-limit", o.test_limit, "use only this many test images (0: all)");
+  app.add_option("--ranks", o.ranks, "data-parallel ranks (threads of this process)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  auto* rank = app.add_option("--rank", o.rank,
+                              "this process's rank (one process per rank, over TorchComm; needs --world, --store)")
+                   ->check(CLI::Range(0, 1023));
+  auto* world = app.add_option("--world", o.world, "ranks in all (with --rank)")->check(CLI::Range(1, 1024));
+  auto* store = app.add_option("--store", o.store, "a FileStore path every process shares (with --rank)");
+  rank->needs(world, store);
+  world->needs(rank);
+  store->needs(rank);
+  app.add_option("--epochs", o.epochs)->check(CLI::Range(1, 1000))->capture_default_str();
+  app.add_option("--batch", o.batch, "per rank")->check(CLI::Range(1, 4096))->capture_default_str();
+  app.add_option("--lr", o.lr, "peak learning rate (warm-up, cosine decay)")
+      ->check(demo::positive_number())
+      ->capture_default_str();
+  app.add_option("--momentum", o.momentum)->check(demo::number_in(0, 0.999))->capture_default_str();
+  app.add_option("--density", o.density, "top-k and gTop-k density")->check(demo::number_in(1e-6, 1))->capture_default_str();
+  app.add_option("--local-h", o.local_h, "Local SGD period, QSR's base period")
+      ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--qsr-alpha", o.qsr_alpha)->check(demo::positive_number())->capture_default_str();
+  app.add_option("--bucket-kb", o.bucket_kb, "bucket cap")->check(demo::number_in(0, 1e9))->capture_default_str();
+  app.add_option("--limit", o.limit, "use only this many training images (0: all)")->check(demo::number_in(0));
+  app.add_option("--test-limit", o.test_limit, "use only this many test images (0: all)")->check(demo::number_in(0));
   app.add_option("--seed", o.seed)->capture_default_str();
   app.add_option("--data-dir", o.data_dir)->capture_default_str();
   app.add_option("--csv", o.csv, "append a result row (method,ranks,epochs,acc,loss,mb_sent,rounds,seconds) here");
-  app.add_option("--expect-accuracy", o.expect, "exit 1 below this test accuracy (smoke tests)");
+  app.add_option("--expect-accuracy", o.expect, "exit 1 below this test accuracy (smoke tests)")
+      ->check(demo::number_in(0, 1));
   app.add_flag("--quiet", o.quiet);
   CLI11_PARSE(app, argc, argv);
 
   try {
+    check_paths(o);
     torch::set_num_threads(1);  // one core per rank
     Data data;
     data.train = demo::load_idx(o.data_dir, "train", o.limit);
@@ -324,8 +363,6 @@ int main(int argc, char** argv) {
     Result res;
     std::mutex m;
     if (o.rank >= 0) {
-      commpact::require(o.world >= 1 && o.rank < o.world && !o.store.empty(),
-                        "train_cnn: --rank needs --world > rank and --store.");
       auto store = c10::make_intrusive<c10d::FileStore>(o.store, o.world);
       auto pg = commpact::torch_gloo_group(store, o.rank, o.world);
       commpact::TorchComm tc{pg, store, {.timeout = std::chrono::seconds(300)}};
@@ -370,6 +407,11 @@ int main(int argc, char** argv) {
       std::ofstream f(o.csv, std::ios::app);
       f << o.method << ',' << (o.rank >= 0 ? o.world : o.ranks) << ',' << o.epochs << ',' << res.acc << ','
         << res.loss << ',' << res.mb_sent << ',' << res.rounds << ',' << res.seconds << '\n';
+      f.close();
+      if (!f) {
+        std::fprintf(stderr, "train_cnn: could not write %s (the line above is the run's result)\n", o.csv.c_str());
+        return 1;
+      }
     }
     if (res.acc < o.expect) {
       std::fprintf(stderr, "train_cnn: test accuracy %.4f is below --expect-accuracy %.4f\n", res.acc, o.expect);
