@@ -231,6 +231,8 @@ TEST_CASE("MpiComm construction checks its arguments and leaves the user's commu
   // A longer timeout than max_timeout overflowed the deadlines (a wait timed out at once).
   REQUIRE_THROWS_WITH(MpiComm(MPI_COMM_WORLD, {.timeout = std::chrono::milliseconds::max()}),
                       Catch::Contains("at most 1000000000000 ms (commpact::max_timeout"));
+  REQUIRE_THROWS_WITH(MpiComm(MPI_COMM_WORLD, {.setup_timeout = -5ms}),
+                      Catch::Contains("mpi_options::setup_timeout") && Catch::Contains("must be positive"));
   REQUIRE(world_handler_is_fatal());  // the default, untouched by construction ...
   MpiComm comm{MPI_COMM_WORLD};
   MPI_Errhandler h = MPI_ERRHANDLER_NULL;

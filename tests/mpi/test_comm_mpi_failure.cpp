@@ -293,6 +293,26 @@ TEST_CASE("MpiComm: a failure notice for a destroyed communicator does not poiso
   }
 }
 
+TEST_CASE("MpiComm: construction waits for a late rank under setup_timeout, not the operations' deadline",
+          "[comm][mpi][timeout]") {
+  // The tests above build communicators with a 300 ms deadline; construction used to run
+  // under it too, so a rank that reached its constructor 0.3 s late failed everyone's.
+  int P = 0, r = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &P);
+  MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  if (r == P - 1) std::this_thread::sleep_for(700ms);
+  const auto t0 = clk::now();
+  MpiComm comm{MPI_COMM_WORLD, {.timeout = 300ms}};  // setup_timeout: 60 s by default
+  const double waited = seconds_since(t0);
+  INFO("rank " << r << " constructed in " << waited << " s");
+  REQUIRE(comm.timeout() == 300ms);
+  REQUIRE(waited < 30.0);
+  std::vector<std::int64_t> x(10, 1);
+  comm.allreduce(std::span<std::int64_t>(x));
+  REQUIRE(x[9] == P);
+  REQUIRE(count_on_all_ranks(r == P - 1 || waited > 0.35) == P);  // the early ranks waited past 300 ms
+}
+
 TEST_CASE("MpiComm: a healthy communicator after the failures works", "[comm][mpi][failure]") {
   MpiComm comm{MPI_COMM_WORLD, {.timeout = 20s}};
   std::vector<std::int64_t> x(10, 1);

@@ -13,6 +13,11 @@ namespace commpact {
 struct mpi_options {
   //! Longest time one rank waits for the others in any operation.
   std::chrono::milliseconds timeout{std::chrono::seconds(60)};
+  //! Longest time construction waits for the other ranks (its two MPI_Comm_idup and one
+  //! small allreduce): the larger of this and `timeout` applies. Ranks reach their
+  //! constructors at different times (one still reading its data, a busy node), which a
+  //! short operation deadline (a test's 300 ms) should not count.
+  std::chrono::milliseconds setup_timeout{std::chrono::seconds(60)};
   //! Start every collective with an exchange of its signature, so that ranks that
   //! disagree (sizes, operation, type, root) all raise mismatch_error before any data
   //! reaches user memory. Costs one small-message round per collective (up to 8 ranks;

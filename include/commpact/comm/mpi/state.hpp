@@ -53,6 +53,10 @@ class mpi_state {
     require(parent != MPI_COMM_NULL,
             "commpact::MpiComm: the communicator is MPI_COMM_NULL; pass a valid communicator such as MPI_COMM_WORLD.");
     detail::require_timeout(opt_.timeout, "commpact::MpiComm: mpi_options::timeout");
+    detail::require_timeout(opt_.setup_timeout, "commpact::MpiComm: mpi_options::setup_timeout");
+    // Construction waits under the longer of the two deadlines (setup_timeout's comment).
+    wait_limit_ = std::max(opt_.timeout, opt_.setup_timeout);
+    wait_limit_name_ = "mpi_options::setup_timeout (construction waits the larger of it and timeout)";
     // Errors of the duplication itself must not abort either: switch the parent to
     // MPI_ERRORS_RETURN for the duration and restore the user's handler afterwards.
     MPI_Errhandler old = MPI_ERRHANDLER_NULL;
@@ -94,6 +98,8 @@ class mpi_state {
     }
     nonce_ = *cell;
     notice_.open(notice, rank_, size_, *cell);
+    wait_limit_ = opt_.timeout;  // constructed: every later wait has the operations' deadline
+    wait_limit_name_ = "mpi_options::timeout";
   }
 
   mpi_state(const mpi_state&) = delete;
@@ -208,7 +214,7 @@ class mpi_state {
       if (done()) return;
     }
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + opt_.timeout;
+    const auto deadline = start + wait_limit_;
     for (unsigned spin = 0;; ++spin) {
       if (!active_.empty()) progress_rings();
       if (done()) return;
@@ -229,13 +235,13 @@ class mpi_state {
       }
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline) {
-        const auto ms = opt_.timeout.count();
+        const auto ms = wait_limit_.count();
         const std::string where = waiting_in(what, peer);
         fail_and_tell(detail::cat("rank ", rank_, " waited more than ", ms, " ms in ", where));
         throw timeout_error(detail::cat("commpact::MpiComm: rank ", rank_, " waited more than ", ms, " ms in ", where,
                                         peer < 0 ? "; another rank is missing" : "; that rank is missing",
-                                        ", stuck or much slower. Raise mpi_options::timeout if the work is "
-                                        "legitimately slow."));
+                                        ", stuck or much slower. Raise ", wait_limit_name_,
+                                        " if the work is legitimately slow."));
       }
       const auto waited = now - start;
       if (waited >= std::chrono::seconds(1)) std::this_thread::sleep_for(std::chrono::microseconds(50));
@@ -602,7 +608,7 @@ class mpi_state {
                                    mpi_error_text(rc), "; pass a valid communicator on which every rank constructs "
                                                        "its MpiComm in the same order."));
     const auto start = std::chrono::steady_clock::now();
-    const auto deadline = start + opt_.timeout;
+    const auto deadline = start + wait_limit_;
     world_errors_return guard;
     for (unsigned spin = 0;; ++spin) {
       int flag = 0;
@@ -614,9 +620,10 @@ class mpi_state {
       const auto now = std::chrono::steady_clock::now();
       if (now >= deadline)
         throw timeout_error(detail::cat("commpact::MpiComm: constructing the communicator waited more than ",
-                                        opt_.timeout.count(),
+                                        wait_limit_.count(),
                                         " ms in MPI_Comm_idup; every rank of the parent communicator must construct "
-                                        "its MpiComm (in the same order)."));
+                                        "its MpiComm (in the same order). Raise ", wait_limit_name_,
+                                        " if a rank legitimately arrives later."));
       if (spin >= 64) std::this_thread::yield();
     }
     rc = MPI_Comm_set_errhandler(out, MPI_ERRORS_RETURN);
@@ -644,6 +651,10 @@ class mpi_state {
   }
 
   mpi_options opt_;
+  // The deadline of a wait (poll, dup) and the option its message names: the larger of
+  // setup_timeout and timeout while constructing, then timeout.
+  std::chrono::milliseconds wait_limit_{};
+  const char* wait_limit_name_ = "mpi_options::timeout";
   MPI_Comm comm_ = MPI_COMM_NULL;
   mpi_failure_channel notice_;
   int rank_ = 0, size_ = 1;
