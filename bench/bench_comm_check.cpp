@@ -12,6 +12,10 @@
 //
 //   mpiexec --allow-run-as-root --oversubscribe -n 4 build/bench/bench_comm_check [bytes] [iterations]
 //
+// bytes: the allgather output, 1 to 1G, K, M and G meaning 2^10, 2^20, 2^30 (default
+// 64K); iterations: 1 to 10000000 (default 2000); --help: the usage (CLI11). Every rank
+// parses the same arguments; on a bad one rank 0 prints the error and all ranks finalize
+// and exit with status 2.
 // Every call after an untimed MPI_Barrier, variants in an order shuffled per iteration
 // (a fixed seed: the same order on every rank; see bench_comm.cpp for why not a
 // rotation); rank 0 prints
@@ -20,6 +24,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <CLI/CLI.hpp>
 #include <commpact/comm/checked_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
 #include <cstdio>
@@ -30,6 +35,8 @@
 #include <utility>
 #include <vector>
 
+#include "bench_args.hpp"
+
 using namespace commpact;
 
 int main(int argc, char** argv) {
@@ -38,8 +45,33 @@ int main(int argc, char** argv) {
     int r = 0, P = 1;
     MPI_Comm_rank(MPI_COMM_WORLD, &r);
     MPI_Comm_size(MPI_COMM_WORLD, &P);
-    const std::size_t bytes = argc > 1 ? std::strtoull(argv[1], nullptr, 10) : 64u << 10;
-    const int iterations = argc > 2 ? std::atoi(argv[2]) : 2000;
+    std::size_t bytes = 64u << 10;
+    int iterations = 2000;
+    {
+      // Every rank parses the same argv and reaches the same verdict; rank 0 speaks.
+      std::string bytes_text = "64K", iterations_text = "2000";
+      CLI::App app{"bench_comm_check: what MpiComm's signature check costs, against raw MPI (run under mpiexec)"};
+      app.add_option("bytes", bytes_text, "allgather output in bytes, 1 to 1G; K, M, G = 2^10, 2^20, 2^30 (default 64K)")
+          ->type_name("BYTES");
+      app.add_option("iterations", iterations_text, "timed calls per variant, 1 to 10000000 (default 2000)")
+          ->type_name("N");
+      int rc = -1;
+      try {
+        app.parse(argc, argv);
+        bytes = static_cast<std::size_t>(bench_args::size("bytes", bytes_text, std::uint64_t{1} << 30));
+        iterations = static_cast<int>(bench_args::integer("iterations", iterations_text, 1, 10000000));
+      } catch (const CLI::ParseError& e) {
+        rc = e.get_exit_code() == 0 ? 0 : bench_args::usage_status;
+        if (r == 0) bench_args::cli_failure(app, e, "bench_comm_check");
+      } catch (const bench_args::error& e) {
+        rc = bench_args::usage_status;
+        if (r == 0) bench_args::usage_error("bench_comm_check", e.what());
+      }
+      if (rc >= 0) {
+        MPI_Finalize();
+        return rc;
+      }
+    }
     MpiComm def{MPI_COMM_WORLD}, unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
     // Without staging (isolate_buffers = false), checked and unchecked.
     MpiComm nostage{MPI_COMM_WORLD, {.isolate_buffers = false}},

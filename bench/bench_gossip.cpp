@@ -16,6 +16,10 @@
 // --gossip_skip_experiment=1 runs only the timings.
 // --gossip_init=lowrank makes each rank's own deviation of every matrix a random rank-2
 // matrix (the regime where PowerGossip pays off) and writes gossip_consensus_lowrank.*.
+// Our flags (name=value or name value): --gossip_out DIR, --gossip_init gaussian|lowrank,
+// --gossip_dpsgd_steps 1..1000000, --gossip_max_steps 1..10000000,
+// --gossip_skip_experiment 0|1; any other --gossip_* is refused, every other argument
+// goes to Google Benchmark. --help prints ours, then Google Benchmark's, and runs nothing.
 //
 // CHOCO's consensus step size gamma is tuned per run from {0.01, 0.03, 0.1, 0.3, 0.6, 1}
 // (the best final distance is kept), as the papers tune it; PowerGossip and D-PSGD run
@@ -29,13 +33,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <fstream>
 #include <iostream>
 #include <random>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "bench_args.hpp"
 
 using namespace commpact;
 
@@ -149,13 +154,6 @@ double bytes_to_reach(const curve& c, double target) {
   return -1;
 }
 
-std::string arg_value(int argc, char** argv, const char* key, const char* def) {
-  const std::string k = std::string("--") + key + "=";
-  for (int i = 1; i < argc; ++i)
-    if (std::strncmp(argv[i], k.c_str(), k.size()) == 0) return argv[i] + k.size();
-  return def;
-}
-
 void run_experiment(const std::string& dir, int dpsgd_steps, int max_steps) {
   const std::string base = g_lowrank ? "gossip_consensus_lowrank" : "gossip_consensus";
   std::ofstream dat(dir + "/" + base + ".dat");
@@ -236,16 +234,65 @@ BENCHMARK_CAPTURE(BM_gossip_ring8, choco_top1pct, choco_gossip<topk_codec>{topk_
     ->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK_CAPTURE(BM_gossip_ring8, sign_codec, choco_gossip<sign_codec>{{}, 0.4})->Unit(benchmark::kMillisecond)->UseRealTime();
 
+namespace {
+
+void usage() {
+  std::printf(
+      "bench_gossip: consensus distance against bytes sent for D-PSGD, CHOCO-SGD and PowerGossip on rings of 8 and "
+      "16 ranks (writes <dir>/gossip_consensus.{dat,gp}), then Google Benchmark timings of one mixing step\n"
+      "Options (name=value or name value):\n"
+      "  --gossip_out DIR               where the .dat and .gp files go (default .)\n"
+      "  --gossip_init gaussian|lowrank each rank's own deviation (default gaussian; lowrank writes "
+      "gossip_consensus_lowrank.*)\n"
+      "  --gossip_dpsgd_steps N         byte budget: what D-PSGD sends in N steps, 1 to 1000000 (default 30)\n"
+      "  --gossip_max_steps N           at most N steps per method, 1 to 10000000 (default 4000)\n"
+      "  --gossip_skip_experiment 0|1   1: only the timings (default 0)\n"
+      "  --help                         this text, then Google Benchmark's options (every other argument goes to "
+      "it)\n\n");
+  std::fflush(stdout);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  const std::string dir = arg_value(argc, argv, "gossip_out", ".");
-  g_lowrank = arg_value(argc, argv, "gossip_init", "gaussian") == "lowrank";
-  const int dpsgd_steps = std::atoi(arg_value(argc, argv, "gossip_dpsgd_steps", "30").c_str());
-  const int max_steps = std::atoi(arg_value(argc, argv, "gossip_max_steps", "4000").c_str());
-  if (arg_value(argc, argv, "gossip_skip_experiment", "0") != "1") run_experiment(dir, dpsgd_steps, max_steps);
-  // Drop our own flags before Google Benchmark parses the rest.
-  std::vector<char*> rest;
-  for (int i = 0; i < argc; ++i)
-    if (std::strncmp(argv[i], "--gossip_", 9) != 0) rest.push_back(argv[i]);
+  std::string dir = ".";
+  int dpsgd_steps = 30, max_steps = 4000;
+  bool skip_experiment = false, help = false;
+  std::vector<char*> rest{argv[0]};  // Google Benchmark's
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") help = true;
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--gossip_out")) {
+        if (v->empty()) throw bench_args::error("--gossip_out needs a folder");
+        dir = *v;
+      } else if (auto v = bench_args::flag_value(argc, argv, i, "--gossip_init")) {
+        if (*v != "gaussian" && *v != "lowrank")
+          throw bench_args::error("--gossip_init " + *v + " is not gaussian or lowrank");
+        g_lowrank = *v == "lowrank";
+      } else if (auto v = bench_args::flag_value(argc, argv, i, "--gossip_dpsgd_steps"))
+        dpsgd_steps = static_cast<int>(bench_args::integer("--gossip_dpsgd_steps", *v, 1, 1000000));
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--gossip_max_steps"))
+        max_steps = static_cast<int>(bench_args::integer("--gossip_max_steps", *v, 1, 10000000));
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--gossip_skip_experiment"))
+        skip_experiment = bench_args::integer("--gossip_skip_experiment", *v, 0, 1) == 1;
+      else if (a.rfind("--gossip", 0) == 0)
+        throw bench_args::error("unknown option " + a + " (ours: --gossip_out, --gossip_init, --gossip_dpsgd_steps, "
+                                "--gossip_max_steps, --gossip_skip_experiment)");
+      else rest.push_back(argv[i]);
+    }
+  } catch (const bench_args::error& e) {
+    return bench_args::usage_error("bench_gossip", e.what());
+  }
+  if (help) {  // ours, then Google Benchmark's (it prints them and exits 0)
+    usage();
+    char flag[] = "--help";
+    char* h[] = {argv[0], flag, nullptr};
+    int hc = 2;
+    benchmark::Initialize(&hc, h);
+    return 0;
+  }
+  if (!skip_experiment) run_experiment(dir, dpsgd_steps, max_steps);
   int n = static_cast<int>(rest.size());
   benchmark::Initialize(&n, rest.data());
   benchmark::RunSpecifiedBenchmarks();

@@ -2,7 +2,10 @@
 // instruction-set level this CPU runs (kernels/host/isa.hpp).
 //
 //   g++ -std=c++20 -O2 -Iinclude bench/bench_host_passes.cpp -o /tmp/bench_host_passes   # the users' flags
-//   /tmp/bench_host_passes [--n N] [--rounds R] [--topk-n N]
+//   /tmp/bench_host_passes [--n N] [--rounds R] [--topk-n N]   # --help: the options (CLI11)
+//
+// --n: floats per stream (default 2^24), --topk-n: the top-k input (default 25000000),
+// both whole numbers from 1 to 2^31 - 1; --rounds: 1 to 1000000 (default 7).
 //
 // Floors. Five access patterns, each written with the widest vectors the CPU has (AVX-512
 // or AVX2, chosen as the library's passes are) and timed in the same rounds as the
@@ -33,6 +36,9 @@
 #include <string>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
+#include "bench_args.hpp"
 #include "commpact/compress/codecs/casts.hpp"
 #include "commpact/kernels/host/cast.hpp"
 #include "commpact/kernels/host/isa.hpp"
@@ -131,14 +137,24 @@ std::vector<float> gaussian(std::size_t n, std::uint64_t seed, float sigma) {
 int main(int argc, char** argv) {
   std::size_t n = std::size_t{1} << 24, topk_n = 25000000;
   int rounds = 7;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string a = argv[i];
-    if (a == "--n") n = std::strtoull(argv[i + 1], nullptr, 10);
-    else if (a == "--rounds") rounds = std::atoi(argv[i + 1]);
-    else if (a == "--topk-n") topk_n = std::strtoull(argv[i + 1], nullptr, 10);
-    else {
-      std::fprintf(stderr, "usage: %s [--n N] [--rounds R] [--topk-n N]\n", argv[0]);
-      return 2;
+  {
+    std::string n_text = std::to_string(n), rounds_text = std::to_string(rounds), topk_text = std::to_string(topk_n);
+    CLI::App app{"bench_host_passes: the host hot passes against memory floors measured in the same run, at every "
+                 "instruction-set level this CPU runs"};
+    constexpr long long max_n = (1LL << 31) - 1;  // the kernels' limit (int32 indices)
+    app.add_option("--n", n_text, "floats per stream, 1 to 2^31 - 1 (default 16777216 = 2^24)")->type_name("N");
+    app.add_option("--rounds", rounds_text, "timed rounds, 1 to 1000000 (default 7)")->type_name("R");
+    app.add_option("--topk-n", topk_text, "floats of the top-k input (k = n / 1000), 1 to 2^31 - 1 (default 25000000)")
+        ->type_name("N");
+    try {
+      app.parse(argc, argv);
+      n = static_cast<std::size_t>(bench_args::integer("--n", n_text, 1, max_n));
+      rounds = static_cast<int>(bench_args::integer("--rounds", rounds_text, 1, 1000000));
+      topk_n = static_cast<std::size_t>(bench_args::integer("--topk-n", topk_text, 1, max_n));
+    } catch (const CLI::ParseError& e) {
+      return bench_args::cli_failure(app, e, "bench_host_passes");
+    } catch (const bench_args::error& e) {
+      return bench_args::usage_error("bench_host_passes", e.what());
     }
   }
   const isa::level top = isa::detected();

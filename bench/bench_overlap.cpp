@@ -21,6 +21,10 @@
 // see the same gradients, so their parameters must agree bit for bit ("bitwise"). "best
 // cut" is what a perfect overlap would give: every bucket but the last hidden behind
 // backward, the rest of the plain step (update, copies) unchanged.
+//
+// --floats: a positive number with an optional K, M or G (2^10, 2^20, 2^30; default 4M), at
+// most 1024G; any other suffix, zero, a negative, NaN or garbage is refused. --help: the
+// options (CLI11).
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -43,6 +47,8 @@
 #include <thread>
 #include <vector>
 
+#include "bench_args.hpp"
+
 using namespace commpact;
 using clk = std::chrono::steady_clock;
 
@@ -59,12 +65,6 @@ struct config {
   std::vector<std::string> methods = {"dense", "powersgd", "gtopk"};
   std::string csv;
 };
-
-std::size_t parse_size(const std::string& s) {
-  const char u = s.empty() ? ' ' : s.back();
-  const std::size_t mul = u == 'K' ? (1u << 10) : u == 'M' ? (1u << 20) : 1;
-  return static_cast<std::size_t>(std::stod(mul == 1 ? s : s.substr(0, s.size() - 1)) * double(mul));
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -85,7 +85,7 @@ struct model {
 
 model make_model(const config& c, int rank) {
   model m;
-  const std::size_t total = parse_size(c.floats);
+  const auto total = static_cast<std::size_t>(bench_args::size("--floats", c.floats));  // checked in main
   const std::size_t per = std::max<std::size_t>(256, (total / std::size_t(c.layers)) / 256 * 256);
   for (int l = 0; l < c.layers; ++l) {
     m.offsets.push_back(m.n);
@@ -215,7 +215,8 @@ int run(const config& c) {
 int main(int argc, char** argv) {
   config c;
   CLI::App app{"bench_overlap: step time with and without overlap of reduction and backward (run under mpiexec)"};
-  app.add_option("--floats", c.floats, "model size in floats (K = 2^10, M = 2^20)");
+  app.add_option("--floats", c.floats, "model size in floats, at least 1; K, M, G = 2^10, 2^20, 2^30 (default 4M)")
+      ->type_name("SIZE");
   app.add_option("--layers", c.layers, "layers of equal size")->check(CLI::Range(1, 4096));
   app.add_option("--cap-mb", c.cap_mb, "bucket cap in MB (DDP: 25)")->check(CLI::NonNegativeNumber);
   app.add_option("--steps", c.steps, "timed steps per mode (median)")->check(CLI::Range(1, 10000));
@@ -225,7 +226,14 @@ int main(int argc, char** argv) {
   app.add_option("--density", c.density, "gTop-k density");
   app.add_option("--methods", c.methods, "dense,powersgd,gtopk")->delimiter(',');
   app.add_option("--csv", c.csv, "append one row per method to this CSV (rank 0)");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+    bench_args::size("--floats", c.floats);
+  } catch (const CLI::ParseError& e) {
+    return bench_args::cli_failure(app, e, "bench_overlap");
+  } catch (const bench_args::error& e) {
+    return bench_args::usage_error("bench_overlap", e.what());
+  }
   int provided = 0;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_SERIALIZED, &provided);
   int rc = 0;

@@ -21,19 +21,26 @@
 //
 //   build-ps/bench/bench_ps --benchmark_report_aggregates_only=true
 //   build-ps/bench/bench_ps --trace docs/img/ps_clocks.dat && gnuplot docs/img/ps_clocks.gp
+//
+// --trace FILE (or --trace=FILE) takes no other argument; every other argument goes to
+// Google Benchmark; --help prints ours, then Google Benchmark's.
 #include <benchmark/benchmark.h>
 
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/ps/parameter_server.hpp>
 
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <random>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "bench_args.hpp"
 
 namespace {
 
@@ -152,9 +159,43 @@ void trace(std::FILE* f, int index, Model model) {  // f == nullptr: a warm-up r
 }
 
 int main(int argc, char** argv) {
-  if (argc == 3 && std::string(argv[1]) == "--trace") {
-    std::FILE* f = std::fopen(argv[2], "w");
-    if (!f) return 1;
+  std::string trace_file;
+  bool tracing = false, help = false;
+  std::vector<char*> rest{argv[0]};  // Google Benchmark's
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--help" || a == "-h") help = true;
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--trace")) {
+        if (v->empty()) throw bench_args::error("--trace needs a file name");
+        trace_file = *v, tracing = true;
+      } else rest.push_back(argv[i]);
+    }
+    if (tracing && !help && rest.size() > 1)
+      throw bench_args::error(std::string("--trace runs no benchmark and takes no other argument, not ") + rest[1]);
+  } catch (const bench_args::error& e) {
+    return bench_args::usage_error("bench_ps", e.what());
+  }
+  if (help) {  // ours, then Google Benchmark's (it prints them and exits 0)
+    std::printf("bench_ps: parameter server throughput of BSP, SSP (s = 1, 3) and ASP with a slow worker\n"
+                "Options:\n"
+                "  --trace FILE  instead of the benchmarks, one 150 ms run of each model, each worker's clock after "
+                "every push written to FILE (docs/img/ps_clocks.dat); no other argument\n"
+                "  --help        this text, then Google Benchmark's options (every other argument goes to it)\n\n");
+    std::fflush(stdout);
+    char flag[] = "--help";
+    char* h[] = {argv[0], flag, nullptr};
+    int hc = 2;
+    benchmark::Initialize(&hc, h);
+    return 0;
+  }
+  if (tracing) {
+    std::FILE* f = std::fopen(trace_file.c_str(), "w");
+    if (!f) {
+      std::fprintf(stderr, "bench_ps: --trace %s: cannot open it for writing (%s)\n", trace_file.c_str(),
+                   std::strerror(errno));
+      return 1;
+    }
     std::fprintf(f, "# bench_ps --trace: model (0 BSP, 1 SSP s=1, 2 SSP s=3, 3 ASP), worker (0 is 3x slower), "
                     "seconds, clock after the push; one block per (model, worker)\n");
     trace(nullptr, 0, ps::Bsp{});
@@ -162,9 +203,14 @@ int main(int argc, char** argv) {
     trace(f, 1, ps::Ssp{1});
     trace(f, 2, ps::Ssp{3});
     trace(f, 3, ps::Asp{});
-    std::fclose(f);
+    if (std::fclose(f) != 0) {
+      std::fprintf(stderr, "bench_ps: --trace %s: writing failed (%s)\n", trace_file.c_str(), std::strerror(errno));
+      return 1;
+    }
     return 0;
   }
+  argc = static_cast<int>(rest.size());
+  argv = rest.data();
   benchmark::Initialize(&argc, argv);
   benchmark::AddCustomContext("load_avg_at_start", loadavg());
 #ifdef NDEBUG

@@ -24,6 +24,9 @@
 // iteration - communication; medians over --iters iterations after one warm-up. Bytes and
 // messages: the most any rank sent (CountingComm). Scaling efficiency (gTop-k paper):
 // throughput of P workers / (P x one worker's) = compute-ms / iteration time.
+//
+// --n: sizes in floats, each a positive number with an optional K, M or G (2^10, 2^20,
+// 2^30), at most 1024G; any other suffix, zero, a negative, NaN or garbage is refused.
 #include <mpi.h>
 
 #include <CLI/CLI.hpp>
@@ -60,6 +63,8 @@
 #include <thread>
 #include <tuple>
 #include <vector>
+
+#include "bench_args.hpp"
 
 using namespace commpact;
 
@@ -134,12 +139,8 @@ struct cfg {
   std::string predict;
 };
 
-std::uint64_t parse_size(const std::string& s) {
-  const char u = s.empty() ? ' ' : s.back();
-  const double v = std::stod(s);
-  const double m = u == 'M' ? 1 << 20 : u == 'K' ? 1 << 10 : 1;
-  return static_cast<std::uint64_t>(v * m);
-}
+// --n's sizes: K, M, G = 2^10, 2^20, 2^30 (bench_args.hpp); checked in main.
+std::uint64_t parse_size(const std::string& s) { return bench_args::size("--n", s); }
 
 // n floats as 1024 x 1024 matrices (the rest as one vector): the shapes PowerSGD and
 // PowerGossip factorise.
@@ -682,7 +683,9 @@ int run(const cfg& c) {
 int main(int argc, char** argv) {
   cfg c;
   CLI::App app{"bench_scaling: time per iteration on the emulated cluster (run under scripts/cluster)"};
-  app.add_option("--n", c.sizes, "gradient sizes in floats (1M = 2^20), e.g. 1M,4M,16M,25M")->delimiter(',');
+  app.add_option("--n", c.sizes,
+                 "gradient sizes in floats, each at least 1; K, M, G = 2^10, 2^20, 2^30, e.g. 1M,4M,16M,25M")
+      ->delimiter(',');
   app.add_option("--methods", c.methods, "dense,topk,gtopk,powersgd,localsgd,qsr,dpsgd,powergossip,hierarchical")
       ->delimiter(',');
   app.add_option("--density", c.density, "Top-k / gTop-k density");
@@ -696,7 +699,14 @@ int main(int argc, char** argv) {
   app.add_option("--predict", c.predict, "with --fit: the fitted models' error on every row of this CSV (out of sample)");
   app.add_option("--plot", c.plot, "no MPI: write gnuplot PNGs of this CSV to --plot-dir");
   app.add_option("--plot-dir", c.plot_dir, "where --plot writes scaling_*.png");
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+    for (const auto& size : c.sizes) parse_size(size);
+  } catch (const CLI::ParseError& e) {
+    return bench_args::cli_failure(app, e, "bench_scaling");
+  } catch (const bench_args::error& e) {
+    return bench_args::usage_error("bench_scaling", e.what());
+  }
   try {
     if (!c.fit.empty()) return report_fit(c);
     if (!c.plot.empty()) return report_plots(c);

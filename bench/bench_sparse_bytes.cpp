@@ -4,7 +4,9 @@
 //
 //   build-gtopk/bench/bench_sparse_bytes                 # table + benchmark
 //   build-gtopk/bench/bench_sparse_bytes --table-only    # table only
-//   options: --n=100000 --density=0.01 --alpha-us=25
+//   options: --n=100000 --density=0.01 --alpha-us=25   (or --n 100000; --help lists them)
+//   --n: floats, 1 to 2^31 - 1, K, M, G meaning 2^10, 2^20, 2^30; --density: above 0, at
+//   most 1; --alpha-us: at least 0. Other arguments go to Google Benchmark.
 //
 // Measured values are the maximum over ranks (the critical path). Formulas (bytes per
 // rank per step, 8 bytes per sparse entry, headers not included):
@@ -27,6 +29,8 @@
 #include <random>
 #include <string>
 #include <vector>
+
+#include "bench_args.hpp"
 
 using namespace commpact;
 using CC = CountingComm<ThreadComm>;
@@ -138,16 +142,45 @@ BENCHMARK(BM_gtopk_step)->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Unit(benchmark::kMilli
 
 }  // namespace
 
+static void usage() {
+  std::printf(
+      "bench_sparse_bytes: bytes and messages per rank per step of Dense, TopK and gTopK (a table), then a Google "
+      "Benchmark of gTopK steps\n"
+      "Options (name=value or name value):\n"
+      "  --n N           gradient size in floats, 1 to 2^31 - 1; K, M, G = 2^10, 2^20, 2^30 (default 100000)\n"
+      "  --density D     TopK / gTopK density, above 0 and at most 1 (default 0.01)\n"
+      "  --alpha-us A    latency of the time model in microseconds, at least 0 (default 25)\n"
+      "  --table-only    print the table, run no benchmark\n"
+      "  --help          this text, then Google Benchmark's options (every other argument goes to it)\n\n");
+  std::fflush(stdout);
+}
+
 int main(int argc, char** argv) {
-  bool table_only = false;
+  bool table_only = false, help = false;
   std::vector<char*> rest{argv[0]};
-  for (int i = 1; i < argc; ++i) {
-    const std::string a = argv[i];
-    if (a == "--table-only") table_only = true;
-    else if (a.rfind("--n=", 0) == 0) g_n = std::stoull(a.substr(4));
-    else if (a.rfind("--density=", 0) == 0) g_density = std::stod(a.substr(10));
-    else if (a.rfind("--alpha-us=", 0) == 0) g_alpha = std::stod(a.substr(11)) * 1e-6;
-    else rest.push_back(argv[i]);
+  try {
+    for (int i = 1; i < argc; ++i) {
+      const std::string a = argv[i];
+      if (a == "--table-only") table_only = true;
+      else if (a == "--help" || a == "-h") help = true;
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--n"))
+        g_n = static_cast<std::size_t>(bench_args::size("--n", *v, (std::uint64_t{1} << 31) - 1));
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--density"))
+        g_density = bench_args::real("--density", *v, 0.0, false, 1.0, true);
+      else if (auto v = bench_args::flag_value(argc, argv, i, "--alpha-us"))
+        g_alpha = bench_args::real("--alpha-us", *v, 0.0, true, INFINITY, true) * 1e-6;
+      else rest.push_back(argv[i]);
+    }
+  } catch (const bench_args::error& e) {
+    return bench_args::usage_error("bench_sparse_bytes", e.what());
+  }
+  if (help) {  // ours, then Google Benchmark's (it prints them and exits 0)
+    usage();
+    char flag[] = "--help";
+    char* h[] = {argv[0], flag, nullptr};
+    int hc = 2;
+    benchmark::Initialize(&hc, h);
+    return 0;
   }
   print_table();
   if (table_only) return 0;
