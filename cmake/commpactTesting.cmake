@@ -145,9 +145,12 @@ function(commpact_cuda_test_target name src uses_nccl)
     target_link_libraries(${name} PRIVATE commpact::nccl)
   endif()
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  # 1675: the host kernels' `#pragma GCC unroll`, which nvcc's front end does not know.
+  # No --expt-relaxed-constexpr: the headers must compile as a user's project compiles
+  # them (commpact::cuda carries no nvcc flag; the tests' device lambdas need
+  # --extended-lambda). 1675: the host kernels' `#pragma GCC unroll`, which nvcc's front
+  # end does not know.
   target_compile_options(${name} PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr --extended-lambda -diag-suppress=1675>)
+    $<$<COMPILE_LANGUAGE:CUDA>:--extended-lambda -diag-suppress=1675>)
 endfunction()
 
 # COMMPACT_CUDA_TESTS_UNITY: the CUDA tests are compiled as one translation unit, one

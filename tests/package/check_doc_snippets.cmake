@@ -617,7 +617,7 @@ if(NVCC AND gen_cuda)
   split_dirs("${CUDA_INCLUDES}" cuda_inc)
   # -ptx: nvcc's front end checks (and instantiates) host and device code, cicc compiles
   # the device code; no ptxas and no host compiler pass (14 s here, against 35 s for -c).
-  snip_compile(cuda cu ${NVCC} ${cuda_inc} -std=c++20 -arch=sm_90 --expt-relaxed-constexpr --extended-lambda
+  snip_compile(cuda cu ${NVCC} ${cuda_inc} -std=c++20 -arch=sm_90 --extended-lambda
     -diag-suppress=1675 -DCOMMPACT_HAS_CUDA=1 -DCOMMPACT_DOC_SNIPPETS_CUDA=1 ${inc}
     -ptx -o ${WORK_DIR}/doc_snippets_cuda.ptx)
   snip_report(cuda)

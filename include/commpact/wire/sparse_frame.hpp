@@ -45,6 +45,7 @@
 #include <span>
 #include <vector>
 
+#include "../config.hpp"
 #include "../detail/bytes.hpp"
 #include "../error.hpp"
 
@@ -80,7 +81,7 @@ constexpr std::uint16_t step_flag(std::int64_t step) {
   return static_cast<std::uint16_t>(f);
 }
 //! True when no pair of step bits has both bits set (every rank of the subtree in step).
-constexpr bool one_step(std::uint16_t flags) {
+COMMPACT_HOST_DEVICE constexpr bool one_step(std::uint16_t flags) {
   const unsigned s = static_cast<unsigned>(flags & step_bits) >> 4;
   return (s & (s >> 1) & 0x555u) == 0;
 }

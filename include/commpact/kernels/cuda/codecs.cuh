@@ -115,7 +115,7 @@ __global__ void topk_add(const std::uint32_t* block, std::size_t cmax, float* su
   const std::size_t c = block[2] / 8;
   const auto* idx = reinterpret_cast<const std::int32_t*>(block + header_words);
   const auto* val = reinterpret_cast<const float*>(block + header_words + c);
-  for (const std::size_t i : cuda_kernels::grid_stride(std::min<std::size_t>(c, cmax))) {
+  for (const std::size_t i : cuda_kernels::grid_stride(c < cmax ? c : cmax)) {
     const auto j = static_cast<std::size_t>(idx[i]);
     sum[j] = __fadd_rn(sum[j], val[i]);
   }

@@ -62,7 +62,7 @@ __global__ void threshold_compact(const std::int32_t* idx, const float* val, con
 __global__ void threshold_clear(float* residual, float* velocity, std::size_t n, const std::int32_t* idx,
                                 const std::uint32_t* count, std::size_t cap) {
   const std::size_t c = *count;
-  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
+  for (const std::size_t j : cuda_kernels::grid_stride(c < cap ? c : cap)) {
     const auto i = static_cast<std::size_t>(idx[j]);
     if (i >= n) continue;
     residual[i] = 0.0f;

@@ -83,7 +83,7 @@ __global__ void scatter_mean_kernel(float* out, std::size_t n, const std::int32_
                                     const std::uint32_t* d_count, std::size_t cap, int P) {
   const std::size_t c = d_count ? *d_count : cap;
   const float d = static_cast<float>(P);
-  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
+  for (const std::size_t j : cuda_kernels::grid_stride(c < cap ? c : cap)) {
     const std::int32_t i = idx[j];
     if (i >= 0 && static_cast<std::size_t>(i) < n) out[i] = __fdiv_rn(val[j], d);
   }
@@ -93,7 +93,7 @@ __global__ void scatter_mean_kernel(float* out, std::size_t n, const std::int32_
 __global__ void zero_delivered_kernel(float* residual, float* velocity, std::size_t n, const std::int32_t* idx,
                                       const std::uint8_t* alive, const std::uint32_t* d_count, std::size_t cap) {
   const std::size_t c = d_count ? *d_count : cap;
-  for (const std::size_t j : cuda_kernels::grid_stride(std::min<std::size_t>(c, cap))) {
+  for (const std::size_t j : cuda_kernels::grid_stride(c < cap ? c : cap)) {
     if (alive && !alive[j]) continue;
     const std::int32_t i = idx[j];
     if (i < 0 || static_cast<std::size_t>(i) >= n) continue;

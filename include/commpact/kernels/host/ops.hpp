@@ -84,12 +84,17 @@ struct ops<host_space> {
   static void frame_gate(exec, span<const float> blocks, std::size_t block_floats, span<float> sum,
                          span<std::uint32_t> status) {
     const std::size_t P = block_floats ? blocks.size() / block_floats : 0;
-    const auto word = [&](std::size_t i) {
-      std::uint32_t w;
-      std::memcpy(&w, blocks.data() + i, 4);
-      return w;
+    // A named reader marked for both sides, not a host lambda: nvcc warns (#20013, #20014)
+    // in a user's .cu file where headers_clean's __host__ __device__ body calls a host one.
+    struct word_at {
+      const float* p;
+      COMMPACT_HOST_DEVICE std::uint32_t operator()(std::size_t i) const {
+        std::uint32_t w;
+        std::memcpy(&w, p + i, 4);
+        return w;
+      }
     };
-    if (frame::headers_clean(word, block_floats, P)) return;
+    if (frame::headers_clean(word_at{blocks.data()}, block_floats, P)) return;
     status[0] |= status_wire;
     if (!sum.empty()) sum[0] = std::numeric_limits<float>::quiet_NaN();
   }
