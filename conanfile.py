@@ -1,6 +1,6 @@
 """Conan 2 recipe for commpact (header-only C++20).
 
-    conan create . --build=missing          # package this checkout, then run test_package
+    conan create . --build=missing -s compiler.cppstd=20   # package this checkout, then run test_package
 
 Consumers use the project's own installed CMake config, not a CMakeDeps-generated one:
 `find_package(commpact CONFIG REQUIRED COMPONENTS mpi)` behaves exactly as with a plain
@@ -12,7 +12,7 @@ No commpact header includes Eigen, so the package does not require it. The optio
 `with_eigen` (default False) adds the eigen requirement for consumers who ask for the
 component `eigen` (commpact::eigen = commpact::commpact + Eigen3::Eigen):
 
-    conan create . --build=missing -o 'commpact/*:with_eigen=True'
+    conan create . --build=missing -s compiler.cppstd=20 -o 'commpact/*:with_eigen=True'
 """
 import os
 import re

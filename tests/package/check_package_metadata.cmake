@@ -1,5 +1,5 @@
 # The version and licence of CMakeLists.txt (passed in) must be the ones the package
-# recipes declare, and the vcpkg consumer's overlay must point at the port. Eigen is
+# recipes, the header's version macros and setup.py declare, and the vcpkg consumer's overlay must point at the port. Eigen is
 # optional in both recipes (Conan option with_eigen, vcpkg feature eigen, both off by
 # default) and absent from their test consumers; the communicators the package texts
 # name exist in include/; FetchContent snippets pin a commit (there is no release tag).
@@ -16,6 +16,22 @@ if(NOT text MATCHES "Apache License\n[ ]*Version 2.0, January 2004")
 endif()
 if(NOT LICENSE STREQUAL "Apache-2.0")
   problem("COMMPACT_SPDX_LICENSE is '${LICENSE}', but LICENSE holds Apache-2.0")
+endif()
+
+# The header's version macros and the Python package's version (setup.py) follow CMakeLists.txt.
+file(READ ${ROOT}/include/commpact/config.hpp config)
+foreach(part IN ITEMS MAJOR MINOR PATCH)
+  string(REGEX MATCH "#define COMMPACT_VERSION_${part} ([0-9]+)" _ "${config}")
+  list(APPEND header_version "${CMAKE_MATCH_1}")
+endforeach()
+list(JOIN header_version "." header_version)
+if(NOT header_version STREQUAL VERSION)
+  problem("include/commpact/config.hpp: COMMPACT_VERSION_* give '${header_version}', not '${VERSION}' (CMakeLists.txt)")
+endif()
+file(READ ${ROOT}/setup.py setup_py)
+string(REGEX MATCH "version=\"([^\"]*)\"" _ "${setup_py}")
+if(NOT CMAKE_MATCH_1 STREQUAL VERSION)
+  problem("setup.py: version '${CMAKE_MATCH_1}' is not '${VERSION}' (CMakeLists.txt)")
 endif()
 
 file(READ ${ROOT}/ports/commpact/vcpkg.json port)
