@@ -59,6 +59,10 @@ int main(int argc, char** argv) {
       try {
         app.parse(argc, argv);
         bytes = static_cast<std::size_t>(bench_args::size("bytes", bytes_text, std::uint64_t{1} << 30));
+        // Each rank contributes bytes / P (the output is P blocks): at least one byte each.
+        if (bytes < static_cast<std::size_t>(P))
+          throw bench_args::error("bytes " + bytes_text + " must be at least the number of ranks, " +
+                                  std::to_string(P) + " (each rank's block is bytes / P)");
         iterations = static_cast<int>(bench_args::integer("iterations", iterations_text, 1, 10000000));
       } catch (const CLI::ParseError& e) {
         rc = e.get_exit_code() == 0 ? 0 : bench_args::usage_status;
@@ -119,7 +123,8 @@ int main(int argc, char** argv) {
       }
     }
     if (r == 0) {
-      std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, bytes, iterations);
+      std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, block * static_cast<std::size_t>(P),
+                  iterations);
       std::vector<double> med(v.size());
       for (std::size_t i = 0; i < v.size(); ++i) {
         std::sort(t[i].begin(), t[i].end());

@@ -87,16 +87,11 @@ function(commpact_add_component comp)
       else()
         # NCCL next to the toolkit, under NCCL_ROOT (variable or environment), or in a
         # Python environment's nvidia/nccl package (pip's nvidia-nccl-cu*).
-        # Python is asked only when the other places hold no NCCL (it leaves its cache
-        # entries in the consumer's build).
+        # Python is asked first, so that pip's folder is a hint like the others, searched
+        # before the system's default paths.
         set(_nccl_roots ${NCCL_ROOT} $ENV{NCCL_ROOT} $ENV{NCCL_HOME})
-        find_library(COMMPACT_NCCL_LIBRARY NAMES nccl libnccl.so.2
-          HINTS ${CUDAToolkit_LIBRARY_DIR} ${CUDAToolkit_LIBRARY_ROOT}/lib ${_nccl_roots} PATH_SUFFIXES lib lib64)
-        find_path(COMMPACT_NCCL_INCLUDE nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} ${_nccl_roots} PATH_SUFFIXES include)
-        if(NOT COMMPACT_NCCL_LIBRARY OR NOT COMMPACT_NCCL_INCLUDE)
-          find_package(Python3 QUIET COMPONENTS Interpreter)
-        endif()
-        if((NOT COMMPACT_NCCL_LIBRARY OR NOT COMMPACT_NCCL_INCLUDE) AND Python3_Interpreter_FOUND)
+        find_package(Python3 QUIET COMPONENTS Interpreter)
+        if(Python3_Interpreter_FOUND)
           execute_process(COMMAND ${Python3_EXECUTABLE} -c
             "import nvidia.nccl; print(list(nvidia.nccl.__path__)[0])"
             OUTPUT_VARIABLE _nccl_py OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
@@ -128,7 +123,7 @@ function(commpact_add_component comp)
       set(reason "the CUDA toolkit was not found; install it or set CUDAToolkit_ROOT")
     else()
       set(reason "libnccl and nccl.h were not found (looked next to the CUDA toolkit, under NCCL_ROOT \
-and NCCL_HOME, and in Python's nvidia.nccl package from pip's nvidia-nccl-cu*); install NCCL, set NCCL_ROOT, \
+and NCCL_HOME, and in the nvidia.nccl package of pip's nvidia-nccl-cu* where a Python is found); install NCCL, set NCCL_ROOT, \
 or set COMMPACT_NCCL_LIBRARY and COMMPACT_NCCL_INCLUDE")
     endif()
   endif()

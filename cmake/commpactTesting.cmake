@@ -263,14 +263,26 @@ function(commpact_add_compile_fail_test src)
   set_tests_properties(compile_fail_${name} PROPERTIES LABELS compile_fail PASS_REGULAR_EXPRESSION "${expect}")
 endfunction()
 
-# commpact_usage_test(<test> <target> <expect-regex> <args>...): runs <target> with
-# arguments a user could get wrong and requires a clean refusal, as tests/check_usage.cmake
-# checks it: an exit status of 1 to 127 within 30 s (no signal, no abort, no hang, no run
-# that trains first and fails after) and output matching <expect-regex>. Label "usage".
+# commpact_usage_test(<test> <target> <expect-regex> [STATUS <n>] <args>...): runs <target>
+# with arguments a user could get wrong and requires a clean refusal, as
+# tests/check_usage.cmake checks it: an exit status of 1 to 127 (exactly <n> with STATUS)
+# within 30 s (no signal, no abort, no hang, no run that trains first and fails after)
+# and output matching <expect-regex>. Label "usage". No argument may hold '|' or ';'.
 function(commpact_usage_test name target expect)
-  list(JOIN ARGN "|" args)
+  set(rest ${ARGN})
+  set(status "")
+  list(LENGTH rest n)
+  if(n GREATER 1)
+    list(GET rest 0 first)
+    if(first STREQUAL "STATUS")
+      list(GET rest 1 s)
+      set(status -DSTATUS=${s})
+      list(REMOVE_AT rest 0 1)
+    endif()
+  endif()
+  list(JOIN rest "|" args)
   add_test(NAME ${name}
-    COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:${target}> "-DARGS=${args}" "-DEXPECT=${expect}" -DTIMEOUT=30
-            -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/tests/check_usage.cmake)
+    COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:${target}> "-DARGS=${args}" "-DEXPECT=${expect}" ${status}
+            -DTIMEOUT=30 -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/tests/check_usage.cmake)
   set_tests_properties(${name} PROPERTIES LABELS usage TIMEOUT 60)
 endfunction()

@@ -299,8 +299,16 @@ void check_paths(const Options& o) {
   if (o.rank >= 0 && o.rank >= o.world)
     throw invalid_argument(commpact::detail::cat("--rank ", o.rank, " must be below --world ", o.world,
                                                  "; ranks count from 0."));
-  if (!o.csv.empty() && !std::ofstream(o.csv, std::ios::app))
-    throw invalid_argument("--csv '" + o.csv + "' cannot be opened to append; pass a file in a folder that exists.");
+  if (!o.csv.empty()) {
+    // It must open to append; a file this check creates is removed again, so that a run
+    // that fails later leaves no empty file behind.
+    std::error_code ec;
+    const bool existed = std::filesystem::exists(o.csv, ec);
+    const bool ok = static_cast<bool>(std::ofstream(o.csv, std::ios::app));
+    if (ok && !existed) std::filesystem::remove(o.csv, ec);
+    if (!ok)
+      throw invalid_argument("--csv '" + o.csv + "' cannot be opened to append; pass a file in a folder that exists.");
+  }
   if (o.rank >= 0) {
     const auto dir = std::filesystem::path(o.store).parent_path();
     std::error_code ec;

@@ -30,7 +30,8 @@
 //!   tight loop first (no clock, no other call), then the deadline and the failure
 //!   channel every 16th test, yielding after 10 ms and sleeping 50 us between tests
 //!   after a second (a late peer rather than slow data). A wait that passes
-//!   `mpi_options::timeout` raises timeout_error and tells the other ranks; a notice from
+//!   `mpi_options::timeout` (construction's: the larger of it and `setup_timeout`)
+//!   raises timeout_error and tells the other ranks; a notice from
 //!   another rank raises peer_failure carrying its reason. After a failure every further
 //!   operation raises at once. No message is sent for this unless a rank fails.
 //! - Agreement: with `mpi_options::verify_collectives` (the default) every collective

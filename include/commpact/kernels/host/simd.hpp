@@ -57,7 +57,8 @@ inline constexpr std::size_t vector_bytes = 4;
 //! GCC would otherwise keep per-column accumulators in memory.
 //! Under nvcc (host code in a .cu file) the front end does not know GCC's pragma and
 //! would warn (#1675) in the user's build: the warning is suppressed around it alone.
-#if defined(__CUDACC__)
+//! (clang's own CUDA mode knows the pragma; under nvcc with MSVC there is none.)
+#if defined(__NVCC__) && (defined(__GNUC__) || defined(__clang__))
 #define COMMPACT_UNROLL                                                                          \
   _Pragma("nv_diagnostic push") _Pragma("nv_diag_suppress 1675") _Pragma("GCC unroll 16") \
       _Pragma("nv_diagnostic pop")
