@@ -194,6 +194,15 @@ struct ddp_where {
 
 // What every hook state keeps: its communicator over the group (CPU buckets) and, for
 // CUDA buckets, the CUDA side (made at the first CUDA bucket).
+// Runs check() and returns pg: a state's constructor checks its arguments with it in its
+// HookBase initializer, so that a bad argument is the error even where the process group
+// (resolved by HookBase) is missing.
+template <class Check>
+py::object checked_first(py::object pg, Check&& check) {
+  check();
+  return pg;
+}
+
 struct HookBase {
   HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
       : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),
@@ -388,10 +397,17 @@ commpact_hooks::bucket_params params_of(const py::object& bucket) {
 template <class C>
 struct SparseState : HookBase {
   SparseState(py::object pg, double density, float momentum, py::object store, double timeout_s, std::string name)
-      : HookBase(pg, store, timeout_s, name), opt{.density = density, .momentum = momentum} {
-    // Here, not at the first backward (where the error would also abort the state).
-    commpact::detail::validate_sparse_options(
-        opt, std::is_same_v<C, commpact::TopK<Comm>> ? "commpact_hooks.TopKState" : "commpact_hooks.GTopKState");
+      : HookBase(checked_first(pg,
+                               [&] {
+                                 // Here, not at the first backward (where the error would also
+                                 // abort the state), and before the group is resolved.
+                                 commpact::detail::validate_sparse_options(
+                                     {.density = density, .momentum = momentum},
+                                     std::is_same_v<C, commpact::TopK<Comm>> ? "commpact_hooks.TopKState"
+                                                                             : "commpact_hooks.GTopKState");
+                               }),
+                 store, timeout_s, name),
+        opt{.density = density, .momentum = momentum} {
     hook = commpact::detail::cat(std::is_same_v<C, commpact::TopK<Comm>> ? "topk_hook" : "gtopk_hook",
                                  "(density=", density, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
@@ -447,10 +463,7 @@ struct cuda_power_view {
 #endif
 
 struct PowerSGDState : HookBase {
-  PowerSGDState(py::object pg, int rank, std::int64_t start_iter, double min_rate, std::int64_t seed,
-                py::object store, double timeout_s, std::string name)
-      : HookBase(pg, store, timeout_s, name), rank(rank), start_iter(start_iter), min_rate(min_rate),
-        rng(py::module_::import("numpy").attr("random").attr("RandomState")(seed)), dense(comm) {
+  static void check_args(int rank, std::int64_t start_iter, double min_rate) {
     commpact::require(rank >= 1, "commpact_hooks.PowerSGDState: matrix_approximation_rank is ", rank,
                       "; it must be >= 1.");
     commpact::require(std::isfinite(min_rate) && min_rate >= 0, "commpact_hooks.PowerSGDState: min_compression_rate is ",
@@ -461,6 +474,12 @@ struct PowerSGDState : HookBase {
     commpact::require(start_iter >= 2, "commpact_hooks.PowerSGDState: start_powerSGD_iter is ", start_iter,
                       "; it must be >= 2 (as PyTorch's PowerSGDState requires): DDP rebuilds its buckets after the "
                       "first iteration, so compression starts after it.");
+  }
+  PowerSGDState(py::object pg, int rank, std::int64_t start_iter, double min_rate, std::int64_t seed,
+                py::object store, double timeout_s, std::string name)
+      : HookBase(checked_first(pg, [&] { check_args(rank, start_iter, min_rate); }), store, timeout_s, name),
+        rank(rank), start_iter(start_iter), min_rate(min_rate),
+        rng(py::module_::import("numpy").attr("random").attr("RandomState")(seed)), dense(comm) {
     hook = commpact::detail::cat("powersgd_hook(matrix_approximation_rank=", rank, ", start_powerSGD_iter=", start_iter,
                                  ", min_compression_rate=", min_rate, ", random_seed=", seed, ")");
 #if defined(COMMPACT_HOOKS_CUDA)
@@ -661,9 +680,15 @@ py::object codec_hook(S& st, py::object bucket) {
 struct ModelAverager : HookBase {
   ModelAverager(py::object pg, std::int64_t period, double qsr_alpha, std::int64_t warmup, py::object store,
                 double timeout_s, std::string name)
-      : HookBase(pg, store, timeout_s, name), dense(comm) {
-    commpact::require(period >= 1, "commpact_hooks.ModelAverager: period is ", period, "; it must be >= 1.");
-    commpact::require(qsr_alpha >= 0, "commpact_hooks.ModelAverager: qsr_alpha must be >= 0 (0: Local SGD).");
+      : HookBase(checked_first(pg,
+                               [&] {
+                                 commpact::require(period >= 1, "commpact_hooks.ModelAverager: period is ", period,
+                                                   "; it must be >= 1.");
+                                 commpact::require(qsr_alpha >= 0, "commpact_hooks.ModelAverager: qsr_alpha must be "
+                                                                   ">= 0 (0: Local SGD).");
+                               }),
+                 store, timeout_s, name),
+        dense(comm) {
     if (qsr_alpha > 0) policy.emplace<commpact::QSRPolicy>(qsr_alpha, period, warmup);
     else policy.emplace<commpact::LocalSgd>(period);
   }
@@ -800,6 +825,9 @@ namespace {
 //! A commpact message as a Python user reads it: the C++ option that bounds a wait on a
 //! peer is the state's `timeout=` argument here (in seconds).
 std::string python_advice(std::string msg) {
+  // The library prefixes "commpact::" to the name it is given, which here is Python's already.
+  constexpr std::string_view doubled = "commpact::commpact_hooks.";
+  if (msg.starts_with(doubled)) msg.erase(0, std::string_view("commpact::").size());
   constexpr std::string_view cxx = "torch_options::timeout";  // detail::torch_timeout_advice names it
   constexpr std::string_view py = "the state's timeout= (seconds)";
   for (auto at = msg.find(cxx); at != std::string::npos; at = msg.find(cxx, at + py.size()))

@@ -464,8 +464,33 @@ def run_world(target, tmp):
     return None
 
 
+def arguments_before_group():
+    """Without a process group a bad argument is still the error: the states check their
+    arguments before they resolve the group (it used to say only that the default group
+    was not initialized), and the message starts with the Python name."""
+    import commpact_hooks as ch
+    for make, arg in ((lambda: ch.GTopKState(density=0.0), "density"),
+                      (lambda: ch.TopKState(density=2.0), "density"),
+                      (lambda: ch.PowerSGDState(matrix_approximation_rank=0), "matrix_approximation_rank"),
+                      (lambda: ch.PowerSGDState(start_powerSGD_iter=1), "start_powerSGD_iter"),
+                      (lambda: ch.ModelAverager(period=0), "period"),
+                      (lambda: ch.ModelAverager(qsr_alpha=float("nan")), "qsr_alpha"),
+                      (lambda: ch.QSGDState(levels=0), "levels")):
+        try:
+            make()
+            return f"a bad {arg} was accepted without a process group"
+        except (ValueError, RuntimeError) as e:
+            if arg not in str(e) or not str(e).startswith("commpact_hooks.") or "process group" in str(e):
+                return f"the bad {arg}'s error without a process group: {e}"
+    return None
+
+
 def main():
     sys.path.insert(0, os.environ.get("PYTHONPATH", "."))
+    failed = arguments_before_group()
+    if failed:
+        print(failed, file=sys.stderr)
+        return 1
     with tempfile.TemporaryDirectory() as tmp:
         for target in (worker, worker_timeout):
             failed = run_world(target, tmp)
