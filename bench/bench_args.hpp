@@ -40,6 +40,18 @@ int cli_failure(App& app, const ParseError& e, const char* program) {
   return usage_error(program, e.what());
 }
 
+// --help of a program that also takes Google Benchmark's flags, after it printed its own
+// options: hands "--help" to Google Benchmark, which prints its options and exits 0.
+// `initialize` calls benchmark::Initialize (this header does not include Google Benchmark).
+template <class Initialize>
+int google_benchmark_help(char* argv0, Initialize&& initialize) {
+  char flag[] = "--help";
+  char* h[] = {argv0, flag, nullptr};
+  int hc = 2;
+  initialize(&hc, h);
+  return 0;
+}
+
 namespace detail {
 inline std::string shown(const std::string& option, const std::string& text) {
   return option + " " + (text.empty() ? std::string("''") : text);

@@ -286,11 +286,7 @@ int main(int argc, char** argv) {
   }
   if (help) {  // ours, then Google Benchmark's (it prints them and exits 0)
     usage();
-    char flag[] = "--help";
-    char* h[] = {argv[0], flag, nullptr};
-    int hc = 2;
-    benchmark::Initialize(&hc, h);
-    return 0;
+    return bench_args::google_benchmark_help(argv[0], [](int* c, char** v) { benchmark::Initialize(c, v); });
   }
   if (!skip_experiment) run_experiment(dir, dpsgd_steps, max_steps);
   int n = static_cast<int>(rest.size());

@@ -183,11 +183,7 @@ int main(int argc, char** argv) {
                 "every push written to FILE (docs/img/ps_clocks.dat); no other argument\n"
                 "  --help        this text, then Google Benchmark's options (every other argument goes to it)\n\n");
     std::fflush(stdout);
-    char flag[] = "--help";
-    char* h[] = {argv[0], flag, nullptr};
-    int hc = 2;
-    benchmark::Initialize(&hc, h);
-    return 0;
+    return bench_args::google_benchmark_help(argv[0], [](int* c, char** v) { benchmark::Initialize(c, v); });
   }
   if (tracing) {
     std::FILE* f = std::fopen(trace_file.c_str(), "w");

@@ -176,11 +176,7 @@ int main(int argc, char** argv) {
   }
   if (help) {  // ours, then Google Benchmark's (it prints them and exits 0)
     usage();
-    char flag[] = "--help";
-    char* h[] = {argv[0], flag, nullptr};
-    int hc = 2;
-    benchmark::Initialize(&hc, h);
-    return 0;
+    return bench_args::google_benchmark_help(argv[0], [](int* c, char** v) { benchmark::Initialize(c, v); });
   }
   print_table();
   if (table_only) return 0;
