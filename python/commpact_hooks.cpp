@@ -192,8 +192,6 @@ struct ddp_where {
   throw commpact::numeric_error(m);
 }
 
-// What every hook state keeps: its communicator over the group (CPU buckets) and, for
-// CUDA buckets, the CUDA side (made at the first CUDA bucket).
 // Runs check() and returns pg: a state's constructor checks its arguments with it in its
 // HookBase initializer, so that a bad argument is the error even where the process group
 // (resolved by HookBase) is missing.
@@ -203,6 +201,8 @@ py::object checked_first(py::object pg, Check&& check) {
   return pg;
 }
 
+// What every hook state keeps: its communicator over the group (CPU buckets) and, for
+// CUDA buckets, the CUDA side (made at the first CUDA bucket).
 struct HookBase {
   HookBase(py::object pg, py::object store, double timeout_s, const std::string& name)
       : group(group_or_default(pg)), st(store_or_default(store)), opt(torch_opts(timeout_s, name)),

@@ -35,6 +35,7 @@
 
 #include "idx.hpp"
 #include "mlp.hpp"
+#include "schedule.hpp"
 
 namespace demo {
 
@@ -70,14 +71,9 @@ struct Data {
   Dataset train, test;
 };
 
-// Warm-up: the first 5% of steps, at least one; a run of one step has none.
-inline std::int64_t warmup_steps(std::int64_t total) { return total > 1 ? std::max<std::int64_t>(1, total / 20) : 0; }
-
-// Learning rate: linear warm-up over the first 5% of steps, then cosine decay to 1% of
-// the peak (QSR needs lr > 0 at every step).
+// Learning rate at a step: the examples' schedule (schedule.hpp).
 inline double lr_at(const Options& o, std::int64_t step, std::int64_t total) {
-  const commpact::WarmupCosineLr lr{o.lr, warmup_steps(total), total, 0.01 * o.lr};
-  return lr(step);
+  return lr_schedule(o.lr, total)(step);
 }
 
 // A method: called after backward with the rank's gradient; it must leave identical

@@ -54,6 +54,7 @@
 
 #include "../fashion_mnist/idx.hpp"
 #include "../fashion_mnist/number_check.hpp"
+#include "../fashion_mnist/schedule.hpp"
 
 namespace {
 
@@ -103,9 +104,6 @@ struct Method {
   std::function<std::int64_t()> rounds;
 };
 
-// 5% of the run warms up, at least one step; a run of one step has no warm-up.
-std::int64_t warmup_steps(std::int64_t total) { return total > 1 ? std::max<std::int64_t>(1, total / 20) : 0; }
-
 template <class Comp, class Policy>
 Method drive(std::vector<std::size_t> layers, std::function<Comp(const commpact::bucket_info&)> make, Policy policy,
              const Options& o, std::size_t n, std::int64_t total) {
@@ -138,7 +136,7 @@ Method make_method(const Options& o, Comm comm, const std::vector<std::vector<st
   auto bucket_layout = [all](const bucket_info& b) {
     return tensor_layout(all.begin() + std::ptrdiff_t(b.first_layer), all.begin() + std::ptrdiff_t(b.end_layer));
   };
-  const std::int64_t warmup = warmup_steps(total);
+  const std::int64_t warmup = demo::warmup_steps(total);
   const auto& name = o.method;
   if (name == "dense" || name == "localsgd" || name == "qsr") {
     std::function<Dense<Comm>(const bucket_info&)> make = [comm](const bucket_info&) { return Dense<Comm>{comm}; };
@@ -230,7 +228,7 @@ Result train_rank(const Options& o, Comm comm, const Data& data) {
           " ranks with --batch ", o.batch, " each; raise --limit or lower --ranks or --batch.");
   const std::int64_t total = steps_per_epoch * o.epochs;
   Method m = make_method(o, comm, shapes, n, total);
-  const WarmupCosineLr lr_at{o.lr, warmup_steps(total), total, 0.01 * o.lr};
+  const auto lr_at = demo::lr_schedule(o.lr, total);  // the demo's schedule
 
   // Hooks: copy each gradient into the flat buffer, then mark its tensor ready.
   for (std::size_t t = 0; t < params.size(); ++t) {
