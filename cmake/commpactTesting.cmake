@@ -62,11 +62,28 @@ function(commpact_catch_pch target)
   target_precompile_headers(${target} PRIVATE <catch2/catch.hpp>)
 endfunction()
 
+# A host Catch2 test's program: its own (src is the test's file) or a unity group's.
+function(commpact_catch_test_target target src)
+  add_executable(${target} ${src})
+  target_link_libraries(${target} PRIVATE commpact::commpact commpact_catch_main commpact_test_flags)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+endfunction()
+
+# The ctest entry of the host test in src, running `program args...`.
+function(commpact_catch_test_entry src program)
+  get_filename_component(name ${src} NAME_WE)
+  add_test(NAME ${name} COMMAND ${program} ${ARGN})
+  set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
+  file(STRINGS ${src} long_line REGEX "^// commpact-long-test")
+  if(long_line)  # started first (COMMPACT_LONG_COST), so that it does not end the run alone
+    set_tests_properties(${name} PROPERTIES COST ${COMMPACT_LONG_COST})
+  endif()
+  commpact_test_locks(${src} ${name})
+endfunction()
+
 function(commpact_add_catch_test src)
   get_filename_component(name ${src} NAME_WE)
-  add_executable(${name} ${src})
-  target_link_libraries(${name} PRIVATE commpact::commpact commpact_catch_main commpact_test_flags)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  commpact_catch_test_target(${name} ${src})
   file(STRINGS ${src} long_line REGEX "^// commpact-long-test")
   if(long_line AND COMMPACT_LONG_TEST_FLAGS)
     separate_arguments(long_flags UNIX_COMMAND "${COMMPACT_LONG_TEST_FLAGS}")
@@ -74,12 +91,156 @@ function(commpact_add_catch_test src)
   elseif(TARGET commpact_catch_pch)
     target_precompile_headers(${name} REUSE_FROM commpact_catch_pch)
   endif()
-  add_test(NAME ${name} COMMAND ${name})
-  set_tests_properties(${name} PROPERTIES LABELS host TIMEOUT ${COMMPACT_TEST_TIMEOUT})
-  if(long_line)  # started first (COMMPACT_LONG_COST), so that it does not end the run alone
-    set_tests_properties(${name} PROPERTIES COST ${COMMPACT_LONG_COST})
+  commpact_catch_test_entry(${src} ${name})
+endfunction()
+
+# COMMPACT_TESTS_UNITY: the host and MPI Catch2 tests are compiled in groups of
+# COMMPACT_TESTS_UNITY_SIZE files (in the order of their names, so that tests of one area
+# share a group), one translation unit and one program per group, as the CUDA tests are
+# below. Each test keeps its ctest entry, which runs its own test cases only: Catch2's
+# filenames-as-tags gives every case the tag [#<file name>], and the entry runs
+# `<group program> "[#test_x]~[.]" --filenames-as-tags --warn NoTests` (hidden cases stay hidden; a tag that
+# matches nothing fails). Most of a test's compile is the headers and the library's
+# templates, which a group parses and instantiates once: 8 compressor tests compiled in
+# 115 s one by one and 69 s as one unit at g++ -O2, 85 s and 39 s at clang++ -O0 under
+# ASan (docs/notes/ci-time.md). scripts/test turns it on for its g++ and clang++ builds;
+# a test still builds alone by default, which is what a developer's build wants.
+#
+# A file that C++ cannot put inside a namespace (it replaces operator new, or
+# specialises a template of namespace commpact or std), that defines a macro or sets a
+# pragma (which would reach the next file of its group), or that needs flags of its own
+# says so on a line `// commpact-standalone: <why>` and stays its own program; configure
+# fails when such a file lacks the line. A test built with COMMPACT_LONG_TEST_FLAGS stays
+# its own program too.
+option(COMMPACT_TESTS_UNITY "Compile the host and MPI Catch2 tests in groups, one translation unit each" OFF)
+set(COMMPACT_TESTS_UNITY_SIZE 8 CACHE STRING "Test files per unity group (COMMPACT_TESTS_UNITY)")
+
+# Whether src joins a unity group (out_var TRUE) or stays its own program.
+function(commpact_unity_eligible src out_var)
+  set(${out_var} FALSE PARENT_SCOPE)
+  if(NOT COMMPACT_TESTS_UNITY)
+    return()
   endif()
-  commpact_test_locks(${src} ${name})
+  file(STRINGS ${src} standalone REGEX "^// commpact-standalone")
+  if(standalone)
+    return()
+  endif()
+  file(STRINGS ${src} long_line REGEX "^// commpact-long-test")
+  if(long_line AND COMMPACT_LONG_TEST_FLAGS)
+    return()
+  endif()
+  # What C++ wants at global scope, and what would reach the next file of the group (a
+  # macro, a pragma).
+  file(STRINGS ${src} global_only REGEX "operator new|^namespace (commpact|std|Catch)( |$)|^int main|^#define|^#pragma")
+  if(global_only)
+    message(FATAL_ERROR "${src}: '${global_only}' cannot go inside a namespace or would reach the next file "
+                        "(COMMPACT_TESTS_UNITY); add a line '// commpact-standalone: <why>' to build this test "
+                        "as its own program")
+  endif()
+  set(${out_var} TRUE PARENT_SCOPE)
+endfunction()
+
+# commpact_unity_text(<out_var> NAMES <name>... SOURCES <src>...): one translation unit of
+# the sources. Every header they include comes first, at global scope (quoted ones by the
+# path they name from the including file's folder, as the compiler looks there first),
+# each under __has_include, as a file may include a header only where it exists; then
+# each source inside a namespace of its own, commpact_unity_<name>, where its includes are
+# then empty. So its helpers, anonymous namespaces included, keep apart from the others'.
+function(commpact_unity_text out_var)
+  cmake_parse_arguments(u "" "" "NAMES;SOURCES" ${ARGN})
+  set(text "")
+  set(seen "")
+  foreach(src IN LISTS u_SOURCES)
+    get_filename_component(dir ${src} DIRECTORY)
+    file(STRINGS ${src} lines REGEX "^#include[ ]*[<\"]")
+    foreach(line IN LISTS lines)
+      string(REGEX REPLACE "^#include[ ]*([<\"][^>\"]*[>\"]).*" "\\1" inc "${line}")
+      if(inc MATCHES "^\"(.*)\"$")  # (two ifs: CMAKE_MATCH_1 is set by the first)
+        if(EXISTS "${dir}/${CMAKE_MATCH_1}")
+          get_filename_component(path "${dir}/${CMAKE_MATCH_1}" ABSOLUTE)
+          set(inc "\"${path}\"")
+        endif()
+      endif()
+      if(NOT inc IN_LIST seen)
+        list(APPEND seen "${inc}")
+        string(APPEND text "#if __has_include(${inc})\n#include ${inc}\n#endif\n")
+      endif()
+    endforeach()
+  endforeach()
+  foreach(name src IN ZIP_LISTS u_NAMES u_SOURCES)
+    string(APPEND text "\nnamespace commpact_unity_${name} {\n#include \"${src}\"\n}  // namespace commpact_unity_${name}\n")
+  endforeach()
+  set(${out_var} "${text}" PARENT_SCOPE)
+endfunction()
+
+# Splits `srcs` (sorted) into the fewest groups of at most COMMPACT_TESTS_UNITY_SIZE, of
+# sizes that differ by one at most, and writes each group's unit, <prefix>_<i>.cpp in the
+# current binary folder; sets <prefix>_GROUPS to the group count and <prefix>_<i>_SOURCES
+# to each group's files, in the caller's scope.
+function(commpact_unity_groups prefix)
+  set(srcs ${ARGN})
+  list(SORT srcs)
+  list(LENGTH srcs n)
+  math(EXPR count "(${n} + ${COMMPACT_TESTS_UNITY_SIZE} - 1) / ${COMMPACT_TESTS_UNITY_SIZE}")
+  set(groups 0)
+  set(i 0)
+  while(i LESS n)
+    math(EXPR end "(${groups} + 1) * ${n} / ${count}")
+    set(group_srcs "")
+    set(group_names "")
+    while(i LESS end)
+      list(GET srcs ${i} src)
+      get_filename_component(name ${src} NAME_WE)
+      list(APPEND group_srcs ${src})
+      list(APPEND group_names ${name})
+      math(EXPR i "${i} + 1")
+    endwhile()
+    commpact_unity_text(text NAMES ${group_names} SOURCES ${group_srcs})
+    set(header "// Generated by cmake/commpactTesting.cmake (COMMPACT_TESTS_UNITY): ${group_names} as one\n")
+    string(REPLACE ";" ", " header "${header}")
+    # Rewritten only when it changes (no rebuild on a reconfigure).
+    file(CONFIGURE OUTPUT ${CMAKE_CURRENT_BINARY_DIR}/${prefix}_${groups}.cpp
+         CONTENT "${header}// translation unit (Catch2's -# gives each case the tag [#<its file>]).\n\n${text}" @ONLY)
+    set(${prefix}_${groups}_SOURCES ${group_srcs} PARENT_SCOPE)
+    math(EXPR groups "${groups} + 1")
+  endwhile()
+  set(${prefix}_GROUPS ${groups} PARENT_SCOPE)
+  set_property(DIRECTORY APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS ${srcs})
+endfunction()
+
+# The arguments that make a group's program run one file's test cases.
+function(commpact_unity_filter src out_var)
+  get_filename_component(name ${src} NAME_WE)
+  set(${out_var} "[#${name}]~[.]" --filenames-as-tags --warn NoTests PARENT_SCOPE)
+endfunction()
+
+# Every host test of `srcs`: each its own program, or (COMMPACT_TESTS_UNITY) in groups.
+function(commpact_add_catch_tests)
+  set(unity "")
+  foreach(src IN LISTS ARGN)
+    commpact_unity_eligible(${src} eligible)
+    if(eligible)
+      list(APPEND unity ${src})
+    else()
+      commpact_add_catch_test(${src})
+    endif()
+  endforeach()
+  if(NOT unity)
+    return()
+  endif()
+  commpact_unity_groups(host_tests_unity ${unity})
+  math(EXPR last "${host_tests_unity_GROUPS} - 1")
+  foreach(g RANGE ${last})
+    set(target host_tests_unity_${g})
+    commpact_catch_test_target(${target} ${CMAKE_CURRENT_BINARY_DIR}/${target}.cpp)
+    if(TARGET commpact_catch_pch)
+      target_precompile_headers(${target} REUSE_FROM commpact_catch_pch)
+    endif()
+    foreach(src IN LISTS host_tests_unity_${g}_SOURCES)
+      commpact_unity_filter(${src} filter)
+      commpact_catch_test_entry(${src} ${target} ${filter})
+    endforeach()
+  endforeach()
 endfunction()
 
 # A test whose file has a line `// commpact-lock: <name> ...` never runs at the same time
@@ -101,25 +262,63 @@ endfunction()
 # clang++ differ, at about a sixth of a sanitized build's time.
 option(COMMPACT_MPI_TESTS_SYNTAX_ONLY "Only check that the MPI tests compile (-fsyntax-only); do not build or run them" OFF)
 
+# An MPI Catch2 test's program (src: the test's file or a unity group's); under
+# COMMPACT_MPI_TESTS_SYNTAX_ONLY an object library compiled with -fsyntax-only.
+function(commpact_mpi_test_target target src)
+  if(COMMPACT_MPI_TESTS_SYNTAX_ONLY)
+    add_library(${target} OBJECT ${src})
+    target_link_libraries(${target} PRIVATE commpact::mpi Catch2::Catch2 commpact_test_flags)
+    target_compile_options(${target} PRIVATE -fsyntax-only)
+  else()
+    add_executable(${target} ${src})
+    target_link_libraries(${target} PRIVATE commpact::mpi commpact_mpi_catch_main commpact_test_flags)
+  endif()
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
+  if(TARGET commpact_mpi_catch_pch)
+    target_precompile_headers(${target} REUSE_FROM commpact_mpi_catch_pch)
+  endif()
+endfunction()
+
 function(commpact_add_mpi_test src)
   get_filename_component(name ${src} NAME_WE)
-  set(name mpi_${name})
-  if(COMMPACT_MPI_TESTS_SYNTAX_ONLY)
-    add_library(${name} OBJECT ${src})
-    target_link_libraries(${name} PRIVATE commpact::mpi Catch2::Catch2 commpact_test_flags)
-    target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-    target_compile_options(${name} PRIVATE -fsyntax-only)
-    if(TARGET commpact_mpi_catch_pch)
-      target_precompile_headers(${name} REUSE_FROM commpact_mpi_catch_pch)
+  commpact_mpi_test_target(mpi_${name} ${src})
+  commpact_mpi_test_entries(${src} mpi_${name})
+endfunction()
+
+# Every MPI test of `srcs`: each its own program, or (COMMPACT_TESTS_UNITY) in groups.
+function(commpact_add_mpi_tests)
+  set(unity "")
+  foreach(src IN LISTS ARGN)
+    commpact_unity_eligible(${src} eligible)
+    if(eligible)
+      list(APPEND unity ${src})
+    else()
+      commpact_add_mpi_test(${src})
     endif()
+  endforeach()
+  if(NOT unity)
     return()
   endif()
-  add_executable(${name} ${src})
-  target_link_libraries(${name} PRIVATE commpact::mpi commpact_mpi_catch_main commpact_test_flags)
-  target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/tests)
-  if(TARGET commpact_mpi_catch_pch)
-    target_precompile_headers(${name} REUSE_FROM commpact_mpi_catch_pch)
+  commpact_unity_groups(mpi_tests_unity ${unity})
+  math(EXPR last "${mpi_tests_unity_GROUPS} - 1")
+  foreach(g RANGE ${last})
+    set(target mpi_tests_unity_${g})
+    commpact_mpi_test_target(${target} ${CMAKE_CURRENT_BINARY_DIR}/${target}.cpp)
+    foreach(src IN LISTS mpi_tests_unity_${g}_SOURCES)
+      commpact_unity_filter(${src} filter)
+      commpact_mpi_test_entries(${src} ${target} ${filter})
+    endforeach()
+  endforeach()
+endfunction()
+
+# The ctest entries of the MPI test in src (mpi_<name>_np<P>, one per rank count), each
+# running `mpiexec -n P <program> args...` (nothing under COMMPACT_MPI_TESTS_SYNTAX_ONLY).
+function(commpact_mpi_test_entries src program)
+  if(COMMPACT_MPI_TESTS_SYNTAX_ONLY)
+    return()
   endif()
+  get_filename_component(name ${src} NAME_WE)
+  set(name mpi_${name})
   file(STRINGS ${src} ranks_line REGEX "commpact-mpi-ranks:")
   if(ranks_line)
     string(REGEX REPLACE ".*commpact-mpi-ranks:[ ]*" "" ranks "${ranks_line}")
@@ -130,7 +329,7 @@ function(commpact_add_mpi_test src)
   foreach(np IN LISTS ranks)
     add_test(NAME ${name}_np${np}
       COMMAND ${MPIEXEC_EXECUTABLE} ${MPIEXEC_NUMPROC_FLAG} ${np} --allow-run-as-root --oversubscribe
-              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${name}> ${MPIEXEC_POSTFLAGS})
+              ${MPIEXEC_PREFLAGS} $<TARGET_FILE:${program}> ${ARGN} ${MPIEXEC_POSTFLAGS})
     set_tests_properties(${name}_np${np} PROPERTIES LABELS mpi TIMEOUT ${COMMPACT_TEST_TIMEOUT} PROCESSORS 2
       ENVIRONMENT "OMPI_MCA_rmaps_base_oversubscribe=1;OMPI_MCA_btl=self,vader;OMPI_MCA_btl_vader_single_copy_mechanism=none")
     commpact_test_locks(${src} ${name}_np${np})
@@ -200,32 +399,12 @@ function(commpact_add_cuda_tests)
   if(NOT unity_names)
     return()
   endif()
-  # The unit: the tests' includes (quoted ones by the path they name from the test's own
-  # folder, as the compiler looks there first), each under __has_include as a test may
-  # include a header only where it exists; then the tests; then main().
+  # The unit (commpact_unity_text), then main().
+  commpact_unity_text(tests NAMES ${unity_names} SOURCES ${unity_srcs})
   set(text "// Generated by cmake/commpactTesting.cmake (COMMPACT_CUDA_TESTS_UNITY): the CUDA tests as one\n")
-  string(APPEND text "// translation unit. `cuda_tests_unity <test>` runs one of them.\n\n")
-  set(seen "")
-  foreach(src IN LISTS unity_srcs)
-    get_filename_component(dir ${src} DIRECTORY)
-    file(STRINGS ${src} lines REGEX "^#include[ ]*[<\"]")
-    foreach(line IN LISTS lines)
-      string(REGEX REPLACE "^#include[ ]*([<\"][^>\"]*[>\"]).*" "\\1" inc "${line}")
-      if(inc MATCHES "^\"(.*)\"$")  # (two ifs: CMAKE_MATCH_1 is set by the first)
-        if(EXISTS "${dir}/${CMAKE_MATCH_1}")
-          get_filename_component(path "${dir}/${CMAKE_MATCH_1}" ABSOLUTE)
-          set(inc "\"${path}\"")
-        endif()
-      endif()
-      if(NOT inc IN_LIST seen)
-        list(APPEND seen "${inc}")
-        string(APPEND text "#if __has_include(${inc})\n#include ${inc}\n#endif\n")
-      endif()
-    endforeach()
-  endforeach()
+  string(APPEND text "// translation unit. `cuda_tests_unity <test>` runs one of them.\n\n${tests}")
   set(table "")
-  foreach(name src IN ZIP_LISTS unity_names unity_srcs)
-    string(APPEND text "\nnamespace commpact_unity_${name} {\n#include \"${src}\"\n}  // namespace commpact_unity_${name}\n")
+  foreach(name IN LISTS unity_names)
     string(APPEND table "    {\"${name}\", &commpact_unity_${name}::main},\n")
   endforeach()
   string(APPEND text "

@@ -2,6 +2,7 @@
 // allocations per thread; a communicator decorator pauses the count while the
 // communicator itself runs (ThreadComm's mailboxes are its own business), so what is
 // counted is exactly what the compressors, TreeComm and the kernels allocate.
+// commpact-standalone: it replaces the global operator new (COMMPACT_TESTS_UNITY)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #include <commpact/comm/thread_comm.hpp>
 #include <commpact/compress/compressors/gtopk.hpp>

@@ -8,6 +8,7 @@
 //    (tests/CMakeLists.txt), so g++ rejects it too and both builds catch a regression.
 //  - The defaulted codec is K(): every rank's outputs and residual equal, bit for bit,
 //    those of a twin given K() explicitly, over a few steps at P = 3.
+// commpact-standalone: it compiles with -pedantic-errors of its own (tests/CMakeLists.txt)
 #include <catch2/catch.hpp>
 #include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/compress/compressors/linear.hpp>

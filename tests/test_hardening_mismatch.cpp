@@ -272,10 +272,10 @@ TEST_CASE("ranks that disagree on random-k's seed or scaling, or on MajorityVote
     // Bucket sizes d and d + 1 cut kN values into as many buckets, so the messages have one
     // size and only the codec's agreement value (levels and bucket size) tells them apart:
     // each rank would decode the others' norms over its own bucket bounds.
-    const std::size_t d = (kN + 1) / 2;
+    static constexpr std::size_t d = (kN + 1) / 2;
     REQUIRE((kN + d - 1) / d == (kN + d) / (d + 1));
     one_rank_built_otherwise(
-        [d](TC& comm, bool odd) {
+        [](TC& comm, bool odd) {
           return CodecCompressor<qsgd_codec, Allgather<TC>>{comm, qsgd_codec{16, 3, odd ? d + 1 : d}};
         },
         "the codec's parameter");

@@ -104,17 +104,29 @@ struct aligned_floats {
   std::unique_ptr<float, freer> p_;
 };
 
-// Checks the fused call against ef_accumulate + topk_abs. acc is the fused output buffer
-// (it may alias r or g when in_place says so: then the inputs are copied for the reference).
-void check_fused(std::span<float> acc, std::span<const float> r, std::span<const float> g, std::optional<float> scale,
-                 std::size_t k, h::topk_workspace& ws) {
+// The reference's accumulation, ef_accumulate of (r, g, scale) (an empty residual counts
+// as zeros): computed once and checked against the fused call for every k.
+struct accumulated {
+  std::vector<float> acc;
+  std::vector<std::uint32_t> acc_bits;
+  std::size_t bad = 0;
+};
+accumulated reference_acc(std::span<const float> r, std::span<const float> g, std::optional<float> scale) {
   const std::size_t n = g.size();
-  // Reference (an empty residual counts as zeros).
   const std::vector<float> r_ref = r.empty() ? std::vector<float>(n, 0.0f) : std::vector<float>(r.begin(), r.end());
-  const std::vector<float> g_ref(g.begin(), g.end());
-  std::vector<float> acc_ref(n);
-  const std::size_t bad_ref =
-      scale ? h::ef_accumulate(acc_ref, r_ref, g_ref, *scale) : h::ef_accumulate(acc_ref, r_ref, g_ref);
+  accumulated a;
+  a.acc.resize(n);
+  a.bad = scale ? h::ef_accumulate(a.acc, r_ref, g, *scale) : h::ef_accumulate(a.acc, r_ref, g);
+  a.acc_bits = bits(a.acc);
+  return a;
+}
+
+// Checks the fused call against ef_accumulate + topk_abs (ref: reference_acc of the same
+// r, g and scale). acc is the fused output buffer (not aliasing r or g).
+void check_fused(std::span<float> acc, std::span<const float> r, std::span<const float> g, std::optional<float> scale,
+                 std::size_t k, h::topk_workspace& ws, const accumulated& ref) {
+  const std::vector<float>& acc_ref = ref.acc;
+  const std::size_t bad_ref = ref.bad;
   h::topk_workspace ws_ref;
   std::vector<std::int32_t> idx_ref(k);
   std::vector<float> val_ref(k);
@@ -131,11 +143,16 @@ void check_fused(std::span<float> acc, std::span<const float> r, std::span<const
   idx.resize(k);
   val.resize(k);
   REQUIRE(bad == bad_ref);
-  REQUIRE(bits(acc) == bits(acc_ref));
+  REQUIRE(bits(acc) == ref.acc_bits);
   REQUIRE(idx == idx_ref);
   REQUIRE(bits(val) == bits(val_ref));
   // The same sample and the same acc: the same path as topk_abs.
   CHECK(ws.last_path() == ws_ref.last_path());
+}
+
+void check_fused(std::span<float> acc, std::span<const float> r, std::span<const float> g, std::optional<float> scale,
+                 std::size_t k, h::topk_workspace& ws) {
+  check_fused(acc, r, g, scale, k, ws, reference_acc(r, g, scale));
 }
 
 std::vector<std::size_t> ks_for(std::size_t n) {
@@ -161,9 +178,11 @@ TEST_CASE("ef_accumulate_topk_abs equals ef_accumulate + topk_abs bit for bit", 
   make(kd, n, seed, r, g);
   h::topk_workspace ws;  // one per (n, kind, seed, ...), reused over k
   std::vector<float> acc(n);
+  const std::span<const float> rs = with_r ? std::span<const float>(r) : std::span<const float>();
+  const accumulated ref = reference_acc(rs, g, scale);  // the same for every k
   for (std::size_t k : ks_for(n)) {
     CAPTURE(n, static_cast<int>(kd), seed, with_r, scale.has_value(), k);
-    check_fused(acc, with_r ? std::span<const float>(r) : std::span<const float>(), g, scale, k, ws);
+    check_fused(acc, rs, g, scale, k, ws, ref);
   }
 }
 

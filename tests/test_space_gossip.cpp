@@ -8,6 +8,7 @@
 // there; no allocation after the first round. The comparisons with host_space are
 // written once in tests/common/gossip_space_checks.hpp (run under MPI too), and the
 // checks of tests/common/gossip_checks.hpp run over DeferredComm<CheckedComm<ThreadComm>>.
+// commpact-standalone: it specialises commpact::variable_length_codec (COMMPACT_TESTS_UNITY)
 #include <catch2/catch.hpp>
 #include <commpact/comm/deferred_comm.hpp>
 #include <commpact/comm/thread_comm.hpp>

@@ -4,6 +4,7 @@
 // allocation in steady state. Failure and deadline tests: test_comm_mpi_failure.cpp.
 // This file replaces the global operator new/delete with malloc/free to count
 // allocations; GCC then flags every inlined delete as "mismatched".
+// commpact-standalone: it replaces the global operator new (COMMPACT_TESTS_UNITY)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #include <commpact/comm/counting_comm.hpp>
 #include <commpact/comm/mpi_comm.hpp>
