@@ -18,14 +18,27 @@ the extension must match that torch exactly, and pip stays offline).
 import os
 import sys
 
-from setuptools import setup
-
 try:
     import torch
     from torch.utils import cpp_extension
 except ImportError:
-    sys.exit("commpact_hooks: torch is not importable by " + sys.executable + "; install PyTorch first "
-             "(Debian: python3-torch) and run pip with --no-build-isolation, so that the build sees it.")
+    advice = "install PyTorch first (Debian: python3-torch) and run pip with --no-build-isolation, so that the build sees it."
+    if sys.prefix != sys.base_prefix:  # a virtual environment: it may not see the system's torch
+        cfg = os.path.join(sys.prefix, "pyvenv.cfg")
+        try:
+            with open(cfg) as f:
+                sees_system = any(line.replace(" ", "").lower() == "include-system-site-packages=true\n"
+                                  for line in f)
+        except OSError:
+            sees_system = False
+        if not sees_system:
+            advice = ("this is a virtual environment (" + sys.prefix + ") without the system's site packages, so "
+                      "it cannot see a torch installed outside it (Debian's python3-torch): install torch into "
+                      "it, or make it with `python3 -m venv --system-site-packages`; then run pip with "
+                      "--no-build-isolation.")
+    sys.exit("commpact_hooks: torch is not importable by " + sys.executable + "; " + advice)
+
+from setuptools import setup  # after the torch check, whose message matters more
 
 here = os.path.dirname(os.path.abspath(__file__))
 os.chdir(here)  # setuptools wants the source paths relative to this file

@@ -106,6 +106,22 @@ inline double real(const std::string& option, const std::string& text, double lo
   return *v;
 }
 
+// real() as a CLI11 check: `->check(bench_args::real_check(0, false, 1, true))`. CLI11's
+// own ranges let NaN through (every comparison with NaN is false). Returns a callable that
+// CLI::Validator is built from (an empty string: accepted), so this header needs no CLI11;
+// CLI11 puts the option's name before the message ("--density: nan is not a finite number").
+inline auto real_check(double lo, bool lo_inclusive, double hi, bool hi_inclusive) {
+  return [=](const std::string& text) -> std::string {
+    try {
+      real("", text, lo, lo_inclusive, hi, hi_inclusive);
+      return {};
+    } catch (const error& e) {
+      const std::string m = e.what();
+      return m.substr(m.find_first_not_of(' '));  // real() wrote "<option> <text> ..."
+    }
+  };
+}
+
 // A size: a number with an optional suffix K, M or G (2^10, 2^20, 2^30), at least 1 and at
 // most max once multiplied; a fraction of one is dropped ("2.5" is 2, "1.5K" is 1536).
 inline std::uint64_t size(const std::string& option, const std::string& text,

@@ -76,67 +76,75 @@ int main(int argc, char** argv) {
         return rc;
       }
     }
-    MpiComm def{MPI_COMM_WORLD}, unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
-    // Without staging (isolate_buffers = false), checked and unchecked.
-    MpiComm nostage{MPI_COMM_WORLD, {.isolate_buffers = false}},
-        bare{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
-    CheckedComm<MpiComm> checked{unchecked};
-    // The default without its shared-memory path (shared_memory_max = 0): what it was before.
-    MpiComm p2p{MPI_COMM_WORLD, {.shared_memory_max = 0}};
-    MPI_Comm raw = MPI_COMM_NULL;
-    MPI_Comm_dup(MPI_COMM_WORLD, &raw);
-    const std::size_t block = bytes / static_cast<std::size_t>(P);
-    const int n = static_cast<int>(block);
-    std::vector<std::byte> in(block, std::byte{1}), out(block * static_cast<std::size_t>(P));
-    std::span<const std::byte> si(in);
-    std::span<std::byte> so(out);
-    const std::vector<std::pair<const char*, std::function<void()>>> v = {
-        {"raw MPI_Barrier", [&] { MPI_Barrier(raw); }},
-        {"default barrier (the check)", [&] { def.barrier(); }},
-        {"CheckedComm barrier", [&] { checked.barrier(); }},
-        {"raw MPI_Allgather", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, raw); }},
-        {"default allgather", [&] { def.allgather(si, so); }},
-        {"default, point to point", [&] { p2p.allgather(si, so); }},
-        {"unchecked allgather", [&] { unchecked.allgather(si, so); }},
-        {"nostage allgather (checked)", [&] { nostage.allgather(si, so); }},
-        {"unchecked, no staging", [&] { bare.allgather(si, so); }},
-        {"check, then gather", [&] {
-           def.barrier();
-           unchecked.allgather(si, so);
-         }},
-        {"check, then no staging", [&] {
-           def.barrier();
-           bare.allgather(si, so);
-         }}};
-    std::vector<std::vector<double>> t(v.size());
-    for (const auto& [name, fn] : v) fn();  // warm up
-    std::vector<std::size_t> order(v.size());
-    std::iota(order.begin(), order.end(), std::size_t{0});
-    std::mt19937 shuffle_rng(20261202);  // the same seed on every rank: the same order everywhere
-    for (int it = 0; it < iterations; ++it) {
-      std::shuffle(order.begin(), order.end(), shuffle_rng);
-      for (const std::size_t i : order) {
-        MPI_Barrier(MPI_COMM_WORLD);
-        const auto t0 = std::chrono::steady_clock::now();
-        v[i].second();
-        t[i].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+    // MpiComm's own errors (a peer that failed, a timeout, a size MPI refuses) end the
+    // run on every rank with the message, instead of terminate().
+    try {
+      MpiComm def{MPI_COMM_WORLD}, unchecked{MPI_COMM_WORLD, {.verify_collectives = false}};
+      // Without staging (isolate_buffers = false), checked and unchecked.
+      MpiComm nostage{MPI_COMM_WORLD, {.isolate_buffers = false}},
+          bare{MPI_COMM_WORLD, {.verify_collectives = false, .isolate_buffers = false}};
+      CheckedComm<MpiComm> checked{unchecked};
+      // The default without its shared-memory path (shared_memory_max = 0): what it was before.
+      MpiComm p2p{MPI_COMM_WORLD, {.shared_memory_max = 0}};
+      MPI_Comm raw = MPI_COMM_NULL;
+      MPI_Comm_dup(MPI_COMM_WORLD, &raw);
+      const std::size_t block = bytes / static_cast<std::size_t>(P);
+      const int n = static_cast<int>(block);
+      std::vector<std::byte> in(block, std::byte{1}), out(block * static_cast<std::size_t>(P));
+      std::span<const std::byte> si(in);
+      std::span<std::byte> so(out);
+      const std::vector<std::pair<const char*, std::function<void()>>> v = {
+          {"raw MPI_Barrier", [&] { MPI_Barrier(raw); }},
+          {"default barrier (the check)", [&] { def.barrier(); }},
+          {"CheckedComm barrier", [&] { checked.barrier(); }},
+          {"raw MPI_Allgather", [&] { MPI_Allgather(in.data(), n, MPI_BYTE, out.data(), n, MPI_BYTE, raw); }},
+          {"default allgather", [&] { def.allgather(si, so); }},
+          {"default, point to point", [&] { p2p.allgather(si, so); }},
+          {"unchecked allgather", [&] { unchecked.allgather(si, so); }},
+          {"nostage allgather (checked)", [&] { nostage.allgather(si, so); }},
+          {"unchecked, no staging", [&] { bare.allgather(si, so); }},
+          {"check, then gather", [&] {
+             def.barrier();
+             unchecked.allgather(si, so);
+           }},
+          {"check, then no staging", [&] {
+             def.barrier();
+             bare.allgather(si, so);
+           }}};
+      std::vector<std::vector<double>> t(v.size());
+      for (const auto& [name, fn] : v) fn();  // warm up
+      std::vector<std::size_t> order(v.size());
+      std::iota(order.begin(), order.end(), std::size_t{0});
+      std::mt19937 shuffle_rng(20261202);  // the same seed on every rank: the same order everywhere
+      for (int it = 0; it < iterations; ++it) {
+        std::shuffle(order.begin(), order.end(), shuffle_rng);
+        for (const std::size_t i : order) {
+          MPI_Barrier(MPI_COMM_WORLD);
+          const auto t0 = std::chrono::steady_clock::now();
+          v[i].second();
+          t[i].push_back(std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count());
+        }
       }
+      if (r == 0) {
+        std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, block * static_cast<std::size_t>(P),
+                    iterations);
+        std::vector<double> med(v.size());
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          std::sort(t[i].begin(), t[i].end());
+          med[i] = t[i][t[i].size() / 2];
+        }
+        for (std::size_t i = 0; i < v.size(); ++i) {
+          const double base = i < 3 ? med[0] : med[3];
+          std::printf("%-28s median %8.1f us [p25 %8.1f, p75 %8.1f]  %.2fx raw\n", v[i].first, med[i],
+                      t[i][t[i].size() / 4], t[i][3 * t[i].size() / 4], med[i] / base);
+        }
+      }
+      MPI_Comm_free(&raw);
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "bench_comm_check: rank %d: %s\n", r, e.what());
+      std::fflush(stderr);
+      MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    if (r == 0) {
-      std::printf("P = %d, %zu bytes of allgather output, %d iterations\n", P, block * static_cast<std::size_t>(P),
-                  iterations);
-      std::vector<double> med(v.size());
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        std::sort(t[i].begin(), t[i].end());
-        med[i] = t[i][t[i].size() / 2];
-      }
-      for (std::size_t i = 0; i < v.size(); ++i) {
-        const double base = i < 3 ? med[0] : med[3];
-        std::printf("%-28s median %8.1f us [p25 %8.1f, p75 %8.1f]  %.2fx raw\n", v[i].first, med[i],
-                    t[i][t[i].size() / 4], t[i][3 * t[i].size() / 4], med[i] / base);
-      }
-    }
-    MPI_Comm_free(&raw);
   }
   MPI_Finalize();
 }

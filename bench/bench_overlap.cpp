@@ -218,12 +218,15 @@ int main(int argc, char** argv) {
   app.add_option("--floats", c.floats, "model size in floats, at least 1; K, M, G = 2^10, 2^20, 2^30 (default 4M)")
       ->type_name("SIZE");
   app.add_option("--layers", c.layers, "layers of equal size")->check(CLI::Range(1, 4096));
-  app.add_option("--cap-mb", c.cap_mb, "bucket cap in MB (DDP: 25)")->check(CLI::NonNegativeNumber);
+  app.add_option("--cap-mb", c.cap_mb, "bucket cap in MB (DDP: 25)")
+      ->check(bench_args::real_check(0, true, 1e6, true));
   app.add_option("--steps", c.steps, "timed steps per mode (median)")->check(CLI::Range(1, 10000));
   app.add_option("--compute-ratio", c.compute_ratio, "compute time = ratio x measured communication time")
-      ->check(CLI::NonNegativeNumber);
-  app.add_option("--compute-ms", c.compute_ms, "compute time per step in ms (overrides --compute-ratio)");
-  app.add_option("--density", c.density, "gTop-k density");
+      ->check(bench_args::real_check(0, true, 1e6, true));
+  app.add_option("--compute-ms", c.compute_ms, "compute time per step in ms (overrides --compute-ratio)")
+      ->check(bench_args::real_check(0, true, 1e9, true));
+  app.add_option("--density", c.density, "gTop-k density, in (0, 1]")
+      ->check(bench_args::real_check(0, false, 1, true));
   app.add_option("--methods", c.methods, "dense,powersgd,gtopk")->delimiter(',');
   app.add_option("--csv", c.csv, "append one row per method to this CSV (rank 0)");
   try {

@@ -192,7 +192,7 @@ std::pair<cost::step_cost, cost::step_cost> model_of(const std::string& m, int P
     const auto h = cost::hierarchical(nodes, per_node, n, algo);
     return {h.intra, h.inter};
   }
-  throw invalid_argument(detail::cat("bench_scaling: unknown method '", m,
+  throw invalid_argument(detail::cat("unknown method '", m,
                                      "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
                                      "hierarchical."));
 }
@@ -264,40 +264,76 @@ void write_row(std::FILE* f, const row& r) {
                r.model.path_bytes, r.model_inter.latency_rounds, r.model_inter.path_bytes, r.load);
 }
 
+double rate_bits(const std::string& r);
+
 std::vector<row> read_csv(const std::string& path) {
   std::ifstream f(path);
-  require(f.good(), "bench_scaling: cannot read ", path, "; pass the CSV a run wrote with --csv.");
+  require(f.good(), "cannot read ", path, "; pass the CSV a run wrote with --csv.");
   std::vector<row> rows;
   std::string line;
-  std::getline(f, line);
+  std::size_t line_no = 0;
+  const auto bad = [&](const std::string& what) {
+    return invalid_argument(detail::cat(path, ":", line_no, ": ", what, "; pass the CSV a run wrote with --csv."));
+  };
   while (std::getline(f, line)) {
-    if (line.empty() || line.rfind("network,", 0) == 0) continue;
+    ++line_no;
+    if (line.empty() || line.rfind("network,", 0) == 0) continue;  // the header (once per appending run)
     std::vector<std::string> c;
     std::stringstream ss(line);
     for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
-    if (c.size() < 23) continue;
+    if (c.size() < 23) throw bad(detail::cat("a row of ", c.size(), " columns, not 23"));
+    std::size_t col = 0;
+    // Column col as a number: all of it, or the row is refused naming the column.
+    const auto num = [&](std::size_t i, auto parse) {
+      col = i;
+      std::size_t used = 0;
+      const auto v = parse(c[i], &used);
+      if (used != c[i].size()) throw std::invalid_argument("trailing text");
+      return v;
+    };
+    const auto i32 = [](const std::string& t, std::size_t* u) { return std::stoi(t, u); };
+    const auto u64 = [](const std::string& t, std::size_t* u) { return std::stoull(t, u); };
+    const auto f64 = [](const std::string& t, std::size_t* u) { return std::stod(t, u); };
     row r;
-    r.network = c[0], r.rate = c[1], r.inter_rate = c[2], r.nodes = std::stoi(c[3]), r.per_node = std::stoi(c[4]);
-    r.P = std::stoi(c[5]), r.method = c[6], r.n = std::stoull(c[7]), r.density = std::stod(c[8]);
-    r.k = std::stoull(c[9]), r.iters = std::stoi(c[10]), r.sim = std::stod(c[11]), r.compress = std::stod(c[12]);
-    r.comm = std::stod(c[13]), r.iter = std::stod(c[14]), r.bytes = std::stoull(c[15]);
-    r.messages = std::stoull(c[16]), r.eff = std::stod(c[17]), r.model.latency_rounds = std::stod(c[18]);
-    r.model.path_bytes = std::stod(c[19]), r.model_inter.latency_rounds = std::stod(c[20]);
-    r.model_inter.path_bytes = std::stod(c[21]), r.load = std::stod(c[22]);
+    try {
+      r.network = c[0], r.rate = c[1], r.inter_rate = c[2], r.nodes = num(3, i32), r.per_node = num(4, i32);
+      r.P = num(5, i32), r.method = c[6], r.n = num(7, u64), r.density = num(8, f64);
+      r.k = num(9, u64), r.iters = num(10, i32), r.sim = num(11, f64), r.compress = num(12, f64);
+      r.comm = num(13, f64), r.iter = num(14, f64), r.bytes = num(15, u64);
+      r.messages = num(16, u64), r.eff = num(17, f64), r.model.latency_rounds = num(18, f64);
+      r.model.path_bytes = num(19, f64), r.model_inter.latency_rounds = num(20, f64);
+      r.model_inter.path_bytes = num(21, f64), r.load = num(22, f64);
+    } catch (const std::logic_error&) {  // std::invalid_argument and std::out_of_range
+      throw bad(detail::cat("column ", col + 1, " ('", c[col], "') is not a number"));
+    }
+    if (r.P < 1 || r.nodes < 1 || r.per_node < 1) throw bad("P, nodes and per_node must be at least 1");
+    try {
+      rate_bits(r.rate), rate_bits(r.inter_rate);
+    } catch (const invalid_argument& e) {
+      throw bad(e.what());
+    }
     // the model as this build computes it (scripts/cluster makes OpenMPI's allreduce a ring)
     std::tie(r.model, r.model_inter) =
         model_of(r.method, r.P, r.n, r.k, r.nodes, r.per_node, cost::allreduce_algorithm::ring);
     rows.push_back(r);
   }
+  require(!rows.empty(), path, " has no rows; pass the CSV a run wrote with --csv.");
   return rows;
 }
 
+// A link rate as scripts/cluster writes it ("1gbit", "100mbit", "500kbit", bits per second
+// without a suffix); empty: none.
 double rate_bits(const std::string& r) {
   if (r.empty()) return 0;
-  const double v = std::stod(r);
-  if (r.find("gbit") != std::string::npos) return v * 1e9;
-  if (r.find("mbit") != std::string::npos) return v * 1e6;
-  if (r.find("kbit") != std::string::npos) return v * 1e3;
+  char* end = nullptr;
+  const double v = std::strtod(r.c_str(), &end);
+  const std::string unit = end;
+  require(end != r.c_str() && std::isfinite(v) && v > 0 &&
+              (unit.empty() || unit == "gbit" || unit == "mbit" || unit == "kbit" || unit == "bit"),
+          "the link rate '", r, "' is not a rate; scripts/cluster writes them as 1gbit, 100mbit or 500kbit.");
+  if (unit == "gbit") return v * 1e9;
+  if (unit == "mbit") return v * 1e6;
+  if (unit == "kbit") return v * 1e3;
   return v;
 }
 
@@ -585,7 +621,7 @@ int run(const cfg& c) {
     std::ifstream probe(c.csv);
     const bool fresh = !probe.good() || probe.peek() == std::ifstream::traits_type::eof();
     out = std::fopen(c.csv.c_str(), "a");
-    require(out != nullptr, "bench_scaling: cannot append to ", c.csv, ".");
+    require(out != nullptr, "cannot append to ", c.csv, ".");
     if (fresh) std::fputs(csv_header, out);
   }
   if (me == 0)
@@ -657,7 +693,7 @@ int run(const cfg& c) {
         const auto h = cost::hierarchical(nodes, per_node, n, algo);
         res.bytes = h.inter.bytes_sent, res.messages = h.inter.messages_sent;  // the leaders' slow-link share
       } else {
-        throw invalid_argument(detail::cat("bench_scaling: unknown method '", m,
+        throw invalid_argument(detail::cat("unknown method '", m,
                                            "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
                                            "hierarchical."));
       }
@@ -687,15 +723,19 @@ int main(int argc, char** argv) {
                  "gradient sizes in floats, each at least 1; K, M, G = 2^10, 2^20, 2^30, e.g. 1M,4M,16M,25M")
       ->delimiter(',');
   app.add_option("--methods", c.methods, "dense,topk,gtopk,powersgd,localsgd,qsr,dpsgd,powergossip,hierarchical")
-      ->delimiter(',');
-  app.add_option("--density", c.density, "Top-k / gTop-k density");
+      ->delimiter(',')
+      ->check(CLI::IsMember({"dense", "topk", "gtopk", "powersgd", "localsgd", "qsr", "dpsgd", "powergossip",
+                             "hierarchical"}));
+  app.add_option("--density", c.density, "Top-k / gTop-k density, in (0, 1]")
+      ->check(bench_args::real_check(0, false, 1, true));
   app.add_option("--iters", c.iters, "timed iterations (median), after one warm-up")->check(CLI::Range(1, 1000));
-  app.add_option("--compute-ms", c.compute_ms, "simulated compute per iteration (sleep), ms")->check(CLI::NonNegativeNumber);
+  app.add_option("--compute-ms", c.compute_ms, "simulated compute per iteration (sleep), ms")
+      ->check(bench_args::real_check(0, true, 1e9, true));
   app.add_option("--csv", c.csv, "append one row per method and size to this CSV (rank 0)");
   app.add_option("--fit", c.fit, "no MPI: fit alpha and beta per link rate from this CSV and print the model's error");
   app.add_flag("--model-table", c.model_table, "with --fit: the model's table for P up to 1024");
   app.add_option("--cores", c.cores, "with --fit / --plot: cores of the machine the CSV was measured on (rho = P / cores)")
-      ->check(CLI::PositiveNumber);
+      ->check(bench_args::real_check(0, false, 1e6, true));
   app.add_option("--predict", c.predict, "with --fit: the fitted models' error on every row of this CSV (out of sample)");
   app.add_option("--plot", c.plot, "no MPI: write gnuplot PNGs of this CSV to --plot-dir");
   app.add_option("--plot-dir", c.plot_dir, "where --plot writes scaling_*.png");

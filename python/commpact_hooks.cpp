@@ -878,6 +878,9 @@ void install_native_frames() {}
 
 PYBIND11_MODULE(commpact_hooks, m) {
   m.doc() = "PyTorch DDP communication hooks and a model averager backed by commpact (TorchComm over the group)";
+  // The version of the commpact headers the module was built from (setup.py declares the same).
+  m.attr("__version__") = std::to_string(COMMPACT_VERSION_MAJOR) + "." + std::to_string(COMMPACT_VERSION_MINOR) + "." +
+                          std::to_string(COMMPACT_VERSION_PATCH);
   py::module_::import("torch.distributed");  // registers ProcessGroup and Store with pybind11
   install_native_frames();
   // commpact's errors reach Python as RuntimeError, as before; their advice names the

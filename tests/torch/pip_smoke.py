@@ -61,8 +61,21 @@ def worker(rank, path, site, out):
         out.put(f"rank {rank}: {type(e).__name__}: {e}")
 
 
+def check_version():
+    """The module's __version__ (the headers' COMMPACT_VERSION_*) is the installed
+    distribution's version (setup.py's)."""
+    import importlib.metadata
+    import commpact_hooks
+    installed = importlib.metadata.version("commpact-hooks")
+    if getattr(commpact_hooks, "__version__", None) != installed:
+        raise SystemExit(f"pip_smoke: commpact_hooks.__version__ is {getattr(commpact_hooks, '__version__', None)!r}, "
+                         f"the installed package's version {installed!r}")
+    print(f"commpact_hooks {commpact_hooks.__version__}")
+
+
 def main():
     site = sys.argv[1]
+    check_version()
     with tempfile.TemporaryDirectory() as tmp:
         ctx = mp.get_context("spawn")
         out = ctx.SimpleQueue()

@@ -33,6 +33,16 @@ def run(cmd, **kw):
 
 def main():
     with tempfile.TemporaryDirectory(prefix="commpact-pip-") as tmp:
+        # A venv that cannot see the system's torch: setup.py must say so, not only that
+        # torch is missing (made without pip: setup.py checks torch before setuptools).
+        bare = os.path.join(tmp, "bare")
+        run([sys.executable, "-m", "venv", "--without-pip", bare])
+        r = subprocess.run([os.path.join(bare, "bin", "python"), os.path.join(SRC, "setup.py"), "--version"],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=tmp,
+                           env=dict(os.environ, PYTHONNOUSERSITE="1", PYTHONPATH=""))
+        if r.returncode == 0 or "without the system's site packages" not in r.stdout:
+            raise SystemExit(f"test_pip_install: setup.py in a venv without system site packages exited "
+                             f"{r.returncode} with: {r.stdout[-2000:]}")
         venv = os.path.join(tmp, "venv")
         run([sys.executable, "-m", "venv", "--system-site-packages", venv])
         py = os.path.join(venv, "bin", "python")
