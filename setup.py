@@ -18,27 +18,41 @@ the extension must match that torch exactly, and pip stays offline).
 import os
 import sys
 
+def sees_system_site_packages():
+    """Whether this virtual environment's pyvenv.cfg includes the system's site packages
+    (read as site.py reads it)."""
+    try:
+        with open(os.path.join(sys.prefix, "pyvenv.cfg")) as f:
+            for line in f:
+                key, _, value = line.partition("=")
+                if key.strip().lower() == "include-system-site-packages":
+                    return value.strip().lower() == "true"
+    except OSError:
+        pass
+    return False
+
+
 try:
     import torch
-    from torch.utils import cpp_extension
-except ImportError:
+except ModuleNotFoundError as e:
+    if e.name != "torch":  # torch is there, but something it imports is not
+        sys.exit(f"commpact_hooks: torch is installed but importing it failed: {e}")
     advice = "install PyTorch first (Debian: python3-torch) and run pip with --no-build-isolation, so that the build sees it."
-    if sys.prefix != sys.base_prefix:  # a virtual environment: it may not see the system's torch
-        cfg = os.path.join(sys.prefix, "pyvenv.cfg")
-        try:
-            with open(cfg) as f:
-                sees_system = any(line.replace(" ", "").lower() == "include-system-site-packages=true\n"
-                                  for line in f)
-        except OSError:
-            sees_system = False
-        if not sees_system:
-            advice = ("this is a virtual environment (" + sys.prefix + ") without the system's site packages, so "
-                      "it cannot see a torch installed outside it (Debian's python3-torch): install torch into "
-                      "it, or make it with `python3 -m venv --system-site-packages`; then run pip with "
-                      "--no-build-isolation.")
+    if sys.prefix != sys.base_prefix and not sees_system_site_packages():
+        advice = ("this is a virtual environment (" + sys.prefix + ") without the system's site packages, so "
+                  "it cannot see a torch installed outside it (Debian's python3-torch): install torch into "
+                  "it, or make it with `python3 -m venv --system-site-packages`; then run pip with "
+                  "--no-build-isolation.")
     sys.exit("commpact_hooks: torch is not importable by " + sys.executable + "; " + advice)
+except ImportError as e:
+    sys.exit(f"commpact_hooks: torch is installed but importing it failed: {e}")
+try:
+    from torch.utils import cpp_extension  # imports setuptools too
+except ImportError as e:
+    sys.exit(f"commpact_hooks: torch.utils.cpp_extension cannot be imported ({e}); it needs setuptools "
+             "(Debian: python3-setuptools), and pip needs --no-build-isolation to see it.")
 
-from setuptools import setup  # after the torch check, whose message matters more
+from setuptools import setup
 
 here = os.path.dirname(os.path.abspath(__file__))
 os.chdir(here)  # setuptools wants the source paths relative to this file

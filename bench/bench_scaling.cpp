@@ -59,6 +59,7 @@
 #include <memory>
 #include <random>
 #include <sstream>
+#include <type_traits>
 #include <string>
 #include <thread>
 #include <tuple>
@@ -277,11 +278,12 @@ std::vector<row> read_csv(const std::string& path) {
   };
   while (std::getline(f, line)) {
     ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();  // a CSV with CRLF line ends
     if (line.empty() || line.rfind("network,", 0) == 0) continue;  // the header (once per appending run)
     std::vector<std::string> c;
     std::stringstream ss(line);
     for (std::string x; std::getline(ss, x, ',');) c.push_back(x);
-    if (c.size() < 23) throw bad(detail::cat("a row of ", c.size(), " columns, not 23"));
+    if (c.size() != 23) throw bad(detail::cat("a row of ", c.size(), " columns, not 23"));
     std::size_t col = 0;
     // Column col as a number: all of it, or the row is refused naming the column.
     const auto num = [&](std::size_t i, auto parse) {
@@ -289,10 +291,16 @@ std::vector<row> read_csv(const std::string& path) {
       std::size_t used = 0;
       const auto v = parse(c[i], &used);
       if (used != c[i].size()) throw std::invalid_argument("trailing text");
+      if constexpr (std::is_floating_point_v<decltype(v)>) {
+        if (!std::isfinite(v)) throw std::invalid_argument("not finite");
+      }
       return v;
     };
     const auto i32 = [](const std::string& t, std::size_t* u) { return std::stoi(t, u); };
-    const auto u64 = [](const std::string& t, std::size_t* u) { return std::stoull(t, u); };
+    const auto u64 = [](const std::string& t, std::size_t* u) {
+      if (t.find('-') != std::string::npos) throw std::invalid_argument("negative");  // stoull wraps "-1"
+      return std::stoull(t, u);
+    };
     const auto f64 = [](const std::string& t, std::size_t* u) { return std::stod(t, u); };
     row r;
     try {
@@ -306,15 +314,18 @@ std::vector<row> read_csv(const std::string& path) {
     } catch (const std::logic_error&) {  // std::invalid_argument and std::out_of_range
       throw bad(detail::cat("column ", col + 1, " ('", c[col], "') is not a number"));
     }
-    if (r.P < 1 || r.nodes < 1 || r.per_node < 1) throw bad("P, nodes and per_node must be at least 1");
+    if (r.P < 1 || r.nodes < 1 || r.per_node < 0)  // a flat run writes per_node 0
+      throw bad("P and nodes must be at least 1, per_node at least 0");
     try {
       rate_bits(r.rate), rate_bits(r.inter_rate);
-    } catch (const invalid_argument& e) {
-      throw bad(e.what());
+      // the model as this build computes it (scripts/cluster makes OpenMPI's allreduce a ring)
+      std::tie(r.model, r.model_inter) =
+          model_of(r.method, r.P, r.n, r.k, r.nodes, r.per_node, cost::allreduce_algorithm::ring);
+    } catch (const invalid_argument& e) {  // a rate that is not one, an unknown method
+      std::string m = e.what();
+      if (!m.empty() && m.back() == '.') m.pop_back();
+      throw bad(m);
     }
-    // the model as this build computes it (scripts/cluster makes OpenMPI's allreduce a ring)
-    std::tie(r.model, r.model_inter) =
-        model_of(r.method, r.P, r.n, r.k, r.nodes, r.per_node, cost::allreduce_algorithm::ring);
     rows.push_back(r);
   }
   require(!rows.empty(), path, " has no rows; pass the CSV a run wrote with --csv.");

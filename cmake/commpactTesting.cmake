@@ -108,12 +108,17 @@ endfunction()
 # ASan (docs/notes/ci-time.md). scripts/test turns it on for its g++ and clang++ builds;
 # a test still builds alone by default, which is what a developer's build wants.
 #
-# A file that C++ cannot put inside a namespace (it replaces operator new, or
-# specialises a template of namespace commpact or std), that defines a macro or sets a
-# pragma (which would reach the next file of its group), or that needs flags of its own
-# says so on a line `// commpact-standalone: <why>` and stays its own program; configure
-# fails when such a file lacks the line. A test built with COMMPACT_LONG_TEST_FLAGS stays
-# its own program too.
+# A file that C++ cannot put inside a namespace (it replaces operator new or delete, or
+# opens namespace commpact, std or Catch), that defines a macro or sets a pragma (which
+# would reach the next file of its group), or that has compile flags of its own (source
+# file properties) says so on a line `// commpact-standalone: <why>` and stays its own
+# program; configure fails when such a file lacks the line. A test built with
+# COMMPACT_LONG_TEST_FLAGS stays its own program too. Each grouped file keeps a program
+# of its own as well, outside `all` (`cmake --build build --target test_x` builds it).
+#
+# The price: in a group a file sees its group-mates' includes, so a test that forgets an
+# include of its own still builds there; the default build (one program per file) is
+# where that shows.
 option(COMMPACT_TESTS_UNITY "Compile the host and MPI Catch2 tests in groups, one translation unit each" OFF)
 set(COMMPACT_TESTS_UNITY_SIZE 8 CACHE STRING "Test files per unity group (COMMPACT_TESTS_UNITY)")
 
@@ -133,12 +138,22 @@ function(commpact_unity_eligible src out_var)
   endif()
   # What C++ wants at global scope, and what would reach the next file of the group (a
   # macro, a pragma).
-  file(STRINGS ${src} global_only REGEX "operator new|^namespace (commpact|std|Catch)( |$)|^int main|^#define|^#pragma")
+  file(STRINGS ${src} global_only
+       REGEX "operator (new|delete)|^[ \t]*namespace[ \t]+(commpact|std|Catch)([ \t{:]|$)|^int main|^[ \t]*#[ \t]*(define|undef|pragma)|_Pragma")
   if(global_only)
     message(FATAL_ERROR "${src}: '${global_only}' cannot go inside a namespace or would reach the next file "
                         "(COMMPACT_TESTS_UNITY); add a line '// commpact-standalone: <why>' to build this test "
                         "as its own program")
   endif()
+  # Flags of its own (set on the file before the tests are added) would be lost in a group.
+  foreach(property COMPILE_OPTIONS COMPILE_DEFINITIONS COMPILE_FLAGS)
+    get_source_file_property(value ${src} ${property})
+    if(value)
+      message(FATAL_ERROR "${src} has ${property} '${value}' of its own, which a group's unit would not get "
+                          "(COMMPACT_TESTS_UNITY); add a line '// commpact-standalone: <why>' to build this test "
+                          "as its own program")
+    endif()
+  endforeach()
   set(${out_var} TRUE PARENT_SCOPE)
 endfunction()
 
@@ -233,6 +248,16 @@ function(commpact_add_test_files kind prefix)
   if(NOT unity)
     return()
   endif()
+  # Each grouped file's own program too, built only on request (`cmake --build build
+  # --target test_x`, as the docs' measurement commands do), with no ctest entry.
+  foreach(src IN LISTS unity)
+    get_filename_component(name ${src} NAME_WE)
+    if(kind STREQUAL "mpi")
+      set(name mpi_${name})
+    endif()
+    cmake_language(CALL commpact_${kind}_test_target ${name} ${src})
+    set_target_properties(${name} PROPERTIES EXCLUDE_FROM_ALL TRUE)
+  endforeach()
   commpact_unity_groups(${prefix} ${unity})
   math(EXPR last "${${prefix}_GROUPS} - 1")
   foreach(g RANGE ${last})
