@@ -130,6 +130,15 @@ double qsr_mean_period() {
 
 constexpr int local_h = 4;
 
+// The methods --methods takes (and a CSV's method column names), in the order of the help.
+const std::vector<std::string> known_methods{"dense",    "topk",  "gtopk",       "powersgd",    "localsgd",
+                                             "qsr",      "dpsgd", "powergossip", "hierarchical"};
+invalid_argument unknown_method(const std::string& m) {
+  std::string list;
+  for (const auto& k : known_methods) list += (list.empty() ? "" : ", ") + k;
+  return invalid_argument(detail::cat("unknown method '", m, "'; use ", list, "."));
+}
+
 struct cfg {
   std::vector<std::string> sizes{"1M"}, methods{"dense", "topk", "gtopk"};
   double density = 0.001, compute_ms = 0;
@@ -193,9 +202,7 @@ std::pair<cost::step_cost, cost::step_cost> model_of(const std::string& m, int P
     const auto h = cost::hierarchical(nodes, per_node, n, algo);
     return {h.intra, h.inter};
   }
-  throw invalid_argument(detail::cat("unknown method '", m,
-                                     "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
-                                     "hierarchical."));
+  throw unknown_method(m);
 }
 
 struct result {
@@ -704,9 +711,7 @@ int run(const cfg& c) {
         const auto h = cost::hierarchical(nodes, per_node, n, algo);
         res.bytes = h.inter.bytes_sent, res.messages = h.inter.messages_sent;  // the leaders' slow-link share
       } else {
-        throw invalid_argument(detail::cat("unknown method '", m,
-                                           "'; use dense, topk, gtopk, powersgd, localsgd, qsr, dpsgd, powergossip, "
-                                           "hierarchical."));
+        throw unknown_method(m);
       }
       std::tie(r.model, r.model_inter) = model_of(m, P, n, r.k, nodes, per_node, algo);
       r.compress = res.compress, r.comm = res.comm, r.iter = res.iter + r.sim, r.bytes = res.bytes;
@@ -735,8 +740,7 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--methods", c.methods, "dense,topk,gtopk,powersgd,localsgd,qsr,dpsgd,powergossip,hierarchical")
       ->delimiter(',')
-      ->check(CLI::IsMember({"dense", "topk", "gtopk", "powersgd", "localsgd", "qsr", "dpsgd", "powergossip",
-                             "hierarchical"}));
+      ->check(CLI::IsMember(known_methods));
   app.add_option("--density", c.density, "Top-k / gTop-k density, in (0, 1]")
       ->check(bench_args::real_check(0, false, 1, true));
   app.add_option("--iters", c.iters, "timed iterations (median), after one warm-up")->check(CLI::Range(1, 1000));
