@@ -34,8 +34,8 @@ def sees_system_site_packages():
 
 try:
     import torch
-except ModuleNotFoundError as e:
-    if e.name != "torch":  # torch is there, but something it imports is not
+except ImportError as e:
+    if not (isinstance(e, ModuleNotFoundError) and e.name == "torch"):  # torch is there but broken
         sys.exit(f"commpact_hooks: torch is installed but importing it failed: {e}")
     advice = "install PyTorch first (Debian: python3-torch) and run pip with --no-build-isolation, so that the build sees it."
     if sys.prefix != sys.base_prefix and not sees_system_site_packages():
@@ -44,8 +44,6 @@ except ModuleNotFoundError as e:
                   "it, or make it with `python3 -m venv --system-site-packages`; then run pip with "
                   "--no-build-isolation.")
     sys.exit("commpact_hooks: torch is not importable by " + sys.executable + "; " + advice)
-except ImportError as e:
-    sys.exit(f"commpact_hooks: torch is installed but importing it failed: {e}")
 try:
     from torch.utils import cpp_extension  # imports setuptools too
 except ImportError as e:
