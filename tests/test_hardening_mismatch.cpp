@@ -36,6 +36,7 @@
 
 #include "common/every_compressor.hpp"
 #include "common/random.hpp"
+#include "common/rank_checks.hpp"
 #include "common/space_copies.hpp"
 
 using namespace commpact;
@@ -168,6 +169,13 @@ bool names_rank(const std::string& what, int r) {
   return false;
 }
 
+//! True when `what` is a communicator's check that the ranks called collectives of other
+//! kinds or sizes (ThreadComm's, or the signature check of comm/signature.hpp).
+bool from_the_communicator(const std::string& what) {
+  return what.find("commpact::ThreadComm") != std::string::npos || what.find(": ranks disagree on the collective") != std::string::npos ||
+         what.find(": ranks disagree on the size") != std::string::npos;
+}
+
 //! kind 0: rank 1's gradient is `delta` floats longer (shorter, for a negative delta) at
 //! the first step; 1: the same after a good step; 2: rank 1 (and for PowerCompressor
 //! rank 2) built with another option.
@@ -203,7 +211,7 @@ std::vector<outcome> differing(int kind, int delta = 1) {
 TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_error on every rank, naming it",
                         "[hardening][mismatch]", every_compressor) {
   const int kind = GENERATE(0, 1, 2);
-  const int delta = GENERATE(1, -1, -7);  // rank 1's gradient longer or shorter (kinds 0 and 1)
+  const int delta = GENERATE(1, -1, -7, 100);  // rank 1's gradient longer or shorter (kinds 0 and 1)
   if (kind == 2 && (!maker<TestType>::has_option || delta != 1)) return;
   CAPTURE(kind, delta);
   const auto out = differing<TestType>(kind, delta);
@@ -215,6 +223,10 @@ TEMPLATE_LIST_TEST_CASE("one rank's differing length or option raises mismatch_e
     CHECK(o.same_state);
     if (kind != 2) CHECK(o.next == "ok");
     if (kind != 2) CHECK(o.next_result == out[0].next_result);  // the next step agrees across the ranks
+    // After a good step the compressor itself sees the odd length (every rank makes the
+    // same calls), not the communicator's size check: over one that checks nothing (an
+    // unchecked MpiComm, NcclComm) the calls would not match.
+    if (kind == 1) CHECK_FALSE(from_the_communicator(o.what));
   }
 }
 
@@ -555,4 +567,120 @@ TEST_CASE("Signum whose every step so far was skipped (no momentum yet) reloads 
   CHECK(skipped == 2);
   CHECK(own == 2);
   CHECK(refused == 2);
+}
+
+// The compressors without frame headers after a good step: every rank's gradient changes
+// to one new length. Each rank runs the step idle (its length is not the agreed one), the
+// step check sees every rank idle with one length, and finish() agrees on it and runs the
+// step: the result is that of a twin that starts at the new length from the state saved
+// before the step, bit for bit, and the step after goes on at the new length.
+namespace {
+template <class C>
+struct length_maker {
+  static C make(TC& comm) { return maker<C>::make(comm, false); }
+};
+template <class Comm>
+struct length_maker<LinearCompressor<randomk_codec, Comm>> {  // scaled: keeps no residual
+  using C = LinearCompressor<randomk_codec, Comm>;
+  static C make(TC& comm) { return C{comm_for<C>(comm), randomk_codec{0.2, 7, true}}; }
+};
+}  // namespace
+
+TEMPLATE_TEST_CASE("Dense, the casts, LinearCompressor, MajorityVote and CodecCompressor: every rank's gradient "
+                   "changing to one new length after a step runs as in a compressor that starts there",
+                   "[hardening][mismatch]", Dense<TC>, Dense<DC>, Fp16Allreduce<TC>, Fp16Allreduce<DC>,
+                   (LinearCompressor<randomk_codec, TC>), (LinearCompressor<randomk_codec, DC>), MajorityVote<TC>,
+                   MajorityVote<DC>, (CodecCompressor<qsgd_codec, Allgather<TC>>),
+                   (CodecCompressor<qsgd_codec, Allgather<DC>>), TopK<TC>, TopK<DC>) {
+  // kN + 40 and kN - 41 change MajorityVote's and CodecCompressor's message capacity
+  // (their idle step and the agreement after it); kN + 5 does not (a plain step).
+  const std::size_t n2 = GENERATE(kN + 5, kN + 40, kN - 41);
+  CAPTURE(n2);
+  std::vector<std::vector<float>> result(kP), after(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = length_maker<TestType>::make(comm);
+    std::vector<float> g = normal(10 + r, kN);
+    step(c, g);
+    if constexpr (requires { c.reset(); }) c.reset();  // a residual of the old length (the casts)
+    const auto before = saved(c);
+    auto twin = length_maker<TestType>::make(comm);
+    twin.load_state(before);
+    std::vector<float> g2 = normal(20 + r, n2), t2 = g2;
+    RANK_REQUIRE_NOTHROW(step(c, g2));
+    RANK_REQUIRE_NOTHROW(step(twin, t2));
+    RANK_REQUIRE(g2 == t2);
+    RANK_REQUIRE_EQ(c.steps(), 2);
+    std::vector<float> g3 = normal(30 + r, n2), t3 = g3;
+    RANK_REQUIRE_NOTHROW(step(c, g3));
+    RANK_REQUIRE_NOTHROW(step(twin, t3));
+    RANK_REQUIRE(g3 == t3);
+    result[static_cast<std::size_t>(r)] = g2, after[static_cast<std::size_t>(r)] = g3;
+  });
+  for (int r = 1; r < kP; ++r) {
+    CHECK(result[static_cast<std::size_t>(r)] == result[0]);
+    CHECK(after[static_cast<std::size_t>(r)] == after[0]);
+  }
+}
+
+TEMPLATE_TEST_CASE("Dense, the casts and LinearCompressor: a new length on every rank with a residual of the old one "
+                   "raises invalid_argument on every rank, changing nothing; the old length goes on",
+                   "[hardening][mismatch]", Fp16Allreduce<TC>, Fp16Allreduce<DC>, (LinearCompressor<randomk_codec, TC>),
+                   (LinearCompressor<randomk_codec, DC>)) {
+  std::vector<outcome> out(kP);
+  std::vector<std::vector<float>> next(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = maker<TestType>::make(comm, false);  // with error feedback (random-k unscaled)
+    std::vector<float> g = normal(10 + r, kN);
+    step(c, g);
+    outcome& o = out[static_cast<std::size_t>(r)];
+    const auto before = saved(c);
+    std::vector<float> g2 = normal(20 + r, kN + 3);
+    const auto g2_in = g2;
+    run_into(o, [&] { step(c, g2); });
+    o.same_state = saved(c) == before && g2 == g2_in;
+    std::vector<float> g3 = normal(30 + r, kN);
+    outcome n;
+    run_into(n, [&] { step(c, g3); });
+    o.next = n.cls == "none" ? "ok" : n.what;
+    next[static_cast<std::size_t>(r)] = g3;
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(invalid_argument).name());
+    CHECK(o.what.find("reset()") != std::string::npos);
+    CHECK(o.same_state);
+    CHECK(o.next == "ok");
+    CHECK(next[static_cast<std::size_t>(r)] == next[0]);
+  }
+}
+
+// A rank that loads a state alone (here its own, saved after the last step: what
+// Bucketed's and DataParallel's rollback after a failed load does) keeps its agreement, so
+// at the next step it makes the same calls as the others: the step runs on every rank with
+// the same result as without the load.
+TEMPLATE_LIST_TEST_CASE("a rank that reloads its own state alone steps on with the others", "[hardening][mismatch]",
+                        every_compressor) {
+  std::vector<std::vector<float>> with(kP), without(kP);
+  for (int reload = 0; reload < 2; ++reload) {
+    auto& out = reload ? with : without;
+    run_threads(kP, [&](TC& comm) {
+      const int r = comm.rank();
+      auto c = maker<TestType>::make(comm, false);
+      for (int s = 0; s < 3; ++s) {
+        std::vector<float> g = normal(static_cast<std::uint64_t>(10 * s + r), kN);
+        step(c, g);
+      }
+      if (reload && r == 1) {
+        const auto st = saved(c);
+        c.load_state(st);
+      }
+      std::vector<float> g = normal(static_cast<std::uint64_t>(40 + r), kN);
+      RANK_REQUIRE_NOTHROW(step(c, g));
+      out[static_cast<std::size_t>(r)] = g;
+    });
+  }
+  for (int r = 0; r < kP; ++r) CHECK(with[static_cast<std::size_t>(r)] == without[static_cast<std::size_t>(r)]);
 }

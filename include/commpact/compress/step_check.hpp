@@ -6,9 +6,12 @@
 //! (max) of the step count and its negation in the communicator's space and its copy
 //! into pinned host memory; finish(), after its one fence, raises mismatch_error on every
 //! rank alike when the ranks' counts differ: a rank committed a step another cancelled,
-//! or retried a step the others kept. PowerCompressor also passes its gradient length
-//! (agreed in full at its first step only), in the same 6 floats. Queued like the step's own work, so start() still
-//! does not wait. (A compressor with frame headers carries its step count in them.)
+//! or retried a step the others kept. Every one of them also passes its gradient length
+//! (agreed in full at its first step, and again when every rank changes it) and whether it
+//! runs the step idle (its length changed after the agreement: its collectives run on
+//! zeroed workspaces of the agreed length), in the same 6 floats. Queued like the step's
+//! own work, so start() still does not wait. (A compressor with frame headers carries its
+//! step count in them.)
 
 #include <bit>
 #include <cstddef>
@@ -31,18 +34,20 @@ class step_check {
     buf_.resize(2 * pieces, e);
     host_.resize(2 * pieces);
   }
-  //! Queues the allreduce of this rank's step count (and, where the caller passes it, its
-  //! gradient length) on comm's executor (host_space: runs it). Three floats carry 90
-  //! bits, 30 each, as the bit patterns of normal positive floats (0x00800000 + piece:
-  //! their order is the integers' order, and negation is exact), so that the float
-  //! allreduce every communicator has in its space carries them: the step count in bits
-  //! 0 to 62, the length's low 27 bits in bits 63 to 89.
+  //! Queues the allreduce of this rank's step count (and, where the caller passes them,
+  //! its gradient length and its idle flag) on comm's executor (host_space: runs it).
+  //! Three floats carry 90 bits, 30 each, as the bit patterns of normal positive floats
+  //! (0x00800000 + piece: their order is the integers' order, and negation is exact), so
+  //! that the float allreduce every communicator has in its space carries them: the step
+  //! count in bits 0 to 62, the length's low 26 bits in bits 63 to 88, the idle flag in
+  //! bit 89.
   template <class Comm>
-  void queue(Comm& comm, std::int64_t step, std::int64_t length = 0) {
+  void queue(Comm& comm, std::int64_t step, std::int64_t length = 0, bool idle = false) {
     const auto e = comm_exec(comm);
     prepare(e);
     const auto u = static_cast<std::uint64_t>(step);
-    const auto len = static_cast<std::uint64_t>(length) & ((std::uint64_t{1} << 27) - 1);
+    const auto len = (static_cast<std::uint64_t>(length) & ((std::uint64_t{1} << 26) - 1)) |
+                     (std::uint64_t{idle} << 26);
     const std::uint64_t piece[pieces] = {u & mask, (u >> 30) & mask, (u >> 60) | (len << 3)};
     for (std::size_t i = 0; i < pieces; ++i) {
       const auto p = std::bit_cast<float>(static_cast<std::uint32_t>(0x00800000u + piece[i]));
@@ -54,7 +59,8 @@ class step_check {
   }
   //! After the fence that covers queue(): mismatch_error (the same on every rank) when
   //! the ranks' step counts differ, or (a caller that passed its length) their lengths:
-  //! every length difference below 2^27 is seen.
+  //! every length difference below 2^26 is seen, and so is a rank that runs the step
+  //! idle beside one that does not.
   void require_same(const char* who, int rank, std::int64_t step, std::int64_t length = -1) const {
     const auto h = host_.view();
     bool same[pieces];
@@ -73,7 +79,7 @@ class step_check {
   }
 
  private:
-  static constexpr std::size_t pieces = 3;  // 3 x 30 bits: the count (63 bits) and 27 bits of the length
+  static constexpr std::size_t pieces = 3;  // 3 x 30 bits: the count (63 bits), 26 bits of the length, the idle flag
   static constexpr std::uint64_t mask = (std::uint64_t{1} << 30) - 1;
   typename Space::template buffer<float> buf_;
   pinned_t<Space, float> host_;

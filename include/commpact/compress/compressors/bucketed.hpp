@@ -53,8 +53,8 @@
 //!   one float more than that bucket, so that bucket 0's compressor's own per-step check
 //!   (its frame headers or step check, as for a length change of that compressor alone)
 //!   raises mismatch_error on every rank, and no later bucket runs. That check is the
-//!   buckets' compressors': where one does not see a later length change (Dense over a
-//!   plain MpiComm), neither does Bucketed.
+//!   buckets' compressors' (each sees a later length change over any communicator: the
+//!   odd rank runs its step idle, tests/mpi/test_compress_length_mpi.cpp).
 //! - Space (v3): grad is a span of the compressor's space (`space_type`, space_of_t<C>),
 //!   each bucket a subspan of it, so Bucketed<TopK<DeferredComm<C>>> runs its buckets'
 //!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).

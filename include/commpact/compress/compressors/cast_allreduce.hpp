@@ -26,10 +26,14 @@
 //! only where a partial sum overflows or rounds differently.
 //!
 //! Bytes per rank per step: wire::ring_allreduce(rank, P, n, 2), exactly half of
-//! Dense's ring allreduce of n floats; 2 (P - 1) messages. The first step (and a length
-//! change, on every rank) agrees on n and the format with one small allreduce of int64;
-//! every step adds one allreduce of 6 floats, the step count (compress/step_check.hpp), so
-//! ranks out of step raise mismatch_error alike in finish().
+//! Dense's ring allreduce of n floats; 2 (P - 1) messages. The first step agrees on n and
+//! the format with one small allreduce of int64; every step adds one allreduce of 6
+//! floats, the step count, the length and an idle flag (compress/step_check.hpp), so
+//! ranks out of step raise mismatch_error alike in finish(). A rank whose length changed
+//! after the first step runs the step idle (its ring sums zero codes of the agreed length,
+//! grad and residual untouched) and finish() raises mismatch_error on every rank; when
+//! every rank changed to one new length, finish() agrees on it and runs the step (after
+//! reset(), when error feedback holds a residual of the old length).
 //!
 //! Space (v3): every step runs in the communicator's space (host_space for ThreadComm
 //! and MpiComm, deferred_space for DeferredComm<C>) through rows of ops<Space>: the cast
@@ -112,33 +116,11 @@ class CastAllreduce {
   void start(span<float> grad) {
     phase_.require_idle(who);
     const auto n = static_cast<std::int64_t>(grad.size());
-    const auto e = exec();
-    if (n != checked_size_) {
-      const auto problem = detail::length_problem(who, n, ef_.size());
-      agree(comm_, who,
-            {detail::length_item(n, opt_.on_nonfinite), {"the 16-bit format (fp16 1, bf16 2)", format_id()}},
-            problem, steps_);
-      checked_size_ = n;
-      if (opt_.error_feedback && ef_.size() == 0) ef_.install_zeros(e, grad.size());
-    }
-    const std::size_t N = grad.size();
-    codes_.resize(N, e);
-    if (opt_.error_feedback) ef_.begin(e, N, false);
-    scratch_.resize(wire::ring_chunk(N, comm_.size(), 0), e);
-    step_check_.queue(comm_, steps_);
-    status_.clear(e);
-    ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), ef_.residual(), codes_.view(),
-                                                ef_.candidate());
-    phase_ = phase::started;
-    try {
-      ring_allreduce_spans(comm_, codes_.view(), scratch_.view(), [&](span<std::uint16_t> in, span<std::uint16_t> mine) {
-        ops<space_type>::template cast_add<Cast>(e, span<const std::uint16_t>(in), mine);
-      });
-    } catch (...) {
-      cancel();
-      throw;
-    }
+    if (checked_size_ < 0) agree_length(n);
+    idle_ = n != checked_size_;
+    step_check_.queue(comm_, steps_, n, idle_);
     grad_ = grad;
+    queue_ring(idle_ ? span<float>{} : grad, static_cast<std::size_t>(checked_size_));
   }
 
   //! Queues the decode of the sums into grad, fences once, then raises mismatch_error on
@@ -148,16 +130,14 @@ class CastAllreduce {
   bool finish() {
     phase_.require_started(who);
     const auto e = exec();
-    try {
-      ops<space_type>::template cast_decode_mean<Cast>(e, codes_.cview(), grad_, comm_.size(), status_.view());
-      status_.fetch(e);
-      fence();
-    } catch (...) {
-      phase_ = phase::idle;
-      throw;
+    decode_and_fence();
+    step_check_.require_same(who, comm_.rank(), steps_, static_cast<std::int64_t>(grad_.size()));
+    if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
+      agree_length(static_cast<std::int64_t>(grad_.size()));
+      idle_ = false;
+      queue_ring(grad_, grad_.size());
+      decode_and_fence();
     }
-    phase_ = phase::idle;
-    step_check_.require_same(who, comm_.rank(), steps_);
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
@@ -205,15 +185,17 @@ class CastAllreduce {
     r.done();
     steps_ = s;
     skipped_ = k;
+    // A residual of the agreed length (or none) keeps the agreement, so a rank that loads
+    // alone (a rollback) makes the same calls as the others; one of another length is
+    // agreed again at the next step (load it on every rank).
+    checked_size_ = res.empty() || static_cast<std::int64_t>(res.size()) == agreed_size_ ? agreed_size_ : -1;
     ef_.install(exec(), {std::move(res), {}});
-    checked_size_ = -1;
   }
 
   //! Forgets the residual (every rank, at the same step), e.g. before a length change.
   void reset() {
     phase_.require_idle(who);
     ef_.forget();
-    checked_size_ = -1;
   }
 
   //! The residual, in the space's memory.
@@ -246,6 +228,57 @@ class CastAllreduce {
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<Comm&>(comm_)); }
 
+  //! The first step's agreement (or, after an idle step on every rank, the new length's).
+  void agree_length(std::int64_t n) {
+    const auto problem = detail::length_problem(who, n, ef_.size());
+    agree(comm_, who, {detail::length_item(n, opt_.on_nonfinite), {"the 16-bit format (fp16 1, bf16 2)", format_id()}},
+          problem, steps_);
+    checked_size_ = agreed_size_ = n;
+    if (opt_.error_feedback && ef_.size() == 0) ef_.install_zeros(exec(), static_cast<std::size_t>(n));
+  }
+
+  //! Queues the encode of grad (plus the residual) into N codes and their ring sum; an
+  //! empty grad (an idle step: this rank's length is not the agreed N) sums N zero codes
+  //! instead, touching neither grad nor the residual. Sets phase started.
+  void queue_ring(span<float> grad, std::size_t N) {
+    const auto e = exec();
+    codes_.resize(N, e);
+    if (opt_.error_feedback && !idle_) ef_.begin(e, N, false);
+    scratch_.resize(wire::ring_chunk(N, comm_.size(), 0), e);
+    status_.clear(e);
+    if (idle_)
+      ops<space_type>::fill(e, codes_.view(), std::uint16_t{0});
+    else
+      ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), ef_.residual(), codes_.view(),
+                                                  ef_.candidate());
+    phase_ = phase::started;
+    try {
+      ring_allreduce_spans(comm_, codes_.view(), scratch_.view(), [&](span<std::uint16_t> in, span<std::uint16_t> mine) {
+        ops<space_type>::template cast_add<Cast>(e, span<const std::uint16_t>(in), mine);
+      });
+    } catch (...) {
+      cancel();
+      throw;
+    }
+  }
+
+  //! Queues the decode of the sums into grad (not on an idle step), fences, and leaves
+  //! the phase idle (a raise too).
+  void decode_and_fence() {
+    const auto e = exec();
+    try {
+      if (!idle_) {
+        ops<space_type>::template cast_decode_mean<Cast>(e, codes_.cview(), grad_, comm_.size(), status_.view());
+        status_.fetch(e);
+      }
+      fence();
+    } catch (...) {
+      phase_ = phase::idle;
+      throw;
+    }
+    phase_ = phase::idle;
+  }
+
   phase phase_;  // first: a move checks it before any other member has moved
   Comm comm_;
   options opt_;
@@ -255,8 +288,10 @@ class CastAllreduce {
   span<float> grad_{};
   detail::status_word<space_type> status_;
   detail::step_check<space_type> step_check_;
+  bool idle_ = false;  // this step's length is not the agreed one (start())
   bool skipped_step_ = false;
-  std::int64_t checked_size_ = -1;
+  std::int64_t checked_size_ = -1;  // the agreed length (-1: agree at the next step)
+  std::int64_t agreed_size_ = -1;   // the last agreed length (a load that fits restores it)
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

@@ -21,7 +21,11 @@
 //! Every rank sees every header, so disagreement on n, k, the step or the capacity, a
 //! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
 //! the same error (or skips the step) without an extra message. A block capacity that
-//! changes (first step, a warm-up boundary) is agreed first with one small allreduce.
+//! changes (first step, a warm-up boundary) is agreed first with one small allreduce; a
+//! later length of another capacity on some ranks runs the step idle there (a rejected
+//! header in a block of the agreed capacity, so every rank makes the same calls) and
+//! every rank raises mismatch_error, or, with that length on every rank, finish() agrees
+//! on it and runs the step (a second fence, that step only).
 //!
 //! Bytes per rank per step over Allgather: (P - 1) * capacity, capacity = 48 +
 //! max_encoded_bytes(n) rounded up to 4. For top-k: (P - 1) * (48 + 8k).
@@ -109,45 +113,22 @@ class CodecCompressor {
   //! grad must stay alive until finish().
   void start(span<float> grad) {
     phase_.require_idle(name_);
-    const auto e = exec();
-    const int P = agg_.sources();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
-    problem_ = check(grad.size());
-    if (problem_.empty()) problem_ = detail::length_problem(name_.c_str(), n, ef_.size());
-    const std::int64_t agreement = problem_.empty() ? agreement_of(grad.size()) : -1;
-    const std::size_t cap = problem_.empty() ? capacity(grad.size()) : cap_;
-    if (!agreed_ || cap != cap_) agree(n, cap, problem_);
-
-    const frame::header h{.flags = problem_.empty() ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
-                          .n = n,
-                          .agreement = agreement,
-                          .step = steps_,
-                          .capacity = static_cast<std::int64_t>(cap_)};
-    const auto block = agg_.block(cap_);
-    status_.clear(e);
-    if (problem_.empty()) {
-      const std::size_t N = grad.size();
-      ef_.begin(e, N, true);  // no residual yet: zeros (installed at commit)
-      span<const float> scale{};
-      if (opt_.clip_norm > 0.0f) {
-        scale_.resize(1, e);
-        ops<space_type>::clip_scale(e, span<const float>(grad), opt_.clip_norm, P, scale_.view());
-        scale = scale_.cview();
-      }
-      ef_.accumulate(e, span<const float>(grad), opt_.momentum, scale, status_.view());
-      approx_.resize(req::codec_has_delivered<Codec> ? 0 : N, e);
-    }
-    ops<space_type>::template codec_encode_frame<Codec>(e, codec_ws_, codec_, std::as_const(ef_).candidate(), block, h,
-                                                        approx_.view(), status_.cview());
-    agg_.exchange();
-    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
-    // The decode is queued now: combine writes grad only when every header is clean and
-    // the sum finite (a gate in the space), so finish() decides after one fence and a step
-    // that raises leaves grad untouched. Every rank decodes the same blocks into the same sum.
-    agg_.combine(codec_, grad, status_.view());
-    status_.fetch(e);
+    const std::string bad_n = check(grad.size());
+    problem_ = bad_n.empty() ? detail::length_problem(name_.c_str(), n, ef_.size()) : bad_n;
+    const std::size_t cap = bad_n.empty() ? capacity(grad.size()) : cap_;
+    // The first step agrees, and so does every rank at a step where the agreed length's
+    // capacity changes (a warm-up boundary: the same step on every rank, whatever its n).
+    if (!agreed_ || capacity(static_cast<std::size_t>(n_)) != cap_) agree(n, cap, problem_);
+    // Otherwise a length whose message has another capacity than the agreed one runs the
+    // step idle: a rejected header in a block of the agreed capacity, so every rank makes
+    // the same calls over any communicator. Ranks with one length have one capacity, so
+    // finish() either raises on every rank (the headers' lengths differ) or finds every
+    // rank idle with one length, agrees on it and runs the step.
+    idle_ = cap != cap_;
     grad_ = grad;
+    queue_step();
     phase_ = phase::started;
   }
 
@@ -162,8 +143,14 @@ class CodecCompressor {
     fence();
     // A rank that rejected its input sends agreement -1: the lengths are compared first,
     // the rest only among ranks that did not reject.
-    const std::uint16_t flags =
-        headers_.check(agg_.sources(), cap_, name_);
+    std::uint16_t flags = headers_.check(agg_.sources(), cap_, name_);
+    if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
+      agree(static_cast<std::int64_t>(grad_.size()), capacity(grad_.size()), problem_);
+      idle_ = false;
+      queue_step();
+      fence();
+      flags = headers_.check(agg_.sources(), cap_, name_);
+    }
     if (flags & frame::rejected_input) detail::raise_rejected(name_.c_str(), problem_, steps_);
     if (flags & frame::nonfinite_input) return skip("gradient (with its residual) of some rank");
     // Clean headers: every rank decoded the same blocks into the same sum, so every rank
@@ -227,13 +214,15 @@ class CodecCompressor {
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;
-    agreed_ = agreed_ && static_cast<std::int64_t>(ef_.size()) == n_;
+    // The agreement stays through a state that fits it (a residual of the agreed length, or
+    // none), so a rank that loads alone (a rollback) makes the same calls as the others; a
+    // residual of another length is rejected at the next step on every rank alike.
+    agreed_ = n_ >= 0 && (ef_.size() == 0 || static_cast<std::int64_t>(ef_.size()) == n_);
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {
     phase_.require_none_in_flight(name_, "reset");
-    ef_.forget();
-    agreed_ = false;
+    ef_.forget();  // the agreement stays: a new length after it runs the step idle, then agrees (finish())
   }
 
   std::int64_t steps() const { return steps_; }
@@ -302,6 +291,44 @@ class CodecCompressor {
 
   //! One allreduce (comm/agree.hpp): the same n and capacity on every rank, and no rank
   //! rejected its input.
+  //! Queues the step on grad_: the encoding of grad_ with its residual (not when the input
+  //! has a problem or the step is idle: a rejected header), the exchange of the blocks,
+  //! the headers' copy to the host and the decode of every block into grad_, written only
+  //! when every header is clean and the sum finite.
+  void queue_step() {
+    const auto e = exec();
+    const int P = agg_.sources();
+    const std::size_t N = grad_.size();
+    const bool send = problem_.empty() && !idle_;
+    const frame::header h{.flags = send ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
+                          .n = static_cast<std::int64_t>(N),
+                          .agreement = send ? agreement_of(N) : -1,
+                          .step = steps_,
+                          .capacity = static_cast<std::int64_t>(cap_)};
+    const auto block = agg_.block(cap_);
+    status_.clear(e);
+    if (send) {
+      ef_.begin(e, N, true);  // no residual yet: zeros (installed at commit)
+      span<const float> scale{};
+      if (opt_.clip_norm > 0.0f) {
+        scale_.resize(1, e);
+        ops<space_type>::clip_scale(e, span<const float>(grad_), opt_.clip_norm, P, scale_.view());
+        scale = scale_.cview();
+      }
+      ef_.accumulate(e, span<const float>(grad_), opt_.momentum, scale, status_.view());
+      approx_.resize(req::codec_has_delivered<Codec> ? 0 : N, e);
+    }
+    ops<space_type>::template codec_encode_frame<Codec>(e, codec_ws_, codec_, std::as_const(ef_).candidate(), block, h,
+                                                        approx_.view(), status_.cview());
+    agg_.exchange();
+    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
+    // The decode is queued now: combine writes grad only when every header is clean and
+    // the sum finite (a gate in the space), so finish() decides after one fence and a step
+    // that raises leaves grad untouched. Every rank decodes the same blocks into the same sum.
+    agg_.combine(codec_, grad_, status_.view());
+    status_.fetch(e);
+  }
+
   void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
     commpact::agree(agg_.comm(), name_.c_str(),
                     {detail::length_item(n, opt_.on_nonfinite),
@@ -329,6 +356,7 @@ class CodecCompressor {
   std::string problem_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
+  bool idle_ = false;  // this step's message capacity is not the agreed one (start())
   std::size_t cap_ = 0;
   std::int64_t n_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -17,11 +17,16 @@
 //! Space (v3): the allreduce and the mean run in the communicator's space (host_space
 //! for ThreadComm and MpiComm, deferred_space for DeferredComm<C>); `start(grad)` queues
 //! them, `finish()` fences once and reads the status, `commit()` counts the step,
-//! `cancel()` drops it. `reduce` = start + finish + commit. The first step (and a
-//! length change, on every rank) agrees on the length with one small allreduce; every
-//! step queues one allreduce of 6 floats, the step count (compress/step_check.hpp), so
-//! ranks that disagreed on commit/cancel, or one that retries a step the others kept,
-//! raise mismatch_error alike on every rank in finish().
+//! `cancel()` drops it. `reduce` = start + finish + commit. The first step agrees on the
+//! length with one small allreduce; every step queues one allreduce of 6 floats, the step
+//! count, the length and an idle flag (compress/step_check.hpp), so ranks that disagreed
+//! on commit/cancel, or one that retries a step the others kept, raise mismatch_error
+//! alike on every rank in finish(). A rank whose length changed after the first step runs
+//! the step idle: its allreduce sums a zeroed workspace of the agreed length (grad
+//! untouched), so every rank makes the same calls even over a communicator that does not
+//! check sizes (plain MpiComm), and finish() raises mismatch_error on every rank; when
+//! every rank changed to one new length, finish() agrees on it and runs the step (a
+//! second fence, that step only).
 
 #include <cstddef>
 #include <cstdint>
@@ -65,16 +70,19 @@ class Dense {
   void start(span<float> grad) {
     phase_.require_idle("Dense");
     const auto n = static_cast<std::int64_t>(grad.size());
-    if (n != checked_size_) {
-      agree(comm_, "Dense", {detail::length_item(n, opt_.on_nonfinite)}, "", steps_);
-      checked_size_ = n;
-    }
+    if (checked_size_ < 0) agree_length(n);
     const auto e = comm_exec(comm_);
-    step_check_.queue(comm_, steps_);
-    status_.clear(e);
-    comm_.allreduce(grad, reduce_op::sum);
-    ops<space_type>::mean(e, grad, comm_.size(), status_.view());
-    status_.fetch(e);
+    idle_ = n != checked_size_;
+    // An idle step's workspace is sized before the step's first collective: a failed
+    // allocation raises here, as a rank that stops (the others' deadline reaches them).
+    if (idle_) idle_sum_.resize(static_cast<std::size_t>(checked_size_), e);
+    step_check_.queue(comm_, steps_, n, idle_);
+    if (idle_) {
+      ops<space_type>::fill(e, idle_sum_.view(), 0.0f);
+      comm_.allreduce(idle_sum_.view(), reduce_op::sum);
+    } else {
+      queue_mean(grad);
+    }
     grad_ = grad;
     phase_ = phase::started;
   }
@@ -88,7 +96,14 @@ class Dense {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
     comm_fence(comm_);
-    step_check_.require_same("Dense", comm_.rank(), steps_);
+    idle_sum_ = decltype(idle_sum_){};  // its allreduce has run: Dense keeps no gradient-sized memory
+    step_check_.require_same("Dense", comm_.rank(), steps_, static_cast<std::int64_t>(grad_.size()));
+    if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
+      agree_length(static_cast<std::int64_t>(grad_.size()));
+      idle_ = false;
+      queue_mean(grad_);
+      comm_fence(comm_);
+    }
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
     if (skipped_step_) {
       if (opt_.on_nonfinite == nonfinite::raise)
@@ -132,12 +147,30 @@ class Dense {
 
  private:
   using phase = detail::step_phase;
+
+  void agree_length(std::int64_t n) {
+    agree(comm_, "Dense", {detail::length_item(n, opt_.on_nonfinite)}, "", steps_);
+    checked_size_ = n;
+  }
+  //! Queues grad = mean over the ranks and the step's status.
+  void queue_mean(span<float> grad) {
+    const auto e = comm_exec(comm_);
+    status_.clear(e);
+    comm_.allreduce(grad, reduce_op::sum);
+    ops<space_type>::mean(e, grad, comm_.size(), status_.view());
+    status_.fetch(e);
+  }
+
   phase phase_;  // first: a move checks it before any other member has moved
   Comm comm_;
   options opt_;
   detail::status_word<space_type> status_;
   detail::step_check<space_type> step_check_;
+  // An idle step's workspace: sized only then, freed after the fence that covers its use
+  // (the next finish() that fences, after a cancel()).
+  typename space_type::template buffer<float> idle_sum_;
   span<float> grad_{};
+  bool idle_ = false;  // this step's length is not the agreed one (start())
   bool skipped_step_ = false;
   std::int64_t checked_size_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;

@@ -23,11 +23,14 @@
 //! again and again: about n/k times for scaled random-k).
 //! Bytes per rank per step: the ring allreduce of m + 1 floats, about 2 (P - 1)/P (m + 1) 4
 //! (wire::ring_allreduce gives it exactly). n (and the codec's agreement value, when it
-//! has one) is agreed by one small allreduce of int64 on the first step and whenever n
-//! changes; every step adds one allreduce of 6 floats,
-//! the step count (compress/step_check.hpp): the codec's shared randomness follows the
-//! step, so ranks out of step raise mismatch_error alike in finish() instead of mixing
-//! other coordinates.
+//! has one) is agreed by one small allreduce of int64 on the first step; every step adds
+//! one allreduce of 6 floats, the step count, the length and an idle flag
+//! (compress/step_check.hpp): the codec's shared randomness follows the step, so ranks out
+//! of step raise mismatch_error alike in finish() instead of mixing other coordinates. A
+//! rank whose length changed after the first step runs the step idle (its allreduce sums
+//! a zeroed block of the agreed size; grad and residual untouched) and finish() raises
+//! mismatch_error on every rank; when every rank changed to one new length, finish()
+//! agrees on it and runs the step (a second fence, that step only).
 //!
 //! Space (v3): a LinearCodec composed with the aggregation Allreduce<C>
 //! (aggregations/allreduce.hpp), run in the communicator's space through the ops rows
@@ -97,32 +100,13 @@ class LinearCompressor {
   //! ranks disagree on the length or some rank's input is rejected.
   void start(span<float> grad) {
     phase_.require_idle(name_);
-    const auto e = exec();
     const auto n = static_cast<std::int64_t>(grad.size());
     if constexpr (requires { codec_.begin_step(steps_); }) codec_.begin_step(steps_);
-    const std::string problem = grad.empty() ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
-                                                           "pass at least one entry.")
-                                             : detail::length_problem(name_.c_str(), n, ef_.size());
-    if (!agreed_ || n != n_ || !problem.empty()) {
-      if constexpr (req::codec_has_agreement<K>)
-        commpact::agree(agg_.comm(), name_.c_str(),
-                        {detail::length_item(n, policy_),
-                         {"the codec's settings (its agreement value: random-k's seed, scaling and k)",
-                          codec_.agreement(grad.size())}},
-                        problem, steps_);
-      else
-        commpact::agree(agg_.comm(), name_.c_str(), {detail::length_item(n, policy_)}, problem, steps_);
-      n_ = n, agreed_ = true;
-    }
-    const std::size_t N = grad.size(), m = codec_.size(N);
-    const auto block = agg_.block(4 * (m + 1));
-    step_check_.queue(agg_.comm(), steps_);
-    status_.clear(e);
-    ef_.begin(e, N, true);  // no residual (yet, or ever for an unbiased codec): zeros
-    ef_.accumulate(e, span<const float>(grad), 0.0f, span<const float>{}, status_.view());
-    ops<space_type>::linear_encode(e, codec_, std::as_const(ef_).candidate(), block, status_.cview());
-    agg_.exchange();
+    if (!agreed_) agree_length(n);
+    idle_ = n != n_;
+    step_check_.queue(agg_.comm(), steps_, n, idle_);
     grad_ = grad;
+    queue_exchange(static_cast<std::size_t>(n_));
     phase_ = phase::started;
   }
 
@@ -133,11 +117,17 @@ class LinearCompressor {
   //! mean).
   bool finish() {
     phase_.take_started(name_);
-    agg_.combine(codec_, grad_, status_.view());
     const auto e = exec();
-    status_.fetch(e);
+    if (!idle_) combine();
     fence();
-    step_check_.require_same(name_.c_str(), agg_.comm().rank(), steps_);
+    step_check_.require_same(name_.c_str(), agg_.comm().rank(), steps_, static_cast<std::int64_t>(grad_.size()));
+    if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
+      agree_length(static_cast<std::int64_t>(grad_.size()));
+      idle_ = false;
+      queue_exchange(grad_.size());
+      combine();
+      fence();
+    }
     outcome_ = outcome::delivered;
     if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
@@ -205,7 +195,16 @@ class LinearCompressor {
                                   });
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps, skipped_ = st.skipped;
-    agreed_ = false;
+    // A residual of the agreed length (or none) keeps the agreement, so a rank that loads
+    // alone (a rollback) makes the same calls as the others; one of another length is
+    // agreed again at the next step (load it on every rank).
+    agreed_ = n_ >= 0 && (ef_.size() == 0 || ef_.size() == n_);
+  }
+
+  //! Forgets the residual (every rank, at the same step), e.g. before a length change.
+  void reset() {
+    phase_.require_idle(name_);
+    ef_.forget();
   }
   std::int64_t steps() const { return steps_; }
   std::int64_t skipped_steps() const { return skipped_; }
@@ -255,9 +254,50 @@ class LinearCompressor {
   detail::step_check<space_type> step_check_;
   outcome outcome_ = outcome::delivered;
   bool agreed_ = false;
+  bool idle_ = false;  // this step's length is not the agreed one (start())
   std::int64_t n_ = -1, steps_ = 0, skipped_ = 0;
 
   auto exec() const { return comm_exec(const_cast<aggregation_type&>(agg_).comm()); }
+
+  //! The first step's agreement on the length and the codec's settings (or, after an idle
+  //! step on every rank, the new length's); raises alike on every rank.
+  void agree_length(std::int64_t n) {
+    const std::string problem = n == 0 ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
+                                                     "pass at least one entry.")
+                                       : detail::length_problem(name_.c_str(), n, ef_.size());
+    if constexpr (req::codec_has_agreement<K>)
+      commpact::agree(agg_.comm(), name_.c_str(),
+                      {detail::length_item(n, policy_),
+                       {"the codec's settings (its agreement value: random-k's seed, scaling and k)",
+                        codec_.agreement(static_cast<std::size_t>(n))}},
+                      problem, steps_);
+    else
+      commpact::agree(agg_.comm(), name_.c_str(), {detail::length_item(n, policy_)}, problem, steps_);
+    n_ = n, agreed_ = true;
+  }
+
+  //! Queues acc = grad_ + residual, its compression into the block of N's m + 1 floats
+  //! and the block's allreduce; on an idle step (this rank's length is not the agreed N)
+  //! the allreduce sums a zeroed block instead, touching neither grad nor the residual.
+  void queue_exchange(std::size_t N) {
+    const auto e = exec();
+    const auto block = agg_.block(4 * (codec_.size(N) + 1));
+    status_.clear(e);
+    if (idle_) {
+      ops<space_type>::fill(e, block, 0.0f);
+    } else {
+      ef_.begin(e, N, true);  // no residual (yet, or ever for an unbiased codec): zeros
+      ef_.accumulate(e, span<const float>(grad_), 0.0f, span<const float>{}, status_.view());
+      ops<space_type>::linear_encode(e, codec_, std::as_const(ef_).candidate(), block, status_.cview());
+    }
+    agg_.exchange();
+  }
+
+  //! Queues the decode of the summed block into grad_ and the status' copy to the host.
+  void combine() {
+    agg_.combine(codec_, grad_, status_.view());
+    status_.fetch(exec());
+  }
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
 };

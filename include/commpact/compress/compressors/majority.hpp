@@ -28,7 +28,12 @@
 //! `start(grad)` queues the whole step (the vote into grad included, written only when
 //! every header is clean: Vote's combine); `finish()` fences once, checks every rank's
 //! header alike (wire/codec_frame.hpp) and the status; `commit()` installs Signum's
-//! momentum; `cancel()` drops the step; `reduce` = start + finish + commit.
+//! momentum; `cancel()` drops the step; `reduce` = start + finish + commit. The first step
+//! agrees on the length and the options (one small allreduce); a later length whose block
+//! has another capacity runs the step idle on this rank (a rejected header in a block of
+//! the agreed capacity, so every rank makes the same calls over any communicator), and
+//! finish() raises mismatch_error on every rank, or, when every rank has that length,
+//! agrees on it and runs the step (a second fence, that step only).
 
 #include <algorithm>
 #include <bit>
@@ -99,42 +104,18 @@ class MajorityVote {
   //! clean (host_space: runs them). grad must stay alive until finish().
   void start(span<float> grad) {
     phase_.require_idle("MajorityVote");
-    const auto e = exec();
     const std::size_t n = grad.size();
-    const bool momentum = opt_.momentum > 0.0f;
     problem_.clear();
     if (n == 0) problem_ = "commpact::MajorityVote::reduce: the gradient is empty; pass at least one entry.";
-    else if (momentum && m_n_ > 0 && m_n_ != n)
+    else if (opt_.momentum > 0.0f && m_n_ > 0 && m_n_ != n)
       problem_ = detail::length_problem("MajorityVote", static_cast<std::int64_t>(n), static_cast<std::int64_t>(m_n_));
-    const std::size_t cap = block_bytes(n);
-    if (!agreed_ || cap != cap_) {
-      commpact::agree(agg_.comm(), "MajorityVote",
-                      {detail::length_item(static_cast<std::int64_t>(n), opt_.on_nonfinite),
-                       {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)},
-                       {"`scaled` (1: the update has the mean |m|, 0: unit votes)", opt_.scaled ? 1 : 0}},
-                      problem_, steps_);
-      agg_.reserve(cap);
-      cap_ = cap, agreed_ = true;
-    }
-    const frame::header h{.flags = problem_.empty() ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
-                          .n = static_cast<std::int64_t>(n),
-                          .step = steps_,
-                          .capacity = static_cast<std::int64_t>(cap_)};
-    const auto block = agg_.block(cap_);
-    status_.clear(e);
-    if (problem_.empty()) {
-      next_.resize(n, e);
-      if (momentum) m_.reserve(n, e);  // the other half of the swap: nothing allocated after step one
-      const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
-      ops<space_type>::signum_update(e, next_.view(), m, span<const float>(grad), opt_.momentum, status_.view());
-    }
-    ops<space_type>::template codec_encode_frame<sign_codec>(e, sign_ws_, codec_, next_.cview(), block, h,
-                                                             span<float>{}, status_.cview());
-    agg_.exchange();
-    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
-    agg_.combine(codec_, grad, status_.view());  // grad written only from clean headers and payloads
-    status_.fetch(e);
+    if (!agreed_) agree_block(n);
+    // A length whose block is not the agreed one (after the first step) runs the step
+    // idle: a rejected header in a block of the agreed capacity, so every rank makes the
+    // same calls; finish() raises on every rank, or agrees when every rank has that length.
+    idle_ = block_bytes(n) != cap_;
     grad_ = grad;
+    queue_vote();
     phase_ = phase::started;
   }
 
@@ -146,8 +127,14 @@ class MajorityVote {
     phase_.take_started("MajorityVote");
     const auto e = exec();
     fence();
-    const std::uint16_t flags =
-        headers_.check(agg_.sources(), cap_, "MajorityVote");
+    std::uint16_t flags = headers_.check(agg_.sources(), cap_, "MajorityVote");
+    if (idle_) {  // every rank's header has this rank's length, so every rank is idle: agree on it, run the step
+      agree_block(grad_.size());
+      idle_ = false;
+      queue_vote();
+      fence();
+      flags = headers_.check(agg_.sources(), cap_, "MajorityVote");
+    }
     if (flags & frame::rejected_input) detail::raise_rejected("MajorityVote", problem_, steps_);
     outcome_ = outcome::delivered;
     if (flags & frame::nonfinite_input) {
@@ -216,7 +203,10 @@ class MajorityVote {
                                    "(no momentum) after ", s - k, " kept steps but this MajorityVote is Signum "
                                    "(momentum ", opt_.momentum, "); load it into one built with the same momentum.");
     copy_from_host<space_type>(exec(), std::span<const float>(m), m_);
-    m_n_ = m.size(), steps_ = s, skipped_ = k, agreed_ = false;
+    // The agreement (length, options) stays: a momentum of another length is rejected at
+    // the next step on every rank alike (its frame header), and a rank that loads alone (a
+    // rollback) makes the same calls as the others.
+    m_n_ = m.size(), steps_ = s, skipped_ = k;
   }
 
   std::int64_t steps() const { return steps_; }
@@ -246,6 +236,47 @@ class MajorityVote {
   //! Waits for the step's queued work under the communicator's deadline.
   void fence() const { comm_fence(const_cast<aggregation_type&>(agg_).comm()); }
 
+  //! The first step's agreement (or, after an idle step on every rank, the new length's):
+  //! the length, Signum's momentum, `scaled` and the policy; raises alike on every rank.
+  void agree_block(std::size_t n) {
+    commpact::agree(agg_.comm(), "MajorityVote",
+                    {detail::length_item(static_cast<std::int64_t>(n), opt_.on_nonfinite),
+                     {"Signum's momentum (the bits of the float)", std::bit_cast<std::int32_t>(opt_.momentum)},
+                     {"`scaled` (1: the update has the mean |m|, 0: unit votes)", opt_.scaled ? 1 : 0}},
+                    problem_, steps_);
+    const std::size_t cap = block_bytes(n);
+    agg_.reserve(cap);
+    cap_ = cap, agreed_ = true;
+  }
+
+  //! Queues the step on grad_: Signum's update, the frame (a rejected header when the
+  //! input has a problem or the step is idle), the exchange, the headers' copy to the
+  //! host and the vote into grad_ (written only from clean headers).
+  void queue_vote() {
+    const auto e = exec();
+    const std::size_t n = grad_.size();
+    const bool momentum = opt_.momentum > 0.0f;
+    const bool send = problem_.empty() && !idle_;
+    const frame::header h{.flags = send ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
+                          .n = static_cast<std::int64_t>(n),
+                          .step = steps_,
+                          .capacity = static_cast<std::int64_t>(cap_)};
+    const auto block = agg_.block(cap_);
+    status_.clear(e);
+    if (send) {
+      next_.resize(n, e);
+      if (momentum) m_.reserve(n, e);  // the other half of the swap: nothing allocated after step one
+      const auto m = momentum && m_n_ > 0 ? m_.cview().first(m_n_) : span<const float>{};
+      ops<space_type>::signum_update(e, next_.view(), m, span<const float>(grad_), opt_.momentum, status_.view());
+    }
+    ops<space_type>::template codec_encode_frame<sign_codec>(e, sign_ws_, codec_, next_.cview(), block, h,
+                                                             span<float>{}, status_.cview());
+    agg_.exchange();
+    headers_.queue(e, agg_);  // 48 bytes per rank to the host; the payloads stay in the space
+    agg_.combine(codec_, grad_, status_.view());  // grad written only from clean headers and payloads
+    status_.fetch(e);
+  }
+
   phase phase_;  // first: a move checks it before any other member has moved
   aggregation_type agg_;
   majority_options opt_;
@@ -256,6 +287,7 @@ class MajorityVote {
   // the frame protocol: the agreed block capacity, every rank's header, this rank's rejection
   std::size_t cap_ = 0;
   bool agreed_ = false;
+  bool idle_ = false;  // this step's block is not the agreed one (start())
   frame::host_headers<space_type> headers_;
   std::string problem_;
   // the step in flight and the counters

@@ -208,11 +208,12 @@ class PowerCompressor {
       checked_ = true;
     }
     const auto e = exec();
-    // Every step: the step count and the length (compress/step_check.hpp), checked in finish().
-    step_check_.queue(comm_, steps_, n);
+    idle_step_ = grad.size() != total_;
+    // Every step: the step count, the length and the idle flag (compress/step_check.hpp),
+    // checked in finish().
+    step_check_.queue(comm_, steps_, n, idle_step_);
     ops<Space>::fill(e, status_.view(), std::uint32_t{0});
     dense_step_ = steps_ < opt_.start_step;
-    idle_step_ = grad.size() != total_;
     if (idle_step_) factors_.queue_idle(e, comm_, dense_step_);
     else if (dense_step_) factors_.queue_dense(e, comm_, total_, grad, status_.view());
     else factors_.queue_compressed(e, comm_, entries_, opt_, steps_, q_ready_, grad, ef_, status_.view());
