@@ -27,6 +27,7 @@
 #include <atomic>
 #include <cctype>
 #include <limits>
+#include <random>
 #include <span>
 #include <string>
 #include <tuple>
@@ -683,4 +684,66 @@ TEMPLATE_LIST_TEST_CASE("a rank that reloads its own state alone steps on with t
     });
   }
   for (int r = 0; r < kP; ++r) CHECK(with[static_cast<std::size_t>(r)] == without[static_cast<std::size_t>(r)]);
+}
+
+// A random walk over the ways ranks can differ, the same plan on every rank: at each of 8
+// steps every rank passes one length (kN, kN + 40 or kN - 41), or one rank passes another;
+// now and then one rank reloads its own state alone, or every rank resets. Whatever
+// happens, every rank takes the same decision at every step: no error, or one error class
+// on every rank (a rejected input: invalid_argument on its rank, peer_failure on the
+// others), never one the communicator's size check raised (the ranks' calls always
+// match), and a step that raises nowhere gives every rank the same result.
+TEMPLATE_LIST_TEST_CASE("a random walk of lengths, lone reloads and resets keeps every rank's decision and calls alike",
+                        "[hardening][mismatch]", every_compressor) {
+  constexpr int kSteps = 8;
+  const std::size_t lengths[3] = {kN, kN + 40, kN - 41};
+  for (std::uint64_t seed = 1; seed <= 12; ++seed) {
+    CAPTURE(seed);
+    std::vector<std::vector<outcome>> out(kP, std::vector<outcome>(kSteps));
+    std::vector<std::vector<std::vector<float>>> res(kP, std::vector<std::vector<float>>(kSteps));
+    run_threads(kP, [&](TC& comm) {
+      const int r = comm.rank();
+      std::mt19937_64 plan(seed);  // the same plan on every rank
+      auto pick = [&](std::uint64_t m) { return static_cast<std::size_t>(plan() % m); };
+      auto c = maker<TestType>::make(comm, false);
+      std::size_t common = kN;
+      for (int t = 0; t < kSteps; ++t) {
+        if (pick(4) == 0) common = lengths[pick(3)];
+        const bool one_odd = pick(3) == 0;
+        const int odd_rank = static_cast<int>(pick(kP));
+        const std::size_t odd_len = lengths[pick(3)] + 1;
+        const bool lone_reload = pick(6) == 0;
+        const int reload_rank = static_cast<int>(pick(kP));
+        const bool reset_all = pick(8) == 0;
+        if (lone_reload && r == reload_rank) {
+          const auto st = saved(c);
+          c.load_state(st);
+        }
+        if constexpr (requires { c.reset(); })
+          if (reset_all) c.reset();
+        std::vector<float> g = normal(static_cast<std::uint64_t>(1000 * seed + 10 * t + r),
+                                      one_odd && r == odd_rank ? odd_len : common);
+        outcome& o = out[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)];
+        run_into(o, [&] { step(c, g); });
+        res[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)] = g;
+      }
+    });
+    for (int t = 0; t < kSteps; ++t) {
+      CAPTURE(t);
+      bool all_none = true;
+      for (int r = 0; r < kP; ++r) {
+        const auto& o = out[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)];
+        CAPTURE(r, o.cls, o.what);
+        CHECK_FALSE(from_the_communicator(o.what));
+        const auto& o0 = out[0][static_cast<std::size_t>(t)];
+        const bool rejected_pair = (o.cls == typeid(invalid_argument).name() || o.cls == typeid(peer_failure).name()) &&
+                                   (o0.cls == typeid(invalid_argument).name() || o0.cls == typeid(peer_failure).name());
+        CHECK((o.cls == o0.cls || rejected_pair));
+        all_none = all_none && o.cls == "none";
+      }
+      if (all_none)
+        for (int r = 1; r < kP; ++r)
+          CHECK(res[static_cast<std::size_t>(r)][static_cast<std::size_t>(t)] == res[0][static_cast<std::size_t>(t)]);
+    }
+  }
 }
