@@ -116,11 +116,11 @@ class CastAllreduce {
   void start(span<float> grad) {
     phase_.require_idle(who);
     const auto n = static_cast<std::int64_t>(grad.size());
-    if (checked_size_ < 0) agree_length(n);
+    if (!agreed_) agree_length(n);
     idle_ = n != checked_size_;
     step_check_.queue(comm_, steps_, n, idle_);
     grad_ = grad;
-    queue_ring(idle_ ? span<float>{} : grad, static_cast<std::size_t>(checked_size_));
+    queue_ring(static_cast<std::size_t>(checked_size_));
   }
 
   //! Queues the decode of the sums into grad, fences once, then raises mismatch_error on
@@ -135,7 +135,7 @@ class CastAllreduce {
     if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
       agree_length(static_cast<std::int64_t>(grad_.size()));
       idle_ = false;
-      queue_ring(grad_, grad_.size());
+      queue_ring(grad_.size());
       decode_and_fence();
     }
     skipped_step_ = (status_.bits() & status_nonfinite) != 0;
@@ -188,7 +188,7 @@ class CastAllreduce {
     // A residual of the agreed length (or none) keeps the agreement, so a rank that loads
     // alone (a rollback) makes the same calls as the others; one of another length is
     // agreed again at the next step (load it on every rank).
-    checked_size_ = res.empty() || static_cast<std::int64_t>(res.size()) == agreed_size_ ? agreed_size_ : -1;
+    agreed_ = checked_size_ >= 0 && (res.empty() || static_cast<std::int64_t>(res.size()) == checked_size_);
     ef_.install(exec(), {std::move(res), {}});
   }
 
@@ -233,14 +233,14 @@ class CastAllreduce {
     const auto problem = detail::length_problem(who, n, ef_.size());
     agree(comm_, who, {detail::length_item(n, opt_.on_nonfinite), {"the 16-bit format (fp16 1, bf16 2)", format_id()}},
           problem, steps_);
-    checked_size_ = agreed_size_ = n;
+    checked_size_ = n, agreed_ = true;
     if (opt_.error_feedback && ef_.size() == 0) ef_.install_zeros(exec(), static_cast<std::size_t>(n));
   }
 
-  //! Queues the encode of grad (plus the residual) into N codes and their ring sum; an
-  //! empty grad (an idle step: this rank's length is not the agreed N) sums N zero codes
-  //! instead, touching neither grad nor the residual. Sets phase started.
-  void queue_ring(span<float> grad, std::size_t N) {
+  //! Queues the encode of grad_ (plus the residual) into N codes and their ring sum; an
+  //! idle step (this rank's length is not the agreed N) sums N zero codes instead,
+  //! touching neither grad_ nor the residual. Sets phase started.
+  void queue_ring(std::size_t N) {
     const auto e = exec();
     codes_.resize(N, e);
     if (opt_.error_feedback && !idle_) ef_.begin(e, N, false);
@@ -249,7 +249,7 @@ class CastAllreduce {
     if (idle_)
       ops<space_type>::fill(e, codes_.view(), std::uint16_t{0});
     else
-      ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad), ef_.residual(), codes_.view(),
+      ops<space_type>::template cast_encode<Cast>(e, span<const float>(grad_), ef_.residual(), codes_.view(),
                                                   ef_.candidate());
     phase_ = phase::started;
     try {
@@ -290,8 +290,8 @@ class CastAllreduce {
   detail::step_check<space_type> step_check_;
   bool idle_ = false;  // this step's length is not the agreed one (start())
   bool skipped_step_ = false;
-  std::int64_t checked_size_ = -1;  // the agreed length (-1: agree at the next step)
-  std::int64_t agreed_size_ = -1;   // the last agreed length (a load that fits restores it)
+  bool agreed_ = false;              // false: agree at the next step (first step, a load that does not fit)
+  std::int64_t checked_size_ = -1;  // the last agreed length
   std::int64_t steps_ = 0, skipped_ = 0;
 };
 

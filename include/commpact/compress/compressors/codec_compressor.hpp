@@ -202,7 +202,8 @@ class CodecCompressor {
   //! Restores what save_state wrote; raises and changes nothing on a malformed state, and
   //! mismatch_error on a state another codec (or the same codec with other options: k,
   //! density, levels, bucket size), another rank or another number of ranks saved.
-  //! An agreed compressor stays agreed when the state's residual has the agreed length:
+  //! An agreed compressor stays agreed when the state's residual has the agreed length (or
+  //! there is none):
   //! the headers' step counts then tell a rank restored alone (mismatch_error on every
   //! rank), where a re-agreement only it called would not. Otherwise the next step agrees.
   void load_state(std::span<const std::byte> in) {
@@ -216,7 +217,7 @@ class CodecCompressor {
     skipped_ = st.skipped;
     // The agreement stays through a state that fits it (a residual of the agreed length, or
     // none), so a rank that loads alone (a rollback) makes the same calls as the others; a
-    // residual of another length is rejected at the next step on every rank alike.
+    // residual of another length clears it, and the next step agrees (load it on every rank).
     agreed_ = n_ >= 0 && (ef_.size() == 0 || static_cast<std::int64_t>(ef_.size()) == n_);
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
@@ -289,8 +290,6 @@ class CodecCompressor {
     return false;
   }
 
-  //! One allreduce (comm/agree.hpp): the same n and capacity on every rank, and no rank
-  //! rejected its input.
   //! Queues the step on grad_: the encoding of grad_ with its residual (not when the input
   //! has a problem or the step is idle: a rejected header), the exchange of the blocks,
   //! the headers' copy to the host and the decode of every block into grad_, written only
@@ -329,6 +328,8 @@ class CodecCompressor {
     status_.fetch(e);
   }
 
+  //! One allreduce (comm/agree.hpp): the same n and capacity on every rank, and no rank
+  //! rejected its input.
   void agree(std::int64_t n, std::size_t cap, const std::string& problem) {
     commpact::agree(agg_.comm(), name_.c_str(),
                     {detail::length_item(n, opt_.on_nonfinite),

@@ -96,7 +96,7 @@ class Dense {
     phase_.take_started("Dense");
     const auto e = comm_exec(comm_);
     comm_fence(comm_);
-    idle_sum_ = decltype(idle_sum_){};  // its allreduce has run: Dense keeps no gradient-sized memory
+    if (idle_sum_.capacity() != 0) idle_sum_ = decltype(idle_sum_){};  // its allreduce has run: freed
     step_check_.require_same("Dense", comm_.rank(), steps_, static_cast<std::int64_t>(grad_.size()));
     if (idle_) {  // every rank idle, with one new length: agree on it, then run the step
       agree_length(static_cast<std::int64_t>(grad_.size()));
