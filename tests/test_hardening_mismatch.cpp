@@ -384,6 +384,91 @@ TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of
   }
 }
 
+// A Bucketed rank that cancels its step after some buckets have started and retries it
+// while the others go on: its retried bucket 0 meets the others' next bucket. Each
+// bucket's compressor carries its bucket in its per-step check (check_tag), so with
+// buckets of equal size (whose messages match) every rank raises mismatch_error in that
+// step, no state changes, and the next step agrees; without the tag the others committed
+// a step that mixed rank 1's bucket 0 into their bucket 2 (caught one step later).
+template <class B>
+struct bucket_type;
+template <class C>
+struct bucket_type<Bucketed<C>> {
+  using type = C;
+};
+template <class C>
+C bucket_compressor(TC& comm) {
+  if constexpr (requires { C::default_rank; }) return C{comm_for<C>(comm), tensor_layout{{6, 8}}};
+  else return maker<C>::make(comm, false);
+}
+TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some buckets started and retries while the "
+                   "others go on raises mismatch_error on every rank in that step",
+                   "[hardening][mismatch]", Bucketed<Dense<TC>>, Bucketed<TopK<TC>>, Bucketed<gTopK<TreeComm<TC>>>,
+                   Bucketed<OkTopK<TC>>, Bucketed<MajorityVote<TC>>, Bucketed<Fp16Allreduce<TC>>,
+                   Bucketed<PowerCompressor<2>>, (Bucketed<LinearCompressor<randomk_codec, TC>>),
+                   (Bucketed<CodecCompressor<qsgd_codec, Allgather<TC>>>), Bucketed<Dense<DC>>, Bucketed<TopK<DC>>,
+                   Bucketed<gTopK<TreeComm<DC>>>, Bucketed<OkTopK<DC>>) {
+  const std::vector<std::size_t> layers = {48, 48, 48, 48};  // cap 0: four buckets of 48 floats
+  constexpr std::size_t n = 4 * 48;
+  const int started = GENERATE(1, 2, 3);  // buckets rank 1 had started when it cancelled
+  CAPTURE(started);
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    using C = typename bucket_type<TestType>::type;
+    TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
+    outcome& o = out[static_cast<std::size_t>(r)];
+    auto on_space = [&](std::vector<float>& g, auto body) {
+      if constexpr (std::is_same_v<space_of_t<TestType>, deferred_space>) {
+        const auto e = comm_exec(c.comm());
+        auto d = commpact_test::device_copy(e, g);
+        body(d.view());
+        g = commpact_test::host_copy(e, d.cview());
+      } else {
+        body(std::span<float>(g));
+      }
+    };
+    auto overlapped = [&](auto grad) {
+      c.begin(grad);
+      for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
+      c.reduce(grad);
+    };
+    // After a good step: at the first step the retried bucket's first-step agreement meets
+    // the others' next bucket's step (the communicator's check; architecture.md, known gaps).
+    std::vector<float> g = normal(10 + r, n);
+    run_into(o, [&] { on_space(g, overlapped); });
+    if (o.cls != "none") return;
+    const auto before = saved(c);
+    g = normal(20 + r, n);
+    run_into(o, [&] {
+      on_space(g, [&](auto grad) {
+        if (r == 1) {  // backward raised after `started` buckets went out: cancel, then retry
+          c.begin(grad);
+          for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
+          c.cancel();
+        }
+        overlapped(grad);
+      });
+    });
+    o.same_state = saved(c) == before;
+    outcome next;
+    std::vector<float> g2 = normal(30 + r, n);
+    run_into(next, [&] { on_space(g2, overlapped); });
+    o.next = next.cls == "none" ? "ok" : next.what;
+    o.next_result = g2;
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK(!from_the_communicator(o.what));
+    CHECK(o.what.find("bucket") != std::string::npos);
+    CHECK(o.same_state);
+    CHECK(o.next == "ok");
+    CHECK(o.next_result == out[0].next_result);
+  }
+}
+
 TEST_CASE("k > n on one rank only: mismatch_error on every rank, and that rank's message names its k",
           "[hardening][mismatch]") {
   // Its n and k differ from the others', so the agreement reports the mismatch (on every

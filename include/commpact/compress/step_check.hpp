@@ -11,15 +11,18 @@
 //! runs the step idle (its length changed after the agreement: its collectives run on
 //! zeroed workspaces of the agreed length), in the same 6 floats. Queued like the step's
 //! own work, so start() still does not wait. (A compressor with frame headers carries its
-//! step count in them.)
+//! step count in them.) The count carries the compressor's check tag (detail/check_tag.hpp:
+//! Bucketed's bucket), so that two buckets' steps never match.
 
 #include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "../comm/known_size.hpp"
 #include "../concepts.hpp"
+#include "../detail/check_tag.hpp"
 #include "../error.hpp"
 #include "../kernels/ops.hpp"
 #include "../space/host.hpp"
@@ -34,6 +37,9 @@ class step_check {
     buf_.resize(2 * pieces, e);
     host_.resize(2 * pieces);
   }
+  //! The tag added to every step count this check carries (detail/check_tag.hpp).
+  void set_tag(std::uint32_t tag) { tag_ = tag; }
+  std::uint32_t tag() const { return tag_; }
   //! Queues the allreduce of this rank's step count (and, where the caller passes them,
   //! its gradient length and its idle flag) on comm's executor (host_space: runs it).
   //! Three floats carry 90 bits, 30 each, as the bit patterns of normal positive floats
@@ -45,7 +51,7 @@ class step_check {
   void queue(Comm& comm, std::int64_t step, std::int64_t length = 0, bool idle = false) {
     const auto e = comm_exec(comm);
     prepare(e);
-    const auto u = static_cast<std::uint64_t>(step);
+    const auto u = static_cast<std::uint64_t>(tagged_step(step, tag_));
     const auto len = (static_cast<std::uint64_t>(length) & ((std::uint64_t{1} << 26) - 1)) |
                      (std::uint64_t{idle} << 26);
     const std::uint64_t piece[pieces] = {u & mask, (u >> 30) & mask, (u >> 60) | (len << 3)};
@@ -67,9 +73,10 @@ class step_check {
     for (std::size_t i = 0; i < pieces; ++i) same[i] = h[2 * i] == -h[2 * i + 1];
     if (!same[0] || !same[1] || (!same[2] && length < 0))
       throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count: rank ", rank, " has ",
-                               step, " and another rank a different one; a rank kept (commit) a step that another "
+                               step, tag_ ? cat(" in bucket ", tag_ - 1) : std::string{},
+                               " and another rank a different one; a rank kept (commit) a step that another "
                                "dropped (cancel), or retried a step the others kept. Every rank must commit or cancel "
-                               "each step alike; restore every rank from one checkpoint to go on."));
+                               "each step alike; restore every rank from one checkpoint to go on.", bucket_hint(tag_)));
     if (!same[2])
       throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the gradient length: rank ", rank,
                                " has ", length, " floats at step ", step, " and another rank a different length (or "
@@ -83,6 +90,7 @@ class step_check {
   static constexpr std::uint64_t mask = (std::uint64_t{1} << 30) - 1;
   typename Space::template buffer<float> buf_;
   pinned_t<Space, float> host_;
+  std::uint32_t tag_ = 0;
 };
 
 }  // namespace commpact::detail

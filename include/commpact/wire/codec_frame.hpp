@@ -28,6 +28,7 @@
 #include <string_view>
 
 #include "../config.hpp"
+#include "../detail/check_tag.hpp"
 #include "../error.hpp"
 
 namespace commpact {
@@ -134,12 +135,20 @@ inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::
                                           "the block capacity"};
   for (int j = 0; j < 4; ++j) {
     if (j == 1 && (flags & rejected_input)) continue;
-    if (lo[j] != hi[j])
-      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", what[j],
-                                       ": the values range over [", lo[j], ", ", hi[j], "] (rank ", lo_rank[j],
-                                       " has ", lo[j], ", rank ", hi_rank[j], " has ", hi[j],
-                                       "); every rank must pass the same lengths and use the same options and step "
-                                       "count."));
+    if (lo[j] == hi[j]) continue;
+    if (j == 2) {  // the step, with the check tag of a Bucketed bucket (detail/check_tag.hpp)
+      const bool tagged = (lo[j] | hi[j]) >> detail::check_tag_shift != 0;
+      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on the step count: rank ",
+                                       lo_rank[j], " is at ", detail::tagged_step_text(lo[j]), ", rank ", hi_rank[j],
+                                       " at ", detail::tagged_step_text(hi[j]), "; a rank kept (commit) a step that "
+                                       "another dropped (cancel), or retried a step the others kept. Every rank must "
+                                       "commit or cancel each step alike.", detail::bucket_hint(tagged ? 1 : 0)));
+    }
+    throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", what[j],
+                                     ": the values range over [", lo[j], ", ", hi[j], "] (rank ", lo_rank[j], " has ",
+                                     lo[j], ", rank ", hi_rank[j], " has ", hi[j],
+                                     "); every rank must pass the same lengths and use the same options and step "
+                                     "count."));
   }
   return flags;
 }

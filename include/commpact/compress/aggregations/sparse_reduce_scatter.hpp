@@ -73,6 +73,7 @@
 
 #include "../../comm/known_size.hpp"
 #include "../../concepts.hpp"
+#include "../../detail/check_tag.hpp"
 #include "../../error.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/oktopk.hpp"
@@ -121,6 +122,10 @@ class SparseReduceScatter {
   //! every reduce-scatter header (flag_skips) and compared, so ranks built otherwise raise
   //! mismatch_error on every rank instead of deciding a non-finite step differently.
   void set_skips_nonfinite(bool skips) { skips_ = skips; }
+
+  //! The tag added to the step in the headers (detail/check_tag.hpp; OkTopK's, set by Bucketed).
+  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  std::uint32_t check_tag() const { return check_tag_; }
 
   //! Starts a step over n entries, of which every rank contributes at most k (the same n,
   //! k and step on every rank). flags = 2 when this rank rejected its input (it then
@@ -189,7 +194,8 @@ class SparseReduceScatter {
                                    my_flags_ | (estimate_ ? host::oktopk::flag_estimate : 0u) |
                                        (skips_ ? host::oktopk::flag_skips : 0u),
                                    static_cast<std::int64_t>(n_),
-                                   static_cast<std::int64_t>(k_), step_, hdr_out_.view().first(up * header),
+                                   static_cast<std::int64_t>(k_), detail::tagged_step(step_, check_tag_),
+                                   hdr_out_.view().first(up * header),
                                    accepted ? pay_out() : span<std::byte>{});
     auto slot = [&](auto& b, std::size_t j) { return b.view().subspan(j * header, header); };
     grouped(comm_, [&] {  // the headers' all-to-all: one group
@@ -389,10 +395,13 @@ class SparseReduceScatter {
       const auto h = hok::read_header(hdr_in_host_.view().data() + static_cast<std::size_t>(j) * header);
       if (h.magic != hok::magic || h.flags > (hok::stop_flags | hok::flag_estimate | hok::flag_skips))
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
-      if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) || h.step != step_)
-        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k,
-                                         " at step ", h.step, "; this rank (rank ", me, ") has n = ", n_, ", k = ", k_, " at step ", step_,
-                                         ". Every rank must pass the same lengths with the same options."));
+      if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) ||
+          h.step != detail::tagged_step(step_, check_tag_))
+        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k, " at ",
+                                         detail::tagged_step_text(h.step), "; this rank (rank ", me, ") has n = ", n_,
+                                         ", k = ", k_, " at ", detail::tagged_step_text(detail::tagged_step(step_, check_tag_)),
+                                         ". Every rank must pass the same lengths with the same options and commit or "
+                                         "cancel each step alike.", detail::bucket_hint(check_tag_)));
       if ((h.flags ^ own.flags) & hok::flag_estimate)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: at step ", step_, " rank ", j,
                                          (h.flags & hok::flag_estimate) ? " re-estimates" : " does not re-estimate",
@@ -433,6 +442,7 @@ class SparseReduceScatter {
   std::size_t n_ = 0, k_ = 1, cap_ = 1;
   int P_ = 1;
   std::int64_t step_ = 0;
+  std::uint32_t check_tag_ = 0;  // detail/check_tag.hpp: added to the step in the headers
   std::uint32_t my_flags_ = 0, all_flags_ = 0;
   bool skips_ = false;  // the compressor's on_nonfinite is skip_step (header bit flag_skips)
   bool reset_ = false, estimate_ = false, from_block_ = false;

@@ -58,6 +58,15 @@
 //! - Space (v3): grad is a span of the compressor's space (`space_type`, space_of_t<C>),
 //!   each bucket a subspan of it, so Bucketed<TopK<DeferredComm<C>>> runs its buckets'
 //!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).
+//! - Buckets checked: bucket b's compressor carries b + 1 as its check tag (set_check_tag,
+//!   detail/check_tag.hpp) in its per-step check, so that a rank whose bucket meets
+//!   another bucket on the others (it cancelled a step after some buckets had started and
+//!   retried it while the others went on) raises mismatch_error on every rank in that
+//!   step, and no bucket's step is kept. Every compressor commpact ships has the tag
+//!   (gTopK: bucket differences that are multiples of 16 go unseen); a user's compressor
+//!   without set_check_tag is not checked for it. No byte is added. At the first step
+//!   the retried bucket's first-step agreement meets the others' step instead, which only
+//!   a communicator that checks its calls sees (ThreadComm; MpiComm by default).
 
 #include <algorithm>
 #include <atomic>
@@ -170,7 +179,13 @@ class Bucketed : private detail::bucketed_step_flags {
       total_ += b.size;
     }
     comps_.reserve(info_.size());
-    for (const auto& b : info_) comps_.push_back(make(b));
+    for (const auto& b : info_) {
+      comps_.push_back(make(b));
+      // Each bucket's per-step check carries its bucket (detail/check_tag.hpp), so that a
+      // rank whose buckets meet other buckets (a cancel and retry on one rank) raises.
+      if constexpr (requires(C& c) { c.set_check_tag(std::uint32_t{}); })
+        comps_.back().set_check_tag(static_cast<std::uint32_t>(b.index + 1));
+    }
     txs_.resize(info_.size());
     pending_.resize(info_.size());
   }

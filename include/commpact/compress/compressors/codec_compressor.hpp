@@ -45,6 +45,7 @@
 
 #include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
+#include "../../detail/check_tag.hpp"
 #include "../../error.hpp"
 #include "../../kernels/copies.hpp"
 #include "../../state.hpp"
@@ -227,6 +228,10 @@ class CodecCompressor {
   }
 
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's frame headers (0 alone;
+  //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  std::uint32_t check_tag() const { return check_tag_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity in the space's memory (empty before the first
   //! committed step).
@@ -302,7 +307,7 @@ class CodecCompressor {
     const frame::header h{.flags = send ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
                           .n = static_cast<std::int64_t>(N),
                           .agreement = send ? agreement_of(N) : -1,
-                          .step = steps_,
+                          .step = detail::tagged_step(steps_, check_tag_),
                           .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
     status_.clear(e);
@@ -361,6 +366,7 @@ class CodecCompressor {
   std::size_t cap_ = 0;
   std::int64_t n_ = -1;
   std::int64_t steps_ = 0, skipped_ = 0;
+  std::uint32_t check_tag_ = 0;  // detail/check_tag.hpp
 };
 
 }  // namespace commpact

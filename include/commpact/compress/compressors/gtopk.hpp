@@ -79,6 +79,7 @@
 #include "../../comm/known_size.hpp"
 #include "../../comm/tree_comm.hpp"
 #include "../../concepts.hpp"
+#include "../../detail/check_tag.hpp"
 #include "../../error.hpp"
 #include "../../kernels/host/ops.hpp"
 #include "../../kernels/host/sparse_tree.hpp"
@@ -137,9 +138,11 @@ class gTopK {
     grad_ = grad;
     const bool ok = problem_.empty();
     // The step count rides in the frames' flags (sparse_wire::step_flag): ranks out of step
-    // see a pair with both bits set.
-    const auto flags =
-        static_cast<std::uint16_t>((ok ? 0 : sparse_wire::flag_failed) | sparse_wire::step_flag(steps_));
+    // see a pair with both bits set. The check tag (Bucketed's bucket) is added to it
+    // (detail/check_tag.hpp): buckets whose index differs by other than a multiple of 16
+    // never carry the same bits at one step.
+    const auto flags = static_cast<std::uint16_t>((ok ? 0 : sparse_wire::flag_failed) |
+                                                  sparse_wire::step_flag(steps_ + check_tag_));
     if (ok) {
       ef_.begin(e, grad.size(), false);  // the fused local phase counts a missing residual as zero
       if (opt_.clip_norm > 0.0f) ops<space_type>::clip_scale(e, cview(grad), opt_.clip_norm, P, scale_.view());
@@ -195,10 +198,12 @@ class gTopK {
                                        "]; every rank must use the same options and step count."));
     if (!sparse_wire::one_step(m.cur.flags))
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count: rank ", me,
-                                       " is at step ", steps_, " and another rank at another step; a "
+                                       " is at step ", steps_,
+                                       check_tag_ ? detail::cat(" in bucket ", check_tag_ - 1) : std::string{},
+                                       " and another rank at another step; a "
                                        "rank kept (commit) a step that another dropped (cancel), or retried a step the "
                                        "others kept. Every rank must commit or cancel each step alike; restore every "
-                                       "rank from one checkpoint to go on."));
+                                       "rank from one checkpoint to go on.", detail::bucket_hint(check_tag_)));
     if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
     if (m.cur.flags & sparse_wire::flag_nonfinite) {
       if (opt_.on_nonfinite == nonfinite::raise)
@@ -272,6 +277,10 @@ class gTopK {
   }
 
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's frames (0 alone; Bucketed sets 1
+  //! + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  std::uint32_t check_tag() const { return check_tag_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity, in the space's memory.
   span<const float> residual() const { return ef_.residual(); }
@@ -355,6 +364,7 @@ class gTopK {
   std::int64_t n_ = 0, kmax_ = 1, k_ = 0;
   std::size_t last_count_ = 0;
   std::int64_t steps_ = 0, skipped_ = 0;
+  std::uint32_t check_tag_ = 0;  // detail/check_tag.hpp
 };
 
 }  // namespace commpact

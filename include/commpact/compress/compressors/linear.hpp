@@ -207,6 +207,10 @@ class LinearCompressor {
     ef_.forget();
   }
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's per-step check (0 alone;
+  //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { step_check_.set_tag(tag); }
+  std::uint32_t check_tag() const { return step_check_.tag(); }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual in the space's memory (empty before the first committed step, and
   //! always for a codec that keeps none).

@@ -46,6 +46,7 @@
 
 #include "../../comm/agree.hpp"
 #include "../../concepts.hpp"
+#include "../../detail/check_tag.hpp"
 #include "../../error.hpp"
 #include "../../kernels/deferred/ops.hpp"
 #include "../../kernels/host/ops.hpp"
@@ -210,6 +211,10 @@ class MajorityVote {
   }
 
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's frame headers (0 alone;
+  //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  std::uint32_t check_tag() const { return check_tag_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! Signum's momentum in the space's memory (empty for signSGD and before the first step).
   span<const float> momentum() const { return m_.cview().first(m_n_); }
@@ -259,7 +264,7 @@ class MajorityVote {
     const bool send = problem_.empty() && !idle_;
     const frame::header h{.flags = send ? std::uint16_t{0} : std::uint16_t{frame::rejected_input},
                           .n = static_cast<std::int64_t>(n),
-                          .step = steps_,
+                          .step = detail::tagged_step(steps_, check_tag_),
                           .capacity = static_cast<std::int64_t>(cap_)};
     const auto block = agg_.block(cap_);
     status_.clear(e);
@@ -295,6 +300,7 @@ class MajorityVote {
   detail::status_word<space_type> status_;
   outcome outcome_ = outcome::delivered;
   std::int64_t steps_ = 0, skipped_ = 0;
+  std::uint32_t check_tag_ = 0;  // detail/check_tag.hpp
 };
 
 }  // namespace commpact

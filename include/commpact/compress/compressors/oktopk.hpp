@@ -244,6 +244,10 @@ class OkTopK {
     agg_.restore(std::move(bounds), theta, theta_valid);
   }
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's headers (0 alone; Bucketed sets
+  //! 1 + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { agg_.set_check_tag(tag); }
+  std::uint32_t check_tag() const { return agg_.check_tag(); }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual, in the space's memory (empty before the first step).
   span<const float> residual() const { return ef_.residual(); }

@@ -358,6 +358,10 @@ class PowerCompressor {
   std::size_t dense_floats() const { return factors_.dense_floats(); }
   std::size_t numel() const { return total_; }
   std::int64_t steps() const { return steps_; }
+  //! The tag added to the step count in this compressor's per-step check (0 alone;
+  //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
+  void set_check_tag(std::uint32_t tag) { step_check_.set_tag(tag); }
+  std::uint32_t check_tag() const { return step_check_.tag(); }
   std::int64_t skipped_steps() const { return skipped_; }
   const options& opts() const { return opt_; }
   comm_type& comm() { return comm_; }

@@ -1,0 +1,46 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+//! \file check_tag.hpp
+//! The value a compressor's per-step check carries for its step (the step check's
+//! allreduce, the frame headers): its step count, plus its check tag in bits 40 and up.
+//! A compressor alone has tag 0 (the value is its step count); Bucketed gives bucket b's
+//! compressor the tag b + 1 (set_check_tag), so that two buckets' steps never carry the
+//! same value: a rank that cancelled a step after some buckets had started and retried it
+//! while the others went on meets their next bucket with its bucket 0, and that bucket's
+//! check raises mismatch_error on every rank in that step (the buckets of equal size,
+//! whose messages match; other sizes differ already). gTopK's frames carry only the low
+//! bits of a step, so it adds the tag itself (step + tag): a bucket difference that is a
+//! multiple of 16 goes unseen there.
+
+#include <cstdint>
+#include <string>
+
+#include "../error.hpp"
+
+namespace commpact::detail {
+
+inline constexpr int check_tag_shift = 40;
+
+//! The step as a per-step check carries it: step + tag * 2^40 (steps below 2^40).
+constexpr std::int64_t tagged_step(std::int64_t step, std::uint32_t tag) {
+  return step + (static_cast<std::int64_t>(tag) << check_tag_shift);
+}
+
+//! A tagged step in words: "step 7" for tag 0, "step 7 of bucket 2" for tag 3.
+inline std::string tagged_step_text(std::int64_t v) {
+  if (v < 0) return cat("step ", v);
+  const auto tag = v >> check_tag_shift;
+  const auto step = v & ((std::int64_t{1} << check_tag_shift) - 1);
+  if (tag == 0) return cat("step ", step);
+  return cat("step ", step, " of bucket ", tag - 1);
+}
+
+//! What a step mismatch means under Bucketed (tag != 0), for the errors' text.
+inline const char* bucket_hint(std::uint32_t tag) {
+  return tag == 0 ? ""
+                  : " Under Bucketed this is also how a rank shows that it cancelled a step after some buckets had "
+                    "started and retried it while the others went on (its retried bucket met another bucket): every "
+                    "rank must cancel at the same point.";
+}
+
+}  // namespace commpact::detail
