@@ -123,17 +123,23 @@ struct maker<Bucketed<C>> {
 
 using every_compressor = commpact_test::every_compressor<TC, DC>;
 
-//! One step of c on a host vector g (copied to and from the deferred space where c runs).
-template <class C>
-void step(C& c, std::vector<float>& g) {
+//! body(grad) on a host vector g, as a span of c's space (copied to and from the deferred
+//! space where c runs there).
+template <class C, class F>
+void on_space(C& c, std::vector<float>& g, F&& body) {
   if constexpr (std::is_same_v<space_of_t<C>, deferred_space>) {
     const auto e = comm_exec(c.comm());
     auto d = commpact_test::device_copy(e, g);
-    c.reduce(d.view());
+    body(d.view());
     g = commpact_test::host_copy(e, d.cview());
   } else {
-    c.reduce(std::span<float>(g));
+    body(std::span<float>(g));
   }
+}
+//! One step of c on a host vector g.
+template <class C>
+void step(C& c, std::vector<float>& g) {
+  on_space(c, g, [&](auto grad) { c.reduce(grad); });
 }
 template <class C>
 std::vector<std::byte> saved(const C& c) {
@@ -344,19 +350,11 @@ TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of
     auto c = maker<TestType>::make(comm, false);
     outcome& o = out[static_cast<std::size_t>(r)];
     auto overlapped = [&](std::vector<float>& g) {
-      auto run = [&](auto grad) {
+      on_space(c, g, [&](auto grad) {
         c.begin(grad);
         for (std::size_t l = kLayers.size(); l-- > 0;) c.ready(l);  // backward: the last layer first
         c.reduce(grad);
-      };
-      if constexpr (std::is_same_v<space_of_t<TestType>, deferred_space>) {
-        const auto e = comm_exec(c.comm());
-        auto d = commpact_test::device_copy(e, g);
-        run(d.view());
-        g = commpact_test::host_copy(e, d.cview());
-      } else {
-        run(std::span<float>(g));
-      }
+      });
     };
     if (kind == 1) {
       std::vector<float> g = normal(10 + r, kN);
@@ -418,16 +416,6 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     using C = typename bucket_type<TestType>::type;
     TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
     outcome& o = out[static_cast<std::size_t>(r)];
-    auto on_space = [&](std::vector<float>& g, auto body) {
-      if constexpr (std::is_same_v<space_of_t<TestType>, deferred_space>) {
-        const auto e = comm_exec(c.comm());
-        auto d = commpact_test::device_copy(e, g);
-        body(d.view());
-        g = commpact_test::host_copy(e, d.cview());
-      } else {
-        body(std::span<float>(g));
-      }
-    };
     auto overlapped = [&](auto grad) {
       c.begin(grad);
       for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
@@ -436,12 +424,12 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     // After a good step: at the first step the retried bucket's first-step agreement meets
     // the others' next bucket's step (the communicator's check; architecture.md, known gaps).
     std::vector<float> g = normal(10 + r, n);
-    run_into(o, [&] { on_space(g, overlapped); });
+    run_into(o, [&] { on_space(c, g, overlapped); });
     if (o.cls != "none") return;
     const auto before = saved(c);
     g = normal(20 + r, n);
     run_into(o, [&] {
-      on_space(g, [&](auto grad) {
+      on_space(c, g, [&](auto grad) {
         if (r == 1) {  // backward raised after `started` buckets went out: cancel, then retry
           c.begin(grad);
           for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
@@ -453,7 +441,7 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     o.same_state = saved(c) == before;
     outcome next;
     std::vector<float> g2 = normal(30 + r, n);
-    run_into(next, [&] { on_space(g2, overlapped); });
+    run_into(next, [&] { on_space(c, g2, overlapped); });
     o.next = next.cls == "none" ? "ok" : next.what;
     o.next_result = g2;
   });

@@ -196,8 +196,16 @@ template <class Comm>
 Result train_rank(const Options& o, Comm comm, const Data& data) {
   using namespace commpact;
   const int P = comm.size(), r = comm.rank();
-  torch::manual_seed(o.seed);  // the same initial parameters on every rank
-  Net net;
+  // The same initial parameters on every rank and in every run: rank threads share
+  // LibTorch's global generator, so each seeds it and draws its parameters alone (drawn
+  // side by side, the ranks' draws interleaved differently from run to run).
+  Net net{nullptr};
+  {
+    static std::mutex init;
+    std::lock_guard lock(init);
+    torch::manual_seed(o.seed);
+    net = Net{};
+  }
   // One flat buffer for all parameters, in registration (forward) order.
   auto params = net->parameters();
   std::vector<std::vector<std::int64_t>> shapes;
