@@ -387,13 +387,17 @@ TEMPLATE_TEST_CASE("Bucketed with overlap (begin, ready): one rank's gradient of
 // bucket's compressor carries its bucket in its per-step check (check_tag), so with
 // buckets of equal size (whose messages match) every rank raises mismatch_error in that
 // step, no state changes, and the next step agrees; without the tag the others committed
-// a step that mixed rank 1's bucket 0 into their bucket 2 (caught one step later).
+// a step that mixed rank 1's bucket 0 into their bucket `started` (caught one step later).
 template <class B>
 struct bucket_type;
 template <class C>
 struct bucket_type<Bucketed<C>> {
   using type = C;
 };
+template <class C>
+constexpr bool is_oktopk = false;
+template <class Comm>
+constexpr bool is_oktopk<OkTopK<Comm>> = true;
 template <class C>
 C bucket_compressor(TC& comm) {
   if constexpr (requires { C::default_rank; }) return C{comm_for<C>(comm), tensor_layout{{6, 8}}};
@@ -403,17 +407,26 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
                    "others go on raises mismatch_error on every rank in that step",
                    "[hardening][mismatch]", Bucketed<Dense<TC>>, Bucketed<TopK<TC>>, Bucketed<gTopK<TreeComm<TC>>>,
                    Bucketed<OkTopK<TC>>, Bucketed<MajorityVote<TC>>, Bucketed<Fp16Allreduce<TC>>,
-                   Bucketed<PowerCompressor<2>>, (Bucketed<LinearCompressor<randomk_codec, TC>>),
+                   Bucketed<Bf16Allreduce<TC>>, Bucketed<PowerCompressor<2>>,
+                   (Bucketed<LinearCompressor<randomk_codec, TC>>),
                    (Bucketed<CodecCompressor<qsgd_codec, Allgather<TC>>>), Bucketed<Dense<DC>>, Bucketed<TopK<DC>>,
-                   Bucketed<gTopK<TreeComm<DC>>>, Bucketed<OkTopK<DC>>) {
+                   Bucketed<gTopK<TreeComm<DC>>>, Bucketed<OkTopK<DC>>, Bucketed<MajorityVote<DC>>,
+                   Bucketed<Fp16Allreduce<DC>>, (Bucketed<PowerCompressor<2, deferred_space>>),
+                   (Bucketed<LinearCompressor<randomk_codec, DC>>),
+                   (Bucketed<CodecCompressor<qsgd_codec, Allgather<DC>>>)) {
   const std::vector<std::size_t> layers = {48, 48, 48, 48};  // cap 0: four buckets of 48 floats
   constexpr std::size_t n = 4 * 48;
   const int started = GENERATE(1, 2, 3);  // buckets rank 1 had started when it cancelled
-  CAPTURE(started);
+  const bool warm = GENERATE(false, true);  // after a good step, or at the first
+  CAPTURE(started, warm);
+  using C = typename bucket_type<TestType>::type;
+  // At the first step the others' next bucket runs its compressor's first-step agreement
+  // against rank 1's retried bucket 0: only the communicator's call check sees that
+  // (architecture.md, known gaps). OkTopK has no first-step agreement: its headers see it.
+  if (!warm && !is_oktopk<C>) return;
   std::vector<outcome> out(kP);
   run_threads(kP, [&](TC& comm) {
     const int r = comm.rank();
-    using C = typename bucket_type<TestType>::type;
     TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
     outcome& o = out[static_cast<std::size_t>(r)];
     auto overlapped = [&](auto grad) {
@@ -421,11 +434,11 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
       for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
       c.reduce(grad);
     };
-    // After a good step: at the first step the retried bucket's first-step agreement meets
-    // the others' next bucket's step (the communicator's check; architecture.md, known gaps).
     std::vector<float> g = normal(10 + r, n);
-    run_into(o, [&] { on_space(c, g, overlapped); });
-    if (o.cls != "none") return;
+    if (warm) {
+      run_into(o, [&] { on_space(c, g, overlapped); });
+      if (o.cls != "none") return;
+    }
     const auto before = saved(c);
     g = normal(20 + r, n);
     run_into(o, [&] {
@@ -450,11 +463,24 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     CAPTURE(r, o.what);
     CHECK(o.cls == typeid(mismatch_error).name());
     CHECK(!from_the_communicator(o.what));
-    CHECK(o.what.find("bucket") != std::string::npos);
+    CHECK(o.what.find("met another bucket") != std::string::npos);  // the check tag's hint (check_tag.hpp)
     CHECK(o.same_state);
     CHECK(o.next == "ok");
     CHECK(o.next_result == out[0].next_result);
   }
+}
+
+TEMPLATE_TEST_CASE("set_check_tag takes tags below 2^20 and refuses larger ones with invalid_argument",
+                   "[hardening][mismatch]", Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, OkTopK<TC>, MajorityVote<TC>,
+                   Fp16Allreduce<TC>, PowerCompressor<2>, (LinearCompressor<randomk_codec, TC>)) {
+  run_threads(1, [&](TC& comm) {
+    auto c = bucket_compressor<TestType>(comm);
+    RANK_REQUIRE_EQ(c.check_tag(), 0u);
+    c.set_check_tag((1u << 20) - 1);
+    RANK_REQUIRE_EQ(c.check_tag(), (1u << 20) - 1);
+    RANK_REQUIRE_THROWS_AS(c.set_check_tag(1u << 20), invalid_argument);
+    RANK_REQUIRE_EQ(c.check_tag(), (1u << 20) - 1);  // unchanged
+  });
 }
 
 TEST_CASE("k > n on one rank only: mismatch_error on every rank, and that rank's message names its k",

@@ -38,7 +38,7 @@ class step_check {
     host_.resize(2 * pieces);
   }
   //! The tag added to every step count this check carries (detail/check_tag.hpp).
-  void set_tag(std::uint32_t tag) { tag_ = tag; }
+  void set_tag(std::uint32_t tag) { tag_ = checked_tag(tag); }
   std::uint32_t tag() const { return tag_; }
   //! Queues the allreduce of this rank's step count (and, where the caller passes them,
   //! its gradient length and its idle flag) on comm's executor (host_space: runs it).
@@ -72,7 +72,8 @@ class step_check {
     bool same[pieces];
     for (std::size_t i = 0; i < pieces; ++i) same[i] = h[2 * i] == -h[2 * i + 1];
     if (!same[0] || !same[1] || (!same[2] && length < 0))
-      throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count: rank ", rank, " has ",
+      throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count",
+                               tag_ ? " or the bucket" : "", ": rank ", rank, " has ",
                                step, tag_ ? cat(" in bucket ", tag_ - 1) : std::string{},
                                " and another rank a different one; a rank kept (commit) a step that another "
                                "dropped (cancel), or retried a step the others kept. Every rank must commit or cancel "

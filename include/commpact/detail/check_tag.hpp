@@ -10,7 +10,8 @@
 //! check raises mismatch_error on every rank in that step (the buckets of equal size,
 //! whose messages match; other sizes differ already). gTopK's frames carry only the low
 //! bits of a step, so it adds the tag itself (step + tag): a bucket difference that is a
-//! multiple of 16 goes unseen there.
+//! multiple of 16 may go unseen there. Tags are below 2^20 (checked_tag), so the tagged
+//! step stays below 2^63 for every step count a state holds (below 2^62).
 
 #include <cstdint>
 #include <string>
@@ -20,13 +21,22 @@
 namespace commpact::detail {
 
 inline constexpr int check_tag_shift = 40;
+inline constexpr std::uint32_t check_tag_limit = std::uint32_t{1} << 20;
+
+//! A tag a compressor accepts (set_check_tag): invalid_argument from 2^20 on.
+inline std::uint32_t checked_tag(std::uint32_t tag) {
+  require(tag < check_tag_limit, "commpact: a check tag must be below 2^20 (", check_tag_limit, "); got ", tag,
+          ". Bucketed gives bucket b the tag b + 1.");
+  return tag;
+}
 
 //! The step as a per-step check carries it: step + tag * 2^40 (steps below 2^40).
 constexpr std::int64_t tagged_step(std::int64_t step, std::uint32_t tag) {
   return step + (static_cast<std::int64_t>(tag) << check_tag_shift);
 }
 
-//! A tagged step in words: "step 7" for tag 0, "step 7 of bucket 2" for tag 3.
+//! A tagged step in words: "step 7" for tag 0, "step 7 of bucket 2" for tag 3 (a step of
+//! 2^40 or more without a tag reads as a bucket's: only the text is off).
 inline std::string tagged_step_text(std::int64_t v) {
   if (v < 0) return cat("step ", v);
   const auto tag = v >> check_tag_shift;

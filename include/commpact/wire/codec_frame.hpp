@@ -7,7 +7,8 @@
 //!
 //! Frame header (48 bytes): u32 magic 0x47415043 ("CPAG"), u16 version 1, u16 flags
 //! (bit 0 non-finite input, bit 1 input rejected), u32 payload bytes, u32 0, then i64
-//! n, i64 the codec's agreement value (k for top-k), i64 step, i64 block capacity.
+//! n, i64 the codec's agreement value (k for top-k), i64 step (plus the compressor's check
+//! tag times 2^40: Bucketed's bucket, detail/check_tag.hpp), i64 block capacity.
 //! Every rank sees every header, so disagreement on n, k, the step or the capacity, a
 //! rejected input or NaN/Inf on any rank is seen by every rank, and every rank raises
 //! the same error (or skips the step) without an extra message.
@@ -138,8 +139,8 @@ inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::
     if (lo[j] == hi[j]) continue;
     if (j == 2) {  // the step, with the check tag of a Bucketed bucket (detail/check_tag.hpp)
       const bool tagged = (lo[j] | hi[j]) >> detail::check_tag_shift != 0;
-      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on the step count: rank ",
-                                       lo_rank[j], " is at ", detail::tagged_step_text(lo[j]), ", rank ", hi_rank[j],
+      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on the step count",
+                                       tagged ? " or the bucket" : "", ": rank ", lo_rank[j], " is at ", detail::tagged_step_text(lo[j]), ", rank ", hi_rank[j],
                                        " at ", detail::tagged_step_text(hi[j]), "; a rank kept (commit) a step that "
                                        "another dropped (cancel), or retried a step the others kept. Every rank must "
                                        "commit or cancel each step alike.", detail::bucket_hint(tagged ? 1 : 0)));

@@ -124,7 +124,7 @@ class SparseReduceScatter {
   void set_skips_nonfinite(bool skips) { skips_ = skips; }
 
   //! The tag added to the step in the headers (detail/check_tag.hpp; OkTopK's, set by Bucketed).
-  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
 
   //! Starts a step over n entries, of which every rank contributes at most k (the same n,

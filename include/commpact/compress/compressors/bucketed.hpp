@@ -60,13 +60,16 @@
 //!   queued work at each bucket's fence, on the worker (tests/test_space_bucketed.cpp).
 //! - Buckets checked: bucket b's compressor carries b + 1 as its check tag (set_check_tag,
 //!   detail/check_tag.hpp) in its per-step check, so that a rank whose bucket meets
-//!   another bucket on the others (it cancelled a step after some buckets had started and
-//!   retried it while the others went on) raises mismatch_error on every rank in that
-//!   step, and no bucket's step is kept. Every compressor commpact ships has the tag
-//!   (gTopK: bucket differences that are multiples of 16 go unseen); a user's compressor
-//!   without set_check_tag is not checked for it. No byte is added. At the first step
-//!   the retried bucket's first-step agreement meets the others' step instead, which only
-//!   a communicator that checks its calls sees (ThreadComm; MpiComm by default).
+//!   another bucket of the same size on the others (it cancelled a step after some
+//!   buckets had started and retried it while the others went on) raises mismatch_error
+//!   on every rank in that step, and no bucket's step is kept (buckets of other sizes:
+//!   the communicator's call check, where it has one). Every compressor commpact ships
+//!   has the tag (gTopK: bucket differences that are multiples of 16 may go unseen); a
+//!   user's compressor without set_check_tag is not checked for it. No byte is added. At
+//!   the very first step the others' next bucket runs its compressor's first-step
+//!   agreement against the retried bucket's step instead, which only a communicator that
+//!   checks its calls sees (ThreadComm; MpiComm by default); OkTopK, which has no
+//!   first-step agreement, raises from its headers there too.
 
 #include <algorithm>
 #include <atomic>

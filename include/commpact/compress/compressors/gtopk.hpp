@@ -197,7 +197,8 @@ class gTopK {
                                        m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
                                        "]; every rank must use the same options and step count."));
     if (!sparse_wire::one_step(m.cur.flags))
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count: rank ", me,
+      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count",
+                                       check_tag_ ? " or the bucket" : "", ": rank ", me,
                                        " is at step ", steps_,
                                        check_tag_ ? detail::cat(" in bucket ", check_tag_ - 1) : std::string{},
                                        " and another rank at another step; a "
@@ -279,7 +280,7 @@ class gTopK {
   std::int64_t steps() const { return steps_; }
   //! The tag added to the step count in this compressor's frames (0 alone; Bucketed sets 1
   //! + the bucket's index, detail/check_tag.hpp).
-  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity, in the space's memory.

@@ -213,7 +213,7 @@ class MajorityVote {
   std::int64_t steps() const { return steps_; }
   //! The tag added to the step count in this compressor's frame headers (0 alone;
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
-  void set_check_tag(std::uint32_t tag) { check_tag_ = tag; }
+  void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! Signum's momentum in the space's memory (empty for signSGD and before the first step).

@@ -5,7 +5,8 @@
 //! (kernels/ops.hpp). They read and write the step's frames in the space's memory:
 //! - reduce-scatter, per peer slot j of P: a 40-byte header (u32 magic "CPOK", u32 flags:
 //!   bit 0 non-finite input, bit 1 rejected input, bit 2 an estimation step, bit 3
-//!   on_nonfinite = skip_step; u64 count; i64 n, k, step) and a
+//!   on_nonfinite = skip_step; u64 count; i64 n, k, step, with the check tag of
+//!   detail/check_tag.hpp) and a
 //!   payload of 8k bytes' capacity: count int32 indices (ascending, in region j), then
 //!   count float32 values;
 //! - allgather, per origin slot o of P: 8 + 8 cap bytes: u32 origin, u32 count, count
