@@ -18,7 +18,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
-#include <string>
 
 #include "../comm/known_size.hpp"
 #include "../concepts.hpp"
@@ -71,13 +70,7 @@ class step_check {
     const auto h = host_.view();
     bool same[pieces];
     for (std::size_t i = 0; i < pieces; ++i) same[i] = h[2 * i] == -h[2 * i + 1];
-    if (!same[0] || !same[1] || (!same[2] && length < 0))
-      throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count",
-                               tag_ ? " or the bucket" : "", ": rank ", rank, " has ",
-                               step, tag_ ? cat(" in bucket ", tag_ - 1) : std::string{},
-                               " and another rank a different one; a rank kept (commit) a step that another "
-                               "dropped (cancel), or retried a step the others kept. Every rank must commit or cancel "
-                               "each step alike; restore every rank from one checkpoint to go on.", bucket_hint(tag_)));
+    if (!same[0] || !same[1] || (!same[2] && length < 0)) throw out_of_step(who, rank, step, tag_);
     if (!same[2])
       throw mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the gradient length: rank ", rank,
                                " has ", length, " floats at step ", step, " and another rank a different length (or "

@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "../error.hpp"
 
@@ -45,12 +46,29 @@ inline std::string tagged_step_text(std::int64_t v) {
   return cat("step ", step, " of bucket ", tag - 1);
 }
 
-//! What a step mismatch means under Bucketed (tag != 0), for the errors' text.
-inline const char* bucket_hint(std::uint32_t tag) {
-  return tag == 0 ? ""
-                  : " Under Bucketed this is also how a rank shows that it cancelled a step after some buckets had "
-                    "started and retried it while the others went on (its retried bucket met another bucket): every "
-                    "rank must cancel at the same point.";
+//! What a step mismatch means under Bucketed (a tagged check), for the errors' text.
+inline const char* bucket_hint(bool bucketed) {
+  return !bucketed ? ""
+                   : " Under Bucketed this is also how a rank shows that it cancelled a step after some buckets had "
+                     "started and retried it while the others went on (its retried bucket met another bucket): every "
+                     "rank must cancel at the same point.";
+}
+
+//! The error of ranks out of step (or, under Bucketed, in other buckets), one text for
+//! every check: `where` says which rank is at which step (tagged_step_text).
+inline mismatch_error out_of_step(std::string_view who, bool bucketed, const std::string& where) {
+  return mismatch_error(cat("commpact::", who, "::reduce: ranks disagree on the step count",
+                            bucketed ? " or the bucket" : "", ": ", where,
+                            "; a rank kept (commit) a step that another dropped (cancel), or retried a step the others "
+                            "kept. Every rank must commit or cancel each step alike; restore every rank from one "
+                            "checkpoint to go on.",
+                            bucket_hint(bucketed)));
+}
+//! The same, from a check that tells only that another rank differs (this rank's step and tag).
+inline mismatch_error out_of_step(std::string_view who, int rank, std::int64_t step, std::uint32_t tag) {
+  return out_of_step(who, tag != 0,
+                     cat("rank ", rank, " is at ", tagged_step_text(tagged_step(step, tag)),
+                         " and another rank at another step", tag != 0 ? " or bucket" : ""));
 }
 
 }  // namespace commpact::detail

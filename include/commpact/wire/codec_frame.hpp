@@ -137,14 +137,10 @@ inline std::uint16_t check_headers(std::span<const std::byte> hdrs, int P, std::
   for (int j = 0; j < 4; ++j) {
     if (j == 1 && (flags & rejected_input)) continue;
     if (lo[j] == hi[j]) continue;
-    if (j == 2) {  // the step, with the check tag of a Bucketed bucket (detail/check_tag.hpp)
-      const bool tagged = (lo[j] | hi[j]) >> detail::check_tag_shift != 0;
-      throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on the step count",
-                                       tagged ? " or the bucket" : "", ": rank ", lo_rank[j], " is at ", detail::tagged_step_text(lo[j]), ", rank ", hi_rank[j],
-                                       " at ", detail::tagged_step_text(hi[j]), "; a rank kept (commit) a step that "
-                                       "another dropped (cancel), or retried a step the others kept. Every rank must "
-                                       "commit or cancel each step alike.", detail::bucket_hint(tagged ? 1 : 0)));
-    }
+    if (j == 2)  // the step, with the check tag of a Bucketed bucket (detail/check_tag.hpp)
+      throw detail::out_of_step(who, (lo[j] | hi[j]) >> detail::check_tag_shift != 0,
+                                detail::cat("rank ", lo_rank[j], " is at ", detail::tagged_step_text(lo[j]), ", rank ",
+                                            hi_rank[j], " at ", detail::tagged_step_text(hi[j])));
     throw mismatch_error(detail::cat("commpact::", who, "::reduce: ranks disagree on ", what[j],
                                      ": the values range over [", lo[j], ", ", hi[j], "] (rank ", lo_rank[j], " has ",
                                      lo[j], ", rank ", hi_rank[j], " has ", hi[j],

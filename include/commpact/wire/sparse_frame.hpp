@@ -62,12 +62,13 @@ enum flag : std::uint16_t {
   flag_failed = 1u << 1,     //!< some rank of the sender's subtree rejected its input
 };
 //! Bits 4 to 15: the step counts of the sender's subtree (gTopK sets its own with
-//! step_flag, of its step plus its check tag, detail/check_tag.hpp), merged by OR: six pairs of bits, pair j at bits 4 + 2j and 5 + 2j, set to
-//! 01 when the step bit it carries is 0 and to 10 when it is 1. Pairs 0 to 3 carry step
-//! bits 0 to 3 at every step; pairs 4 and 5 carry step bits 4 + 2w and 5 + 2w, where the
-//! window w = step mod 16 (the same window on ranks whose counts agree modulo 16). A pair
-//! with both bits set means ranks out of step: a difference not a multiple of 16 shows at
-//! once, any difference below 2^36 within 16 steps. Bits 2 and 3 are reserved (zero).
+//! step_flag, of its step plus its check tag, detail/check_tag.hpp), merged by OR: six
+//! pairs of bits, pair j at bits 4 + 2j and 5 + 2j, set to 01 when the step bit it
+//! carries is 0 and to 10 when it is 1. Pairs 0 to 3 carry step bits 0 to 3 at every
+//! step; pairs 4 and 5 carry step bits 4 + 2w and 5 + 2w, where the window w = step mod
+//! 16 (the same window on ranks whose counts agree modulo 16). A pair with both bits set
+//! means ranks out of step: a difference not a multiple of 16 shows at once, any
+//! difference below 2^36 within 16 steps. Bits 2 and 3 are reserved (zero).
 inline constexpr std::uint16_t step_bits = 0xFFF0u;
 //! The step bits of step `step`.
 constexpr std::uint16_t step_flag(std::int64_t step) {

@@ -397,11 +397,12 @@ class SparseReduceScatter {
         wire_failure(detail::cat("rank ", j, "'s reduce-scatter header is malformed (magic or flags)"));
       if (h.n != static_cast<std::int64_t>(n_) || h.k != static_cast<std::int64_t>(k_) ||
           h.step != detail::tagged_step(step_, check_tag_))
-        throw mismatch_error(detail::cat("commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k, " at ",
-                                         detail::tagged_step_text(h.step), "; this rank (rank ", me, ") has n = ", n_,
-                                         ", k = ", k_, " at ", detail::tagged_step_text(detail::tagged_step(step_, check_tag_)),
-                                         ". Every rank must pass the same lengths with the same options and commit or "
-                                         "cancel each step alike.", detail::bucket_hint(check_tag_)));
+        throw mismatch_error(detail::cat(
+            "commpact::OkTopK::reduce: rank ", j, " has n = ", h.n, ", k = ", h.k, " at ",
+            detail::tagged_step_text(h.step), "; this rank (rank ", me, ") has n = ", n_, ", k = ", k_, " at ",
+            detail::tagged_step_text(detail::tagged_step(step_, check_tag_)),
+            ". Every rank must pass the same lengths with the same options and commit or cancel each step alike.",
+            detail::bucket_hint(check_tag_ != 0)));
       if ((h.flags ^ own.flags) & hok::flag_estimate)
         throw mismatch_error(detail::cat("commpact::OkTopK::reduce: at step ", step_, " rank ", j,
                                          (h.flags & hok::flag_estimate) ? " re-estimates" : " does not re-estimate",

@@ -196,15 +196,7 @@ class gTopK {
       throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on k: rank ", me, " has k = ",
                                        m.k, ", k ranges over [", m.cur.k_min, ", ", m.cur.k_max,
                                        "]; every rank must use the same options and step count."));
-    if (!sparse_wire::one_step(m.cur.flags))
-      throw mismatch_error(detail::cat("commpact::gTopK::reduce: ranks disagree on the step count",
-                                       check_tag_ ? " or the bucket" : "", ": rank ", me,
-                                       " is at step ", steps_,
-                                       check_tag_ ? detail::cat(" in bucket ", check_tag_ - 1) : std::string{},
-                                       " and another rank at another step; a "
-                                       "rank kept (commit) a step that another dropped (cancel), or retried a step the "
-                                       "others kept. Every rank must commit or cancel each step alike; restore every "
-                                       "rank from one checkpoint to go on.", detail::bucket_hint(check_tag_)));
+    if (!sparse_wire::one_step(m.cur.flags)) throw detail::out_of_step("gTopK", me, steps_, check_tag_);
     if (m.cur.flags & sparse_wire::flag_failed) detail::raise_rejected("gTopK", problem_, steps_);
     if (m.cur.flags & sparse_wire::flag_nonfinite) {
       if (opt_.on_nonfinite == nonfinite::raise)
