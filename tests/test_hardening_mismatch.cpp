@@ -404,7 +404,8 @@ C bucket_compressor(TC& comm) {
   else return maker<C>::make(comm, false);
 }
 TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some buckets started and retries while the "
-                   "others go on raises mismatch_error on every rank in that step",
+                   "others go on raises mismatch_error on every rank in that step; at the first step, when no "
+                   "bucket starts before reduce(), its retry is simply its first step",
                    "[hardening][mismatch]", Bucketed<Dense<TC>>, Bucketed<TopK<TC>>, Bucketed<gTopK<TreeComm<TC>>>,
                    Bucketed<OkTopK<TC>>, Bucketed<MajorityVote<TC>>, Bucketed<Fp16Allreduce<TC>>,
                    Bucketed<Bf16Allreduce<TC>>, Bucketed<PowerCompressor<2>>,
@@ -416,48 +417,75 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
                    (Bucketed<CodecCompressor<qsgd_codec, Allgather<DC>>>)) {
   const std::vector<std::size_t> layers = {48, 48, 48, 48};  // cap 0: four buckets of 48 floats
   constexpr std::size_t n = 4 * 48;
-  const int started = GENERATE(1, 2, 3);  // buckets rank 1 had started when it cancelled
+  const int started = GENERATE(1, 2, 3);  // buckets rank 1 had reported ready when it cancelled
   const bool warm = GENERATE(false, true);  // after a good step, or at the first
   CAPTURE(started, warm);
   using C = typename bucket_type<TestType>::type;
-  // At the first step the others' next bucket runs its compressor's first-step agreement
-  // against rank 1's retried bucket 0: only the communicator's call check sees that
-  // (architecture.md, known gaps). OkTopK has no first-step agreement: its headers see it.
-  if (!warm && !is_oktopk<C>) return;
-  std::vector<outcome> out(kP);
-  run_threads(kP, [&](TC& comm) {
-    const int r = comm.rank();
-    TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
-    outcome& o = out[static_cast<std::size_t>(r)];
-    auto overlapped = [&](auto grad) {
-      c.begin(grad);
-      for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
-      c.reduce(grad);
-    };
-    std::vector<float> g = normal(10 + r, n);
-    if (warm) {
-      run_into(o, [&] { on_space(c, g, overlapped); });
-      if (o.cls != "none") return;
-    }
-    const auto before = saved(c);
-    g = normal(20 + r, n);
-    run_into(o, [&] {
-      on_space(c, g, [&](auto grad) {
-        if (r == 1) {  // backward raised after `started` buckets went out: cancel, then retry
-          c.begin(grad);
-          for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
-          c.cancel();
-        }
-        overlapped(grad);
+  // One run at P = 3; with `cancel`, rank 1 reports `started` buckets' layers ready,
+  // cancels and retries (out[r].what, same_state, next: the step after), and `first`
+  // holds every rank's gradient after the cancelled (or only) step.
+  std::vector<std::vector<float>> first(kP);
+  auto scenario = [&](bool cancel) {
+    std::vector<outcome> out(kP);
+    run_threads(kP, [&](TC& comm) {
+      const int r = comm.rank();
+      TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
+      outcome& o = out[static_cast<std::size_t>(r)];
+      auto overlapped = [&](auto grad) {
+        c.begin(grad);
+        for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
+        c.reduce(grad);
+      };
+      std::vector<float> g = normal(10 + r, n);
+      if (warm) {
+        run_into(o, [&] { on_space(c, g, overlapped); });
+        if (o.cls != "none") return;
+      }
+      const auto before = saved(c);
+      g = normal(20 + r, n);
+      run_into(o, [&] {
+        on_space(c, g, [&](auto grad) {
+          if (cancel && r == 1) {  // backward raised after `started` buckets were ready: cancel, then retry
+            c.begin(grad);
+            for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
+            c.cancel();
+          }
+          overlapped(grad);
+        });
       });
+      first[static_cast<std::size_t>(r)] = g;
+      o.same_state = saved(c) == before;
+      outcome next;
+      std::vector<float> g2 = normal(30 + r, n);
+      run_into(next, [&] { on_space(c, g2, overlapped); });
+      o.next = next.cls == "none" ? "ok" : next.what;
+      o.next_result = g2;
     });
-    o.same_state = saved(c) == before;
-    outcome next;
-    std::vector<float> g2 = normal(30 + r, n);
-    run_into(next, [&] { on_space(c, g2, overlapped); });
-    o.next = next.cls == "none" ? "ok" : next.what;
-    o.next_result = g2;
-  });
+    return out;
+  };
+  if (!warm && !is_oktopk<C>) {
+    // At the first step no bucket starts before reduce() (needs_agreement()), so rank 1
+    // had sent nothing when it cancelled: every rank's first step and the next are those
+    // of a run without the cancel, bit for bit. (Before, its retried bucket 0 met the
+    // others' next bucket's first-step agreement, which only the communicator's call
+    // check saw.) OkTopK has no first-step agreement, so it is not held back: its
+    // headers raise at the first step as at any other.
+    const auto out = scenario(true);
+    const auto first_cancelled = first;
+    const auto plain = scenario(false);
+    for (int r = 0; r < kP; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      CAPTURE(r, out[i].what);
+      CHECK(out[i].cls == "none");
+      CHECK(plain[i].cls == "none");
+      CHECK(!out[i].same_state);  // the step was kept
+      CHECK(first_cancelled[i] == first[i]);
+      CHECK(out[i].next == "ok");
+      CHECK(out[i].next_result == plain[i].next_result);
+    }
+    return;
+  }
+  const auto out = scenario(true);
   for (int r = 0; r < kP; ++r) {
     const auto& o = out[static_cast<std::size_t>(r)];
     CAPTURE(r, o.what);
@@ -468,6 +496,139 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     CHECK(o.next == "ok");
     CHECK(o.next_result == out[0].next_result);
   }
+}
+
+// P = 3, four buckets of 48 floats (cap 0): `pre` good overlapped steps, then
+// `between(c)` on every rank, then a step in which (with `cancel`) rank 1 reports the
+// layers of `started` buckets ready, cancels and retries it, then one more step. Returns
+// every rank's error class and gradients after the last two steps.
+struct lone_cancel_result {
+  std::vector<std::string> cls = std::vector<std::string>(kP), what = std::vector<std::string>(kP);
+  std::vector<std::vector<float>> step = std::vector<std::vector<float>>(kP), next = step;
+};
+template <class B, class Make, class Between>
+lone_cancel_result lone_cancel_run(Make make, int pre, Between between, bool cancel, int started) {
+  const std::vector<std::size_t> layers = {48, 48, 48, 48};
+  constexpr std::size_t n = 4 * 48;
+  lone_cancel_result res;
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    const auto i = static_cast<std::size_t>(r);
+    B c{layers, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
+    auto overlapped = [&](std::span<float> grad) {
+      c.begin(grad);
+      for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
+      c.reduce(grad);
+    };
+    outcome o;
+    run_into(o, [&] {
+      for (int t = 0; t < pre; ++t) {
+        std::vector<float> g = normal(10 * t + r, n);
+        overlapped(g);
+      }
+      between(c);
+      res.step[i] = normal(100 + r, n);
+      std::span<float> grad(res.step[i]);
+      if (cancel && r == 1) {
+        c.begin(grad);
+        for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
+        c.cancel();
+      }
+      overlapped(grad);
+      res.next[i] = normal(200 + r, n);
+      overlapped(res.next[i]);
+    });
+    res.cls[i] = o.cls, res.what[i] = o.what;
+  });
+  return res;
+}
+
+// (No ": " far into a test name: Catch2 2.13's console reporter indents wrapped lines
+// by its position and throws on a failure's header when that passes the line width.)
+TEST_CASE("Bucketed holds back a step whose buckets agree first, so a rank that cancels during its backward and "
+          "retries gets the run without the cancel (a TopK density warm-up boundary, a load that did not fit)",
+          "[hardening][mismatch]") {
+  const int started = GENERATE(1, 2, 3);
+  CAPTURE(started);
+  auto same_as_plain = [&](auto tag, auto make, int pre, auto between) {
+    using B = typename decltype(tag)::type;
+    const auto with = lone_cancel_run<B>(make, pre, between, true, started);
+    const auto plain = lone_cancel_run<B>(make, pre, between, false, started);
+    for (int r = 0; r < kP; ++r) {
+      const auto i = static_cast<std::size_t>(r);
+      const std::string& what = with.what[i];
+      CAPTURE(r, what);
+      CHECK(with.cls[i] == "none");
+      CHECK(plain.cls[i] == "none");
+      CHECK(with.step[i] == plain.step[i]);
+      CHECK(with.next[i] == plain.next[i]);
+    }
+  };
+  SECTION("TopK: the density drops at step 2, so the message's capacity changes and the buckets agree again") {
+    using C = TopK<TC>;
+    auto make = [](TC& comm) { return C{comm, {.density = 0.0625, .density_warmup = {{0, 0.25}, {2, 0.0625}}}}; };
+    same_as_plain(std::type_identity<Bucketed<C>>{}, make, 2, [](auto&) {});
+  }
+  SECTION("gTopK: every rank loads a state saved before the first step, which clears the buckets' agreement") {
+    using C = gTopK<TreeComm<TC>>;
+    auto make = [](TC& comm) { return C{comm, {.density = 0.1}}; };
+    // The blob of a fresh Bucketed of the same plan, saved on each rank.
+    std::vector<std::vector<std::byte>> fresh(kP);
+    run_threads(kP, [&](TC& comm) {
+      Bucketed<C> c{{48, 48, 48, 48}, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
+      c.save_state(fresh[static_cast<std::size_t>(comm.rank())]);
+    });
+    same_as_plain(std::type_identity<Bucketed<C>>{}, make, 2, [&](Bucketed<C>& c) {
+      c.load_state(fresh[static_cast<std::size_t>(c.comm().rank())]);
+    });
+  }
+}
+
+template <class C>
+constexpr bool is_gtopk = false;
+template <class Comm>
+constexpr bool is_gtopk<gTopK<TreeComm<Comm>>> = true;
+template <class C>
+constexpr bool is_power = false;
+template <class S>
+constexpr bool is_power<PowerCompressor<2, S>> = true;
+
+TEMPLATE_TEST_CASE("needs_agreement: true before a compressor's first step and after what clears its agreement, "
+                   "false after a step and after a load of a state that fits (OkTopK: never)",
+                   "[hardening][mismatch]", Dense<TC>, TopK<TC>, gTopK<TreeComm<TC>>, OkTopK<TC>, MajorityVote<TC>,
+                   Fp16Allreduce<TC>, PowerCompressor<2>, (LinearCompressor<randomk_codec, TC>)) {
+  run_threads(1, [&](TC& comm) {
+    auto c = bucket_compressor<TestType>(comm);
+    const bool agrees = !is_oktopk<TestType>;
+    RANK_REQUIRE_EQ(c.needs_agreement(), agrees);
+    const auto fresh = saved(c);
+    std::vector<float> g = normal(1, 48);
+    step(c, g);
+    RANK_REQUIRE(!c.needs_agreement());
+    c.load_state(saved(c));  // a state that fits keeps the agreement
+    RANK_REQUIRE(!c.needs_agreement());
+    if constexpr (is_gtopk<TestType>) {
+      c.load_state(fresh);  // gTopK: an empty residual does not fit
+      RANK_REQUIRE(c.needs_agreement());
+      g = normal(2, 48);
+      step(c, g);
+      RANK_REQUIRE(!c.needs_agreement());
+      c.reset();
+      RANK_REQUIRE(c.needs_agreement());
+    }
+    if constexpr (is_power<TestType>) {
+      c.set_layout(tensor_layout{{6, 8}});
+      RANK_REQUIRE(c.needs_agreement());
+    }
+    if constexpr (std::is_same_v<TestType, Fp16Allreduce<TC>> ||
+                  std::is_same_v<TestType, LinearCompressor<randomk_codec, TC>>) {
+      auto other = bucket_compressor<TestType>(comm);  // a residual of another length
+      std::vector<float> h = normal(3, 96);
+      step(other, h);
+      c.load_state(saved(other));
+      RANK_REQUIRE(c.needs_agreement());
+    }
+  });
 }
 
 TEMPLATE_TEST_CASE("set_check_tag takes tags below 2^20 and refuses larger ones with invalid_argument",

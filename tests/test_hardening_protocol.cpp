@@ -319,6 +319,8 @@ TEST_CASE("a compressor whose step is started refuses to be moved; after finish(
     // Bucketed: buckets in flight on the worker refer to the object.
     using B = Bucketed<Dense<TC>>;
     auto b = maker<B>::make(comm);
+    auto x0 = input<B>(comm.rank(), 1);
+    good = good && b.reduce(std::span<float>(x0));  // buckets start during backward from the second step on
     auto x = input<B>(comm.rank(), 2);
     b.begin(std::span<float>(x));
     for (std::size_t l = kLayers.size(); l-- > 1;) b.ready(l);
@@ -338,8 +340,13 @@ TEST_CASE("backward_scope: an exception that unwinds the gradient ends the bucke
   run_threads(P, [&](TC& comm) {
     const int r = comm.rank();
     using B = Bucketed<Dense<TC>>;
-    DataParallel dp{maker<B>::make(comm), EveryStep{}, 4}, twin{maker<B>::make(comm), EveryStep{}, 4};
+    DataParallel dp{maker<B>::make(comm), EveryStep{}, 5}, twin{maker<B>::make(comm), EveryStep{}, 5};
     std::vector<float> p(kN, 1.0f), q = p;
+    {  // a first step: buckets start during backward from the second step on
+      std::vector<float> g = input<B>(r, 5), h = g;
+      dp.step(std::span<float>(p), std::span<float>(g), 0.1, sgd);
+      twin.step(std::span<float>(q), std::span<float>(h), 0.1, sgd);
+    }
     try {
       std::vector<float> g = input<B>(r, 0);  // declared after the driver: destroyed first
       backward_scope scope{dp, std::span<float>(g), 0.1};
@@ -358,7 +365,7 @@ TEST_CASE("backward_scope: an exception that unwinds the gradient ends the bucke
       twin.step(std::span<float>(q), std::span<float>(h), 0.1, sgd);
       good = good && p == q;
     }
-    ok[r] = good && dp.steps() == 4;
+    ok[r] = good && dp.steps() == 5;
   });
   for (int r = 0; r < P; ++r) CHECK(ok[r] == 1);
 }

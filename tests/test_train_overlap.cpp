@@ -165,6 +165,30 @@ TEST_CASE("Bucketed Dense equals unbucketed Dense bit for bit", "[train][overlap
   for (int r = 0; r < P; ++r) REQUIRE(ok[r] == 1);
 }
 
+// begin(), ready() for every layer, then finish() and commit() (no start()): finish()
+// starts what ready() did not, at a held step (the first: its buckets agree first) as at
+// a later one, so both steps equal reduce()'s.
+TEST_CASE("Bucketed: begin, ready and finish without start reduce every bucket, at the first step and after",
+          "[train][overlap]") {
+  const int P = 3;
+  const std::size_t n = model_size();
+  std::vector<int> ok(P, 0);
+  run_threads(P, [&](ThreadComm& comm) {
+    auto b = make_bucketed<dense_kind>(comm, 256), ref = make_bucketed<dense_kind>(comm, 256);
+    bool good = b.buckets() > 2;
+    for (int t = 0; t < 2; ++t) {
+      auto g = gradient(comm.rank(), t, n), h = g;
+      b.begin(g);
+      for (std::size_t l = kShapes.size(); l-- > 0;) b.ready(l);
+      good = good && b.finish();
+      b.commit();
+      good = good && ref.reduce(h) && g == h;
+    }
+    ok[comm.rank()] = good && b.compressor(0).steps() == 2;
+  });
+  for (int r = 0; r < P; ++r) REQUIRE(ok[r] == 1);
+}
+
 // The bytes of Bucketed<Dense>, exactly: each bucket's Dense (its ring allreduce of the
 // bucket's floats and its 6-float step check every step, its 3-int64 first-step
 // agreement) plus Bucketed's own 7-int64 agreement, once. So over S steps it sends
@@ -375,6 +399,8 @@ TEST_CASE("Bucketed: a rank that fails during backward makes the others raise in
         const int r = comm.rank();
         auto g = gradient(r, 0, model_size());  // outlives b: buckets in flight write into it
         auto b = make_bucketed<dense_kind>(comm, 200);  // buckets {4, 5}, {2, 3}, {0, 1}
+        auto w = gradient(r, 1, model_size());
+        b.reduce(w);  // a first step: buckets start during backward from the second step on
         b.begin(g);
         b.ready(5);
         b.ready(4);  // bucket 0 is in flight on every rank

@@ -59,7 +59,8 @@ concept codec_has_delivered = requires(const K& k) {
 //! - `decode_add(msg, acc) const`: validates a message for a vector of acc.size()
 //!   values (raising commpact::wire_error when it is malformed, before writing) and adds
 //!   what it decodes to acc.
-//! Optional: `begin_step(step)` (schedules, random streams), `bind_rank(rank)` (called
+//! Optional: `begin_step(step)` (schedules, random streams; it sets the step the next
+//! calls use and nothing else, and may be called more than once for one step), `bind_rank(rank)` (called
 //! once with the compressor's rank, so that stochastic codecs draw per-rank streams), `check(n) -> string` (why n cannot be
 //! encoded; empty when it can), `agreement(n) -> int64` (a value every rank must share,
 //! such as k), `delivered() -> span<const int32_t>` (a sparse codec's delivered indices,

@@ -55,6 +55,7 @@
 //! Overlap: with a Bucketed compressor (compress/compressors/bucketed.hpp), begin_backward(grads, lr)
 //! before backward and grad_ready(layer) during it start each bucket's reduction while
 //! backward goes on; step() then waits for them. Bit for bit the same as step() alone.
+//! At a step whose buckets agree first (the first step) the buckets start at step().
 //! The buckets in flight write the gradient until step() or cancel_backward(): hold the
 //! step in a backward_scope declared after the gradient, so that an exception that
 //! unwinds the gradient's scope ends the buckets before the gradient is freed.

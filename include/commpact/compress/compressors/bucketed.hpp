@@ -23,7 +23,12 @@
 //!   last layers. A bucket is a contiguous range of the flat buffer.
 //! - Order: a bucket starts when all its layers are ready and every bucket before it has
 //!   started, so every rank starts the same reductions in the same order whatever order
-//!   its layers became ready in.
+//!   its layers became ready in. A step at which some bucket's compressor begins with
+//!   its agreement (`needs_agreement()`: the first step, one after a load_state that did
+//!   not fit, after gTopK's reset() or PowerCompressor's set_layout, a TopK density
+//!   warm-up boundary) starts its buckets at start() (or finish()), after backward, so
+//!   that a bucket started during backward only ever meets the others' steps (see
+//!   "Buckets checked"). A compressor without needs_agreement() is never held back.
 //! - Where it runs: started buckets run on one background thread (detail::serial_worker),
 //!   in order, through each bucket's own compressor, so this works for every Compressor
 //!   (Dense, TopK, gTopK, PowerSGD, any CodecCompressor) on every communicator usable
@@ -66,10 +71,9 @@
 //!   the communicator's call check, where it has one). Every compressor commpact ships
 //!   has the tag (gTopK: bucket differences that are multiples of 16 may go unseen); a
 //!   user's compressor without set_check_tag is not checked for it. No byte is added. At
-//!   the very first step the others' next bucket runs its compressor's first-step
-//!   agreement against the retried bucket's step instead, which only a communicator that
-//!   checks its calls sees (ThreadComm; MpiComm by default); OkTopK, which has no
-//!   first-step agreement, raises from its headers there too.
+//!   a step whose buckets agree first (the first step) no bucket starts before reduce(),
+//!   so a rank that cancels during that backward has sent nothing and its retry is simply
+//!   that step, like the others'.
 
 #include <algorithm>
 #include <atomic>
@@ -200,7 +204,8 @@ class Bucketed : private detail::bucketed_step_flags {
   }
 
   //! Before backward: the buckets of `grad` (the flat gradient, total_size() floats) will
-  //! start as their layers become ready. `grad` must outlive the step: started buckets
+  //! start as their layers become ready (at a step whose buckets agree first, such as the
+  //! first step: at reduce()). `grad` must outlive the step: started buckets
   //! write into it until reduce() or cancel() (or the destructor) has waited for them.
   void begin(span<float> grad) {
     require(!active_ && !open_ && !inline_ && !finished_,
@@ -214,6 +219,9 @@ class Bucketed : private detail::bucketed_step_flags {
     }
     agree_length(grad, "begin");
     new_step(grad);
+    hold_ = false;
+    if constexpr (requires(C& c) { { c.needs_agreement() } -> std::convertible_to<bool>; })
+      for (auto& c : comps_) hold_ = hold_ || c.needs_agreement();
     active_ = true;
     started_ = 0;
     std::fill(pending_.begin(), pending_.end(), 0);
@@ -222,7 +230,8 @@ class Bucketed : private detail::bucketed_step_flags {
   }
 
   //! Layer `layer`'s gradient (forward index) is final: starts every bucket that is
-  //! complete and whose predecessors have started. A no-op outside begin()..reduce().
+  //! complete and whose predecessors have started (at a step whose buckets agree first:
+  //! none; reduce() starts them). A no-op outside begin()..reduce().
   void ready(std::size_t layer) {
     if (!active_) return;
     require(layer < layers_.size(), "commpact::Bucketed::ready: layer ", layer, " is outside [0, ", layers_.size(),
@@ -231,6 +240,7 @@ class Bucketed : private detail::bucketed_step_flags {
             " was already reported in this step; report each layer once per step.");
     layer_ready_[layer] = 1;
     --pending_[bucket_of_[layer]];
+    if (hold_) return;  // a step whose buckets agree first starts them at start() (see hold_)
     while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
   }
 
@@ -273,6 +283,10 @@ class Bucketed : private detail::bucketed_step_flags {
   bool finish() {
     require(active_ || inline_, "commpact::Bucketed::finish: no step was started; call start(grad) (or begin()).");
     if (active_) {
+      // A held step (hold_) after begin() and ready() without start(): start what ready()
+      // would have started.
+      if (!start_called_)
+        while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
       worker_->drain();
       pending_handles_.clear();
       active_ = false;
@@ -504,6 +518,17 @@ class Bucketed : private detail::bucketed_step_flags {
   std::exception_ptr error_;
   bool skipped_ = false;
   bool agreed_ = false;  // the first step's agreement passed
+  // This step (begin()) begins some bucket's step with its compressor's agreement
+  // (needs_agreement(): the first step, one after a load_state whose residual did not
+  // fit, gTopK's reset() or PowerCompressor's set_layout, CodecCompressor's warm-up
+  // boundaries): ready() only counts, and start() starts every
+  // bucket after backward. A rank that cancels during that backward has then sent
+  // nothing, and its retry meets the others' same step, instead of its bucket 0's step
+  // meeting another bucket's agreement (a call of another size, which a communicator that
+  // checks nothing would not match). The compressors' agreements are the same on every
+  // rank that made the same calls, so every rank holds the same steps back; and holding
+  // back changes timing only, never the calls.
+  bool hold_ = false;
   typename space_type::template buffer<float> odd_buf_;  // bucket 0's input when odd()
 };
 

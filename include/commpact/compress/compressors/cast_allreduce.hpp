@@ -205,6 +205,10 @@ class CastAllreduce {
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { step_check_.set_tag(tag); }
   std::uint32_t check_tag() const { return step_check_.tag(); }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step, the first after a load_state whose residual did not fit).
+  //! Bucketed starts no bucket during backward at such a step.
+  bool needs_agreement() const { return !agreed_; }
   std::int64_t skipped_steps() const { return skipped_; }
   Comm& comm() { return comm_; }
 

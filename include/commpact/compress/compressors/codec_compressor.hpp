@@ -232,6 +232,16 @@ class CodecCompressor {
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step, the first after a load_state whose residual did not fit,
+  //! a density warm-up step where the message's capacity changes). Bucketed starts no
+  //! bucket during backward at such a step.
+  //! Not const: sets the codec's step to the next step's, as start() does.
+  bool needs_agreement() {
+    if (!agreed_) return true;
+    if constexpr (req::codec_has_begin_step<Codec>) codec_.begin_step(steps_);
+    return capacity(static_cast<std::size_t>(n_)) != cap_;
+  }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity in the space's memory (empty before the first
   //! committed step).

@@ -146,6 +146,9 @@ class Dense {
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { step_check_.set_tag(tag); }
   std::uint32_t check_tag() const { return step_check_.tag(); }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step). Bucketed starts no bucket during backward at such a step.
+  bool needs_agreement() const { return checked_size_ < 0; }
   std::int64_t skipped_steps() const { return skipped_; }
   Comm& comm() { return comm_; }
 

@@ -274,6 +274,10 @@ class gTopK {
   //! + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step, the first after reset() or after a load_state whose
+  //! residual did not fit). Bucketed starts no bucket during backward at such a step.
+  bool needs_agreement() const { return !agreed_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual and the velocity, in the space's memory.
   span<const float> residual() const { return ef_.residual(); }

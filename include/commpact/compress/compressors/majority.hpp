@@ -215,6 +215,9 @@ class MajorityVote {
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { check_tag_ = detail::checked_tag(tag); }
   std::uint32_t check_tag() const { return check_tag_; }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step). Bucketed starts no bucket during backward at such a step.
+  bool needs_agreement() const { return !agreed_; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! Signum's momentum in the space's memory (empty for signSGD and before the first step).
   span<const float> momentum() const { return m_.cview().first(m_n_); }

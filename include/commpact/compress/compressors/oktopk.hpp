@@ -248,6 +248,9 @@ class OkTopK {
   //! 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { agg_.set_check_tag(tag); }
   std::uint32_t check_tag() const { return agg_.check_tag(); }
+  //! False: OkTopK has no first-step agreement (its reduce-scatter headers carry the
+  //! length and the step at every step), so Bucketed never holds its buckets back.
+  bool needs_agreement() const { return false; }
   std::int64_t skipped_steps() const { return skipped_; }
   //! The residual, in the space's memory (empty before the first step).
   span<const float> residual() const { return ef_.residual(); }

@@ -362,6 +362,10 @@ class PowerCompressor {
   //! Bucketed sets 1 + the bucket's index, detail/check_tag.hpp).
   void set_check_tag(std::uint32_t tag) { step_check_.set_tag(tag); }
   std::uint32_t check_tag() const { return step_check_.tag(); }
+  //! True when the next start() begins with this compressor's agreement (one small
+  //! allreduce: the first step, the first after set_layout). Bucketed starts no bucket
+  //! during backward at such a step.
+  bool needs_agreement() const { return !checked_; }
   std::int64_t skipped_steps() const { return skipped_; }
   const options& opts() const { return opt_; }
   comm_type& comm() { return comm_; }
