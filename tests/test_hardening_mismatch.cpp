@@ -403,6 +403,58 @@ C bucket_compressor(TC& comm) {
   if constexpr (requires { C::default_rank; }) return C{comm_for<C>(comm), tensor_layout{{6, 8}}};
   else return maker<C>::make(comm, false);
 }
+// P = 3, four buckets of 48 floats (cap 0), each bucket's compressor from `make(comm)`:
+// `pre` good overlapped steps, then `between(c)` on every rank, then a step in which
+// (with `cancel`) rank 1 reports the layers of `started` buckets ready, cancels and
+// retries it, then one more step. out[r]: that step's outcome (same_state: the state as
+// before it) and the next's; step[r]: the gradient after it.
+struct lone_cancel_result {
+  std::vector<outcome> out = std::vector<outcome>(kP);
+  std::vector<std::vector<float>> step = std::vector<std::vector<float>>(kP);
+};
+template <class B, class Make, class Between>
+lone_cancel_result lone_cancel_run(Make make, int pre, Between between, bool cancel, int started) {
+  const std::vector<std::size_t> layers = {48, 48, 48, 48};
+  constexpr std::size_t n = 4 * 48;
+  lone_cancel_result res;
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    const auto i = static_cast<std::size_t>(r);
+    B c{layers, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
+    outcome& o = res.out[i];
+    auto overlapped = [&](auto grad) {
+      c.begin(grad);
+      for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
+      c.reduce(grad);
+    };
+    for (int t = 0; t < pre; ++t) {
+      std::vector<float> g = normal(10 * (t + 1) + r, n);
+      run_into(o, [&] { on_space(c, g, overlapped); });
+      if (o.cls != "none") return;
+    }
+    between(c);
+    const auto before = saved(c);
+    res.step[i] = normal(100 + r, n);
+    run_into(o, [&] {
+      on_space(c, res.step[i], [&](auto grad) {
+        if (cancel && r == 1) {  // backward raised after `started` buckets were ready: cancel, then retry
+          c.begin(grad);
+          for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
+          c.cancel();
+        }
+        overlapped(grad);
+      });
+    });
+    o.same_state = saved(c) == before;
+    outcome next;
+    std::vector<float> g2 = normal(200 + r, n);
+    run_into(next, [&] { on_space(c, g2, overlapped); });
+    o.next = next.cls == "none" ? "ok" : next.what;
+    o.next_result = g2;
+  });
+  return res;
+}
+
 TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some buckets started and retries while the "
                    "others go on raises mismatch_error on every rank in that step; at the first step, when no "
                    "bucket starts before reduce(), its retry is simply its first step",
@@ -415,54 +467,12 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
                    Bucketed<Fp16Allreduce<DC>>, (Bucketed<PowerCompressor<2, deferred_space>>),
                    (Bucketed<LinearCompressor<randomk_codec, DC>>),
                    (Bucketed<CodecCompressor<qsgd_codec, Allgather<DC>>>)) {
-  const std::vector<std::size_t> layers = {48, 48, 48, 48};  // cap 0: four buckets of 48 floats
-  constexpr std::size_t n = 4 * 48;
   const int started = GENERATE(1, 2, 3);  // buckets rank 1 had reported ready when it cancelled
   const bool warm = GENERATE(false, true);  // after a good step, or at the first
   CAPTURE(started, warm);
   using C = typename bucket_type<TestType>::type;
-  // One run at P = 3; with `cancel`, rank 1 reports `started` buckets' layers ready,
-  // cancels and retries (out[r].what, same_state, next: the step after), and `first`
-  // holds every rank's gradient after the cancelled (or only) step.
-  std::vector<std::vector<float>> first(kP);
-  auto scenario = [&](bool cancel) {
-    std::vector<outcome> out(kP);
-    run_threads(kP, [&](TC& comm) {
-      const int r = comm.rank();
-      TestType c{layers, [&](const bucket_info&) { return bucket_compressor<C>(comm); }, {.cap_bytes = 0}};
-      outcome& o = out[static_cast<std::size_t>(r)];
-      auto overlapped = [&](auto grad) {
-        c.begin(grad);
-        for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
-        c.reduce(grad);
-      };
-      std::vector<float> g = normal(10 + r, n);
-      if (warm) {
-        run_into(o, [&] { on_space(c, g, overlapped); });
-        if (o.cls != "none") return;
-      }
-      const auto before = saved(c);
-      g = normal(20 + r, n);
-      run_into(o, [&] {
-        on_space(c, g, [&](auto grad) {
-          if (cancel && r == 1) {  // backward raised after `started` buckets were ready: cancel, then retry
-            c.begin(grad);
-            for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
-            c.cancel();
-          }
-          overlapped(grad);
-        });
-      });
-      first[static_cast<std::size_t>(r)] = g;
-      o.same_state = saved(c) == before;
-      outcome next;
-      std::vector<float> g2 = normal(30 + r, n);
-      run_into(next, [&] { on_space(c, g2, overlapped); });
-      o.next = next.cls == "none" ? "ok" : next.what;
-      o.next_result = g2;
-    });
-    return out;
-  };
+  const auto make = [](TC& comm) { return bucket_compressor<C>(comm); };
+  const auto nothing = [](TestType&) {};
   if (!warm && !is_oktopk<C>) {
     // At the first step no bucket starts before reduce() (needs_agreement()), so rank 1
     // had sent nothing when it cancelled: every rank's first step and the next are those
@@ -470,22 +480,21 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     // others' next bucket's first-step agreement, which only the communicator's call
     // check saw.) OkTopK has no first-step agreement, so it is not held back: its
     // headers raise at the first step as at any other.
-    const auto out = scenario(true);
-    const auto first_cancelled = first;
-    const auto plain = scenario(false);
+    const auto with = lone_cancel_run<TestType>(make, 0, nothing, true, started);
+    const auto plain = lone_cancel_run<TestType>(make, 0, nothing, false, started);
     for (int r = 0; r < kP; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      CAPTURE(r, out[i].what);
-      CHECK(out[i].cls == "none");
-      CHECK(plain[i].cls == "none");
-      CHECK(!out[i].same_state);  // the step was kept
-      CHECK(first_cancelled[i] == first[i]);
-      CHECK(out[i].next == "ok");
-      CHECK(out[i].next_result == plain[i].next_result);
+      CAPTURE(r, with.out[i].what);
+      CHECK(with.out[i].cls == "none");
+      CHECK(plain.out[i].cls == "none");
+      CHECK(!with.out[i].same_state);  // the step was kept
+      CHECK(with.step[i] == plain.step[i]);
+      CHECK(with.out[i].next == "ok");
+      CHECK(with.out[i].next_result == plain.out[i].next_result);
     }
     return;
   }
-  const auto out = scenario(true);
+  const auto out = lone_cancel_run<TestType>(make, warm ? 1 : 0, nothing, true, started).out;
   for (int r = 0; r < kP; ++r) {
     const auto& o = out[static_cast<std::size_t>(r)];
     CAPTURE(r, o.what);
@@ -496,51 +505,6 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
     CHECK(o.next == "ok");
     CHECK(o.next_result == out[0].next_result);
   }
-}
-
-// P = 3, four buckets of 48 floats (cap 0): `pre` good overlapped steps, then
-// `between(c)` on every rank, then a step in which (with `cancel`) rank 1 reports the
-// layers of `started` buckets ready, cancels and retries it, then one more step. Returns
-// every rank's error class and gradients after the last two steps.
-struct lone_cancel_result {
-  std::vector<std::string> cls = std::vector<std::string>(kP), what = std::vector<std::string>(kP);
-  std::vector<std::vector<float>> step = std::vector<std::vector<float>>(kP), next = step;
-};
-template <class B, class Make, class Between>
-lone_cancel_result lone_cancel_run(Make make, int pre, Between between, bool cancel, int started) {
-  const std::vector<std::size_t> layers = {48, 48, 48, 48};
-  constexpr std::size_t n = 4 * 48;
-  lone_cancel_result res;
-  run_threads(kP, [&](TC& comm) {
-    const int r = comm.rank();
-    const auto i = static_cast<std::size_t>(r);
-    B c{layers, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
-    auto overlapped = [&](std::span<float> grad) {
-      c.begin(grad);
-      for (std::size_t l = layers.size(); l-- > 0;) c.ready(l);
-      c.reduce(grad);
-    };
-    outcome o;
-    run_into(o, [&] {
-      for (int t = 0; t < pre; ++t) {
-        std::vector<float> g = normal(10 * t + r, n);
-        overlapped(g);
-      }
-      between(c);
-      res.step[i] = normal(100 + r, n);
-      std::span<float> grad(res.step[i]);
-      if (cancel && r == 1) {
-        c.begin(grad);
-        for (int l = 0; l < started; ++l) c.ready(layers.size() - 1 - static_cast<std::size_t>(l));
-        c.cancel();
-      }
-      overlapped(grad);
-      res.next[i] = normal(200 + r, n);
-      overlapped(res.next[i]);
-    });
-    res.cls[i] = o.cls, res.what[i] = o.what;
-  });
-  return res;
 }
 
 // (No ": " far into a test name: Catch2 2.13's console reporter indents wrapped lines
@@ -556,12 +520,13 @@ TEST_CASE("Bucketed holds back a step whose buckets agree first, so a rank that 
     const auto plain = lone_cancel_run<B>(make, pre, between, false, started);
     for (int r = 0; r < kP; ++r) {
       const auto i = static_cast<std::size_t>(r);
-      const std::string& what = with.what[i];
+      const std::string& what = with.out[i].what;
       CAPTURE(r, what);
-      CHECK(with.cls[i] == "none");
-      CHECK(plain.cls[i] == "none");
+      CHECK(with.out[i].cls == "none");
+      CHECK(plain.out[i].cls == "none");
       CHECK(with.step[i] == plain.step[i]);
-      CHECK(with.next[i] == plain.next[i]);
+      CHECK(with.out[i].next == "ok");
+      CHECK(with.out[i].next_result == plain.out[i].next_result);
     }
   };
   SECTION("TopK: the density drops at step 2, so the message's capacity changes and the buckets agree again") {

@@ -240,8 +240,7 @@ class Bucketed : private detail::bucketed_step_flags {
             " was already reported in this step; report each layer once per step.");
     layer_ready_[layer] = 1;
     --pending_[bucket_of_[layer]];
-    if (hold_) return;  // a step whose buckets agree first starts them at start() (see hold_)
-    while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
+    if (!hold_) launch_complete();  // a step whose buckets agree first starts them at start() (see hold_)
   }
 
   //! Averages grad over the ranks: start + finish + commit. Returns false when some
@@ -285,8 +284,7 @@ class Bucketed : private detail::bucketed_step_flags {
     if (active_) {
       // A held step (hold_) after begin() and ready() without start(): start what ready()
       // would have started.
-      if (!start_called_)
-        while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
+      if (!start_called_) launch_complete();
       worker_->drain();
       pending_handles_.clear();
       active_ = false;
@@ -463,6 +461,10 @@ class Bucketed : private detail::bucketed_step_flags {
   }
 
   void launch(std::size_t b) { pending_handles_.push_back(worker_->submit([this, b] { run(b); })); }
+  // Starts, in order, every bucket whose layers are all ready and whose predecessors have started.
+  void launch_complete() {
+    while (started_ < info_.size() && pending_[started_] == 0) launch(started_++);
+  }
 
   // Runs bucket b (on the worker, or inline) and leaves its step open; records the first
   // error and stops later buckets.
