@@ -510,7 +510,7 @@ TEMPLATE_TEST_CASE("Bucketed with overlap: a rank that cancels after some bucket
 // (No ": " far into a test name: Catch2 2.13's console reporter indents wrapped lines
 // by its position and throws on a failure's header when that passes the line width.)
 TEST_CASE("Bucketed holds back a step whose buckets agree first, so a rank that cancels during its backward and "
-          "retries gets the run without the cancel (a TopK density warm-up boundary, a load that did not fit)",
+          "retries gets the run without the cancel (a TopK density warm-up boundary)",
           "[hardening][mismatch]") {
   const int started = GENERATE(1, 2, 3);
   CAPTURE(started);
@@ -534,18 +534,35 @@ TEST_CASE("Bucketed holds back a step whose buckets agree first, so a rank that 
     auto make = [](TC& comm) { return C{comm, {.density = 0.0625, .density_warmup = {{0, 0.25}, {2, 0.0625}}}}; };
     same_as_plain(std::type_identity<Bucketed<C>>{}, make, 2, [](auto&) {});
   }
-  SECTION("gTopK: every rank loads a state saved before the first step, which clears the buckets' agreement") {
-    using C = gTopK<TreeComm<TC>>;
-    auto make = [](TC& comm) { return C{comm, {.density = 0.1}}; };
-    // The blob of a fresh Bucketed of the same plan, saved on each rank.
-    std::vector<std::vector<std::byte>> fresh(kP);
-    run_threads(kP, [&](TC& comm) {
-      Bucketed<C> c{{48, 48, 48, 48}, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
-      c.save_state(fresh[static_cast<std::size_t>(comm.rank())]);
-    });
-    same_as_plain(std::type_identity<Bucketed<C>>{}, make, 2, [&](Bucketed<C>& c) {
-      c.load_state(fresh[static_cast<std::size_t>(c.comm().rank())]);
-    });
+}
+
+// A state saved before the first step has an empty residual, which fits: the buckets keep
+// their agreement through the load, are not held back, and a lone cancel and retry is
+// caught as at any later step (gTopK used to clear its agreement there, so the step was
+// held back on ranks that loaded and not on one that did not).
+TEST_CASE("Bucketed of gTopK keeps its agreement through a load of a state saved before the first step",
+          "[hardening][mismatch]") {
+  const int started = GENERATE(1, 2, 3);
+  CAPTURE(started);
+  using C = gTopK<TreeComm<TC>>;
+  auto make = [](TC& comm) { return C{comm, {.density = 0.1}}; };
+  // The blob of a fresh Bucketed of the same plan, saved on each rank.
+  std::vector<std::vector<std::byte>> fresh(kP);
+  run_threads(kP, [&](TC& comm) {
+    Bucketed<C> c{{48, 48, 48, 48}, [&](const bucket_info&) { return make(comm); }, {.cap_bytes = 0}};
+    c.save_state(fresh[static_cast<std::size_t>(comm.rank())]);
+  });
+  const auto load = [&](Bucketed<C>& c) { c.load_state(fresh[static_cast<std::size_t>(c.comm().rank())]); };
+  const auto out = lone_cancel_run<Bucketed<C>>(make, 2, load, true, started).out;
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK(!from_the_communicator(o.what));
+    CHECK(o.what.find("met another bucket") != std::string::npos);
+    CHECK(o.same_state);
+    CHECK(o.next == "ok");
+    CHECK(o.next_result == out[0].next_result);
   }
 }
 
@@ -572,12 +589,9 @@ TEMPLATE_TEST_CASE("needs_agreement: true before a compressor's first step and a
     RANK_REQUIRE(!c.needs_agreement());
     c.load_state(saved(c));  // a state that fits keeps the agreement
     RANK_REQUIRE(!c.needs_agreement());
+    c.load_state(fresh);  // an empty residual fits too
+    RANK_REQUIRE(!c.needs_agreement());
     if constexpr (is_gtopk<TestType>) {
-      c.load_state(fresh);  // gTopK: an empty residual does not fit
-      RANK_REQUIRE(c.needs_agreement());
-      g = normal(2, 48);
-      step(c, g);
-      RANK_REQUIRE(!c.needs_agreement());
       c.reset();
       RANK_REQUIRE(c.needs_agreement());
     }
@@ -909,6 +923,35 @@ TEMPLATE_LIST_TEST_CASE("a rank that reloads its own state alone steps on with t
     });
   }
   for (int r = 0; r < kP; ++r) CHECK(with[static_cast<std::size_t>(r)] == without[static_cast<std::size_t>(r)]);
+}
+
+// A rank that loads alone a state saved before any step was kept (its own, saved at
+// construction): an empty residual fits every compressor's agreement, so that rank makes
+// the same calls as the others at the next step, where its step count differs: every
+// rank raises mismatch_error from the step's own check, never from the communicator's
+// check of the calls (gTopK used to count an empty residual as not fitting and agreed
+// alone: an allreduce against the others' tree exchange).
+TEMPLATE_LIST_TEST_CASE("a rank that loads alone a state saved before its first step is out of step on every rank",
+                        "[hardening][mismatch]", every_compressor) {
+  std::vector<outcome> out(kP);
+  run_threads(kP, [&](TC& comm) {
+    const int r = comm.rank();
+    auto c = maker<TestType>::make(comm, false);
+    const auto fresh = saved(c);
+    for (int s = 0; s < 3; ++s) {
+      std::vector<float> g = normal(static_cast<std::uint64_t>(10 * s + r), kN);
+      step(c, g);
+    }
+    if (r == 1) c.load_state(fresh);
+    std::vector<float> g = normal(static_cast<std::uint64_t>(40 + r), kN);
+    run_into(out[static_cast<std::size_t>(r)], [&] { step(c, g); });
+  });
+  for (int r = 0; r < kP; ++r) {
+    const auto& o = out[static_cast<std::size_t>(r)];
+    CAPTURE(r, o.what);
+    CHECK(o.cls == typeid(mismatch_error).name());
+    CHECK_FALSE(from_the_communicator(o.what));
+  }
 }
 
 // A random walk over the ways ranks can differ, the same plan on every rank: at each of 8

@@ -112,6 +112,10 @@ TEST_CASE("QSR: single decisions, warm-up and alpha = 0", "[sync][qsr]") {
   CHECK(vit.plan(500, 1e-5).period == 3062500);  // 1750^2
   CHECK(QSRPolicy{0.0, 3, 0}.plan(5, 1e-9).period == 3);
   CHECK(QSRPolicy{0.25, 2}.warmup() == 0);
+  // floor(q * q) in doubles, as Python's math.floor((alpha / lr) ** 2) (docs/sync.md):
+  // 0.3 / 0.1 = 2.9999999999999996, so 8; 0.5 / 0.25 = 2 exactly, so 4.
+  CHECK(QSRPolicy{0.3, 1, 0}.plan(0, 0.1).period == 8);
+  CHECK(QSRPolicy{0.5, 1, 0}.plan(0, 0.25).period == 4);
 }
 
 TEST_CASE("QSR saturates huge periods instead of overflowing", "[sync][qsr]") {

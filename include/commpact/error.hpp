@@ -83,6 +83,10 @@ std::string cat(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
+//! s without its final full stop, for quoting a reason inside a sentence that adds its own.
+inline std::string_view without_stop(std::string_view s) {
+  return !s.empty() && s.back() == '.' ? s.substr(0, s.size() - 1) : s;
+}
 }  // namespace detail
 
 //! Throws E with the concatenation of args when cond is false.

@@ -272,7 +272,7 @@ class thread_world {
     dead_[rank] = true;
     cv_.notify_all();
     throw peer_failure(cat("commpact::ThreadComm: rank ", rank, " abandoned ", what, " because the world failed: ",
-                           failure_, "."));
+                           without_stop(failure_), "."));
   }
 
   void throw_if_failed_locked(int rank, const char* what) {
@@ -339,7 +339,7 @@ class thread_world {
       for (int r = 0; r < size_; ++r) {
         if (left_[r] && !arrived_[r]) {
           mark_dead_locked(rank, cat("rank ", r, " returned while rank ", rank, " waited for it in ", what));
-          throw peer_failure(cat("commpact::ThreadComm: rank ", rank, ": ", failure_, "."));
+          throw peer_failure(cat("commpact::ThreadComm: rank ", rank, ": ", without_stop(failure_), "."));
         }
       }
       if (cv_.wait_until(lk, deadline) == std::cv_status::timeout && generation_ == gen) {

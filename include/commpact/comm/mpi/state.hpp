@@ -158,7 +158,7 @@ class mpi_state {
     if (!failed_) poll_notice();
     if (failed_)
       throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " refused ", what,
-                                     " because the communicator failed earlier: ", failure_,
+                                     " because the communicator failed earlier: ", detail::without_stop(failure_),
                                      ". Create a new MpiComm only after every rank has recovered, or end the run."));
     if (!sends_.empty()) sends_.reap([&](int rc, const char* call) { check(rc, call, what); });
   }
@@ -263,7 +263,7 @@ class mpi_state {
   void throw_if_told(const char* what) {
     if (!failed_) poll_notice();
     if (failed_)
-      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " abandoned ", what, " because ", failure_,
+      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " abandoned ", what, " because ", detail::without_stop(failure_),
                                      ". Every rank's operations on this communicator now fail; end the run or "
                                      "restart from a checkpoint."));
   }

@@ -247,9 +247,10 @@ class gTopK {
   }
   //! Restores what save_state wrote; raises and changes nothing on a malformed state.
   //! A compressor that has agreed keeps its agreement when the state's residual has the
-  //! agreed length: the frames' step bits then tell ranks out of step (one rank restored
-  //! alone) with mismatch_error on every rank, where a re-agreement that only that rank
-  //! called would wait for the deadline. Otherwise the next step agrees again.
+  //! agreed length, or is empty (a state saved before any kept step): the frames' step
+  //! bits then tell ranks out of step (one rank restored alone) with mismatch_error on
+  //! every rank, where a re-agreement that only that rank called would wait for the
+  //! deadline. Otherwise the next step agrees again.
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("gTopK", "load_state");
     const identity_check id{agg_.comm().rank(), agg_.comm().size(),
@@ -259,8 +260,8 @@ class gTopK {
     ef_.install(exec(), std::move(st.ef));
     steps_ = st.steps;
     skipped_ = st.skipped;
-    n_ = ef_.size();
-    agreed_ = agreed_ && n_ == agreed_n;
+    agreed_ = agreed_ && (ef_.size() == 0 || ef_.size() == agreed_n);
+    n_ = agreed_ ? agreed_n : ef_.size();  // not agreed: the residual's length, checked at the agreement
   }
   //! Forgets the residual and velocity (e.g. when the gradient length changes); every rank must call it.
   void reset() {

@@ -112,9 +112,9 @@ class LinearCompressor {
 
   //! Fences once and reads the status: when the ranks' step counts differ, raises
   //! mismatch_error on every rank (grad holds B); when some rank's input was not finite
-  //! (every rank sees the summed flag), raises numeric_error on every rank with grad
-  //! untouched, or under skip_step zeroes grad and returns false; else grad holds B (the
-  //! mean).
+  //! (every rank sees the summed flag) or the sum overflowed, raises numeric_error on
+  //! every rank with grad untouched, or under skip_step zeroes grad and returns false;
+  //! else grad holds B (the mean).
   bool finish() {
     phase_.take_started(name_);
     const auto e = exec();
@@ -131,7 +131,7 @@ class LinearCompressor {
     outcome_ = outcome::delivered;
     if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
-        detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank",
+        detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank, or the sum over the ranks,",
                                 static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
       fence();
