@@ -276,20 +276,31 @@ struct HookBase {
   // with its rank: the compressors' own agreements leave them out too); set by each state.
   std::string hook;
   bool hook_agreed = false;
-  // At the first CPU bucket: one allreduce (max) of a 62-bit hash of the hook, its arguments
-  // and the state's name, and its negation, on the uncounted communicator (bytes_sent() stays
-  // what the compressors send). Ranks that registered different hooks, arguments or names
-  // raise mismatch_error alike, instead of pairing unrelated messages (a size mismatch, or a
-  // wait until the timeout: gTop-k's tree against Top-k's allgather) or watching different
-  // failure notices (the name keys them).
+  // At the first bucket: one allreduce (max) of a 62-bit hash of the hook, its arguments
+  // and the state's name, and its negation, uncounted (bytes_sent() stays what the
+  // compressors send): on the communicator's inner one for a CPU bucket, on the CUDA side's
+  // control plane for a CUDA bucket (agree_hook_on; ProcessGroupNCCL refuses CPU tensors).
+  // Ranks that registered different hooks, arguments or names raise mismatch_error alike,
+  // instead of pairing unrelated messages (a size mismatch, or a wait until the timeout:
+  // gTop-k's tree against Top-k's allgather) or watching different failure notices (the
+  // name keys them).
   void agree_hook() {
+    agree_hook_with([&](std::span<std::int64_t> v) { comm.inner().allreduce(v, commpact::reduce_op::max); });
+  }
+#if defined(COMMPACT_HOOKS_CUDA)
+  void agree_hook_on(const commpact_hooks_cuda::bucket& b) {
+    agree_hook_with([&](std::span<std::int64_t> v) { cuda_state().agree_uncounted(b, v); });
+  }
+#endif
+  template <class AllreduceMax>
+  void agree_hook_with(AllreduceMax&& allreduce_max) {
     if (hook_agreed) return;
     const std::string key = hook + "|" + opt.name;
     std::uint64_t h = 1469598103934665603ull;  // FNV-1a
     for (const unsigned char c : key) h = (h ^ c) * 1099511628211ull;
     const auto mine = static_cast<std::int64_t>(h >> 2);
     std::int64_t v[2] = {mine, -mine};
-    comm.inner().allreduce(std::span<std::int64_t>(v), commpact::reduce_op::max);
+    allreduce_max(std::span<std::int64_t>(v));
     if (v[0] != mine || v[1] != -mine)
       throw commpact::mismatch_error(commpact::detail::cat(
           "commpact_hooks: the ranks registered different hooks, state arguments or names: rank ", comm.rank(),
@@ -343,6 +354,7 @@ py::object run_cuda(HookBase& st, const at::Tensor& t, const char* who, F&& f) {
     py::gil_scoped_release nogil;
     try {
       const commpact_hooks_cuda::bucket b = bucket_of(t, who);  // not float32: the others raise too
+      st.agree_hook_on(b);
       f(st.cuda_state(), b);
     } catch (const commpact::numeric_error& e) {
       st.abort_for_python(e);
@@ -704,22 +716,32 @@ struct ModelAverager : HookBase {
     if (next_ < 0) next_ = end_of_period(lr);
     ++step_;
     if (step_ < next_) return false;
-    {  // one allreduce of 4 int64 per round: ranks whose periods or parameters differ raise here, alike
+    const bool on_device = !params.empty() && params.front().is_cuda();
+    {
       py::gil_scoped_release nogil;
       hook_guard(comm, [&] {
         check_float32(params);  // inside the guard: the other ranks raise too
-        commpact::require_same(comm, {{"the step of this averaging round (ModelAverager)", step_,
-                                       "every rank must pass the same period, qsr_alpha, warmup and learning "
-                                       "rates, and call step() after every optimizer step."},
-                                      {"parameter shapes, in order (ModelAverager; a hash of them)", shapes_hash(params),
-                                       "every rank must pass the same parameters in the same order."}});
+        if (!on_device)  // CUDA parameters: average_on_device checks on the CUDA side (NCCL refuses CPU tensors)
+          require_same_round(
+              [&](std::initializer_list<commpact::agreement_item> items) { commpact::require_same(comm, items); },
+              shapes_hash(params));
       });
     }
-    if (!params.empty() && params.front().is_cuda()) average_on_device(params);
+    if (on_device) average_on_device(params);
     else average_on_host(params);
     ++rounds_;
     next_ = end_of_period(lr);
     return true;
+  }
+  //! One allreduce of 4 int64 per round (by `same`, commpact::require_same's shape): ranks
+  //! whose periods or parameters differ raise here, alike.
+  template <class Same>
+  void require_same_round(Same&& same, std::int64_t shapes) const {
+    same({{"the step of this averaging round (ModelAverager)", step_,
+           "every rank must pass the same period, qsr_alpha, warmup and learning rates, and call step() after "
+           "every optimizer step."},
+          {"parameter shapes, in order (ModelAverager; a hash of them)", shapes,
+           "every rank must pass the same parameters in the same order."}});
   }
   //! The average is taken in float32: another dtype would be rounded (float64) or
   //! truncated (integers) silently.
@@ -782,19 +804,22 @@ struct ModelAverager : HookBase {
   void average_on_device(const std::vector<at::Tensor>& params) {
 #if defined(COMMPACT_HOOKS_CUDA)
     at::NoGradGuard ng;
-    std::vector<at::Tensor> parts;
-    for (const auto& p : params) {
-      commpact::require(p.device() == params.front().device(), "commpact_hooks.ModelAverager: the parameters are on "
-                        "different devices (", params.front().device().str(), " and ", p.device().str(),
-                        "); pass one device's.");
-      parts.push_back(p.detach().reshape(-1).to(at::kFloat));
-    }
-    at::Tensor flat = at::cat(parts);
-    const auto b = bucket_of(flat, "commpact_hooks.ModelAverager");
+    at::Tensor flat;
     {
       py::gil_scoped_release nogil;
-      try {
+      try {  // an error aborts the communicators: the other ranks raise too
+        std::vector<at::Tensor> parts;
+        for (const auto& p : params) {
+          commpact::require(p.device() == params.front().device(), "commpact_hooks.ModelAverager: the parameters "
+                            "are on different devices (", params.front().device().str(), " and ", p.device().str(),
+                            "); pass one device's.");
+          parts.push_back(p.detach().reshape(-1).to(at::kFloat));
+        }
+        flat = at::cat(parts);
+        const auto b = bucket_of(flat, "commpact_hooks.ModelAverager");
         auto& cs = cuda_state();
+        require_same_round([&](std::initializer_list<commpact::agreement_item> items) { cs.require_same(b, items); },
+                           shapes_hash(params));
         cs.reduce_dense(0, b);
         cs.settle();
       } catch (const std::exception& e) {

@@ -87,6 +87,7 @@ struct state::impl {
   commpact_hooks::bucket_compressors<EfSign> efsign;
   commpact_hooks::bucket_compressors<Qsgd> qsgd;
   std::vector<step_in_flight> pending;  // in the order they were started
+  std::uint64_t uncounted = 0;          // bytes of agree_uncounted's allreduces
 
   ~impl() {
     const cp::cuda_device_guard on_device(exec ? exec->device() : -1, std::nothrow);
@@ -272,7 +273,24 @@ void state::set_q_factor(std::int64_t index, std::size_t tensor, std::span<const
 void state::settle() { p_->settle(); }
 bool state::in_flight() const { return !p_->pending.empty(); }
 
-std::uint64_t state::bytes_sent() const { return p_->comm ? p_->comm->bytes_sent() : 0; }
+void state::agree_uncounted(const bucket& b, std::span<std::int64_t> words) {
+  const cp::cuda_device_guard on_device(b.device);
+  Comm& c = p_->comm_on(b);
+  const std::uint64_t before = c.bytes_sent();
+  try {
+    c.allreduce(words, cp::reduce_op::max);
+  } catch (...) {
+    p_->uncounted += c.bytes_sent() - before;
+    throw;
+  }
+  p_->uncounted += c.bytes_sent() - before;
+}
+void state::require_same(const bucket& b, std::initializer_list<cp::agreement_item> items) {
+  const cp::cuda_device_guard on_device(b.device);
+  cp::require_same(p_->comm_on(b), items);
+}
+
+std::uint64_t state::bytes_sent() const { return p_->comm ? p_->comm->bytes_sent() - p_->uncounted : 0; }
 
 void state::abort(std::string_view why) noexcept { p_->link->abort(why); }
 

@@ -6,6 +6,7 @@
 // device pointer with its device and PyTorch's current stream.
 #pragma once
 
+#include <commpact/comm/agree.hpp>
 #include <commpact/compress/codecs/tensor_layout.hpp>
 #include <commpact/torch/group_link.hpp>
 
@@ -13,6 +14,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <span>
 #include <string_view>
@@ -84,6 +86,15 @@ class state {
   void settle();
   //! Whether a step is in flight.
   bool in_flight() const;
+
+  //! The checks the C++ side makes over the group, here on the control plane (host words
+  //! staged through pinned memory and fenced, on the stream and device of `b`): the group
+  //! may be ProcessGroupNCCL, which refuses the CPU tensors of the C++ side's communicator.
+  //! agree_uncounted: one allreduce (max) of `words`, left out of bytes_sent() (the hooks'
+  //! own agreement, uncounted on the CPU side too); require_same: commpact::require_same,
+  //! counted (ModelAverager's check of a round, counted on the CPU side too).
+  void agree_uncounted(const bucket& b, std::span<std::int64_t> words);
+  void require_same(const bucket& b, std::initializer_list<commpact::agreement_item> items);
 
   std::uint64_t bytes_sent() const;
   void abort(std::string_view why) noexcept;

@@ -599,13 +599,19 @@ TEMPLATE_TEST_CASE("needs_agreement: true before a compressor's first step and a
       c.set_layout(tensor_layout{{6, 8}});
       RANK_REQUIRE(c.needs_agreement());
     }
-    if constexpr (std::is_same_v<TestType, Fp16Allreduce<TC>> ||
-                  std::is_same_v<TestType, LinearCompressor<randomk_codec, TC>>) {
+    if constexpr (std::is_same_v<TestType, Fp16Allreduce<TC>> || std::is_same_v<TestType, TopK<TC>> ||
+                  is_gtopk<TestType> || std::is_same_v<TestType, LinearCompressor<randomk_codec, TC>>) {
+      std::vector<float> g2 = normal(5, 48);  // agreed at 48 (gTopK: again, after its reset())
+      step(c, g2);
+      RANK_REQUIRE(!c.needs_agreement());
       auto other = bucket_compressor<TestType>(comm);  // a residual of another length
       std::vector<float> h = normal(3, 96);
       step(other, h);
       c.load_state(saved(other));
       RANK_REQUIRE(c.needs_agreement());
+      h = normal(4, 96);  // the next step agrees on that length
+      step(c, h);
+      RANK_REQUIRE(!c.needs_agreement());
     }
   });
 }
@@ -943,14 +949,20 @@ TEMPLATE_LIST_TEST_CASE("a rank that loads alone a state saved before its first 
       step(c, g);
     }
     if (r == 1) c.load_state(fresh);
+    const auto before = saved(c);
     std::vector<float> g = normal(static_cast<std::uint64_t>(40 + r), kN);
-    run_into(out[static_cast<std::size_t>(r)], [&] { step(c, g); });
+    auto& o = out[static_cast<std::size_t>(r)];
+    run_into(o, [&] { step(c, g); });
+    o.same_state = saved(c) == before;
   });
   for (int r = 0; r < kP; ++r) {
     const auto& o = out[static_cast<std::size_t>(r)];
     CAPTURE(r, o.what);
     CHECK(o.cls == typeid(mismatch_error).name());
     CHECK_FALSE(from_the_communicator(o.what));
+    // the step check's words (detail::out_of_step; OkTopK's header check says the same)
+    CHECK(o.what.find("commit or cancel each step alike") != std::string::npos);
+    CHECK(o.same_state);
   }
 }
 

@@ -66,6 +66,10 @@ try:
 except ImportError:
     print("torch not installed: skipped")
     sys.exit(77)
+# fp32 convolutions and products on the GPU, as on the CPU: the checks compare the two within
+# 1e-3, and TF32 (PyTorch's default for cuDNN convolutions) could flip a top-k selection.
+torch.backends.cudnn.allow_tf32 = False
+torch.backends.cuda.matmul.allow_tf32 = False
 
 
 class Net(torch.nn.Module):
@@ -236,6 +240,21 @@ def single_process(args, failures):
         err = (flat(a) - flat(b)).abs().max().item()
         check(err <= 1e-4, f"powersgd rank {r}: commpact within 1e-4 of PyTorch's powerSGD_hook (max |diff| {err:.2e})",
               failures)
+    # 1c. ModelAverager on CUDA parameters over the NCCL group alone, which refuses CPU
+    # tensors: its round's check runs on the CUDA side's control plane (one rank: the mean
+    # is the parameters themselves, exactly).
+    if gpu:
+        try:
+            g = torch.Generator().manual_seed(5)
+            params = [torch.randn(s, generator=g).to(dev) for s in ((3, 5), (7,))]
+            before = [p.clone() for p in params]
+            avg = ch.ModelAverager(period=1, timeout=max(5.0, min(30.0, time_left() - 10)), name="nccl/avg")
+            did = avg.step(params, 0.1)
+            same = all(torch.equal(p, q) for p, q in zip(params, before))
+            check(did and same, "ModelAverager on CUDA parameters over NCCL alone: one round, the parameters "
+                  f"unchanged at one rank ({avg.bytes_sent()} bytes sent)", failures)
+        except Exception as e:  # a failure is a row, the timings below still run
+            check(False, f"ModelAverager on CUDA parameters over NCCL alone raised {str(e)[:200]!r}", failures)
     # 3. Time per step, the hooks taking turns step by step.
     runs = [("allreduce_hook", dh.allreduce_hook, None)]
     for r in (1, 2):
@@ -281,11 +300,14 @@ def two_ranks(rank, path, dev_type, steps, out):
                                 timeout=datetime.timedelta(seconds=60))
         res = []
         cpu = torch.device("cpu")
+        # a hang in a staged call ends within the budget, with the states' timeout_error
+        wait = max(10.0, min(60.0, time_left() - 10))
 
         def states(tag):
-            return (("gtopk", ch.gtopk_hook, ch.GTopKState(density=0.05, name=f"{tag}/gtopk")),
+            return (("gtopk", ch.gtopk_hook, ch.GTopKState(density=0.05, timeout=wait, name=f"{tag}/gtopk")),
                     ("powersgd", ch.powersgd_hook, ch.PowerSGDState(matrix_approximation_rank=2,
-                                                                    start_powerSGD_iter=2, name=f"{tag}/psgd")))
+                                                                    start_powerSGD_iter=2, timeout=wait,
+                                                                    name=f"{tag}/psgd")))
         for (name, hook, st), (_, chook, cst) in zip(states("two"), states("two-cpu")):
             m, losses = train(dev, batches(rank, steps, dev), hook, st)
             c, closses = train(cpu, batches(rank, steps, cpu), chook, cst)
@@ -301,7 +323,7 @@ def two_ranks(rank, path, dev_type, steps, out):
         mine = torch.cat([q.reshape(-1).cpu() for q in params])
         both = [torch.empty_like(mine) for _ in range(2)]
         dist.all_gather(both, mine)
-        avg = ch.ModelAverager(period=1, name="two/avg")
+        avg = ch.ModelAverager(period=1, timeout=wait, name="two/avg")
         did = avg.step(params, 0.1)
         got = torch.cat([q.reshape(-1).cpu() for q in params])
         res.append(("ModelAverager", did and params[0].device == dev,
@@ -321,7 +343,7 @@ def two_process(args, failures):
         for p in procs:
             p.start()
         for p in procs:
-            p.join(timeout=120)
+            p.join(timeout=max(5.0, time_left() - 5))  # the rows printed below need the rest
             if p.is_alive():
                 p.kill()
         got = {}

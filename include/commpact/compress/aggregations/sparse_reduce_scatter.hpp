@@ -20,8 +20,9 @@
 //!   smaller index), so at most about 2k in all;
 //! - allgather of the selected entries by a ring of P - 1 point-to-point rounds;
 //! - combine: out = 0 except the selected sums' mean_of(sum, P);
-//! - the regions are rebalanced so that each held as many of this step's selected entries
-//!   (`clear_selected`, which also removes the delivered entries from the residual).
+//! - when the step selected at least P entries, the regions are rebalanced so that each
+//!   held as many of them (`clear_selected`, which also removes the delivered entries
+//!   from the residual; after fewer, the bounds stay).
 //! The regions and theta are this aggregation's state, kept by `commit()`.
 //!
 //! This rank's contribution enters in one of two ways, each once per step, after

@@ -37,8 +37,9 @@
 //! the receiver knows the size without a probe); an unfold adds ceil(k / 8) bytes of
 //! survival mask. So (48 + 8k) log2(p2) bytes for a core rank without an extra partner,
 //! and (48 + 8k) ceil(log2 P) + ceil(k / 8) with one. The first step (and the first after
-//! reset() or load_state()) adds one allreduce of 9 int64 that agrees on n, the largest
-//! k, the step count and the residual length.
+//! reset() or a load_state whose residual has another length than the agreed one) adds
+//! one allreduce of 9 int64 that agrees on n, the largest k, the step count and the
+//! residual length.
 //!
 //! Space (v3). Steps 2 and 3 are the aggregation TreeMerge<Tree>
 //! (aggregations/tree_merge.hpp), fed by the fused local phase (step 1). The data plane
@@ -250,7 +251,8 @@ class gTopK {
   //! agreed length, or is empty (a state saved before any kept step): the frames' step
   //! bits then tell ranks out of step (one rank restored alone) with mismatch_error on
   //! every rank, where a re-agreement that only that rank called would wait for the
-  //! deadline. Otherwise the next step agrees again.
+  //! deadline. Otherwise the next step agrees again. (The kept agreement holds the
+  //! length, as after any step: a new length on every rank then needs reset().)
   void load_state(std::span<const std::byte> in) {
     phase_.require_none_in_flight("gTopK", "load_state");
     const identity_check id{agg_.comm().rank(), agg_.comm().size(),
