@@ -56,7 +56,8 @@ inline constexpr std::string_view nonfinite_default_remedy =
                                          std::int64_t step, std::string_view remedy = {}) {
   const std::string where = index == static_cast<std::size_t>(-1) ? std::string() : cat(" at index ", index);
   throw numeric_error(cat("commpact::", who, ": the ", what, " is not finite (NaN or Inf)", where, " at step ", step,
-                          " (NaN or Inf in some rank's input, or a sum that overflowed; every rank raises this error). ",
+                          " (NaN or Inf in some rank's input, or a sum that overflowed; every rank raises this "
+                          "error). ",
                           remedy.empty() ? nonfinite_default_remedy : remedy));
 }
 

@@ -263,7 +263,8 @@ class mpi_state {
   void throw_if_told(const char* what) {
     if (!failed_) poll_notice();
     if (failed_)
-      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " abandoned ", what, " because ", detail::without_stop(failure_),
+      throw peer_failure(detail::cat("commpact::MpiComm: rank ", rank_, " abandoned ", what, " because ",
+                                     detail::without_stop(failure_),
                                      ". Every rank's operations on this communicator now fail; end the run or "
                                      "restart from a checkpoint."));
   }

@@ -131,7 +131,8 @@ class LinearCompressor {
     outcome_ = outcome::delivered;
     if (status_.bits() & status_nonfinite) {
       if (policy_ == nonfinite::raise)
-        detail::raise_nonfinite(name_ + "::reduce", "gradient (with its residual) of some rank, or the sum over the ranks,",
+        detail::raise_nonfinite(name_ + "::reduce",
+                                "gradient (with its residual) of some rank, or the sum over the ranks,",
                                 static_cast<std::size_t>(-1), steps_);
       ops<space_type>::fill(e, grad_, 0.0f);
       fence();

@@ -16,12 +16,12 @@
 //! the allgather of the selected entries; its file comment gives the messages and the
 //! bytes); the output is the selected sums / P;
 //! the residual clears the local entries that were selected globally; the regions are
-//! rebalanced by the selection (when it holds at least P entries). Every rank reads every peer's header, so a rejected or
-//! non-finite input anywhere raises (or skips) on every rank alike; a rank whose gradient
-//! length changed after a good step rejects its input, and the length its header carries
-//! makes that a mismatch_error on every rank. load_state restores
-//! the residual, the counters, the regions and theta: a restored compressor continues
-//! with the same bits.
+//! rebalanced by the selection (when it holds at least P entries). Every rank reads every
+//! peer's header, so a rejected or non-finite input anywhere raises (or skips) on every
+//! rank alike; a rank whose gradient length changed after a good step rejects its input,
+//! and the length its header carries makes that a mismatch_error on every rank.
+//! load_state restores the residual, the counters, the regions and theta: a restored
+//! compressor continues with the same bits.
 //!
 //! Space (v3): the data plane runs in the communicator's space (host_space for ThreadComm
 //! and MpiComm, deferred_space for DeferredComm<C>) through the oktopk_ rows of ops<Space>.
