@@ -443,26 +443,42 @@ function(commpact_add_compile_fail_test src)
   set_tests_properties(compile_fail_${name} PROPERTIES LABELS compile_fail PASS_REGULAR_EXPRESSION "${expect}")
 endfunction()
 
-# commpact_usage_test(<test> <target> <expect-regex> [STATUS <n>] <args>...): runs <target>
-# with arguments a user could get wrong and requires a clean refusal, as
-# tests/check_usage.cmake checks it: an exit status of 1 to 127 (exactly <n> with STATUS)
-# within 30 s (no signal, no abort, no hang, no run that trains first and fails after)
-# and output matching <expect-regex>. Label "usage". No argument may hold '|' or ';'.
+# commpact_usage_test(<test> <target> <expect-regex> [STATUS <n>] [TIMEOUT <s>] [LABELS <l>]
+#                     <args>...): runs <target> with arguments a user could get wrong and
+# requires a clean refusal, as tests/check_usage.cmake checks it: an exit status of 1 to
+# 127 (exactly <n> with STATUS) within <s> seconds (30 by default; no signal, no abort, no
+# hang, no run that trains first and fails after) and output matching <expect-regex>.
+# Label "usage" unless LABELS names others (comma-separated). STATUS 0 checks a run that
+# must succeed and print <expect-regex> (--help, a one-step run), which ctest's
+# PASS_REGULAR_EXPRESSION alone does not: it ignores the status. The keywords come before
+# the arguments; no argument may hold '|' or ';'.
 function(commpact_usage_test name target expect)
   set(rest ${ARGN})
   set(status "")
-  list(LENGTH rest n)
-  if(n GREATER 1)
-    list(GET rest 0 first)
-    if(first STREQUAL "STATUS")
-      list(GET rest 1 s)
-      set(status -DSTATUS=${s})
-      list(REMOVE_AT rest 0 1)
+  set(timeout 30)
+  set(labels usage)
+  while(TRUE)
+    list(LENGTH rest n)
+    if(n LESS 2)
+      break()
     endif()
-  endif()
+    list(GET rest 0 key)
+    list(GET rest 1 value)
+    if(key STREQUAL "STATUS")
+      set(status -DSTATUS=${value})
+    elseif(key STREQUAL "TIMEOUT")
+      set(timeout ${value})
+    elseif(key STREQUAL "LABELS")
+      string(REPLACE "," ";" labels "${value}")
+    else()
+      break()
+    endif()
+    list(REMOVE_AT rest 0 1)
+  endwhile()
   list(JOIN rest "|" args)
   add_test(NAME ${name}
     COMMAND ${CMAKE_COMMAND} -DPROGRAM=$<TARGET_FILE:${target}> "-DARGS=${args}" "-DEXPECT=${expect}" ${status}
-            -DTIMEOUT=30 -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/tests/check_usage.cmake)
-  set_tests_properties(${name} PROPERTIES LABELS usage TIMEOUT 60)
+            -DTIMEOUT=${timeout} -DWORKDIR=${CMAKE_CURRENT_BINARY_DIR} -P ${PROJECT_SOURCE_DIR}/tests/check_usage.cmake)
+  math(EXPR ctest_timeout "${timeout} + 30")
+  set_tests_properties(${name} PROPERTIES LABELS "${labels}" TIMEOUT ${ctest_timeout})
 endfunction()
