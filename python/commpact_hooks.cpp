@@ -133,12 +133,16 @@ commpact::torch_options torch_opts(double timeout_s, const std::string& name) {
 
 #if defined(COMMPACT_HOOKS_CUDA)
 //! Whether the group reduces CUDA tensors with NCCL: a group made for NCCL, or one made
-//! for several devices whose CUDA backend is NCCL (PyTorch 2's init_process_group() with
-//! no backend gives "cpu:gloo,cuda:nccl", whose ProcessGroup does not name itself "nccl").
+//! for several devices whose CUDA backend is NCCL. PyTorch 2 says so in the group's
+//! backend config ("cuda:nccl", "cpu:gloo,cuda:nccl"); its get_backend() names a group
+//! made by init_process_group() with no backend "undefined", though that group's CUDA
+//! backend is NCCL. PyTorch 1.13 has get_backend() only.
 bool cuda_backend_is_nccl(const py::object& pg, const c10d::ProcessGroup& group) {
   std::string b;
   try {
-    b = py::str(py::module_::import("torch.distributed").attr("get_backend")(pg));
+    const auto dist = py::module_::import("torch.distributed");
+    b = py::str(py::hasattr(dist, "get_backend_config") ? dist.attr("get_backend_config")(pg)
+                                                         : dist.attr("get_backend")(pg));
   } catch (const py::error_already_set&) {
     b = group.getBackendName();
   }

@@ -89,8 +89,8 @@ struct state::impl {
   std::vector<step_in_flight> pending;  // in the order they were started
   std::uint64_t uncounted = 0;          // bytes of agree_uncounted's allreduces
 
+  //! Runs on the exec's device: ~state holds it current until every member is gone too.
   ~impl() {
-    const cp::cuda_device_guard on_device(exec ? exec->device() : -1, std::nothrow);
     for (auto& p : pending) p.cancel();  // noexcept: completes the queued work, drops the step
   }
 
@@ -188,7 +188,14 @@ state::state(std::shared_ptr<cp::torch_group_link> link, params p, allocator a) 
   p_->hook = cp::cuda_allocator{&alloc_hook, &free_hook, &p_->alloc};
 }
 
-state::~state() = default;
+// The exec's device stays current while the whole impl goes, its members included (the
+// compressors' buffers and events, the communicator, the exec's own events), not only
+// while ~impl's body runs: a guard there would restore the caller's device before the
+// members are destroyed (a multi-GPU process tearing a state down from another device).
+state::~state() {
+  const cp::cuda_device_guard on_device(p_ && p_->exec ? p_->exec->device() : -1, std::nothrow);
+  p_.reset();
+}
 
 // Every entry point makes the bucket's device current for its launches (and for
 // cudaStreamLegacy, which names the current device's NULL stream): DDP calls the hooks on

@@ -16,11 +16,21 @@
 
 #include <chrono>
 #include <string>
+#include <type_traits>
 
 #include "../error.hpp"
 #include "torch_comm.hpp"
 
 namespace commpact {
+
+// LibTorch 2 split c10d's groups into a ProcessGroup that dispatches by device and the
+// Backends behind it (ProcessGroupGloo is one), so a ProcessGroupGloo is no longer a group
+// TorchComm can take. commpact builds only against LibTorch 1.13 (docs/pytorch.md), and
+// commpact/torch.hpp leaves this header out under LibTorch 2.
+static_assert(std::is_convertible_v<c10d::ProcessGroupGloo*, c10d::ProcessGroup*>,
+              "commpact/torch/gloo.hpp (torch_gloo_group) needs LibTorch 1.x, where ProcessGroupGloo is a "
+              "c10d::ProcessGroup; under LibTorch 2 it is a c10d::Backend: pass TorchComm the program's own "
+              "c10d::ProcessGroup instead (docs/pytorch.md, TorchComm).");
 
 //! A ProcessGroupGloo of `size` ranks on `store` (collective: every rank calls it),
 //! over TCP on `host` (loopback by default). `timeout` bounds Gloo's own waits; keep it
