@@ -281,6 +281,12 @@ TEST_CASE("ps: ranks that disagree on the model or the roles all raise at constr
     for (int r = 0; r < 3; ++r) {
       CAPTURE(r, out[r].what);
       REQUIRE(out[r].what.find("ranks disagree on the model length n") != std::string::npos);
+      // The constructor's error names the constructor and what every rank must build alike
+      // (it said "ParameterServer::reduce" and gave a step's advice).
+      REQUIRE(out[r].what.find("commpact::ps::ParameterServer::ParameterServer: ") == 0);
+      REQUIRE(out[r].what.find("must build the ParameterServer with the same model length") != std::string::npos);
+      REQUIRE(out[r].what.find("step count") == std::string::npos);
+      REQUIRE(out[r].own);
     }
   }
   SECTION("one rank has other roles") {
@@ -329,6 +335,41 @@ TEST_CASE("ps: ranks that disagree on the model or the roles all raise at constr
     for (int r = 0; r < 2; ++r) REQUIRE(out[r].what.find("momentum = 1.5 must lie in [0, 1)") != std::string::npos);
   }
   REQUIRE_THROWS_AS(ps::Ssp{-1}, commpact::invalid_argument);
+}
+
+// The agreement the constructor runs (commpact::agree with a call that is not a step):
+// one rank alone rejects its arguments, with values that agree, so the others raise
+// peer_failure naming the constructor, not a step of reduce.
+TEST_CASE("ps: agree() under a constructor's name: one rank's rejected arguments reach the others as that call's",
+          "[ps][failure][input]") {
+  auto out = run_failing(3, 10s, [](ThreadComm& c) {
+    commpact::agree(c, "ps::ParameterServer", {{"the model length n", 20}},
+                    c.rank() == 1 ? std::string("rank 1's own reason") : std::string(), 0, "ParameterServer",
+                    "every rank must build the ParameterServer alike.");
+  });
+  for (int r = 0; r < 3; ++r) {
+    CAPTURE(r, out[r].what);
+    if (r == 1) {
+      REQUIRE(out[r].what == "rank 1's own reason");
+      REQUIRE(out[r].own);
+    } else {
+      REQUIRE(out[r].what ==
+              "commpact::ps::ParameterServer::ParameterServer: another rank rejected its arguments (its own error "
+              "says why); every rank raises here.");
+      REQUIRE_FALSE(out[r].own);
+    }
+  }
+  // A mismatch ends with the given advice, under the same name.
+  out = run_failing(2, 10s, [](ThreadComm& c) {
+    commpact::agree(c, "ps::ParameterServer", {{"the model length n", 20 + c.rank()}}, std::string(), 0,
+                    "ParameterServer", "every rank must build the ParameterServer alike.");
+  });
+  for (int r = 0; r < 2; ++r) {
+    CAPTURE(r, out[r].what);
+    REQUIRE(out[r].what.find("commpact::ps::ParameterServer::ParameterServer: ranks disagree on the model length n") ==
+            0);
+    REQUIRE(out[r].what.find("; every rank must build the ParameterServer alike.") != std::string::npos);
+  }
 }
 
 TEST_CASE("ps: a malformed or out-of-order message raises wire_error on the server and fails every rank",

@@ -18,6 +18,7 @@
 #include <commpact/train/data_parallel.hpp>
 #include <commpact/train/sgd.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <exception>
@@ -284,6 +285,27 @@ TEST_CASE("DataParallel rejects bad input", "[train][data_parallel][errors]") {
     dp.step(x, g, 0.1, sgd);
     std::vector<float> bad_g(8, std::numeric_limits<float>::infinity());
     CHECK_THROWS_AS(dp.step(x, bad_g, 0.1, sgd), numeric_error);
+  }
+  SECTION("a NaN gradient at a local step reaches the next round, which says that a retry cannot clear that") {
+    DataParallel dp{Dense<ThreadComm>{comms[0]}, LocalSgd{2}, 4};
+    std::vector<float> nan_g(8, std::numeric_limits<float>::quiet_NaN());
+    CHECK_FALSE(dp.step(x, nan_g, 0.1, sgd));  // a local step: the user's update writes the NaN
+    const auto before = x;
+    for (int attempt = 0; attempt < 2; ++attempt) {
+      CHECK_THROWS_MATCHES(dp.step(x, g, 0.1, sgd), numeric_error,
+                           MessageContains({"summed parameter delta is not finite",
+                                            "from a local step earlier in the period, which a retry cannot clear",
+                                            "reload a checkpoint"}));
+      CHECK(dp.steps() == 1);
+      CHECK(std::equal(x.begin(), x.end(), before.begin(), before.end(),
+                       [](float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }));
+    }
+  }
+  SECTION("a NaN gradient at a gradient round is this step's input: the message says to call step() again") {
+    DataParallel dp{Dense<ThreadComm>{comms[0]}, LocalSgd{1}, 4};  // a one-step period goes through the gradient
+    std::vector<float> nan_g(8, std::numeric_limits<float>::quiet_NaN());
+    CHECK_THROWS_MATCHES(dp.step(x, nan_g, 0.1, sgd), numeric_error,
+                         MessageContains({"summed gradient is not finite", "call step() again"}));
   }
 }
 

@@ -18,8 +18,12 @@ namespace commpact {
 namespace detail {
 //! One rank rejected its input (the flag reached every rank): that rank raises its own
 //! error `mine`, every other rank peer_failure.
-[[noreturn]] inline void raise_rejected(const char* who, const std::string& mine, std::int64_t step) {
+[[noreturn]] inline void raise_rejected(const char* who, const std::string& mine, std::int64_t step,
+                                        const char* call = "reduce") {
   if (!mine.empty()) throw invalid_argument(mine);
+  if (std::string_view(call) != "reduce")
+    throw peer_failure(cat("commpact::", who, "::", call, ": another rank rejected its arguments (its own error says ",
+                           "why); every rank raises here."));
   throw peer_failure(cat("commpact::", who, "::reduce: another rank rejected its input at step ", step,
                          " (its own error says why); every rank abandons the step."));
 }
@@ -80,19 +84,22 @@ void agree_items(C& comm, std::initializer_list<agreement_item> items, std::init
 //! values and that no rank rejected its input. Raises alike on every rank:
 //! mismatch_error naming the first value the ranks disagree on; then, when some rank's
 //! `problem` is not empty, invalid_argument(problem) on that rank and peer_failure on
-//! the others. `who` names the caller ("TopK", "gTopK"...).
+//! the others. `who` names the caller ("TopK", "gTopK"...); `call` the operation the
+//! errors name ("reduce", a step; another, such as a constructor's name, is not a step),
+//! and `advice` ends a mismatch_error whose item has no hint (default: a step's advice).
 template <Communicator C>
 void agree(C& comm, const char* who, std::initializer_list<agreement_item> items, const std::string& problem,
-           std::int64_t step) {
+           std::int64_t step, const char* call = "reduce", std::string_view advice = {}) {
   std::int64_t v[2 * 8 + 1];
-  detail::agree_items(comm, items, {problem.empty() ? 0 : 1}, v, detail::cat("commpact::", who, "::reduce: "),
+  detail::agree_items(comm, items, {problem.empty() ? 0 : 1}, v, detail::cat("commpact::", who, "::", call, ": "),
                       [&](const agreement_item&) {
                         // A rank whose own input is bad (k > n there only) says so: that is the cause.
-                        return detail::cat("every rank must pass gradients of the same length and use the same "
-                                           "options and step count.",
+                        return detail::cat(advice.empty() ? "every rank must pass gradients of the same length and "
+                                                            "use the same options and step count."
+                                                          : advice,
                                            problem.empty() ? "" : " This rank's input is also invalid: ", problem);
                       });
-  if (v[2 * items.size()]) detail::raise_rejected(who, problem, step);
+  if (v[2 * items.size()]) detail::raise_rejected(who, problem, step, call);
 }
 
 //! Throws mismatch_error on every rank unless all ranks passed the same values (one

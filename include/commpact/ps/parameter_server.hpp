@@ -166,7 +166,9 @@ class ParameterServer {
                      {"the codecs' message capacities", cap_sum},
                      {"the servers' momentum (its bits)", std::bit_cast<std::int64_t>(opt_.momentum)},
                      {"the servers' weight decay (its bits)", std::bit_cast<std::int64_t>(opt_.weight_decay)}},
-                    problem, 0);
+                    problem, 0, "ParameterServer",
+                    "every rank must build the ParameterServer with the same model length, roles, consistency "
+                    "model, codecs and server options.");
     timeout_ = opt_.timeout;
     if (timeout_.count() <= 0) {
       if constexpr (requires { comm_.options().timeout; })

@@ -91,6 +91,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string_view>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -658,9 +659,19 @@ class DataParallel {
       first_average_check(c, static_cast<std::int64_t>(v.size()), what);
       checked = true;
     }
+    // A gradient's NaN or Inf is this step's input: the step changes nothing and may be
+    // called again. Parameters and optimizer state averaged after local steps carry this
+    // step's update (put back when the round raises) and those of the period's earlier
+    // local steps (no check runs between rounds), which a retry cannot clear.
+    const bool gradient = std::string_view(what) == "gradient";
     mean_allreduce(c, v, status_, nonfinite::raise, "DataParallel", detail::cat("summed ", what), step_,
-                   "Fix the gradient (lower the learning rate, clip) and call step() again: a step that raises "
-                   "changes nothing (parameters, optimizer state and gradients are put back).");
+                   gradient ? "Fix the gradient (lower the learning rate, clip) and call step() again: a step that "
+                              "raises changes nothing (parameters, optimizer state and gradients are put back)."
+                            : "Some rank's parameters or optimizer state are not finite, from this step's update (a "
+                              "NaN or Inf in its gradient, or an update that diverged: fix the gradient and call "
+                              "step() again; a step that raises changes nothing) or from a local step earlier in the "
+                              "period, which a retry cannot clear: then reload a checkpoint (load_state, with the "
+                              "parameters and optimizer state saved beside it) and lower the learning rate or clip.");
   }
 
   //! What a saved state must be loaded with (section 5): the policy's plans at a fixed
