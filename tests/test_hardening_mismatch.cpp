@@ -718,15 +718,13 @@ TEST_CASE("a CodecCompressor's state loads only into the same codec and options,
 
 namespace {
 //! Compressors whose state differs by rank (a residual, a momentum): another rank's state
-//! is refused. Dense and the casts keep counters only, the same on every rank.
+//! is refused. Dense keeps counters only, the same on every rank (the casts keep their
+//! error feedback's residual: refused since they write section 20; they had loaded another
+//! rank's residual silently).
 template <class C>
 constexpr bool per_rank_state = true;
 template <class Comm>
 constexpr bool per_rank_state<Dense<Comm>> = false;
-template <class Comm>
-constexpr bool per_rank_state<Fp16Allreduce<Comm>> = false;
-template <class Comm>
-constexpr bool per_rank_state<Bf16Allreduce<Comm>> = false;
 template <class Comm>
 constexpr bool per_rank_state<Bucketed<Dense<Comm>>> = false;
 //! The option maker<C> varies changes what a state holds on rank 0 (PowerCompressor's
@@ -782,6 +780,34 @@ TEMPLATE_LIST_TEST_CASE("a state saved by another rank, or with another option, 
   CHECK(own == std::vector<int>(kP, 1));
   if constexpr (per_rank_state<C>) CHECK(refused_rank == std::vector<int>(kP, 1));
   if constexpr (option_in_state<C>) CHECK(refused_option == std::vector<int>(kP, 1));
+}
+
+TEST_CASE("an fp16 cast's state is refused by a bf16 one; a state without a residual loads into either",
+          "[hardening][state]") {
+  std::atomic<int> refused{0}, empty_loads{0}, own{0};
+  run_threads(2, [&](TC& comm) {
+    Fp16Allreduce<TC> h{comm};
+    auto g = normal(7 + comm.rank(), 64);
+    h.reduce(std::span<float>(g));
+    Bf16Allreduce<TC> b{comm};
+    const auto before = saved(b);
+    try {
+      b.load_state(saved(h));
+    } catch (const mismatch_error& e) {
+      refused += std::string(e.what()).find("with other options") != std::string::npos && saved(b) == before;
+    }
+    Fp16Allreduce<TC> twin{comm};
+    twin.load_state(saved(h));
+    own += saved(twin) == saved(h) ? 1 : 0;
+    Fp16Allreduce<TC> fresh{comm, {.error_feedback = false}};
+    fresh.reduce(std::span<float>(g));
+    Bf16Allreduce<TC> no_residual{comm, {.error_feedback = false}};
+    no_residual.load_state(saved(fresh));  // counters only: nothing format-bound to compare
+    empty_loads += no_residual.steps() == 1 ? 1 : 0;
+  });
+  CHECK(refused == 2);
+  CHECK(own == 2);
+  CHECK(empty_loads == 2);
 }
 
 TEST_CASE("Signum whose every step so far was skipped (no momentum yet) reloads its own state; signSGD's state "

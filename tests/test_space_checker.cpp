@@ -27,9 +27,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
+#include "common/matchers.hpp"
 #include "common/space_copies.hpp"
 
 using namespace commpact;
@@ -205,6 +207,64 @@ TEST_CASE("checker: a buffer regrown or destroyed with work queued on it", "[spa
       deferred_space::fence(e, no_deadline());
     }
     CHECK_NOTHROW(deferred_space::fence(e, no_deadline()));
+  }
+}
+
+TEST_CASE("checker: work queued through a span of a buffer destroyed or reallocated before raises",
+          "[space][checker]") {
+  // No work is queued on the buffer when it goes, so its destructor has nothing to report:
+  // the work comes after, through a span taken before (on a GPU, a kernel on freed memory).
+  auto e = deferred_space::make_exec();
+  auto keep = filled(e, 4, 1.0f);
+  SECTION("destroyed: a write and a read through the old span raise, queueing nothing") {
+    std::optional<deferred_space::buffer<float>> b;
+    b.emplace();
+    b->resize(64);
+    const auto w = b->view();
+    const auto r = b->cview();
+    b.reset();
+    CHECK_THROWS_MATCHES(ops_d::fill(e, w, 1.0f), usage_error,
+                         commpact_test::MessageContains({"through a span taken before that buffer was destroyed"}));
+    CHECK_THROWS_AS(ops_d::copy(e, r.first(4), keep.view()), usage_error);
+    CHECK(e.pending() == 0);
+    CHECK_NOTHROW(deferred_space::fence(e, no_deadline()));
+    CHECK(host_copy(e, keep.cview()) == std::vector<float>(4, 1.0f));
+  }
+  SECTION("reallocated (grown past its capacity): the old span raises, a new one works") {
+    deferred_space::buffer<float> b;
+    b.resize(4);
+    ops_d::fill(e, b.view(), 2.0f);
+    deferred_space::fence(e, no_deadline());
+    const auto old = b.view();
+    b.resize(b.capacity() + 1);
+    CHECK_THROWS_MATCHES(ops_d::fill(e, old, 3.0f), usage_error,
+                         commpact_test::MessageContains({"reallocated (grown past its capacity)"}));
+    ops_d::fill(e, b.view().first(4), 4.0f);
+    deferred_space::fence(e, no_deadline());
+    const auto got = host_copy(e, b.cview());
+    CHECK((got[0] == 4.0f && got[3] == 4.0f && std::isnan(got[4])));  // the contents moved, then the new fill
+  }
+  SECTION("a gradient the user frees between start() and finish() (OkTopK fences inside start())") {
+    std::vector<int> raised(2, 0);
+    run_threads(2, [&](ThreadComm& tc) {
+      DC comm{tc};
+      auto x = comm.exec();
+      OkTopK<DC> c{comm, {.density = 0.05}};
+      std::vector<float> h(1003);
+      for (std::size_t i = 0; i < h.size(); ++i) h[i] = std::sin(1.3f * static_cast<float>(i) + 0.7f * tc.rank());
+      std::optional<deferred_space::buffer<float>> g;
+      g.emplace();
+      copy_from_host<deferred_space>(x, std::span<const float>(h), *g);
+      c.start(g->view());
+      g.reset();  // every rank: finish() would write the mean into freed memory
+      try {
+        c.finish();
+      } catch (const usage_error&) {
+        raised[static_cast<std::size_t>(tc.rank())] = 1;
+        c.cancel();
+      }
+    });
+    CHECK(raised == std::vector<int>{1, 1});
   }
 }
 

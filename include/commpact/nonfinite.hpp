@@ -37,7 +37,7 @@ inline agreement_item length_item(std::int64_t n, nonfinite on) {
   return {.what = "the gradient length",
           .value = n,
           .bit_what = "on_nonfinite = nonfinite::skip_step (else nonfinite::raise)",
-          .bit = on == nonfinite::skip_step};
+          .bit = on != nonfinite::raise};  // as the steps decide: anything but raise skips
 }
 
 //! Index of the first NaN or Inf in v, or v.size(): a branch-free, vectorised test of the

@@ -62,6 +62,10 @@ using deferred_queue = detail::deferred_check::queue_state;
 //!   it within its capacity over elements queued work uses, or assigning over it;
 //!   destroying it then makes the executor's next fence raise
 //!   (and drops the work unrun). Pinned host memory (`pinned<T>`) is watched alike;
+//! - an operation queued through a span of a buffer already destroyed or reallocated
+//!   raises at once: the storage stays allocated in a quarantine (deferred_check.hpp's
+//!   quarantine_bytes), so its address is not reused meanwhile (under ASan it is also
+//!   poisoned, so a host read through a stale span of pinned memory still shows);
 //! - a host source of from_host that changes between the call and the copy's run raises
 //!   at the fence (on a GPU the copy could read either); a to_host queued later into the
 //!   same memory is ordered after it, as on one stream;

@@ -29,6 +29,9 @@ namespace commpact {
 //! work queued on any executor still uses it raises usage_error, and destroying it
 //! with work queued keeps its storage alive and makes that executor's next fence raise
 //! usage_error (a destructor cannot throw) instead of running the work on freed memory.
+//! Storage the buffer destroys or reallocates away from is quarantined (up to
+//! deferred_check::quarantine_bytes): work queued later through a span taken before
+//! raises usage_error, as it would use freed memory on a GPU.
 template <class T>
 class deferred_buffer {
  public:
@@ -121,12 +124,21 @@ class deferred_buffer {
                                     "elements are poisoned now, under that work: on a GPU the poison is "
                                     "stream-ordered)."));
   }
-  //! New storage of n elements, the contents kept: only when no queued work uses the old.
+  //! New storage of n elements, the contents kept: only when no queued work uses the old,
+  //! which is retired (quarantined: a span still pointing there raises when work is
+  //! queued on it).
   void regrow(std::size_t n) {
     require_idle("regrown (reallocated)");
-    auto& v = vec();
-    unenroll();
-    v.reserve(n);
+    auto fresh = std::make_shared<std::vector<T>>();
+    fresh->reserve(n);
+    if (v_) fresh->assign(v_->begin(), v_->end());
+    auto old = std::move(v_);
+    v_ = std::move(fresh);
+    if (rec_) {
+      std::lock_guard lk(detail::deferred_check::reg().m);
+      detail::deferred_check::retire_locked(rec_, std::move(old), "reallocated (grown past its capacity)");
+      rec_.reset();
+    }
     enroll();
   }
   void enroll() {
@@ -139,12 +151,6 @@ class deferred_buffer {
     std::lock_guard lk(detail::deferred_check::reg().m);
     detail::deferred_check::reg().by_lo[r->lo] = r;
     rec_ = std::move(r);
-  }
-  void unenroll() {
-    if (!rec_) return;
-    std::lock_guard lk(detail::deferred_check::reg().m);
-    detail::deferred_check::erase_locked(rec_);
-    rec_.reset();
   }
   //! The destructor's half of the checker: storage still used by queued work is handed
   //! to the record (kept alive until that work is dropped) and its executors are told.
@@ -208,7 +214,6 @@ template <class T>
 void deferred_buffer<T>::retire() noexcept {
   if (!rec_) return;
   std::lock_guard lk(detail::deferred_check::reg().m);
-  detail::deferred_check::erase_locked(rec_);
   if (!rec_->pending.empty()) {
     try {
       const auto why = detail::cat("commpact::deferred_space: ", detail::deferred_check::describe(*rec_),
@@ -221,8 +226,10 @@ void deferred_buffer<T>::retire() noexcept {
       }
     } catch (...) {
     }
-    rec_->orphan = std::move(v_);  // lives until the last item that touches it is gone
   }
+  // Quarantined (a span taken before raises when work is queued on it); storage that queued
+  // work still uses lives at least until the last such item is gone.
+  detail::deferred_check::retire_locked(rec_, std::move(v_), "destroyed (or assigned over)");
   rec_.reset();
 }
 

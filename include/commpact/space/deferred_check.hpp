@@ -24,6 +24,17 @@
 #include "../error.hpp"
 #include "deferred_span.hpp"
 
+#if defined(__SANITIZE_ADDRESS__)
+#define COMMPACT_DEFERRED_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define COMMPACT_DEFERRED_ASAN 1
+#endif
+#endif
+#if defined(COMMPACT_DEFERRED_ASAN)
+#include <sanitizer/asan_interface.h>
+#endif
+
 namespace commpact {
 
 namespace detail::deferred_check {
@@ -65,15 +76,51 @@ struct record {
   const char* type = "";
   std::vector<access> pending;
   std::vector<std::weak_ptr<host_source>> sources;  // queued from_host copies from this storage
-  std::shared_ptr<void> orphan;  // the storage, once its buffer died with work queued
+  std::shared_ptr<void> orphan;  // the storage, once its buffer died (or reallocated it)
+  //! The buffer destroyed this storage, or reallocated away from it (retired): the record
+  //! stays in the registry while the storage is quarantined, so that work queued later
+  //! through a span taken before raises (a GPU kernel would use freed memory).
+  bool retired = false;
+  const char* retired_how = "";
+  //! Under ASan, quarantined storage no queued work uses is poisoned, so that a host read
+  //! through a stale span of pinned memory still shows as a use after free.
+  bool poisoned = false;
+
+  record() = default;
+  record(const record&) = delete;
+  record& operator=(const record&) = delete;
+  ~record() { unpoison(); }  // before `orphan` frees the storage
+  void poison() noexcept {
+#if defined(COMMPACT_DEFERRED_ASAN)
+    if (!poisoned && orphan && hi > lo) ASAN_POISON_MEMORY_REGION(lo, static_cast<std::size_t>(hi - lo));
+    poisoned = orphan && hi > lo;
+#endif
+  }
+  void unpoison() noexcept {
+#if defined(COMMPACT_DEFERRED_ASAN)
+    if (poisoned) ASAN_UNPOISON_MEMORY_REGION(lo, static_cast<std::size_t>(hi - lo));
+    poisoned = false;
+#endif
+  }
 };
 
-//! Every live buffer's storage by its first byte (all ranks' threads share it), and the
-//! queued from_host sources in host memory no buffer owns.
+//! How much retired storage the checker keeps allocated at most (oldest released first),
+//! so that a span of a destroyed or reallocated buffer is caught when work is queued on
+//! it, and its address cannot be reused meanwhile: up to quarantine_bytes of storage and
+//! quarantine_records records. Storage larger than quarantine_bytes is released at once,
+//! leaving the others quarantined (a span of it is then not caught).
+inline constexpr std::size_t quarantine_bytes = std::size_t{64} << 20;
+inline constexpr std::size_t quarantine_records = std::size_t{1} << 16;
+
+//! Every buffer's storage by its first byte (all ranks' threads share it): the live ones,
+//! and the retired ones still quarantined; and the queued from_host sources in host
+//! memory no buffer owns.
 struct registry {
   std::mutex m;
   std::map<const std::byte*, std::shared_ptr<record>> by_lo;
   std::vector<std::weak_ptr<host_source>> loose;
+  std::deque<std::shared_ptr<record>> quarantine;  // retired records, oldest first
+  std::size_t quarantined = 0;                     // their storage's bytes
 };
 inline registry& reg() {
   static registry r;
@@ -98,6 +145,42 @@ inline void erase_locked(const std::shared_ptr<record>& r) {
   auto& by = reg().by_lo;
   auto it = by.find(r->lo);
   if (it != by.end() && it->second == r) by.erase(it);
+}
+
+//! Retires r: its buffer destroyed it or reallocated away from it, handing over the
+//! storage (`storage`, kept allocated). r stays registered, marked retired, while it is
+//! quarantined; the oldest retired records leave (their storage freed, unless queued work
+//! still uses it: then it goes with the last such item) once more than quarantine_bytes
+//! are kept. Caller holds reg().m.
+inline void retire_locked(const std::shared_ptr<record>& r, std::shared_ptr<void> storage, const char* how) noexcept {
+  auto& g = reg();
+  r->retired = true;
+  r->retired_how = how;
+  r->orphan = std::move(storage);
+  // Leaves the registry now: the storage is freed unless queued work still uses it (then
+  // it goes with the last such item, which the fence drops unrun).
+  auto release = [](const std::shared_ptr<record>& x) noexcept {
+    erase_locked(x);
+    if (x->pending.empty()) {
+      x->unpoison();
+      x->orphan.reset();
+    }
+  };
+  const auto bytes = static_cast<std::size_t>(r->hi - r->lo);
+  if (bytes > quarantine_bytes) return release(r);  // too large to keep: the others stay
+  try {
+    g.quarantine.push_back(r);
+  } catch (...) {  // no room to remember it: release it now (not caught later)
+    return release(r);
+  }
+  g.quarantined += bytes;
+  if (r->pending.empty()) r->poison();  // storage queued work uses stays readable for its drop
+  while ((g.quarantined > quarantine_bytes || g.quarantine.size() > quarantine_records) && !g.quarantine.empty()) {
+    auto old = std::move(g.quarantine.front());
+    g.quarantine.pop_front();
+    g.quarantined -= static_cast<std::size_t>(old->hi - old->lo);
+    release(old);
+  }
 }
 
 inline std::string describe(const record& r) {
@@ -227,6 +310,12 @@ inline void check_and_register(queue_state& q, item& it, std::span<const touch> 
     auto r = find_locked(t.p, t.bytes);
     if (!r) continue;
     const record& rec = *r;
+    if (rec.retired)
+      throw usage_error(cat("commpact::deferred_space: an operation ", t.write ? "writes " : "reads ",
+                            describe(rec), " through a span taken before that buffer was ", rec.retired_how,
+                            "; on a GPU the work would use freed memory. Keep a buffer alive until the fence "
+                            "that runs the work queued on it, and take its spans again after it grows past its "
+                            "capacity."));
     const auto* lo = static_cast<const std::byte*>(t.p);
     const auto* hi = lo + t.bytes;
     it.touches.emplace_back(std::move(r), t.write);  // registered below, once all are checked

@@ -46,6 +46,7 @@
 //! `cancel()` drops it. `reduce` = start + finish + commit.
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <concepts>
 #include <cstddef>
@@ -70,6 +71,7 @@
 #include "../../nonfinite.hpp"
 #include "../step_check.hpp"
 #include "../step_phase.hpp"
+#include "../state_identity.hpp"
 #include "../step_status.hpp"
 
 namespace commpact {
@@ -165,11 +167,16 @@ class CastAllreduce {
     ef_.cancel();
   }
 
+  //! Saves the counters and the residual, then who saved it (section 20,
+  //! state_identity.hpp: the 16-bit format at the residual's length, this rank, the
+  //! number of ranks).
   void save_state(std::vector<std::byte>& out) const {
     phase_.require_none_in_flight("CastAllreduce", "save_state");
     state::writer w{out, kind};
     state::write_counters(w, steps_, skipped_);
     ef_.save_residual(w, exec(), 2);
+    auto& c = const_cast<Comm&>(comm_);
+    state::write_identity(w, {fingerprint(static_cast<std::size_t>(ef_.size())), c.rank(), c.size()});
     w.finish();
   }
 
@@ -182,6 +189,9 @@ class CastAllreduce {
     auto res = r.f32s(2);
     r.fail_unless(opt_.error_feedback || res.empty(), "a residual of ", res.size(),
                   " values for a compressor without error feedback");
+    // Another rank's residual, or an fp16 residual in bf16, would load and train on silently.
+    state::check_identity(r, who, comm_.rank(), comm_.size(), res.size(), s,
+                          [](std::size_t n, std::int64_t) { return fingerprint(n); });
     r.done();
     steps_ = s;
     skipped_ = k;
@@ -231,6 +241,12 @@ class CastAllreduce {
     if constexpr (std::is_same_v<Cast, fp16_codec>) return 1;
     else if constexpr (std::is_same_v<Cast, bf16_codec>) return 2;
     else return 3;
+  }
+  //! What a saved residual of n values must be loaded with (state_identity.hpp): the format.
+  static std::int64_t fingerprint(std::size_t n) {
+    if (n == 0) return 0;
+    const std::array<std::int64_t, 2> w{static_cast<std::int64_t>(n), format_id()};
+    return detail::hash_words(w);
   }
   auto exec() const { return comm_exec(const_cast<Comm&>(comm_)); }
   //! Waits for the step's queued work under the communicator's deadline.

@@ -111,7 +111,7 @@ class OkTopK {
     status_.resize(2, e);
     if (!flags) ef_.begin(e, n, true);  // no residual yet: zeros (installed at commit)
     ops<space_type>::fill(e, status_.view(), std::uint32_t{0});
-    agg_.set_skips_nonfinite(opt_.on_nonfinite == nonfinite::skip_step);
+    agg_.set_skips_nonfinite(opt_.on_nonfinite != nonfinite::raise);
     agg_.begin(n, kk, steps_, flags, status_.view());
     if (!flags) {
       ef_.accumulate(e, span<const float>(grad), 0.0f, span<const float>{}, status_.view());
