@@ -52,8 +52,8 @@ void check_identity(reader& r, std::string_view who, std::int64_t rank, std::int
   const std::int64_t now = fingerprint_now(n, step);
   r.require_that<mismatch_error>(now == 0 || now == id[0], "the state was saved by a ", who,
                                  " with other options (k or density, levels, bucket size, seed, period, 16-bit format, "
-                                 "or another codec) than this one has at step ", step, "; load it into a compressor built the "
-                                 "same way.");
+                                 "or another codec) than this one has at step ", step,
+                                 "; load it into a compressor built the same way.");
 }
 //! The same for an object whose options its own state checks (no fingerprint): the
 //! rank and the number of ranks only.
