@@ -2,7 +2,6 @@
 # requires each verdict, so that the usage tests cannot pass a run they should refuse.
 #   cmake -P check_usage_selftest.cmake
 set(script ${CMAKE_CURRENT_LIST_DIR}/check_usage.cmake)
-set(failures 0)
 # expect_verdict(<pass|fail> <what> <-D options>...): runs check_usage.cmake with the options.
 function(expect_verdict verdict what)
   execute_process(COMMAND ${CMAKE_COMMAND} ${ARGN} -P ${script} RESULT_VARIABLE rc OUTPUT_QUIET ERROR_QUIET)
