@@ -518,21 +518,32 @@ struct PowerSGDState : HookBase {
 
   // PyTorch's first Q of a bucket: seeded from the numpy generator, randn per tensor in
   // the order of the shape groups, each m x r (row-major), stored column-major here.
+  // PyTorch also compresses a vector (n x 1 or 1 x n) when min_compression_rate < n / (n + 1);
+  // commpact allreduces vectors dense (exact either way at rank 1), but draws and drops
+  // such a vector's Q so that the matrices' Qs are PyTorch's.
+  bool torch_compresses(const commpact::tensor_shape& t) const {
+    const std::int64_t r = std::min<std::int64_t>(rank, std::min(t.rows, t.cols));
+    return static_cast<double>(t.rows + t.cols) * static_cast<double>(r) * min_rate <
+           static_cast<double>(t.rows) * static_cast<double>(t.cols);
+  }
   template <class P>
   void draw_q(P& p, const commpact::tensor_layout& l) {
     const auto seed = rng.attr("randint")(1000000000).cast<std::int64_t>();
     auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
+    const auto drawn = [&](std::size_t i) { return p.is_compressed(i) || (l[i].is_vector() && torch_compresses(l[i])); };
     std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // groups in order of first appearance
     for (std::size_t i = 0; i < l.size(); ++i) {
-      if (!p.is_compressed(i)) continue;
+      if (!drawn(i)) continue;
       const std::pair<std::int64_t, std::int64_t> s{l[i].rows, l[i].cols};
       if (std::find(shapes.begin(), shapes.end(), s) == shapes.end()) shapes.push_back(s);
     }
     for (const auto& s : shapes)
       for (std::size_t i = 0; i < l.size(); ++i) {
-        if (!p.is_compressed(i) || l[i].rows != s.first || l[i].cols != s.second) continue;
-        const auto m = static_cast<std::size_t>(l[i].cols), r = p.rank_of(i);
+        if (!drawn(i) || l[i].rows != s.first || l[i].cols != s.second) continue;
+        const auto m = static_cast<std::size_t>(l[i].cols);
+        const std::size_t r = p.is_compressed(i) ? p.rank_of(i) : 1;  // a vector's rank clamps to 1
         at::Tensor q = at::randn({static_cast<std::int64_t>(m), static_cast<std::int64_t>(r)}, gen);
+        if (!p.is_compressed(i)) continue;  // a vector PyTorch compresses: its draw only
         const float* src = q.data_ptr<float>();
         std::vector<float> cm(m * r);
         for (std::size_t a = 0; a < m; ++a)

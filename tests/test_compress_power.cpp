@@ -85,6 +85,83 @@ TEST_CASE("orthonormalize_columns: zero matrix and dependent columns give zero c
   CHECK_THROWS_AS(commpact::host::orthonormalize_columns(std::span<float>(a), 5, 3), commpact::invalid_argument);
 }
 
+// Where P = M Q has exact zero rows (a layer's dead units), rounding leaves a dependent
+// column's remainder in the same subspace: normalised, it was a unit vector far from
+// orthogonal to the others (|A^T A - I| up to 0.8), and P P^T M missed M by as much as M
+// (an outside tester: the hook at the rank of a 64 x 64 layer was off by 40% of the
+// gradient where PyTorch's was exact). Such columns are zeroed (host::gs_dependent).
+TEST_CASE("orthonormalize_columns: columns dependent to rounding are zeroed where P has zero rows",
+          "[power][orthogonalize]") {
+  const std::size_t n = GENERATE(16, 64, 300);
+  const std::size_t s = GENERATE(1, 5, 8);  // the rank of M
+  const std::size_t r = n / 2;              // above the n - n / 3 nonzero rows' room for s only
+  const std::size_t m = 40;
+  CAPTURE(n, s, r);
+  // M (n x m, column-major) = sum of s outer products a b^T, a zero in every third row.
+  std::vector<float> M(n * m, 0.0f);
+  for (std::size_t t = 0; t < s; ++t) {
+    auto a = normal(1000 + t, n), b = normal(2000 + t, m);
+    for (std::size_t i = 0; i < n; i += 3) a[i] = 0.0f;
+    for (std::size_t j = 0; j < m; ++j)
+      for (std::size_t i = 0; i < n; ++i) M[j * n + i] += a[i] * b[j];
+  }
+  const auto Q = normal(3000, m * r);
+  Eigen::Map<const Eigen::MatrixXf> Mm(M.data(), static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(m));
+  Eigen::Map<const Eigen::MatrixXf> Qm(Q.data(), static_cast<Eigen::Index>(m), static_cast<Eigen::Index>(r));
+  Eigen::MatrixXf Pm = Mm * Qm;
+  std::vector<float> p(Pm.data(), Pm.data() + n * r);
+  const int kept = commpact::host::orthonormalize_columns(std::span<float>(p), n, r);
+  CHECK(kept == static_cast<int>(s));
+  Eigen::Map<Eigen::MatrixXf> A(p.data(), static_cast<Eigen::Index>(n), static_cast<Eigen::Index>(r));
+  Eigen::MatrixXf G = A.transpose() * A;
+  for (Eigen::Index j = 0; j < G.rows(); ++j) {
+    CAPTURE(j);
+    CHECK((G(j, j) == 0.0f || std::abs(G(j, j) - 1.0f) < 1e-5f));  // zeroed, or a unit column
+    if (G(j, j) == 0.0f) CHECK(A.col(j).cwiseAbs().maxCoeff() == 0.0f);
+  }
+  const Eigen::MatrixXf off = G - Eigen::MatrixXf(G.diagonal().asDiagonal());
+  CHECK(off.cwiseAbs().maxCoeff() < 1e-5);
+  // P P^T is the projection onto the columns of M: P P^T M = M to float precision.
+  const double err = (A * (A.transpose() * Mm) - Mm).cwiseAbs().maxCoeff() / Mm.cwiseAbs().maxCoeff();
+  CHECK(err < 1e-5);
+}
+
+TEST_CASE("PowerSGD at the full rank of a layer with zero rows gives the mean, step after step", "[power]") {
+  const std::size_t n = 48, m = 48;
+  const int P = 2;
+  std::vector<std::vector<float>> g(P, std::vector<float>(n * m, 0.0f));
+  std::vector<std::vector<float>> got(P);
+  for (int rk = 0; rk < P; ++rk)  // rank 6 per rank, rows 0, 3, 6, ... zero (row-major n x m)
+    for (std::size_t t = 0; t < 6; ++t) {
+      auto a = normal(100 * rk + t, n), b = normal(100 * rk + 50 + t, m);
+      for (std::size_t i = 0; i < n; i += 3) a[i] = 0.0f;
+      for (std::size_t i = 0; i < n; ++i)
+        for (std::size_t j = 0; j < m; ++j) g[rk][i * m + j] += a[i] * b[j];
+    }
+  std::vector<double> errs(3 * P, 1.0);
+  REQUIRE_NOTHROW(commpact_test::run_checked_threads(
+      P,
+      [&](commpact_test::checked_thread_comm& comm) {
+        commpact::power_options o;
+        o.min_compression_rate = 0;
+        o.approximation_rank = static_cast<int>(n);
+        PowerCompressor<1> c{comm, tensor_layout{{static_cast<std::int64_t>(n), static_cast<std::int64_t>(m)}}, o};
+        for (int step = 0; step < 3; ++step) {  // the same gradient: the residual stays 0
+          auto x = g[comm.rank()];
+          c.reduce(std::span<float>(x));
+          double e = 0, big = 0;
+          for (std::size_t k = 0; k < n * m; ++k) {
+            const double mean = (static_cast<double>(g[0][k]) + g[1][k]) / 2;
+            e = std::max(e, std::abs(x[k] - mean));
+            big = std::max(big, std::abs(mean));
+          }
+          errs[3 * comm.rank() + step] = e / big;
+        }
+      },
+      quick));
+  for (double e : errs) CHECK(e < 1e-5);
+}
+
 TEST_CASE("PowerSGD recovers a mean of exact low rank to float precision", "[power]") {
   const int P = GENERATE(1, 2, 3);
   const int k = GENERATE(1, 2);  // true rank; Rank is 2 or 4 >= k

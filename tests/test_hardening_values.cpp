@@ -438,6 +438,41 @@ TEMPLATE_TEST_CASE("(c) finite gradients whose mean overflows: numeric_error or 
     }
 }
 
+// An on_nonfinite outside the enum (an integer cast to it) would be read as skip_step by
+// the steps: every type refuses it at construction with invalid_argument naming the option,
+// on every rank (no communication, so a rank's refusal leaves no other waiting).
+TEMPLATE_TEST_CASE("an on_nonfinite outside the enum raises invalid_argument at construction, naming the option",
+                   "[hardening][options]", in_host<dense_case>, in_deferred<dense_case>, in_host<topk_case>,
+                   in_deferred<topk_case>, in_host<gtopk_case>, in_deferred<gtopk_case>, in_host<power_case>,
+                   in_deferred<power_case>, in_host<linear_randomk_case>, in_deferred<linear_randomk_case>,
+                   in_host<majority_case>, in_deferred<majority_case>, in_host<oktopk_case>, in_deferred<oktopk_case>,
+                   in_host<fp16_allreduce_case>, in_deferred<fp16_allreduce_case>, in_host<bf16_allreduce_case>,
+                   in_host<codec_case<sign_codec>>, in_deferred<codec_case<qsgd_codec>>, in_host<gossip_power_case>,
+                   in_host<gossip_choco_case>, in_host<gossip_dpsgd_case>, in_host<data_parallel_case>) {
+  for (const int bad : {2, 7, -1}) {
+    std::vector<std::string> what(kP);
+    run_threads(kP, [&](ThreadComm& comm) {
+      auto& w = what[static_cast<std::size_t>(comm.rank())];
+      try {
+        subject<typename TestType::c, TestType::is_deferred> s{comm, static_cast<nonfinite>(bad)};
+        w = "constructed";
+      } catch (const invalid_argument& e) {
+        w = e.what();
+      } catch (const std::exception& e) {
+        w = std::string("another error: ") + e.what();
+      }
+    });
+    for (int r = 0; r < kP; ++r) {
+      CAPTURE(bad, r);
+      CHECK_THAT(what[static_cast<std::size_t>(r)],
+                 Catch::Matchers::StartsWith("commpact::") &&
+                     Catch::Matchers::Contains(commpact::detail::cat(": on_nonfinite = ", bad,
+                                                                     " is not a nonfinite value; pass nonfinite::raise "
+                                                                     "or nonfinite::skip_step.")));
+    }
+  }
+}
+
 // PowerGossip mixes with low-rank factors kept per edge: a model of FLT_MAX values (or
 // 3e38 at one index) would make its products overflow into NaN after the round's flag
 // was agreed. The flag covers headroom (a value at or above FLT_MAX / 2^k fails the

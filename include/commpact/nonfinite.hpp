@@ -40,6 +40,13 @@ inline agreement_item length_item(std::int64_t n, nonfinite on) {
           .bit = on != nonfinite::raise};  // as the steps decide: anything but raise skips
 }
 
+//! Raises invalid_argument at construction for an on_nonfinite outside the enum (an
+//! integer cast to it), which the steps would read as skip_step.
+inline void require_nonfinite_policy(nonfinite on, std::string_view who) {
+  require(on == nonfinite::raise || on == nonfinite::skip_step, "commpact::", who, ": on_nonfinite = ",
+          static_cast<int>(on), " is not a nonfinite value; pass nonfinite::raise or nonfinite::skip_step.");
+}
+
 //! Index of the first NaN or Inf in v, or v.size(): a branch-free, vectorised test of the
 //! exponent bits, the index searched only in a block that holds one (host::first_nonfinite).
 inline std::size_t first_nonfinite(std::span<const float> v) { return host::first_nonfinite(v); }

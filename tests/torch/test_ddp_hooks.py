@@ -197,24 +197,55 @@ def worker(rank, path, failures):
             check(identical_across_ranks(torch.cat([p.grad.reshape(-1) for p in net.parameters()])),
                   f"{name} with a zero-size parameter: gradients differ across ranks")
 
-        # 2. commpact's PowerSGD against PyTorch's powerSGD_hook at the same rank and seed.
-        for r in (1, 2):
+        # 2. commpact's PowerSGD against PyTorch's powerSGD_hook at the same rank and seed;
+        #    min_compression_rate 0 compresses every matrix; rank 64 is the full rank of the
+        #    64 x 64 layer, whose gradient has the zero rows of dead units (both then give the
+        #    allreduce).
+        dense, _ = train(rank, steps=12)
+        for r, rate in ((1, 2.0), (2, 2.0), (64, 0.0)):
             ref_state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=r, start_powerSGD_iter=2,
-                                           random_seed=5, use_error_feedback=True, warm_start=True)
+                                           min_compression_rate=rate, random_seed=5, use_error_feedback=True,
+                                           warm_start=True)
             ref, _ = train(rank, psgd.powerSGD_hook, ref_state, steps=12)
             mine, _ = train(rank, ch.powersgd_hook,
                             ch.PowerSGDState(matrix_approximation_rank=r, start_powerSGD_iter=2, random_seed=5,
-                                             name=f"t/psgd-ref{r}"), steps=12)
-            dense, _ = train(rank, steps=12)
+                                             min_compression_rate=rate, name=f"t/psgd-ref{r}-{rate}"), steps=12)
             a, b, d = flat_params(ref), flat_params(mine), flat_params(dense)
             err = (a - b).abs().max().item()
             gap = (a - d).abs().max().item()
             check(torch.allclose(a, b, rtol=1e-4, atol=1e-5),
-                  f"rank {r}: commpact's PowerSGD differs from PyTorch's by {err:.3e}")
-            check(gap > 100 * max(err, 1e-7), f"rank {r}: PowerSGD is too close to allreduce ({gap:.3e}) to tell")
+                  f"rank {r}, min_compression_rate {rate}: commpact's PowerSGD differs from PyTorch's by {err:.3e}")
+            if r < 64:
+                check(gap > 100 * max(err, 1e-7),
+                      f"rank {r}: PowerSGD is too close to allreduce ({gap:.3e}) to tell")
             if rank == 0:
-                print(f"PowerSGD rank {r}, 12 steps: max |commpact - PyTorch| = {err:.2e}, "
-                      f"max |PyTorch PowerSGD - allreduce| = {gap:.2e}", flush=True)
+                print(f"PowerSGD rank {r}, min_compression_rate {rate}, 12 steps: max |commpact - PyTorch| = "
+                      f"{err:.2e}, max |PyTorch PowerSGD - allreduce| = {gap:.2e}", flush=True)
+
+        # 2b. At min_compression_rate 0 PyTorch compresses the biases too, and their Q draws
+        #     come first in the stream: the gradients of the first compressed iteration are
+        #     PyTorch's (before the hook drew the vectors' Qs, off by 1e-2 at rank 2). Over
+        #     12 steps the 4 x 64 layer drifts by 1.6e-5: PyTorch orthogonalises the warm-start
+        #     Q, commpact does not (the same in exact arithmetic; docs/pytorch.md).
+        def first_compressed_grads(hook, st):
+            model = DDP(model_fn(), bucket_cap_mb=0.01)
+            model.register_comm_hook(st, hook)
+            for x, y in batches(rank, 3):  # iterations 0 and 1 dense, 2 compressed
+                model.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+            return torch.cat([p.grad.reshape(-1) for p in model.module.parameters()])
+        ga = first_compressed_grads(psgd.powerSGD_hook, psgd.PowerSGDState(
+            process_group=None, matrix_approximation_rank=2, start_powerSGD_iter=2, min_compression_rate=0.0,
+            random_seed=5))
+        gb = first_compressed_grads(ch.powersgd_hook, ch.PowerSGDState(
+            matrix_approximation_rank=2, start_powerSGD_iter=2, min_compression_rate=0.0, random_seed=5,
+            name="t/psgd-rate0"))
+        check(torch.allclose(ga, gb, rtol=1e-4, atol=1e-5),
+              f"min_compression_rate 0: the first compressed gradients differ from PyTorch's by "
+              f"{(ga - gb).abs().max().item():.3e}")
+        if rank == 0:
+            print(f"PowerSGD rank 2, min_compression_rate 0, first compressed iteration: max |commpact - PyTorch| = "
+                  f"{(ga - gb).abs().max().item():.2e}", flush=True)
 
         # 3. Model averaging: Local SGD (period 3) and QSR.
         for avg in (ch.ModelAverager(period=3, name="t/local"), ch.ModelAverager(period=2, qsr_alpha=0.05,

@@ -392,7 +392,8 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
     check_peer(peer, what);
     require(bytes <= static_cast<std::size_t>(INT_MAX), "commpact::MpiComm::", what, ": rank ", rank(),
             " passed a message of ", bytes, " bytes; MPI counts are int, so at most ", INT_MAX,
-            " bytes per message: split it.");
+            " bytes per message: split it (a compressor's message: reduce the gradient in smaller "
+            "buckets, Bucketed).");
   }
 
   template <class T>
@@ -407,7 +408,9 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
                          "; use reduce_op::sum, min or max.");
     if (data.size() > static_cast<std::size_t>(INT_MAX))
       return detail::cat("commpact::MpiComm::allreduce: rank ", rank(), " passed ", data.size(),
-                         " elements; MPI counts are int, so at most ", INT_MAX, " per call: split the buffer.");
+                         " elements; MPI counts are int, so at most ", INT_MAX,
+                         " per call: split the buffer (inside a compressor: reduce the gradient in smaller buckets, "
+                         "Bucketed).");
     return {};
   }
 
@@ -423,7 +426,9 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
                          " elements; it must hold size() * in.size() = ", P, " * ", in.size(), ".");
     if (in.size_bytes() > static_cast<std::size_t>(INT_MAX))
       return detail::cat("commpact::MpiComm::allgather: rank ", rank(), " passed a block of ", in.size_bytes(),
-                         " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per block: split the call.");
+                         " bytes; MPI counts are int, so at most ", INT_MAX,
+                         " bytes per block: split the call (inside a compressor: reduce the gradient in smaller "
+                         "buckets, Bucketed).");
     return {};
   }
   template <class T>
@@ -437,7 +442,9 @@ class MpiComm : public detail::blocking_collectives<MpiComm> {
                          size(), "); pass the rank that holds the data.");
     if (data.size_bytes() > static_cast<std::size_t>(INT_MAX))
       return detail::cat("commpact::MpiComm::broadcast: rank ", rank(), " passed ", data.size_bytes(),
-                         " bytes; MPI counts are int, so at most ", INT_MAX, " bytes per call: split the buffer.");
+                         " bytes; MPI counts are int, so at most ", INT_MAX,
+                         " bytes per call: split the buffer (inside a compressor: reduce the gradient in smaller "
+                         "buckets, Bucketed).");
     return {};
   }
 

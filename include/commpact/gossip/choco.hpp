@@ -74,6 +74,11 @@ class choco_algorithm {
       require(problem.empty(), "commpact::GossipMixer (CHOCO-SGD): the codec does not fit the layout of ", n_,
               " parameters: ", problem);
     }
+    if constexpr (framed)  // a variable-length message carries its length in 32 bits
+      require(codec_.max_encoded_bytes(n_) <= 0xFFFFFFFFull, "commpact::GossipMixer (CHOCO-SGD): the codec's message "
+              "for ", n_, " parameters may take ", codec_.max_encoded_bytes(n_), " bytes, above the 32-bit length "
+              "its frame carries (4294967295 bytes); mix a smaller model per mixer, or use a codec with a shorter "
+              "message.");
     hat_self_.resize(n_, exec_);
     hat_nb_.resize(deg_ * n_, exec_);
     q_nb_.resize(deg_ * n_, exec_);

@@ -134,6 +134,7 @@ class GossipMixer {
         n_(static_cast<std::size_t>(detail::check_layout(layout_, "commpact::GossipMixer"))),
         algo_(layout_, n_, selector::make(std::move(codec)), ex_),
         opt_(opt) {
+    detail::require_nonfinite_policy(opt_.on_nonfinite, "GossipMixer");
     std::vector<std::int64_t> words = {algorithm::id, static_cast<std::int64_t>(ex_.comm().size()),
                                        static_cast<std::int64_t>(opt_.on_nonfinite), opt_.check_finite ? 1 : 0};
     // The algorithm's parameters (add_setup): both ends of an edge must use the same rank,

@@ -142,6 +142,7 @@ class ParameterServer {
       try {
         for (std::size_t s = 0; s < S_; ++s) codecs_.push_back(make(s, bounds_[s], bounds_[s + 1]));
         for (std::size_t s = 0; s < S_ && problem.empty(); ++s) problem = check_codec(s);
+        for (std::size_t s = 0; s < S_ && problem.empty(); ++s) problem = check_wire_length(s);
       } catch (const std::exception& e) {
         problem = e.what();
       }
@@ -419,6 +420,19 @@ class ParameterServer {
     std::vector<std::byte> bytes;
     double lr = 0;
   };
+
+  //! A shard whose parameters or pushes would not fit the wire header's 32-bit payload
+  //! length (shards of 2^30 floats or more), refused at construction on every rank.
+  std::string check_wire_length(std::size_t s) const {
+    const std::size_t len = bounds_[s + 1] - bounds_[s];
+    const std::uint64_t bytes =
+        std::max<std::uint64_t>(4 * static_cast<std::uint64_t>(len), codecs_[s].max_encoded_bytes(len));
+    if (bytes <= 0xFFFFFFFFull) return {};
+    return detail::cat("commpact::ps::ParameterServer: shard ", s, " holds ", len,
+                       " values, whose messages take up to ",
+                       bytes, " bytes, above the wire header's 32-bit payload length (4294967295 bytes); use more "
+                       "servers (each shard below 2^30 values).");
+  }
 
   std::string check_codec(std::size_t s) const {
     if constexpr (commpact::req::codec_has_check<K>) return std::string(codecs_[s].check(bounds_[s + 1] - bounds_[s]));

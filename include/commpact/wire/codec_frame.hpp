@@ -38,6 +38,9 @@ namespace frame {
 inline constexpr std::uint32_t magic = 0x47415043u;  // "CPAG"
 inline constexpr std::uint16_t version = 1;
 inline constexpr std::size_t header_bytes = 48;
+//! The largest payload a header can announce (its length is 32-bit): CodecCompressor
+//! refuses a codec whose message for the gradient may be longer (check()).
+inline constexpr std::uint64_t max_payload = 0xFFFFFFFFu;
 enum flag : std::uint16_t { nonfinite_input = 1, rejected_input = 2 };
 
 struct header {

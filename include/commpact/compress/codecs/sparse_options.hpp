@@ -72,6 +72,7 @@ inline void validate_sparse_options(const sparse_options& o, const char* who) {
           " is outside [0, 1); use 0 to turn momentum correction off.");
   require(o.clip_norm >= 0.0f && std::isfinite(o.clip_norm), "commpact::", who, ": clip_norm = ", o.clip_norm,
           " must be finite and >= 0; use 0 to turn clipping off.");
+  require_nonfinite_policy(o.on_nonfinite, who);
 }
 
 //! The density in force at `step`.

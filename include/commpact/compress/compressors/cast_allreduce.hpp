@@ -108,7 +108,9 @@ class CastAllreduce {
   template <class T>
   using buffer = typename space_type::template buffer<T>;
 
-  explicit CastAllreduce(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {}
+  explicit CastAllreduce(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
+    detail::require_nonfinite_policy(opt.on_nonfinite, who);
+  }
 
   //! Averages grad over the ranks in place. Returns false when the step was skipped.
   bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }

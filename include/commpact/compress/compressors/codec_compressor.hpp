@@ -98,6 +98,7 @@ class CodecCompressor {
     sparse_options o;
     o.momentum = opt_.momentum;
     o.clip_norm = opt_.clip_norm;
+    o.on_nonfinite = opt_.on_nonfinite;
     detail::validate_sparse_options(o, name_.c_str());
     if constexpr (req::codec_has_bind_rank<Codec>) codec_.bind_rank(agg_.comm().rank());
   }
@@ -280,10 +281,14 @@ class CodecCompressor {
   void fence() const { comm_fence(const_cast<Aggregation&>(agg_).comm()); }
 
   std::string check(std::size_t n) const {
-    if constexpr (req::codec_has_check<Codec>) return std::string(codec_.check(n));
-    else
-      return n == 0 ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at least one entry.")
-                    : std::string{};
+    std::string p;
+    if constexpr (req::codec_has_check<Codec>) p = std::string(codec_.check(n));
+    else if (n == 0) p = detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at least one entry.");
+    if (p.empty() && n > 0 && codec_.max_encoded_bytes(n) > frame::max_payload)
+      p = detail::cat("commpact::", name_, "::reduce: the codec's message for n = ", n, " entries may take ",
+                      codec_.max_encoded_bytes(n), " bytes, above the frame's 32-bit payload length (",
+                      frame::max_payload, " bytes); split the gradient into buckets (Bucketed).");
+    return p;
   }
   std::int64_t agreement_of(std::size_t n) const {
     if constexpr (req::codec_has_agreement<Codec>) return codec_.agreement(n);

@@ -61,7 +61,9 @@ class Dense {
   template <class T>
   using span = typename space_type::template span<T>;
 
-  explicit Dense(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {}
+  explicit Dense(Comm comm, options opt = {}) : comm_(std::move(comm)), opt_(opt) {
+    detail::require_nonfinite_policy(opt.on_nonfinite, "Dense");
+  }
 
   //! Averages grad over the ranks in place. Returns false when the step was skipped.
   bool reduce(span<float> grad) { return detail::reduce_now(*this, grad); }

@@ -87,7 +87,9 @@ class LinearCompressor {
 
   explicit LinearCompressor(C comm, K codec = K(), nonfinite on_nonfinite = nonfinite::raise,
                             std::string_view name = "LinearCompressor")
-      : agg_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {}
+      : agg_(std::move(comm)), codec_(std::move(codec)), policy_(on_nonfinite), name_(name) {
+    detail::require_nonfinite_policy(on_nonfinite, name_);
+  }
 
   //! Replaces grad by the mean over the ranks of B A (g_r + e_r), the same bits on every
   //! rank. Returns false when the step was skipped (nonfinite::skip_step). A step that
@@ -271,9 +273,11 @@ class LinearCompressor {
   //! The first step's agreement on the length and the codec's settings (or, after an idle
   //! step on every rank, the new length's); raises alike on every rank.
   void agree_length(std::int64_t n) {
-    const std::string problem = n == 0 ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
-                                                     "pass at least one entry.")
-                                       : detail::length_problem(name_.c_str(), n, ef_.size());
+    std::string problem = n == 0 ? detail::cat("commpact::", name_, "::reduce: the gradient is empty; "
+                                               "pass at least one entry.")
+                                 : detail::length_problem(name_.c_str(), n, ef_.size());
+    if constexpr (req::codec_has_check<K>)  // random-k: n below 2^31
+      if (problem.empty()) problem = std::string(codec_.check(static_cast<std::size_t>(n)));
     if constexpr (req::codec_has_agreement<K>)
       commpact::agree(agg_.comm(), name_.c_str(),
                       {detail::length_item(n, policy_),

@@ -90,6 +90,7 @@ class MajorityVote {
   explicit MajorityVote(C comm, majority_options opt = {}) : agg_(std::move(comm), opt.scaled), opt_(opt) {
     require(opt.momentum >= 0.0f && opt.momentum < 1.0f, "commpact::MajorityVote: momentum = ", opt.momentum,
             " is outside [0, 1); Signum uses 0.9, signSGD 0.");
+    detail::require_nonfinite_policy(opt.on_nonfinite, "MajorityVote");
   }
   //! The payload of a vote for n values: the scale and the sign bits.
   static std::size_t payload_bytes(std::size_t n) { return 4 + (n + 7) / 8; }

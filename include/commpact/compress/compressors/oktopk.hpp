@@ -78,6 +78,7 @@ class OkTopK {
   explicit OkTopK(C comm, oktopk_options opt = {}) : agg_(std::move(comm), checked_period(opt)), opt_(opt) {
     require(opt.density > 0.0 && opt.density <= 1.0, "commpact::OkTopK: density = ", opt.density,
             " is outside (0, 1]; pass the fraction of entries to send, such as 0.01.");
+    detail::require_nonfinite_policy(opt.on_nonfinite, "OkTopK");
   }
   //! What one region may select between estimations: ceil(2k / P), at most k.
   static std::size_t region_cap(std::size_t kk, int P) { return aggregation_type::region_cap(kk, P); }

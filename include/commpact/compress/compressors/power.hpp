@@ -404,6 +404,7 @@ class PowerCompressor {
     require(opt_.products == power_products::exact || opt_.products == power_products::blas,
             "commpact::PowerCompressor: products = ", static_cast<int>(opt_.products),
             " is not a power_products value; pass power_products::exact or power_products::blas.");
+    detail::require_nonfinite_policy(opt_.on_nonfinite, "PowerCompressor");
   }
 
   std::string length_problem(std::size_t n) const {

@@ -225,6 +225,11 @@ __device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols
   int kept = 0;
   for (std::size_t j = 0; j < cols; ++j) {
     float* cj = a + j * rows;
+    double before = 0.0;
+    if (j > 0) {
+      __syncthreads();
+      before = fixed::block_sum<double>(rows, host::gs_dot_leaf{cj, cj}, add, sh);
+    }
     for (int pass = 0; pass < 2; ++pass)
       for (std::size_t k = 0; k < j; ++k) {
         const float* ck = a + k * rows;
@@ -235,12 +240,14 @@ __device__ int block_orthonormalize(float* a, std::size_t rows, std::size_t cols
       }
     __syncthreads();
     const double nrm2 = fixed::block_sum<double>(rows, host::gs_dot_leaf{cj, cj}, add, sh);
-    if (nrm2 > 0.0 && isfinite(nrm2)) {
+    if (!isfinite(nrm2)) {
+      // non-finite: left as is, as on the host
+    } else if (nrm2 == 0.0 || (j > 0 && host::gs_dependent(nrm2, before, j))) {
+      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = 0.0f;
+    } else {
       const double inv = host::gs_inv_norm(nrm2);
       for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = host::gs_scale(cj[i], inv);
       ++kept;
-    } else if (nrm2 == 0.0) {
-      for (std::size_t i = threadIdx.x; i < rows; i += blockDim.x) cj[i] = 0.0f;
     }
   }
   __syncthreads();

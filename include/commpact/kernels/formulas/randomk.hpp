@@ -10,9 +10,11 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 #include <vector>
 
+#include "../../error.hpp"
 #include "bits.hpp"
 #include "density.hpp"
 
@@ -45,6 +47,8 @@ class randomk_draw {
 
  private:
   void draw(std::size_t n) {
+    require(n <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()), "commpact::randomk_codec: n = ",
+            n, " entries; its indices are int32, so n must be below 2^31: split the gradient into buckets.");
     const std::size_t k = size(n);
     const random_stream rng(seed_, step_, 0);
     mark_.assign(n, 0);
