@@ -14,6 +14,7 @@
 #include <commpact/compress/codecs/sparsifiers.hpp>
 #include <commpact/compress/compressors/codec_compressor.hpp>
 #include <commpact/compress/compressors/linear.hpp>
+#include <commpact/compress/compressors/majority.hpp>
 #include <commpact/gossip/gossip_mixer.hpp>
 #include <commpact/ps/parameter_server.hpp>
 #include <commpact/topology/ring.hpp>
@@ -87,6 +88,17 @@ TEST_CASE("CodecCompressor refuses a codec whose message may pass the frame's 32
     // The threshold codec's own size fits: the same gradient runs.
     CodecCompressor<threshold_codec, Allgather<ThreadComm>> ok{comm, threshold_codec{0.5f}};
     RANK_REQUIRE_NOTHROW(ok.reduce(std::span<float>(g)));
+  }));
+}
+
+TEST_CASE("MajorityVote refuses a gradient whose vote passes the frame's 32-bit payload length",
+          "[hardening][sizes]") {
+  // 4 + ceil(n / 8) bytes: 2^35 entries take 2^32 + 4 (128 GiB of address space, reserved).
+  const sizes_reserved g(std::size_t{1} << 35);
+  REQUIRE_NOTHROW(run_threads(2, [&](ThreadComm& comm) {
+    MajorityVote<ThreadComm> c{comm};
+    RANK_REQUIRE_THROWS_AS_WITH(c.reduce(g.span()), invalid_argument, "whose vote takes 4294967300 bytes",
+                                "32-bit payload length");
   }));
 }
 
