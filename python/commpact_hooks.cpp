@@ -521,16 +521,14 @@ struct PowerSGDState : HookBase {
   // PyTorch also compresses a vector (n x 1 or 1 x n) when min_compression_rate < n / (n + 1);
   // commpact allreduces vectors dense (exact either way at rank 1), but draws and drops
   // such a vector's Q so that the matrices' Qs are PyTorch's.
-  bool torch_compresses(const commpact::tensor_shape& t) const {
-    const std::int64_t r = std::min<std::int64_t>(rank, std::min(t.rows, t.cols));
-    return static_cast<double>(t.rows + t.cols) * static_cast<double>(r) * min_rate <
-           static_cast<double>(t.rows) * static_cast<double>(t.cols);
-  }
   template <class P>
   void draw_q(P& p, const commpact::tensor_layout& l) {
     const auto seed = rng.attr("randint")(1000000000).cast<std::int64_t>();
     auto gen = at::detail::createCPUGenerator(static_cast<std::uint64_t>(seed));
-    const auto drawn = [&](std::size_t i) { return p.is_compressed(i) || (l[i].is_vector() && torch_compresses(l[i])); };
+    const auto drawn = [&](std::size_t i) {
+      return p.is_compressed(i) ||
+             (l[i].is_vector() && commpact::detail::pytorch_compresses(l[i].rows, l[i].cols, rank, min_rate));
+    };
     std::vector<std::pair<std::int64_t, std::int64_t>> shapes;  // groups in order of first appearance
     for (std::size_t i = 0; i < l.size(); ++i) {
       if (!drawn(i)) continue;

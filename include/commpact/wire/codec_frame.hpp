@@ -26,6 +26,7 @@
 #include <cstring>
 #include <limits>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "../config.hpp"
@@ -38,8 +39,8 @@ namespace frame {
 inline constexpr std::uint32_t magic = 0x47415043u;  // "CPAG"
 inline constexpr std::uint16_t version = 1;
 inline constexpr std::size_t header_bytes = 48;
-//! The largest payload a header can announce (its length is 32-bit): CodecCompressor
-//! refuses a codec whose message for the gradient may be longer (check()).
+//! The largest payload a header can announce (its length is 32-bit): CodecCompressor and
+//! MajorityVote refuse a gradient whose message may be longer (payload_problem).
 inline constexpr std::uint64_t max_payload = 0xFFFFFFFFu;
 enum flag : std::uint16_t { nonfinite_input = 1, rejected_input = 2 };
 
@@ -88,6 +89,15 @@ inline header read_header(std::span<const std::byte> b, std::size_t block_bytes,
                       "'s header announces ", h.payload, " payload bytes in a block of ", block_bytes,
                       "; the block is corrupt.");
   return h;
+}
+
+//! Why a message of up to `bytes` for a gradient of n entries cannot travel in a frame
+//! (empty: it can): `who` names the compressor, `what` the message.
+inline std::string payload_problem(std::string_view who, std::string_view what, std::size_t n, std::uint64_t bytes) {
+  if (bytes <= max_payload) return {};
+  return detail::cat("commpact::", who, "::reduce: the gradient has n = ", n, " entries, whose ", what,
+                     " may take ", bytes, " bytes, above the frame's 32-bit payload length (", max_payload,
+                     " bytes); split the gradient into buckets (Bucketed).");
 }
 
 //! The device-side gate of a step whose decode is queued before the host reads the

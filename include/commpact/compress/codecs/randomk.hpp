@@ -7,9 +7,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <span>
-#include <string>
 #include <vector>
 
 #include "../../detail/hash.hpp"
@@ -45,14 +43,6 @@ class randomk_codec : public detail::randomk_draw {
             "commpact::randomk_codec::decompress_add: called for n = ", acc.size(), " with ", in.size(),
             " values; compress() of the same step and length comes first.");
     for (std::size_t j = 0; j < ix.size(); ++j) acc[static_cast<std::size_t>(ix[j])] += in[j];
-  }
-  //! The lengths random-k cannot serve (empty: none): its indices are int32.
-  std::string check(std::size_t n) const {
-    if (n > static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()))
-      return detail::cat("commpact::randomk_codec: the gradient has n = ", n,
-                         " entries; random-k's indices are int32, so n must be below 2^31: split the gradient into "
-                         "buckets.");
-    return {};
   }
   //! Scaled random-k is unbiased and runs without error feedback; unscaled keeps a residual.
   bool keeps_residual() const { return !scaled(); }

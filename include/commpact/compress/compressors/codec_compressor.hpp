@@ -284,10 +284,7 @@ class CodecCompressor {
     std::string p;
     if constexpr (req::codec_has_check<Codec>) p = std::string(codec_.check(n));
     else if (n == 0) p = detail::cat("commpact::", name_, "::reduce: the gradient is empty; pass at least one entry.");
-    if (p.empty() && n > 0 && codec_.max_encoded_bytes(n) > frame::max_payload)
-      p = detail::cat("commpact::", name_, "::reduce: the codec's message for n = ", n, " entries may take ",
-                      codec_.max_encoded_bytes(n), " bytes, above the frame's 32-bit payload length (",
-                      frame::max_payload, " bytes); split the gradient into buckets (Bucketed).");
+    if (p.empty() && n > 0) p = frame::payload_problem(name_, "encoded message", n, codec_.max_encoded_bytes(n));
     return p;
   }
   std::int64_t agreement_of(std::size_t n) const {

@@ -111,10 +111,8 @@ class MajorityVote {
     if (n == 0) problem_ = "commpact::MajorityVote::reduce: the gradient is empty; pass at least one entry.";
     else if (opt_.momentum > 0.0f && m_n_ > 0 && m_n_ != n)
       problem_ = detail::length_problem("MajorityVote", static_cast<std::int64_t>(n), static_cast<std::int64_t>(m_n_));
-    else if (payload_bytes(n) > frame::max_payload)
-      problem_ = detail::cat("commpact::MajorityVote::reduce: the gradient has n = ", n, " entries, whose vote takes ",
-                             payload_bytes(n), " bytes, above the frame's 32-bit payload length (",
-                             frame::max_payload, " bytes); split the gradient into buckets (Bucketed).");
+    else
+      problem_ = frame::payload_problem("MajorityVote", "vote", n, payload_bytes(n));
     if (!agreed_) agree_block(n);
     // A length whose block is not the agreed one (after the first step) runs the step
     // idle: a rejected header in a block of the agreed capacity, so every rank makes the

@@ -63,6 +63,16 @@ struct power_plan {
   std::int64_t total = 0, hash = 0;
 };
 
+//! PyTorch's rule (powerSGD_hook's _should_compress): a rows x cols matrix at rank
+//! r = min(rank, rows, cols) is worth compressing when (rows + cols) r rate < rows cols,
+//! strictly. PyTorch applies it to vectors too; plan_power does not compress them.
+inline bool pytorch_compresses(std::int64_t rows, std::int64_t cols, std::int64_t rank, double rate) {
+  const std::int64_t r = std::min(rank, std::min(rows, cols));
+  const double dense = static_cast<double>(rows) * static_cast<double>(cols);
+  const double low = static_cast<double>(rows + cols) * static_cast<double>(r);
+  return low * rate < dense;
+}
+
 //! Plans `layout` at approximation rank `rank` (PyTorch's rule: compressed when
 //! (n + m) r * min_compression_rate < n m, strictly; vectors never). Raises on a bad layout.
 inline power_plan plan_power(const tensor_layout& layout, int rank, const power_options& opt) {
@@ -75,9 +85,7 @@ inline power_plan plan_power(const tensor_layout& layout, int rank, const power_
     en.rows = static_cast<std::size_t>(s.rows);
     en.cols = static_cast<std::size_t>(s.cols);
     en.r = static_cast<std::size_t>(std::min<std::int64_t>(rank, std::min(s.rows, s.cols)));
-    const double dense = static_cast<double>(s.rows) * static_cast<double>(s.cols);
-    const double low = static_cast<double>(s.rows + s.cols) * static_cast<double>(en.r);
-    en.compressed = !s.is_vector() && low * opt.min_compression_rate < dense;
+    en.compressed = !s.is_vector() && pytorch_compresses(s.rows, s.cols, rank, opt.min_compression_rate);
     if (en.compressed) {
       en.p_off = pl.p;
       en.q_off = pl.q;

@@ -12,6 +12,8 @@
 #include <cstdint>
 #include <limits>
 #include <span>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "../../error.hpp"
@@ -28,6 +30,13 @@ class randomk_draw {
   void begin_step(std::int64_t step) { step_ = step; }
   std::size_t size(std::size_t n) const {
     return static_cast<std::size_t>(k_of_density(density_, static_cast<std::int64_t>(n)));
+  }
+  //! The lengths random-k cannot serve (empty: none): its indices are int32 (the codec's
+  //! check(n), which LinearCompressor's first-step agreement asks).
+  std::string check(std::size_t n) const {
+    if (n <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max())) return {};
+    return cat("commpact::randomk_codec: the gradient has n = ", n,
+               " entries; random-k's indices are int32, so n must be below 2^31: split the gradient into buckets.");
   }
   //! The indices of step `step` for length n (ascending).
   std::span<const std::int32_t> indices(std::size_t n) {
@@ -47,8 +56,7 @@ class randomk_draw {
 
  private:
   void draw(std::size_t n) {
-    require(n <= static_cast<std::size_t>(std::numeric_limits<std::int32_t>::max()), "commpact::randomk_codec: n = ",
-            n, " entries; its indices are int32, so n must be below 2^31: split the gradient into buckets.");
+    if (auto problem = check(n); !problem.empty()) throw invalid_argument(std::move(problem));
     const std::size_t k = size(n);
     const random_stream rng(seed_, step_, 0);
     mark_.assign(n, 0);
